@@ -1,0 +1,146 @@
+"""All time goes through one seam (STYLE 9).
+
+Lease times are computed against the database server's clock: ``ServerClock`` adds an offset
+estimated from the server's own time (``hello``'s ``localTime``), so workers whose clocks disagree
+still agree on when a lease ends (SPEC G1). Tests use ``FakeClock`` and move time explicitly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+
+def truncate_ms(value: datetime) -> datetime:
+    """MongoDB stores milliseconds; every time we compute is cut to that precision."""
+    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+
+class Clock(Protocol):
+    def now(self) -> datetime:
+        """The current time, timezone-aware UTC, millisecond precision."""
+
+    def monotonic(self) -> float:
+        """Seconds from an arbitrary origin; never goes back."""
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep on this clock's time."""
+
+
+class SystemClock:
+    """The local wall clock."""
+
+    def now(self) -> datetime:
+        return truncate_ms(datetime.now(UTC))
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(seconds, 0.0))
+
+
+class ServerClock:
+    """A local clock corrected to the database server's clock (SPEC G1).
+
+    ``sync`` asks the server for its time a few times and keeps the offset measured with the
+    shortest round trip (NTP-style midpoint estimate). Workers whose own clocks are wrong by an
+    hour still compute lease times on the server's time. The consumer syncs at start and then
+    every ``resync_interval``; where the server cannot tell its time the offset stays zero.
+    """
+
+    def __init__(self, base: Clock | None = None) -> None:
+        self.base: Clock = base or SystemClock()
+        self.offset = timedelta(0)
+        self.uncertainty = timedelta(0)
+        self.synced = False
+
+    def now(self) -> datetime:
+        return truncate_ms(self.base.now() + self.offset)
+
+    def monotonic(self) -> float:
+        return self.base.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await self.base.sleep(seconds)
+
+    async def sync(
+        self, server_time: Callable[[], Awaitable[datetime | None]], samples: int = 3
+    ) -> bool:
+        best: tuple[float, timedelta] | None = None
+        for _ in range(samples):
+            sent = time.perf_counter()
+            local_before = self.base.now()
+            remote = await server_time()
+            rtt = time.perf_counter() - sent
+            if remote is None:
+                return False
+            offset = remote - (local_before + timedelta(seconds=rtt / 2))
+            if best is None or rtt < best[0]:
+                best = (rtt, offset)
+        assert best is not None
+        self.offset = best[1]
+        self.uncertainty = timedelta(seconds=best[0] / 2)
+        self.synced = True
+        return True
+
+
+class FakeClock:
+    """A clock that moves only when told; sleepers wake when time passes their deadline."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = truncate_ms(start or datetime(2030, 1, 1, tzinfo=UTC))
+        self._mono = 0.0
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+
+    def now(self) -> datetime:
+        return self._now
+
+    def monotonic(self) -> float:
+        return self._mono
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (self._mono + seconds, next(self._seq), future))
+        await future
+
+    def advance(self, delta: timedelta | float) -> None:
+        seconds = delta.total_seconds() if isinstance(delta, timedelta) else float(delta)
+        if seconds < 0:
+            raise ValueError("a fake clock does not go back; use skew for wall-clock jumps")
+        self._mono += seconds
+        self._now = truncate_ms(self._now + timedelta(seconds=seconds))
+        while self._sleepers and self._sleepers[0][0] <= self._mono:
+            _, _, future = heapq.heappop(self._sleepers)
+            if not future.done():
+                future.set_result(None)
+
+    def skew(self, delta: timedelta) -> None:
+        """Jump the wall clock only (as a badly set machine clock would); monotonic time stays."""
+        self._now = truncate_ms(self._now + delta)
+
+
+class SkewedClock:
+    """Another clock's time shifted by a fixed skew (a worker whose clock is wrong)."""
+
+    def __init__(self, base: Clock, skew: timedelta) -> None:
+        self.base = base
+        self.skew = skew
+
+    def now(self) -> datetime:
+        return truncate_ms(self.base.now() + self.skew)
+
+    def monotonic(self) -> float:
+        return self.base.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await self.base.sleep(seconds)

@@ -1,0 +1,582 @@
+"""The Consumer: claims tasks, runs handlers, keeps leases alive, writes outcomes.
+
+Side tasks, each named and supervised (one dying stops the consumer loudly, STYLE 6):
+
+* ``poller`` and ``watcher`` (``Discovery``): fill the wake-up queue;
+* ``claimer``: sleeps until a task may be claimable, then claims up to the free slots;
+* ``pinger``: one write per interval renews the leases of all running attempts (SPEC G2);
+* ``finisher``: writes outcomes in batches (whatever piled up while the last write was in flight);
+* ``heartbeat``: the worker registry (remote stop, SPEC F9) and the server clock offset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import secrets
+import socket
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, get_type_hints
+
+from pydantic import BaseModel, ValidationError
+
+from mscheduler.clock import Clock, ServerClock
+from mscheduler.consumer.discovery import LEASE, Discovery
+from mscheduler.drivers.base import (
+    ClaimedTask,
+    ClaimParams,
+    Driver,
+    ExpireParams,
+    FinishParams,
+    PingParams,
+    WorkerInfo,
+)
+from mscheduler.exceptions import ConsumerStopped, InvalidInput, MSchedulerError, StorageError
+from mscheduler.model import AttemptStatus, TaskOption, check_params, validate_name
+
+log = logging.getLogger("mscheduler.consumer")
+
+Handler = Callable[..., Awaitable[Any]]
+Listener = Callable[[str, dict[str, Any]], None]
+TRACEBACK_LIMIT = 8000
+
+
+@dataclass(slots=True)
+class TaskContext:
+    """What a handler may want to know about the attempt it runs."""
+
+    key: str
+    name: str
+    attempt: str
+    attempt_no: int
+    worker_id: str
+    option: TaskOption
+
+
+@dataclass(slots=True)
+class _Registered:
+    fn: Handler
+    model: type[BaseModel] | None
+    wants_params: bool
+    wants_context: bool
+
+
+@dataclass(slots=True)
+class _Running:
+    claimed: ClaimedTask
+    option: dict[str, Any]
+    expire: Any  # lease end as last confirmed by the store
+    task: asyncio.Task[None] | None = None
+    cancel_reason: str | None = None  # "lost", "revoked", "released"
+    handler_done: bool = False
+
+
+@dataclass(slots=True)
+class _Pending:
+    params: FinishParams
+    future: asyncio.Future[bool] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+def _inspect_handler(fn: Handler) -> _Registered:
+    if not inspect.iscoroutinefunction(fn):
+        raise InvalidInput(f"handler {fn!r} must be an async function")
+    parameters = list(inspect.signature(fn).parameters.values())
+    if len(parameters) > 2:
+        raise InvalidInput("a handler takes (params) or (params, ctx)")
+    model = None
+    if parameters:
+        hints = get_type_hints(fn)
+        hint = hints.get(parameters[0].name)
+        if inspect.isclass(hint) and issubclass(hint, BaseModel):
+            model = hint
+    return _Registered(fn, model, len(parameters) >= 1, len(parameters) == 2)
+
+
+def _error_info(exc: BaseException) -> dict[str, Any]:
+    tb = "".join(traceback.format_exception(exc))
+    if len(tb) > TRACEBACK_LIMIT:
+        tb = "...\n" + tb[-TRACEBACK_LIMIT:]
+    return {"type": type(exc).__name__, "message": str(exc)[:2000], "traceback": tb}
+
+
+class Consumer:
+    """Runs registered handlers for claimed tasks.
+
+    :param driver: the storage.
+    :param worker_id: unique per running consumer; default ``host-pid-random``. Tasks name it in
+        ``specific_worker_ids``.
+    :param concurrency: handlers run at once by this consumer.
+    :param poll_interval: seconds between polls when no change stream is open (the floor).
+    :param stream_poll_interval: seconds between polls while a change stream is healthy.
+    :param grace_period: on graceful stop, how long running handlers may take to finish before
+        they are cancelled and their leases released.
+    :param claim_lease: the lease a claim takes before the first ping applies the task's own
+        ``worker_timeout``; the first ping comes within a third of it.
+    """
+
+    def __init__(
+        self,
+        driver: Driver,
+        *,
+        worker_id: str | None = None,
+        concurrency: int = 10,
+        poll_interval: float = 1.0,
+        stream_poll_interval: float = 10.0,
+        grace_period: float = 30.0,
+        heartbeat_interval: float = 5.0,
+        claim_lease: timedelta = timedelta(seconds=30),
+        max_claim_batch: int = 64,
+        wakeup_queue_size: int = 10_000,
+        clock: Clock | None = None,
+        host: str | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise InvalidInput("concurrency must be at least 1")
+        if poll_interval <= 0 or stream_poll_interval <= 0 or heartbeat_interval <= 0:
+            raise InvalidInput("intervals must be positive")
+        if grace_period < 0 or claim_lease <= timedelta(0):
+            raise InvalidInput("grace_period must be >= 0 and claim_lease positive")
+        self.driver = driver
+        self.host = host or socket.gethostname()
+        self.pid = os.getpid()
+        self.worker_id = worker_id or f"{self.host}-{self.pid}-{secrets.token_hex(3)}"
+        for label, value in (("worker id", self.worker_id), ("host", self.host)):
+            if not value or value.startswith("$") or len(value) > 200:
+                raise InvalidInput(f"invalid {label} {value!r}")
+        self.concurrency = concurrency
+        self.poll_interval = poll_interval
+        self.stream_poll_interval = stream_poll_interval
+        self.grace_period = grace_period
+        self.heartbeat_interval = heartbeat_interval
+        self.claim_lease = claim_lease
+        self.max_claim_batch = max_claim_batch
+        self.wakeup_queue_size = wakeup_queue_size
+        self.clock = ServerClock(clock) if not isinstance(clock, ServerClock) else clock
+        self._handlers: dict[str, _Registered] = {}
+        self._listeners: list[Listener] = []
+        self._running: dict[str, _Running] = {}
+        self._handlers_active = 0
+        self._slot_freed = asyncio.Event()
+        self._pending: list[_Pending] = []
+        self._pending_added = asyncio.Event()
+        self._ping_wake = asyncio.Event()
+        self._side: dict[str, asyncio.Task[None]] = {}
+        self._stopping = False
+        self._stopped = asyncio.Event()
+        self._stop_task: asyncio.Task[None] | None = None
+        self.error: BaseException | None = None
+        self.discovery: Discovery | None = None
+        self.stats = {"claimed": 0, "succeeded": 0, "failed": 0, "lost": 0, "released": 0, "rejected": 0}
+
+    # -- registration -------------------------------------------------------------------------
+
+    def register(self, name: str, fn: Handler) -> None:
+        """Run ``fn`` for tasks named ``name``: ``async def fn(params[, ctx])``.
+
+        When ``params`` is annotated with a pydantic model, the stored params are validated into
+        it; invalid params fail the task at once with the validation message (no retries).
+        """
+        try:
+            validate_name(name)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from exc
+        if name in self._handlers:
+            raise InvalidInput(f"a handler for {name!r} is already registered")
+        if self._side:
+            raise InvalidInput("register handlers before the consumer starts")
+        self._handlers[name] = _inspect_handler(fn)
+
+    def handler(self, name: str) -> Callable[[Handler], Handler]:
+        """Decorator form of ``register``."""
+
+        def decorate(fn: Handler) -> Handler:
+            self.register(name, fn)
+            return fn
+
+        return decorate
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener(event, data)`` on claimed, finished, lost, ping, ... (tests, metrics)."""
+        self._listeners.append(listener)
+
+    def _emit(self, event: str, data: dict[str, Any]) -> None:
+        for listener in self._listeners:
+            listener(event, data)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    @property
+    def running_count(self) -> int:
+        return len(self._running)
+
+    async def __aenter__(self) -> Consumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        if self._side:
+            raise InvalidInput("the consumer is already started")
+        if not self._handlers:
+            raise InvalidInput("register at least one handler before starting")
+        await self.driver.setup()
+        await self.clock.sync(self.driver.server_time)
+        now = self.clock.now()
+        names = sorted(self._handlers)
+        await self.driver.register_worker(
+            WorkerInfo(self.worker_id, self.host, self.pid, names, self.concurrency, now)
+        )
+        self.discovery = Discovery(
+            self.driver,
+            self.clock,
+            worker_id=self.worker_id,
+            names=names,
+            poll_interval=self.poll_interval,
+            stream_poll_interval=self.stream_poll_interval,
+            batch_size=min(max(self.concurrency * 4, 100), self.wakeup_queue_size),
+            max_size=self.wakeup_queue_size,
+            on_event=self._emit,
+        )
+        await self.discovery.poll_once()
+        for name, coro in (
+            ("watcher", self.discovery.run_watcher()),
+            ("poller", self.discovery.run_poller()),
+            ("claimer", self._run_claimer()),
+            ("pinger", self._run_pinger()),
+            ("finisher", self._run_finisher()),
+            ("heartbeat", self._run_heartbeat()),
+        ):
+            task = asyncio.create_task(coro, name=f"mscheduler:{self.worker_id}:{name}")
+            task.add_done_callback(self._side_task_done)
+            self._side[name] = task
+        self._emit("started", {"worker_id": self.worker_id})
+
+    def _side_task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or self._stopping:
+            return
+        exc = task.exception()
+        if task.get_name().endswith(":watcher") and exc is None:
+            return  # change streams unsupported: polling carries on
+        self.error = exc or ConsumerStopped(f"side task {task.get_name()} ended")
+        log.error("consumer %s: %s died: %r; stopping", self.worker_id, task.get_name(), exc)
+        self._stop_task = asyncio.ensure_future(self.stop(grace=0))
+
+    async def run(self) -> None:
+        """Start (if needed) and wait until stopped; raises ConsumerStopped if a side task died."""
+        if not self._side:
+            await self.start()
+        await self._stopped.wait()
+        if self.error is not None:
+            raise ConsumerStopped(f"consumer {self.worker_id} stopped: {self.error!r}") from self.error
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop claiming, let handlers finish within ``grace`` seconds, then cancel and release.
+
+        Idempotent; a second call with ``grace=0`` while a graceful stop waits cancels at once.
+        Released attempts do not count against the retry budget.
+        """
+        grace = self.grace_period if grace is None else grace
+        if self._stopping:
+            if grace == 0:
+                self._cancel_all("released")
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        self._emit("stopping", {"grace": grace})
+        if not self._side:
+            self._stopped.set()
+            return
+        self._side["claimer"].cancel()
+        handler_tasks = [r.task for r in self._running.values() if r.task is not None and not r.task.done()]
+        if handler_tasks and grace > 0:
+            await asyncio.wait(handler_tasks, timeout=grace)
+        self._cancel_all("released")
+        remaining = [r.task for r in self._running.values() if r.task is not None and not r.task.done()]
+        if remaining:
+            await asyncio.wait(remaining)
+        await self._drain_finisher()
+        for name, task in self._side.items():
+            if name != "claimer" and not task.done():
+                task.cancel()
+        await asyncio.gather(*self._side.values(), return_exceptions=True)
+        try:
+            await self.driver.unregister_worker(self.worker_id, self.clock.now())
+        except MSchedulerError as exc:
+            log.warning("could not unregister worker %s: %s", self.worker_id, exc)
+        self._emit("stopped", {"worker_id": self.worker_id})
+        self._stopped.set()
+
+    def _cancel_all(self, reason: str) -> None:
+        for running in self._running.values():
+            if running.task is not None and not running.task.done() and running.cancel_reason is None:
+                running.cancel_reason = reason
+                running.task.cancel()
+
+    # -- claimer ----------------------------------------------------------------------------------
+
+    async def _run_claimer(self) -> None:
+        assert self.discovery is not None
+        queue = self.discovery.queue
+        names = sorted(self._handlers)
+        batch = 1
+        more = True  # the last claim filled every slot asked for: there may be more now
+        while True:
+            free = self.concurrency - self._handlers_active
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+                continue
+            now = self.clock.now()
+            if not (more or queue.due(now)):
+                await self._wait_for_work(queue)
+                continue
+            if LEASE in queue.pop_due(now):
+                expired = await self.driver.expire_leases(ExpireParams(now))
+                if expired:
+                    self._emit("leases_expired", {"count": expired})
+            n = min(free, batch)
+            params = ClaimParams(
+                worker_id=self.worker_id,
+                names=names,
+                now=now,
+                attempts=[secrets.token_hex(8) for _ in range(n)],
+                expire=now + self.claim_lease,
+                host=self.host,
+                pid=self.pid,
+            )
+            try:
+                claimed = await self.driver.claim(params)
+            except StorageError as exc:
+                if not exc.transient:
+                    raise
+                log.warning("claim failed (%s); retrying after the poll interval", exc)
+                await self.clock.sleep(self.poll_interval)
+                continue
+            for task in claimed:
+                self._start(task)
+            more = len(claimed) == n
+            batch = min(batch * 2, self.max_claim_batch) if more else 1
+            if not more and queue.overflowed:
+                self.discovery.request_poll()
+
+    async def _wait_for_work(self, queue: Any) -> None:
+        queue.changed.clear()
+        when = queue.next_time()
+        timeout = None if when is None else max((when - self.clock.now()).total_seconds(), 0.0)
+        waiter = asyncio.ensure_future(queue.changed.wait())
+        sleeper = asyncio.ensure_future(self.clock.sleep(timeout)) if timeout is not None else None
+        try:
+            await asyncio.wait({t for t in (waiter, sleeper) if t is not None}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            if sleeper is not None:
+                sleeper.cancel()
+
+    def _start(self, claimed: ClaimedTask) -> None:
+        running = _Running(claimed, claimed.option, claimed.ping_expire_time)
+        self._running[claimed.key] = running
+        self._handlers_active += 1
+        self.stats["claimed"] += 1
+        running.task = asyncio.create_task(self._execute(running), name=f"mscheduler:task:{claimed.key}")
+        self._ping_wake.set()
+        self._emit("claimed", {"key": claimed.key, "attempt": claimed.attempt, "worker_id": self.worker_id})
+
+    # -- running a handler ------------------------------------------------------------------------
+
+    async def _execute(self, running: _Running) -> None:
+        claimed = running.claimed
+        registered = self._handlers[claimed.name]
+        outcome: str | None
+        result: Any = None
+        error: dict[str, Any] | None = None
+        retry_at = None
+        try:
+            try:
+                args = self._arguments(registered, claimed, running)
+            except ValidationError as exc:
+                outcome = AttemptStatus.REJECTED.value
+                error = {"type": "InvalidParams", "message": str(exc), "traceback": None}
+            else:
+                result = await registered.fn(*args)
+                try:
+                    result = check_params(result)
+                except ValueError as exc:
+                    raise InvalidInput(f"the handler's result cannot be stored: {exc}") from exc
+                outcome = AttemptStatus.SUCCEEDED.value
+        except asyncio.CancelledError:
+            reason = running.cancel_reason
+            if reason is None:  # cancelled from outside our bookkeeping: treat as a release
+                reason = "released"
+            outcome = None if reason == "lost" else reason
+            if outcome is not None:
+                error = {"type": "Cancelled", "message": f"attempt {reason}", "traceback": None}
+        except Exception as exc:  # noqa: BLE001 - a handler failure is data, not a crash
+            outcome = AttemptStatus.FAILED.value
+            error = _error_info(exc)
+            retry_at = self.clock.now() + timedelta(milliseconds=running.option["retry_delay_ms"])
+        finally:
+            running.handler_done = True
+            self._handlers_active -= 1
+            self._slot_freed.set()
+        accepted = False
+        if outcome is not None:
+            now = self.clock.now()
+            params = FinishParams(
+                claimed.key, self.worker_id, claimed.attempt, now, outcome, result, error, retry_at
+            )
+            try:
+                accepted = await self._submit(params)
+            except MSchedulerError as exc:
+                log.error("could not record the outcome of %s: %s", claimed.key, exc)
+        if self._running.get(claimed.key) is running:
+            del self._running[claimed.key]
+        stat = outcome if accepted and outcome is not None else "lost"
+        self.stats[stat] = self.stats.get(stat, 0) + 1
+        self._emit("finished", {"key": claimed.key, "attempt": claimed.attempt, "outcome": stat, "error": error})
+
+    def _arguments(self, registered: _Registered, claimed: ClaimedTask, running: _Running) -> list[Any]:
+        args: list[Any] = []
+        if registered.wants_params:
+            params = claimed.params
+            args.append(registered.model.model_validate(params) if registered.model else params)
+        if registered.wants_context:
+            args.append(
+                TaskContext(
+                    claimed.key,
+                    claimed.name,
+                    claimed.attempt,
+                    claimed.attempt_no,
+                    self.worker_id,
+                    TaskOption.from_storage(running.option),
+                )
+            )
+        return args
+
+    # -- finisher -------------------------------------------------------------------------------
+
+    async def _submit(self, params: FinishParams) -> bool:
+        pending = _Pending(params)
+        self._pending.append(pending)
+        self._pending_added.set()
+        return await asyncio.shield(pending.future)
+
+    async def _run_finisher(self) -> None:
+        while True:
+            if not self._pending:
+                self._pending_added.clear()
+                await self._pending_added.wait()
+            await self._flush()
+
+    async def _flush(self) -> None:
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        try:
+            accepted = await self.driver.finish([p.params for p in batch])
+        except StorageError as exc:
+            if not exc.transient:
+                for p in batch:
+                    p.future.set_exception(exc)
+                raise
+            # Still unknown after the driver's own retries: keep them and try again shortly.
+            log.warning("finish failed (%s); retrying", exc)
+            self._pending[:0] = batch
+            await self.clock.sleep(self.poll_interval)
+            return
+        for p, ok in zip(batch, accepted, strict=True):
+            if not p.future.done():
+                p.future.set_result(ok)
+
+    async def _drain_finisher(self) -> None:
+        finisher = self._side.get("finisher")
+        while self._pending and finisher is not None and not finisher.done():
+            await asyncio.sleep(0)
+            await self._flush()
+
+    # -- pinger ---------------------------------------------------------------------------------
+
+    def _ping_interval(self) -> float:
+        intervals = [r.option["ping_interval_ms"] / 1000 for r in self._running.values()]
+        first_ping = self.claim_lease.total_seconds() / 3
+        return min([*intervals, first_ping])
+
+    async def _run_pinger(self) -> None:
+        while True:
+            if not self._running:
+                self._ping_wake.clear()
+                await self._ping_wake.wait()
+                continue
+            await self.clock.sleep(self._ping_interval())
+            if self._running:
+                await self.ping_once()
+
+    async def ping_once(self) -> None:
+        """Renew every running attempt's lease in one write per lease length (SPEC G2)."""
+        now = self.clock.now()
+        groups: dict[Any, dict[str, str]] = {}
+        snapshot = dict(self._running)
+        for key, running in snapshot.items():
+            expire = now + timedelta(milliseconds=running.option["worker_timeout_ms"])
+            groups.setdefault(expire, {})[key] = running.claimed.attempt
+        try:
+            result = await self.driver.ping(PingParams(self.worker_id, now, groups))
+        except StorageError as exc:
+            if not exc.transient:
+                raise
+            log.warning("ping failed (%s)", exc)
+            self._expire_locally(snapshot)
+            return
+        for key, option in result.alive.items():
+            running = snapshot[key]
+            running.option = option
+            running.expire = now + timedelta(milliseconds=option["worker_timeout_ms"])
+        for key in result.lost:
+            self._lose(snapshot[key], "lost")
+        for key in result.revoked:
+            self._lose(snapshot[key], "revoked")
+        self._emit("ping", {"alive": len(result.alive), "lost": len(result.lost), "revoked": len(result.revoked)})
+
+    def _expire_locally(self, snapshot: dict[str, _Running]) -> None:
+        """Without a store to ask, a lease past its known end is lost: stop those handlers."""
+        now = self.clock.now()
+        for running in snapshot.values():
+            if running.expire <= now:
+                self._lose(running, "lost")
+
+    def _lose(self, running: _Running, reason: str) -> None:
+        self._emit(reason, {"key": running.claimed.key, "attempt": running.claimed.attempt})
+        if running.task is not None and not running.task.done() and running.cancel_reason is None:
+            running.cancel_reason = reason
+            running.task.cancel()
+
+    # -- heartbeat --------------------------------------------------------------------------------
+
+    async def _run_heartbeat(self) -> None:
+        beats = 0
+        while True:
+            await self.clock.sleep(self.heartbeat_interval)
+            beats += 1
+            try:
+                stop = await self.driver.heartbeat_worker(self.worker_id, self.clock.now(), len(self._running))
+                if beats % 12 == 0:
+                    await self.clock.sync(self.driver.server_time)
+            except StorageError as exc:
+                if not exc.transient:
+                    raise
+                log.warning("heartbeat failed (%s)", exc)
+                continue
+            if stop:
+                log.info("consumer %s: stop requested through the database", self.worker_id)
+                self._emit("remote_stop", {"worker_id": self.worker_id})
+                self._stop_task = asyncio.ensure_future(self.stop())
+                return

@@ -1,0 +1,204 @@
+"""Discovery: a bounded heap of times at which known tasks may become claimable (SPEC F5).
+
+Sources: a batch query at start and on every poll tick (the floor), and change-stream events
+(hints that only make things faster). The claimer sleeps until the earliest time or a wake-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from mscheduler.clock import Clock
+from mscheduler.drivers.base import (
+    ChangeEvent,
+    ChangeStreamUnsupported,
+    Driver,
+    ExpireParams,
+    Wakeup,
+    WakeupParams,
+)
+from mscheduler.exceptions import StorageError
+
+log = logging.getLogger("mscheduler.consumer")
+
+CLAIM = "claim"
+LEASE = "lease"
+
+
+class WakeupQueue:
+    """Times at which known tasks become claimable; one entry per (key, kind), latest info wins."""
+
+    def __init__(self, max_size: int) -> None:
+        self.max_size = max_size
+        self._heap: list[tuple[datetime, str, str]] = []
+        self._times: dict[tuple[str, str], datetime] = {}
+        self.overflowed = False
+        self.changed = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._times)
+
+    def push(self, key: str, when: datetime, kind: str) -> None:
+        ident = (key, kind)
+        if self._times.get(ident) == when:
+            return
+        if ident not in self._times and len(self._times) >= self.max_size:
+            self.overflowed = True  # forget it: the next poll finds it again
+            return
+        self._times[ident] = when
+        heapq.heappush(self._heap, (when, key, kind))
+        if len(self._heap) > 4 * self.max_size:
+            self._compact()
+        self.changed.set()
+
+    def discard(self, key: str, kind: str) -> None:
+        self._times.pop((key, kind), None)
+
+    def _compact(self) -> None:
+        self._heap = [(t, k, kind) for (k, kind), t in self._times.items()]
+        heapq.heapify(self._heap)
+
+    def _clean_top(self) -> tuple[datetime, str, str] | None:
+        heap = self._heap
+        while heap:
+            when, key, kind = heap[0]
+            if self._times.get((key, kind)) == when:
+                return heap[0]
+            heapq.heappop(heap)
+        return None
+
+    def next_time(self) -> datetime | None:
+        top = self._clean_top()
+        return top[0] if top else None
+
+    def pop_due(self, now: datetime) -> set[str]:
+        """Remove every entry due at ``now``; returns the kinds that were due."""
+        kinds: set[str] = set()
+        while (top := self._clean_top()) is not None and top[0] <= now:
+            heapq.heappop(self._heap)
+            del self._times[(top[1], top[2])]
+            kinds.add(top[2])
+        return kinds
+
+    def due(self, now: datetime) -> bool:
+        when = self.next_time()
+        return when is not None and when <= now
+
+
+class Discovery:
+    """Keeps the wake-up queue filled from a change stream, with polling as the floor."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        clock: Clock,
+        *,
+        worker_id: str,
+        names: Sequence[str],
+        poll_interval: float,
+        stream_poll_interval: float,
+        batch_size: int,
+        max_size: int,
+        on_event: Callable[[str, dict[str, Any]], None],
+    ) -> None:
+        self.driver = driver
+        self.clock = clock
+        self.worker_id = worker_id
+        self.names = list(names)
+        self.poll_interval = poll_interval
+        self.stream_poll_interval = stream_poll_interval
+        self.batch_size = batch_size
+        self.queue = WakeupQueue(max_size)
+        self.streaming = False  # a change stream is open and healthy
+        self.stream_supported: bool | None = None
+        self.resume_token: Any = None
+        self._poll_now = asyncio.Event()
+        self._emit = on_event
+
+    def push_wakeups(self, wakeups: Sequence[Wakeup]) -> None:
+        for w in wakeups:
+            self.queue.push(w.key, w.time, w.kind)
+
+    def on_change(self, event: ChangeEvent) -> None:
+        if event.specific_worker_ids and self.worker_id not in event.specific_worker_ids:
+            self.queue.discard(event.key, CLAIM)
+        elif event.claim_at is not None:
+            self.queue.push(event.key, event.claim_at, CLAIM)
+        else:
+            self.queue.discard(event.key, CLAIM)
+        if event.lease_expiry is not None:
+            self.queue.push(event.key, event.lease_expiry, LEASE)
+        else:
+            self.queue.discard(event.key, LEASE)
+
+    def request_poll(self) -> None:
+        self._poll_now.set()
+
+    async def poll_once(self) -> None:
+        """The floor: mark expired leases lost, then read a batch of upcoming claim times."""
+        now = self.clock.now()
+        expired = await self.driver.expire_leases(ExpireParams(now))
+        if expired:
+            self._emit("leases_expired", {"count": expired})
+        limit = self.batch_size
+        wakeups = await self.driver.find_wakeups(WakeupParams(self.worker_id, self.names, now, limit))
+        self.queue.overflowed = False
+        self.push_wakeups(wakeups)
+        self._emit("polled", {"found": len(wakeups)})
+
+    async def run_poller(self) -> None:
+        while True:
+            try:
+                await self.poll_once()
+            except StorageError as exc:
+                if not exc.transient:
+                    raise
+                log.warning("poll failed (%s); trying again next interval", exc)
+            interval = self.stream_poll_interval if self.streaming else self.poll_interval
+            await self._sleep_or_poll(interval)
+
+    async def _sleep_or_poll(self, seconds: float) -> None:
+        self._poll_now.clear()
+        waiter = asyncio.ensure_future(self._poll_now.wait())
+        sleeper = asyncio.ensure_future(self.clock.sleep(seconds))
+        try:
+            await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            sleeper.cancel()
+
+    async def run_watcher(self) -> None:
+        """Follow the change stream; reopen with backoff; give up quietly where unsupported."""
+        backoff = 0.1
+        while True:
+            try:
+                async for event in self.driver.watch(self.names, self.resume_token):
+                    self.streaming = True
+                    self.stream_supported = True
+                    backoff = 0.1
+                    self.resume_token = event.token
+                    self.on_change(event)
+                # A stream that ends by itself was closed or invalidated: start afresh.
+                self.resume_token = None
+                self.streaming = False
+            except ChangeStreamUnsupported as exc:
+                self.stream_supported = False
+                self.streaming = False
+                log.info("change streams unavailable (%s): polling every %.2fs", exc, self.poll_interval)
+                self._emit("stream_unsupported", {"reason": str(exc)})
+                return
+            except StorageError as exc:
+                if not exc.transient:
+                    raise
+                self.streaming = False
+                log.warning("change stream broke (%s); reopening in %.1fs", exc, backoff)
+                self._emit("stream_broken", {"reason": str(exc)})
+                # Events may have been missed: poll now, then reopen from the last token.
+                self.request_poll()
+                await self.clock.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)

@@ -1,0 +1,263 @@
+"""The storage seam: named domain operations, each with a params object and an explicit ``now``.
+
+Publisher, Consumer, CLI and web call these operations only; ``MongoDriver`` is the one module
+that knows collection names, filters, updates, indexes and change-stream options, and
+``MemoryDriver`` implements the same semantics in process. ``tests/conformance`` runs one suite
+against every driver.
+
+Rules every driver keeps:
+
+* A claim is atomic and its filter enforces every rule: a free slot (capacity), the allow-list
+  (``specific_worker_ids``), this worker holds no running entry and has not succeeded on the
+  task, the retry budget is not used, and the task is due (``claim_at <= now``). Order: priority
+  desc, tasks aimed at this worker first, due time asc.
+* Every write about an attempt matches ``(key, worker_id, attempt)`` and a running entry
+  (fencing): a worker that lost its lease cannot change the task.
+* A ping never revives an expired lease; ``expire_leases`` marks expired entries lost, which frees
+  their slots and counts against the retry budget.
+* Derived fields (``mscheduler.state``) are recomputed by every write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+from mscheduler.state import derive
+
+
+@dataclass(slots=True, frozen=True)
+class NewTask:
+    """A validated task to insert (built by the Publisher from ``Task``)."""
+
+    key: str
+    name: str
+    params: Any
+    option: dict[str, Any]  # storage form, see TaskOption.to_storage
+
+
+@dataclass(slots=True, frozen=True)
+class InsertParams:
+    tasks: Sequence[NewTask]
+    now: datetime
+    reset_finished: bool = False
+    session: Any = None
+
+
+@dataclass(slots=True, frozen=True)
+class ClaimParams:
+    worker_id: str
+    names: Sequence[str]
+    now: datetime
+    attempts: Sequence[str]  # fresh attempt tokens; at most len(attempts) tasks are claimed
+    expire: datetime  # first lease end; the first ping sets the task's own worker_timeout
+    host: str | None = None
+    pid: int | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class ClaimedTask:
+    key: str
+    name: str
+    params: Any
+    option: dict[str, Any]
+    attempt: str
+    attempt_no: int  # 1-based position among this task's entries
+    ping_expire_time: datetime
+
+
+@dataclass(slots=True, frozen=True)
+class PingParams:
+    worker_id: str
+    now: datetime
+    # expire time -> {key: attempt}; one write per distinct lease length (usually one)
+    groups: Mapping[datetime, Mapping[str, str]]
+
+
+@dataclass(slots=True)
+class PingResult:
+    alive: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> current option
+    lost: list[str] = field(default_factory=list)  # entry gone, finished or expired
+    revoked: list[str] = field(default_factory=list)  # still ours, but no longer allowed
+
+
+@dataclass(slots=True, frozen=True)
+class FinishParams:
+    key: str
+    worker_id: str
+    attempt: str
+    now: datetime
+    outcome: str  # an AttemptStatus value other than running / lost
+    result: Any = None
+    error: dict[str, Any] | None = None
+    retry_at: datetime | None = None  # for failures: when the task may be retried
+
+
+@dataclass(slots=True, frozen=True)
+class ExpireParams:
+    now: datetime
+
+
+@dataclass(slots=True, frozen=True)
+class WakeupParams:
+    worker_id: str
+    names: Sequence[str]
+    now: datetime
+    limit: int = 100
+
+
+@dataclass(slots=True, frozen=True)
+class Wakeup:
+    """A time at which a known task may become claimable (``kind``: claim or lease)."""
+
+    key: str
+    time: datetime
+    kind: str
+
+
+@dataclass(slots=True, frozen=True)
+class ChangeEvent:
+    """A task changed: what a consumer needs to schedule a wake-up, without another read."""
+
+    key: str
+    name: str
+    claim_at: datetime | None
+    lease_expiry: datetime | None
+    specific_worker_ids: tuple[str, ...]
+    token: Any = None
+
+
+@dataclass(slots=True, frozen=True)
+class UpdateOptionParams:
+    key: str
+    option: dict[str, Any]  # full storage form after the change
+    now: datetime
+
+
+@dataclass(slots=True, frozen=True)
+class ListParams:
+    status: str | None = None
+    name: str | None = None
+    limit: int = 100
+    skip: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class WorkerInfo:
+    worker_id: str
+    host: str
+    pid: int
+    names: Sequence[str]
+    concurrency: int
+    start_time: datetime
+
+
+class ChangeStreamUnsupported(Exception):
+    """The backend cannot watch (standalone server, mongomock): the consumer polls instead."""
+
+
+@runtime_checkable
+class Driver(Protocol):
+    """Named domain operations over the task store."""
+
+    async def setup(self) -> None: ...
+
+    async def server_time(self) -> datetime | None: ...
+
+    async def insert_tasks(self, params: InsertParams) -> list[bool]: ...
+
+    async def claim(self, params: ClaimParams) -> list[ClaimedTask]: ...
+
+    async def ping(self, params: PingParams) -> PingResult: ...
+
+    async def finish(self, params: Sequence[FinishParams]) -> list[bool]: ...
+
+    async def expire_leases(self, params: ExpireParams) -> int: ...
+
+    async def find_wakeups(self, params: WakeupParams) -> list[Wakeup]: ...
+
+    def watch(self, names: Sequence[str], resume_token: Any = None) -> AsyncIterator[ChangeEvent]:
+        """Change events for tasks with these names; raises ChangeStreamUnsupported."""
+        ...
+
+    async def get_task(self, key: str) -> dict[str, Any] | None: ...
+
+    async def list_tasks(self, params: ListParams) -> list[dict[str, Any]]: ...
+
+    async def count_by_status(self) -> dict[str, int]: ...
+
+    async def update_option(self, params: UpdateOptionParams) -> bool: ...
+
+    async def register_worker(self, info: WorkerInfo) -> None: ...
+
+    async def heartbeat_worker(self, worker_id: str, now: datetime, running_cnt: int) -> bool: ...
+
+    async def request_worker_stop(self, worker_id: str, now: datetime) -> bool: ...
+
+    async def unregister_worker(self, worker_id: str, now: datetime) -> None: ...
+
+    async def list_workers(self) -> list[dict[str, Any]]: ...
+
+
+def new_task_document(task: NewTask, now: datetime) -> dict[str, Any]:
+    """The stored form of a new task, derived fields included."""
+    state: dict[str, Any] = {"create_time": now, "update_time": now, "worker_states": []}
+    state.update(derive(task.option, []))
+    return {
+        "key": task.key,
+        "name": task.name,
+        "params": task.params,
+        "option": dict(task.option),
+        "state": state,
+    }
+
+
+def new_entry(params: ClaimParams, attempt: str, expire: datetime) -> dict[str, Any]:
+    """A running worker entry; every field is present (explicit nulls) on purpose."""
+    return {
+        "worker_id": params.worker_id,
+        "attempt": attempt,
+        "host": params.host,
+        "pid": params.pid,
+        "status": "running",
+        "start_time": params.now,
+        "ping_expire_time": expire,
+        "end_time": None,
+        "retry_at": None,
+        "result": None,
+        "error": None,
+    }
+
+
+ENTRY_FIELDS = (
+    "worker_id",
+    "attempt",
+    "host",
+    "pid",
+    "status",
+    "start_time",
+    "ping_expire_time",
+    "end_time",
+    "retry_at",
+    "result",
+    "error",
+)
+
+def allowed(option: Mapping[str, Any], worker_id: str) -> bool:
+    ids = option["specific_worker_ids"]
+    return not ids or worker_id in ids
+
+
+def event_for(doc: Mapping[str, Any], token: Any = None) -> ChangeEvent:
+    state = doc["state"]
+    running = [e["ping_expire_time"] for e in state["worker_states"] if e["status"] == "running"]
+    return ChangeEvent(
+        key=doc["key"],
+        name=doc["name"],
+        claim_at=state.get("claim_at"),
+        lease_expiry=min(running) if running else None,
+        specific_worker_ids=tuple(doc["option"]["specific_worker_ids"]),
+        token=token,
+    )

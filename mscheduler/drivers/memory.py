@@ -1,0 +1,338 @@
+"""In-process driver with the Mongo driver's semantics: the demo's default and a tool for users' tests.
+
+It is not a database: tasks live and die with the process. Claims use heaps, not scans, so it
+stays fast at 100,000 tasks: a global heap of future claim times, one ready heap per task name
+ordered like the Mongo claim sort, and a heap of lease expiries for ``expire_leases``. Heap
+entries are invalidated lazily by a per-task version number. Every operation runs without an
+``await`` inside, so each is atomic on the event loop, as one MongoDB document write is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import heapq
+import itertools
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from typing import Any
+
+from mscheduler.clock import Clock, SystemClock
+from mscheduler.drivers.base import (
+    ChangeEvent,
+    ClaimedTask,
+    ClaimParams,
+    ExpireParams,
+    FinishParams,
+    InsertParams,
+    ListParams,
+    PingParams,
+    PingResult,
+    UpdateOptionParams,
+    Wakeup,
+    WakeupParams,
+    WorkerInfo,
+    allowed,
+    event_for,
+    new_entry,
+    new_task_document,
+)
+from mscheduler.exceptions import InvalidInput
+from mscheduler.state import derive
+
+_SCALARS = (str, int, float, bool, type(None), datetime)
+
+
+def _copy(value: Any) -> Any:
+    return value if isinstance(value, _SCALARS) else copy.deepcopy(value)
+
+
+class MemoryDriver:
+    """Tasks and workers in dictionaries and heaps; the same rules as ``MongoDriver``."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock or SystemClock()
+        self._tasks: dict[str, dict[str, Any]] = {}
+        self._version: dict[str, int] = {}
+        self._seq = itertools.count()
+        self._future: list[tuple[datetime, int, str, int]] = []
+        self._ready: dict[str, list[tuple[int, int, datetime, int, str, int]]] = {}
+        self._leases: list[tuple[datetime, int, str, str]] = []
+        self._workers: dict[str, dict[str, Any]] = {}
+        self._subscribers: list[tuple[frozenset[str], asyncio.Queue[ChangeEvent]]] = []
+
+    # -- indexing -----------------------------------------------------------------------------
+
+    def _write(self, doc: dict[str, Any], now: datetime) -> None:
+        """Recompute derived state, re-index and announce a changed task."""
+        state = doc["state"]
+        state.update(derive(doc["option"], state["worker_states"]))
+        state["update_time"] = now
+        key = doc["key"]
+        version = self._version.get(key, 0) + 1
+        self._version[key] = version
+        if state["claim_at"] is not None:
+            heapq.heappush(self._future, (state["claim_at"], next(self._seq), key, version))
+        if self._subscribers:
+            event = event_for(doc)
+            for names, queue in self._subscribers:
+                if doc["name"] in names:
+                    queue.put_nowait(event)
+
+    def _promote(self, now: datetime) -> None:
+        future = self._future
+        while future and future[0][0] <= now:
+            claim_at, seq, key, version = heapq.heappop(future)
+            if self._version.get(key) != version:
+                continue
+            doc = self._tasks[key]
+            entry = (-doc["option"]["priority"], -int(doc["state"]["targeted"]), claim_at, seq, key, version)
+            heapq.heappush(self._ready.setdefault(doc["name"], []), entry)
+
+    def _top(self, name: str) -> tuple[int, int, datetime, int, str, int] | None:
+        heap = self._ready.get(name)
+        while heap:
+            if self._version.get(heap[0][4]) == heap[0][5]:
+                return heap[0]
+            heapq.heappop(heap)
+        return None
+
+    # -- operations ---------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        return None
+
+    async def server_time(self) -> datetime | None:
+        return self.clock.now()
+
+    async def insert_tasks(self, params: InsertParams) -> list[bool]:
+        if params.session is not None:
+            raise InvalidInput("the memory driver has no sessions or transactions")
+        created = []
+        for task in params.tasks:
+            doc = self._tasks.get(task.key)
+            if doc is None:
+                doc = new_task_document(task, params.now)
+                self._tasks[task.key] = doc
+                self._write(doc, params.now)
+                created.append(True)
+            elif params.reset_finished and doc["state"]["status"] in ("succeeded", "failed"):
+                doc["params"] = copy.deepcopy(task.params)
+                doc["option"] = dict(task.option)
+                doc["state"]["worker_states"] = []
+                self._write(doc, params.now)
+                created.append(True)
+            else:
+                created.append(False)
+        return created
+
+    def _eligible(self, doc: dict[str, Any], params: ClaimParams) -> bool:
+        state = doc["state"]
+        if state["claim_at"] is None or state["claim_at"] > params.now or state["free_slots"] <= 0:
+            return False
+        if state["status"] not in ("pending", "running") or not allowed(doc["option"], params.worker_id):
+            return False
+        for entry in state["worker_states"]:
+            if entry["worker_id"] == params.worker_id and entry["status"] in ("running", "succeeded"):
+                return False
+        return True
+
+    async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
+        self._promote(params.now)
+        claimed: list[ClaimedTask] = []
+        skipped: list[tuple[str, tuple[int, int, datetime, int, str, int]]] = []
+        attempts = iter(params.attempts)
+        attempt = next(attempts, None)
+        while attempt is not None:
+            best: tuple[int, int, datetime, int, str, int] | None = None
+            best_name = ""
+            for name in params.names:
+                top = self._top(name)
+                if top is not None and (best is None or top < best):
+                    best, best_name = top, name
+            if best is None:
+                break
+            heapq.heappop(self._ready[best_name])
+            doc = self._tasks[best[4]]
+            if not self._eligible(doc, params):
+                skipped.append((best_name, best))
+                continue
+            entry = new_entry(params, attempt, params.expire)
+            doc["state"]["worker_states"].append(entry)
+            self._write(doc, params.now)
+            heapq.heappush(self._leases, (params.expire, next(self._seq), doc["key"], attempt))
+            claimed.append(
+                ClaimedTask(
+                    key=doc["key"],
+                    name=doc["name"],
+                    params=_copy(doc["params"]),
+                    option=dict(doc["option"]),
+                    attempt=attempt,
+                    attempt_no=len(doc["state"]["worker_states"]),
+                    ping_expire_time=params.expire,
+                )
+            )
+            attempt = next(attempts, None)
+        for name, item in skipped:
+            heapq.heappush(self._ready[name], item)
+        return claimed
+
+    def _running_entry(self, doc: dict[str, Any] | None, worker_id: str, attempt: str) -> dict[str, Any] | None:
+        if doc is None:
+            return None
+        for entry in doc["state"]["worker_states"]:
+            if entry["attempt"] == attempt and entry["worker_id"] == worker_id:
+                return entry if entry["status"] == "running" else None
+        return None
+
+    async def ping(self, params: PingParams) -> PingResult:
+        result = PingResult()
+        for expire, attempts in params.groups.items():
+            for key, attempt in attempts.items():
+                doc = self._tasks.get(key)
+                entry = self._running_entry(doc, params.worker_id, attempt)
+                if doc is None or entry is None or entry["ping_expire_time"] <= params.now:
+                    result.lost.append(key)
+                elif not allowed(doc["option"], params.worker_id):
+                    result.revoked.append(key)
+                else:
+                    entry["ping_expire_time"] = expire
+                    heapq.heappush(self._leases, (expire, next(self._seq), key, attempt))
+                    result.alive[key] = dict(doc["option"])
+        return result
+
+    async def finish(self, params: Sequence[FinishParams]) -> list[bool]:
+        accepted = []
+        for item in params:
+            doc = self._tasks.get(item.key)
+            entry = self._running_entry(doc, item.worker_id, item.attempt)
+            if doc is None or entry is None or entry["ping_expire_time"] <= item.now:
+                accepted.append(False)
+                continue
+            entry.update(
+                status=item.outcome,
+                end_time=item.now,
+                result=_copy(item.result),
+                error=_copy(item.error),
+                retry_at=item.retry_at,
+            )
+            self._write(doc, item.now)
+            accepted.append(True)
+        return accepted
+
+    async def expire_leases(self, params: ExpireParams) -> int:
+        now = params.now
+        expired = 0
+        leases = self._leases
+        while leases and leases[0][0] <= now:
+            _, _, key, attempt = heapq.heappop(leases)
+            doc = self._tasks.get(key)
+            if doc is None:
+                continue
+            changed = False
+            for entry in doc["state"]["worker_states"]:
+                if entry["status"] == "running" and entry["ping_expire_time"] <= now:
+                    entry.update(
+                        status="lost",
+                        end_time=now,
+                        retry_at=now,
+                        error={"type": "LeaseExpired", "message": "the lease expired (no ping)", "traceback": None},
+                    )
+                    expired += 1
+                    changed = True
+            if changed:
+                self._write(doc, now)
+        return expired
+
+    async def find_wakeups(self, params: WakeupParams) -> list[Wakeup]:
+        names = set(params.names)
+        found: list[Wakeup] = []
+        self._promote(params.now)
+        for name in names:
+            for _, _, claim_at, _, key, version in self._ready.get(name, ()):
+                doc = self._tasks[key]
+                if self._version.get(key) == version and allowed(doc["option"], params.worker_id):
+                    found.append(Wakeup(key, claim_at, "claim"))
+                    if len(found) >= params.limit:
+                        return found
+        for claim_at, _, key, version in heapq.nsmallest(params.limit * 4, self._future):
+            doc = self._tasks[key]
+            if self._version.get(key) == version and doc["name"] in names and allowed(doc["option"], params.worker_id):
+                found.append(Wakeup(key, claim_at, "claim"))
+                if len(found) >= params.limit:
+                    break
+        if self._leases:
+            found.append(Wakeup(self._leases[0][2], self._leases[0][0], "lease"))
+        return found
+
+    async def watch(self, names: Sequence[str], resume_token: Any = None) -> AsyncIterator[ChangeEvent]:
+        queue: asyncio.Queue[ChangeEvent] = asyncio.Queue()
+        subscriber = (frozenset(names), queue)
+        self._subscribers.append(subscriber)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._subscribers.remove(subscriber)
+
+    async def get_task(self, key: str) -> dict[str, Any] | None:
+        doc = self._tasks.get(key)
+        return copy.deepcopy(doc) if doc is not None else None
+
+    async def list_tasks(self, params: ListParams) -> list[dict[str, Any]]:
+        docs = [
+            doc
+            for doc in self._tasks.values()
+            if (params.status is None or doc["state"]["status"] == params.status)
+            and (params.name is None or doc["name"] == params.name)
+        ]
+        docs.sort(key=lambda d: (d["state"]["create_time"], d["key"]))
+        return [copy.deepcopy(d) for d in docs[params.skip : params.skip + params.limit]]
+
+    async def count_by_status(self) -> dict[str, int]:
+        return dict(Counter(doc["state"]["status"] for doc in self._tasks.values()))
+
+    async def update_option(self, params: UpdateOptionParams) -> bool:
+        doc = self._tasks.get(params.key)
+        if doc is None:
+            return False
+        doc["option"] = dict(params.option)
+        self._write(doc, params.now)
+        return True
+
+    async def register_worker(self, info: WorkerInfo) -> None:
+        self._workers[info.worker_id] = {
+            "worker_id": info.worker_id,
+            "host": info.host,
+            "pid": info.pid,
+            "names": list(info.names),
+            "concurrency": info.concurrency,
+            "start_time": info.start_time,
+            "last_seen": info.start_time,
+            "running_cnt": 0,
+            "stop_requested": False,
+            "stop_time": None,
+        }
+
+    async def heartbeat_worker(self, worker_id: str, now: datetime, running_cnt: int) -> bool:
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return False
+        worker.update(last_seen=now, running_cnt=running_cnt)
+        return bool(worker["stop_requested"])
+
+    async def request_worker_stop(self, worker_id: str, now: datetime) -> bool:
+        worker = self._workers.get(worker_id)
+        if worker is None or worker["stop_time"] is not None:
+            return False
+        worker["stop_requested"] = True
+        return True
+
+    async def unregister_worker(self, worker_id: str, now: datetime) -> None:
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.update(stop_time=now, last_seen=now, running_cnt=0)
+
+    async def list_workers(self) -> list[dict[str, Any]]:
+        return [dict(w) for w in self._workers.values()]

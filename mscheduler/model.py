@@ -1,0 +1,292 @@
+"""The task model: what users send (Task, TaskOption) and what they read back (TaskInfo).
+
+Storage shape (both drivers keep it; the Mongo driver is the only place that queries it)::
+
+    {key, name, params,
+     option: {priority, concurrent_worker_cnt, specific_worker_ids, ping_interval_ms,
+              worker_timeout_ms, max_unexpected_retries, retry_delay_ms, run_at},
+     state:  {create_time, update_time, worker_states: [WorkerState...],
+              # derived from worker_states + option on every write (see mscheduler.state):
+              status, claim_at, free_slots, running_cnt, success_cnt, fail_cnt, retry_at, targeted}}
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+KEY_MAX_LEN = 512
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,199}$")
+PARAMS_MAX_DEPTH = 32
+
+
+class TaskStatus(StrEnum):
+    """A task's state, derived from its worker entries (SPEC F7)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+TERMINAL_STATUSES = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED})
+
+
+class AttemptStatus(StrEnum):
+    """The state of one worker entry (one attempt)."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # the handler raised; counts against the retry budget
+    LOST = "lost"  # the lease expired (crash, stall); counts against the retry budget
+    RELEASED = "released"  # graceful stop gave the slot back; does not count
+    REVOKED = "revoked"  # the worker was removed from specific_worker_ids; does not count
+    REJECTED = "rejected"  # invalid params: the task fails at once, no retries
+
+
+FAILURE_ATTEMPT_STATUSES = frozenset({AttemptStatus.FAILED, AttemptStatus.LOST, AttemptStatus.REJECTED})
+
+
+def _ms(value: timedelta) -> int:
+    return int(value / timedelta(milliseconds=1))
+
+
+class TaskOption(BaseModel):
+    """How a task is run. Options are apart from the payload (STYLE 15)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    priority: int = Field(0, ge=-1_000_000, le=1_000_000, description="higher is claimed first")
+    concurrent_worker_cnt: int = Field(1, ge=1, le=10_000, description="distinct workers that run it")
+    specific_worker_ids: tuple[str, ...] = Field((), max_length=1000, description="[] = any worker")
+    ping_interval: timedelta = Field(timedelta(seconds=10), description="how often a runner pings")
+    worker_timeout: timedelta = Field(timedelta(seconds=30), description="lease length after a ping")
+    max_unexpected_retries: int = Field(3, ge=0, le=1_000_000, description="failures tolerated")
+    retry_delay: timedelta = Field(timedelta(seconds=10), description="wait after a failure")
+    run_at: datetime | None = Field(None, description="not claimed before this time (UTC)")
+
+    @field_validator("specific_worker_ids")
+    @classmethod
+    def _check_worker_ids(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for worker_id in value:
+            if not worker_id or len(worker_id) > 200 or worker_id.startswith("$"):
+                raise ValueError(f"invalid worker id {worker_id!r}")
+        return tuple(dict.fromkeys(value))
+
+    @field_validator("ping_interval", "worker_timeout", "retry_delay")
+    @classmethod
+    def _check_duration(cls, value: timedelta) -> timedelta:
+        if value < timedelta(0) or value > timedelta(days=366):
+            raise ValueError("must be between 0 and 366 days")
+        return value
+
+    @field_validator("run_at")
+    @classmethod
+    def _check_run_at(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("run_at must be timezone-aware (e.g. datetime.now(UTC))")
+        return value
+
+    @model_validator(mode="after")
+    def _check_lease(self) -> TaskOption:
+        if self.ping_interval <= timedelta(0):
+            raise ValueError("ping_interval must be positive")
+        if self.worker_timeout <= self.ping_interval:
+            raise ValueError("worker_timeout must be longer than ping_interval")
+        return self
+
+    def to_storage(self, default_run_at: datetime) -> dict[str, Any]:
+        return {
+            "priority": self.priority,
+            "concurrent_worker_cnt": self.concurrent_worker_cnt,
+            "specific_worker_ids": list(self.specific_worker_ids),
+            "ping_interval_ms": _ms(self.ping_interval),
+            "worker_timeout_ms": _ms(self.worker_timeout),
+            "max_unexpected_retries": self.max_unexpected_retries,
+            "retry_delay_ms": _ms(self.retry_delay),
+            "run_at": self.run_at if self.run_at is not None else default_run_at,
+        }
+
+    @classmethod
+    def from_storage(cls, doc: Mapping[str, Any]) -> TaskOption:
+        return cls(
+            priority=doc["priority"],
+            concurrent_worker_cnt=doc["concurrent_worker_cnt"],
+            specific_worker_ids=tuple(doc["specific_worker_ids"]),
+            ping_interval=timedelta(milliseconds=doc["ping_interval_ms"]),
+            worker_timeout=timedelta(milliseconds=doc["worker_timeout_ms"]),
+            max_unexpected_retries=doc["max_unexpected_retries"],
+            retry_delay=timedelta(milliseconds=doc["retry_delay_ms"]),
+            run_at=doc.get("run_at"),
+        )
+
+
+class OptionChange(BaseModel):
+    """A live change to a task's options (SPEC F8). Fields left as None are unchanged."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    priority: int | None = Field(None, ge=-1_000_000, le=1_000_000)
+    specific_worker_ids: tuple[str, ...] | None = None
+    ping_interval: timedelta | None = None
+    worker_timeout: timedelta | None = None
+    max_unexpected_retries: int | None = Field(None, ge=0, le=1_000_000)
+    retry_delay: timedelta | None = None
+    run_at: datetime | None = None
+
+    def apply(self, current: TaskOption) -> TaskOption:
+        """Return the merged option, validated as a whole (raises ValueError)."""
+        merged = current.model_dump() | self.model_dump(exclude_none=True)
+        return TaskOption.model_validate(merged)
+
+
+def validate_key(key: object) -> str:
+    if not isinstance(key, str) or not key:
+        raise ValueError("key must be a non-empty string")
+    if len(key) > KEY_MAX_LEN:
+        raise ValueError(f"key is longer than {KEY_MAX_LEN} characters")
+    if "\x00" in key:
+        raise ValueError("key must not contain NUL")
+    return key
+
+
+def validate_name(name: object) -> str:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ValueError(
+            f"invalid task name {name!r}: 1-200 characters, letters, digits, '_', '.', ':', '-', "
+            "starting with a letter or '_'"
+        )
+    return name
+
+
+def check_params(value: Any, depth: int = 0) -> Any:
+    """Accept JSON-like data that MongoDB stores as is; refuse operator-looking keys."""
+    if depth > PARAMS_MAX_DEPTH:
+        raise ValueError(f"params nested deeper than {PARAMS_MAX_DEPTH} levels")
+    if value is None or isinstance(value, (bool, int, str, datetime)):
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+            raise ValueError("integers in params must fit in 64 bits")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("params must not contain NaN or infinity")
+        return value
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ValueError(f"params keys must be strings, got {k!r}")
+            if k.startswith("$") or "." in k or "\x00" in k:
+                raise ValueError(f"params key {k!r} must not start with '$' or contain '.'")
+            out[k] = check_params(v, depth + 1)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [check_params(v, depth + 1) for v in value]
+    raise ValueError(f"params value of type {type(value).__name__} cannot be stored")
+
+
+class Task(BaseModel):
+    """What a publisher sends: ``Task(key, name, params, option=TaskOption(...))``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str
+    name: str
+    params: Any = None
+    option: TaskOption = TaskOption()
+
+    def __init__(self, key: str, name: str, params: Any = None, **data: Any) -> None:
+        super().__init__(key=key, name=name, params=params, **data)
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: str) -> str:
+        return validate_key(value)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return validate_name(value)
+
+    @field_validator("params", mode="before")
+    @classmethod
+    def _params(cls, value: Any) -> Any:
+        if isinstance(value, BaseModel):
+            value = value.model_dump(mode="json")
+        return check_params(value)
+
+
+class ErrorInfo(BaseModel):
+    """Why an attempt failed."""
+
+    type: str
+    message: str
+    traceback: str | None = None
+
+
+class WorkerState(BaseModel):
+    """One attempt by one worker (SPEC F24)."""
+
+    worker_id: str
+    attempt: str
+    host: str | None = None
+    pid: int | None = None
+    status: AttemptStatus
+    start_time: datetime
+    ping_expire_time: datetime
+    end_time: datetime | None = None
+    retry_at: datetime | None = None
+    result: Any = None
+    error: ErrorInfo | None = None
+
+
+class TaskInfo(BaseModel):
+    """A task as stored, for reading (API, CLI, tests)."""
+
+    key: str
+    name: str
+    params: Any
+    option: TaskOption
+    status: TaskStatus
+    create_time: datetime
+    update_time: datetime
+    claim_at: datetime | None
+    success_cnt: int
+    fail_cnt: int
+    running_cnt: int
+    worker_states: list[WorkerState]
+
+    @property
+    def results(self) -> list[Any]:
+        return [w.result for w in self.worker_states if w.status is AttemptStatus.SUCCEEDED]
+
+    @property
+    def last_error(self) -> ErrorInfo | None:
+        for w in reversed(self.worker_states):
+            if w.error is not None:
+                return w.error
+        return None
+
+    @classmethod
+    def from_storage(cls, doc: Mapping[str, Any]) -> TaskInfo:
+        state = doc["state"]
+        return cls(
+            key=doc["key"],
+            name=doc["name"],
+            params=doc.get("params"),
+            option=TaskOption.from_storage(doc["option"]),
+            status=state["status"],
+            create_time=state["create_time"],
+            update_time=state["update_time"],
+            claim_at=state.get("claim_at"),
+            success_cnt=state["success_cnt"],
+            fail_cnt=state["fail_cnt"],
+            running_cnt=state["running_cnt"],
+            worker_states=[WorkerState.model_validate(w) for w in state["worker_states"]],
+        )

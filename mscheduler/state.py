@@ -1,0 +1,92 @@
+"""Derived task state: one definition, computed from the worker entries and the options.
+
+Every write recomputes these fields, so they never drift from ``worker_states``. The memory
+driver calls ``derive`` directly; the Mongo driver's ``_derive_stages`` is the same function written
+as an update pipeline, and the conformance suite checks that both agree.
+
+* ``running_cnt`` / ``success_cnt`` / ``fail_cnt``: entries running / succeeded / failed, lost
+  or rejected; ``rejected_cnt``: entries rejected (invalid params), which use up the budget.
+* ``free_slots``: ``concurrent_worker_cnt - running - succeeded`` (never below 0).
+* ``exhausted``: ``fail_cnt > max_unexpected_retries`` or a rejected entry — the budget is used.
+* ``status``: succeeded (enough successes) > failed (budget used, nothing running) > running >
+  pending.
+* ``retry_at``: the latest ``retry_at`` of a failed entry (a failure's time + retry delay).
+* ``claim_at``: when a free slot may be claimed, ``max(run_at, retry_at)``; ``None`` when no slot
+  is free or the task is terminal or exhausted. The claim query is served by an index on it.
+* ``targeted``: the task names specific workers (those are claimed first by them).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from mscheduler.model import AttemptStatus, TaskStatus
+
+RUNNING = AttemptStatus.RUNNING.value
+SUCCEEDED = AttemptStatus.SUCCEEDED.value
+REJECTED = AttemptStatus.REJECTED.value
+FAILURES = (AttemptStatus.FAILED.value, AttemptStatus.LOST.value, REJECTED)
+
+DERIVED_FIELDS = (
+    "running_cnt",
+    "success_cnt",
+    "fail_cnt",
+    "rejected_cnt",
+    "retry_at",
+    "targeted",
+    "free_slots",
+    "status",
+    "claim_at",
+)
+
+
+def derive(option: dict[str, Any], worker_states: list[dict[str, Any]]) -> dict[str, Any]:
+    running = success = failures = rejected = 0
+    retry_at: datetime | None = None
+    for entry in worker_states:
+        status = entry["status"]
+        if status == RUNNING:
+            running += 1
+        elif status == SUCCEEDED:
+            success += 1
+        elif status in FAILURES:
+            failures += 1
+            rejected += status == REJECTED
+            entry_retry = entry.get("retry_at")
+            if entry_retry is not None and (retry_at is None or entry_retry > retry_at):
+                retry_at = entry_retry
+    cnt = option["concurrent_worker_cnt"]
+    free = max(cnt - running - success, 0)
+    exhausted = failures > option["max_unexpected_retries"] or rejected > 0
+    if success >= cnt:
+        status_value = TaskStatus.SUCCEEDED.value
+    elif exhausted and running == 0:
+        status_value = TaskStatus.FAILED.value
+    elif running > 0:
+        status_value = TaskStatus.RUNNING.value
+    else:
+        status_value = TaskStatus.PENDING.value
+    claim_at: datetime | None
+    if success >= cnt or exhausted or free == 0:
+        claim_at = None
+    else:
+        run_at = option["run_at"]
+        claim_at = run_at if retry_at is None or run_at >= retry_at else retry_at
+    return {
+        "running_cnt": running,
+        "success_cnt": success,
+        "fail_cnt": failures,
+        "rejected_cnt": rejected,
+        "retry_at": retry_at,
+        "targeted": bool(option["specific_worker_ids"]),
+        "free_slots": free,
+        "status": status_value,
+        "claim_at": claim_at,
+    }
+
+
+def lease_expiry(worker_states: list[dict[str, Any]]) -> datetime | None:
+    """The earliest ping_expire_time among running entries: when a takeover may happen."""
+    times = [e["ping_expire_time"] for e in worker_states if e["status"] == RUNNING]
+    return min(times) if times else None

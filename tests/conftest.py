@@ -1,0 +1,70 @@
+"""Shared fixtures: every driver (memory, Mongo on mongomock, Mongo on a real server if configured)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from mscheduler.clock import FakeClock
+from mscheduler.drivers.base import Driver
+from mscheduler.drivers.memory import MemoryDriver
+from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.testing import mongomock_database
+
+REAL_URI = os.environ.get("MSCHEDULER_TEST_MONGODB_URI")
+DRIVER_KINDS = ["memory", "mongomock", "real"]
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if REAL_URI:
+        return "mscheduler: real MongoDB tests ON (MSCHEDULER_TEST_MONGODB_URI is set)"
+    return "mscheduler: real MongoDB tests SKIPPED (set MSCHEDULER_TEST_MONGODB_URI to a replica set to run them)"
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    return FakeClock()
+
+
+DriverFactory = Callable[[FakeClock | None], Driver]
+
+
+@pytest.fixture(params=DRIVER_KINDS)
+async def make_driver(request: pytest.FixtureRequest) -> AsyncIterator[DriverFactory]:
+    """A factory of drivers of one kind; all drivers made in one test share one store."""
+    kind = request.param
+    if kind == "real" and not REAL_URI:
+        pytest.skip("MSCHEDULER_TEST_MONGODB_URI is not set")
+    memory: MemoryDriver | None = None
+    client = None
+    database = None
+    if kind == "mongomock":
+        database = mongomock_database()
+    elif kind == "real":
+        from pymongo import AsyncMongoClient
+
+        client = AsyncMongoClient(REAL_URI)
+        database = client[f"mscheduler_test_{uuid.uuid4().hex[:8]}"]
+
+    def factory(clock: FakeClock | None = None) -> Driver:
+        nonlocal memory
+        if kind == "memory":
+            if memory is None:
+                memory = MemoryDriver(clock=clock)
+            return memory
+        return MongoDriver(database)
+
+    yield factory
+    if client is not None:
+        await client.drop_database(database.name)
+        await client.close()
+
+
+@pytest.fixture
+async def driver(make_driver: DriverFactory, fake_clock: FakeClock) -> Driver:
+    d = make_driver(fake_clock)
+    await d.setup()
+    return d
