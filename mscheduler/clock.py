@@ -48,20 +48,27 @@ class SystemClock:
 class ServerClock:
     """A local clock corrected to the database server's clock (SPEC G1).
 
-    ``sync`` asks the server for its time a few times and keeps the offset measured with the
-    shortest round trip (NTP-style midpoint estimate). Workers whose own clocks are wrong by an
-    hour still compute lease times on the server's time. The consumer syncs at start and then
-    every ``resync_interval``; where the server cannot tell its time the offset stays zero.
+    ``sync`` asks the server for its time a few times and keeps the sample with the shortest
+    round trip (NTP-style midpoint estimate). After a sync, ``now()`` is that server time plus
+    the *monotonic* time elapsed since, so workers whose wall clocks are wrong by an hour — or
+    are stepped by NTP between two syncs — still compute lease times on the server's time. The
+    consumer syncs at start and about every minute; where the server cannot tell its time (the
+    fake), ``now()`` is the local wall clock.
     """
 
     def __init__(self, base: Clock | None = None) -> None:
         self.base: Clock = base or SystemClock()
-        self.offset = timedelta(0)
+        self.offset = timedelta(0)  # server minus local wall clock at the last sync (for reports)
         self.uncertainty = timedelta(0)
         self.synced = False
+        self._anchor_time: datetime | None = None
+        self._anchor_mono = 0.0
 
     def now(self) -> datetime:
-        return truncate_ms(self.base.now() + self.offset)
+        if self._anchor_time is None:
+            return truncate_ms(self.base.now())
+        elapsed = self.base.monotonic() - self._anchor_mono
+        return truncate_ms(self._anchor_time + timedelta(seconds=elapsed))
 
     def monotonic(self) -> float:
         return self.base.monotonic()
@@ -72,20 +79,25 @@ class ServerClock:
     async def sync(
         self, server_time: Callable[[], Awaitable[datetime | None]], samples: int = 3
     ) -> bool:
-        best: tuple[float, timedelta] | None = None
+        best: tuple[float, datetime, float, timedelta] | None = None
         for _ in range(samples):
-            sent = time.perf_counter()
+            sent = self.base.monotonic()  # the base clock: a FakeClock measures no delay
             local_before = self.base.now()
             remote = await server_time()
-            rtt = time.perf_counter() - sent
+            rtt = self.base.monotonic() - sent
             if remote is None:
                 return False
             offset = remote - (local_before + timedelta(seconds=rtt / 2))
             if best is None or rtt < best[0]:
-                best = (rtt, offset)
+                best = (rtt, remote, sent + rtt / 2, offset)
         assert best is not None
-        self.offset = best[1]
-        self.uncertainty = timedelta(seconds=best[0] / 2)
+        rtt, remote, mono_at_remote, offset = best
+        # The server stores milliseconds and truncates: its true time was on average half a
+        # millisecond later than it said.
+        self._anchor_time = remote + timedelta(microseconds=500) if rtt > 0 else remote
+        self._anchor_mono = mono_at_remote
+        self.offset = offset
+        self.uncertainty = timedelta(seconds=rtt / 2)
         self.synced = True
         return True
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -57,6 +57,12 @@ def _ms(value: timedelta) -> int:
     return int(value / timedelta(milliseconds=1))
 
 
+def _utc_ms(value: datetime) -> datetime:
+    """UTC, cut to milliseconds: what MongoDB stores, so every driver returns the same time."""
+    value = value.astimezone(UTC)
+    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+
 class TaskOption(BaseModel):
     """How a task is run. Options are apart from the payload (STYLE 15)."""
 
@@ -91,7 +97,7 @@ class TaskOption(BaseModel):
     def _check_run_at(cls, value: datetime | None) -> datetime | None:
         if value is not None and value.tzinfo is None:
             raise ValueError("run_at must be timezone-aware (e.g. datetime.now(UTC))")
-        return value
+        return _utc_ms(value) if value is not None else None
 
     @model_validator(mode="after")
     def _check_lease(self) -> TaskOption:
@@ -157,7 +163,7 @@ def validate_key(key: object) -> str:
 
 
 def validate_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):  # match() lets "job\n" through
         raise ValueError(
             f"invalid task name {name!r}: 1-200 characters, letters, digits, '_', '.', ':', '-', "
             "starting with a letter or '_'"
@@ -169,7 +175,11 @@ def check_params(value: Any, depth: int = 0) -> Any:
     """Accept JSON-like data that MongoDB stores as is; refuse operator-looking keys."""
     if depth > PARAMS_MAX_DEPTH:
         raise ValueError(f"params nested deeper than {PARAMS_MAX_DEPTH} levels")
-    if value is None or isinstance(value, (bool, int, str, datetime)):
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError("datetimes in params must be timezone-aware (e.g. datetime.now(UTC))")
+        return _utc_ms(value)
+    if value is None or isinstance(value, (bool, int, str)):
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
             raise ValueError("integers in params must fit in 64 bits")
         return value

@@ -25,6 +25,14 @@ class Publisher:
     def __init__(self, driver: Driver, *, clock: Clock | None = None) -> None:
         self.driver = driver
         self.clock: Clock = clock or SystemClock()
+        self._set_up = False
+
+    async def _setup(self) -> None:
+        """Create the indexes before the first insert: uniqueness by key needs the unique index,
+        and a publisher may write to a store no consumer has set up yet (SPEC F1)."""
+        if not self._set_up:
+            await self.driver.setup()
+            self._set_up = True
 
     def _prepare(self, task: Task) -> NewTask:
         if not isinstance(task, Task):
@@ -39,6 +47,7 @@ class Publisher:
         PyMongo ``session`` to insert inside your own transaction (SPEC F20).
         """
         params = InsertParams([self._prepare(task)], self.clock.now(), reset_finished, session)
+        await self._setup()
         return (await self.driver.insert_tasks(params))[0]
 
     async def send_many(
@@ -50,6 +59,7 @@ class Publisher:
         if len(set(keys)) != len(keys):
             raise InvalidInput("send_many got the same key twice")
         created: list[bool] = []
+        await self._setup()
         for start in range(0, len(prepared), SEND_MANY_BATCH):
             batch = prepared[start : start + SEND_MANY_BATCH]
             params = InsertParams(batch, self.clock.now(), reset_finished, session)

@@ -14,7 +14,7 @@ from typing import Any
 def _patch_bulk_sort() -> None:
     from mongomock.collection import BulkOperationBuilder
 
-    original = BulkOperationBuilder.add_update
+    original: Any = BulkOperationBuilder.add_update
     if "sort" in inspect.signature(original).parameters:
         return
 

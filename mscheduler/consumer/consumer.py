@@ -26,7 +26,7 @@ from typing import Any, get_type_hints
 from pydantic import BaseModel, ValidationError
 
 from mscheduler.clock import Clock, ServerClock
-from mscheduler.consumer.discovery import LEASE, Discovery
+from mscheduler.consumer.discovery import CLAIM, LEASE, Discovery
 from mscheduler.drivers.base import (
     ClaimedTask,
     ClaimParams,
@@ -34,6 +34,7 @@ from mscheduler.drivers.base import (
     ExpireParams,
     FinishParams,
     PingParams,
+    PingResult,
     WorkerInfo,
 )
 from mscheduler.exceptions import ConsumerStopped, InvalidInput, MSchedulerError, StorageError
@@ -44,6 +45,7 @@ log = logging.getLogger("mscheduler.consumer")
 Handler = Callable[..., Awaitable[Any]]
 Listener = Callable[[str, dict[str, Any]], None]
 TRACEBACK_LIMIT = 8000
+LEASE_SAFETY_MARGIN = timedelta(milliseconds=500)
 
 
 @dataclass(slots=True)
@@ -74,6 +76,26 @@ class _Running:
     task: asyncio.Task[None] | None = None
     cancel_reason: str | None = None  # "lost", "revoked", "released"
     handler_done: bool = False
+
+    @property
+    def trust_until(self) -> Any:
+        """When this worker stops trusting its lease: a little before its end (a tenth of the
+        lease, at most LEASE_SAFETY_MARGIN), so that a takeover at the end never overlaps."""
+        margin = min(LEASE_SAFETY_MARGIN, timedelta(milliseconds=self.option["worker_timeout_ms"] / 10))
+        return self.expire - margin
+
+    @property
+    def trusted(self) -> bool:
+        return self.cancel_reason is None and not self.handler_done
+
+    def cancel(self, reason: str) -> None:
+        """Cancel the handler for ``reason`` unless it ended or was cancelled already. Once it has
+        returned, its outcome is being written: cancelling then would drop the attempt's
+        bookkeeping (the ``_running`` entry, the 'finished' event)."""
+        if self.task is None or self.task.done() or self.handler_done or self.cancel_reason is not None:
+            return
+        self.cancel_reason = reason
+        self.task.cancel()
 
 
 @dataclass(slots=True)
@@ -169,6 +191,7 @@ class Consumer:
         self._stopping = False
         self._stopped = asyncio.Event()
         self._stop_task: asyncio.Task[None] | None = None
+        self._shutdown_task: asyncio.Task[None] | None = None
         self.error: BaseException | None = None
         self.discovery: Discovery | None = None
         self.stats = {"claimed": 0, "succeeded": 0, "failed": 0, "lost": 0, "released": 0, "rejected": 0}
@@ -286,20 +309,31 @@ class Consumer:
         Released attempts do not count against the retry budget.
         """
         grace = self.grace_period if grace is None else grace
-        if self._stopping:
-            if grace == 0:
-                self._cancel_all("released")
-            await self._stopped.wait()
-            return
-        self._stopping = True
+        if self._shutdown_task is None:
+            self._stopping = True
+            # A task of its own, shielded: a caller that is cancelled (say by a timeout) while
+            # waiting does not leave the consumer half stopped.
+            self._shutdown_task = asyncio.create_task(
+                self._shutdown(grace), name=f"mscheduler:{self.worker_id}:shutdown"
+            )
+        elif grace == 0:
+            self._cancel_all("released")
+        await asyncio.shield(self._shutdown_task)
+
+    async def _shutdown(self, grace: float) -> None:
+        try:
+            await self._shutdown_steps(grace)
+        finally:
+            self._stopped.set()
+
+    async def _shutdown_steps(self, grace: float) -> None:
         self._emit("stopping", {"grace": grace})
         if not self._side:
-            self._stopped.set()
             return
         self._side["claimer"].cancel()
         handler_tasks = [r.task for r in self._running.values() if r.task is not None and not r.task.done()]
         if handler_tasks and grace > 0:
-            await asyncio.wait(handler_tasks, timeout=grace)
+            await self._wait_grace(handler_tasks, grace)
         self._cancel_all("released")
         remaining = [r.task for r in self._running.values() if r.task is not None and not r.task.done()]
         if remaining:
@@ -314,13 +348,20 @@ class Consumer:
         except MSchedulerError as exc:
             log.warning("could not unregister worker %s: %s", self.worker_id, exc)
         self._emit("stopped", {"worker_id": self.worker_id})
-        self._stopped.set()
+
+    async def _wait_grace(self, handler_tasks: list[asyncio.Task[None]], grace: float) -> None:
+        """Wait until the handlers end or ``grace`` seconds pass on the consumer's clock (STYLE 9)."""
+        all_done = asyncio.ensure_future(asyncio.wait(handler_tasks))
+        timer = asyncio.ensure_future(self.clock.sleep(grace))
+        try:
+            await asyncio.wait({all_done, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            all_done.cancel()
+            timer.cancel()
 
     def _cancel_all(self, reason: str) -> None:
         for running in self._running.values():
-            if running.task is not None and not running.task.done() and running.cancel_reason is None:
-                running.cancel_reason = reason
-                running.task.cancel()
+            running.cancel(reason)
 
     # -- claimer ----------------------------------------------------------------------------------
 
@@ -330,6 +371,8 @@ class Consumer:
         names = sorted(self._handlers)
         batch = 1
         more = True  # the last claim filled every slot asked for: there may be more now
+        known: set[str] = set()  # keys the queue said are due that no claim has taken yet
+        exact = True  # every claim since the store last ran dry took only tasks in ``known``
         while True:
             free = self.concurrency - self._handlers_active
             if free <= 0:
@@ -340,11 +383,25 @@ class Consumer:
             if not (more or queue.due(now)):
                 await self._wait_for_work(queue)
                 continue
-            if LEASE in queue.pop_due(now):
-                expired = await self.driver.expire_leases(ExpireParams(now))
+            due = queue.pop_due(now)
+            if exact:
+                known |= due.get(CLAIM, set())
+                if len(known) > queue.max_size:  # too many to follow: claim as if none were known
+                    known.clear()
+                    exact = False
+            if LEASE in due:
+                try:
+                    expired = await self.driver.expire_leases(ExpireParams(now))
+                except StorageError as exc:
+                    if not exc.transient:
+                        raise
+                    log.warning("expiring leases failed (%s); the poller tries again", exc)
+                    expired = 0
                 if expired:
                     self._emit("leases_expired", {"count": expired})
-            n = min(free, batch)
+            # A doubling batch, but no more than the queue says are due while it knows them all:
+            # asking for more would come back partly empty, each empty slot a wasted command.
+            n = min(free, batch, len(known)) if exact and known else min(free, batch)
             params = ClaimParams(
                 worker_id=self.worker_id,
                 names=names,
@@ -353,6 +410,8 @@ class Consumer:
                 expire=now + self.claim_lease,
                 host=self.host,
                 pid=self.pid,
+                # an attempt whose outcome is still being written (or a stuck one) keeps its key
+                exclude_keys=list(self._running),
             )
             try:
                 claimed = await self.driver.claim(params)
@@ -364,8 +423,25 @@ class Consumer:
                 continue
             for task in claimed:
                 self._start(task)
-            more = len(claimed) == n
-            batch = min(batch * 2, self.max_claim_batch) if more else 1
+            if claimed:
+                # Let the handlers just started take their first step: those that finish at once
+                # free their slots now, so the next claim fills them in one round trip, not two.
+                await asyncio.sleep(0)
+            full = len(claimed) == n
+            for task in claimed:  # a wake-up a poll queued again would count it a second time
+                queue.discard(task.key, CLAIM)
+            if not full:  # the store has nothing more for us now: start counting afresh
+                known.clear()
+                exact = True
+            elif exact and all(task.key in known for task in claimed):
+                known.difference_update(task.key for task in claimed)
+            else:  # it had tasks the queue did not know of: the count says nothing
+                known.clear()
+                exact = False
+            # Claim again at once while known tasks remain or there may be ones the queue does not
+            # know of; else wait for the queue rather than send a claim that comes back empty.
+            more = full and (not exact or bool(known) or queue.overflowed or self.discovery.page_full)
+            batch = min(batch * 2, self.max_claim_batch) if full else 1
             if not more and queue.overflowed:
                 self.discovery.request_poll()
 
@@ -465,6 +541,9 @@ class Consumer:
     # -- finisher -------------------------------------------------------------------------------
 
     async def _submit(self, params: FinishParams) -> bool:
+        finisher = self._side.get("finisher")
+        if finisher is None or finisher.done():
+            raise ConsumerStopped("the finisher is not running: the outcome cannot be written")
         pending = _Pending(params)
         self._pending.append(pending)
         self._pending_added.set()
@@ -485,8 +564,12 @@ class Consumer:
             accepted = await self.driver.finish([p.params for p in batch])
         except StorageError as exc:
             if not exc.transient:
-                for p in batch:
-                    p.future.set_exception(exc)
+                # The finisher dies of this: fail what piled up meanwhile too, so that no
+                # handler waits for ever on a write that nobody will make.
+                failed, self._pending = [*batch, *self._pending], []
+                for p in failed:
+                    if not p.future.done():
+                        p.future.set_exception(exc)
                 raise
             # Still unknown after the driver's own retries: keep them and try again shortly.
             log.warning("finish failed (%s); retrying", exc)
@@ -501,14 +584,17 @@ class Consumer:
         finisher = self._side.get("finisher")
         while self._pending and finisher is not None and not finisher.done():
             await asyncio.sleep(0)
-            await self._flush()
+            try:
+                await self._flush()
+            except StorageError as exc:  # the futures carry it to the handlers; stop goes on
+                log.error("could not write outcomes while stopping: %s", exc)
+                return
 
     # -- pinger ---------------------------------------------------------------------------------
 
     def _ping_interval(self) -> float:
-        intervals = [r.option["ping_interval_ms"] / 1000 for r in self._running.values()]
         first_ping = self.claim_lease.total_seconds() / 3
-        return min([*intervals, first_ping])
+        return min([first_ping, *(float(r.option["ping_interval_ms"]) / 1000 for r in self._running.values())])
 
     async def _run_pinger(self) -> None:
         while True:
@@ -516,20 +602,31 @@ class Consumer:
                 self._ping_wake.clear()
                 await self._ping_wake.wait()
                 continue
-            await self.clock.sleep(self._ping_interval())
+            # Wake at the next ping, or earlier where a lease stops being trusted (pings failing).
+            sleep = self._ping_interval()
+            ends = [r.trust_until for r in self._running.values() if r.trusted]
+            if ends:
+                sleep = min(sleep, max((min(ends) - self.clock.now()).total_seconds(), 0.0))
+            await self.clock.sleep(sleep)
             if self._running:
+                # A ping that succeeds proves the lease is still ours, even after a long stall;
+                # one that fails or hangs past a lease's trust limit gives that lease up.
                 await self.ping_once()
 
     async def ping_once(self) -> None:
         """Renew every running attempt's lease in one write per lease length (SPEC G2)."""
         now = self.clock.now()
         groups: dict[Any, dict[str, str]] = {}
-        snapshot = dict(self._running)
+        # Handlers given up on (lost, revoked, released) are not kept alive; a handler that
+        # returned is, until its outcome is written.
+        snapshot = {key: r for key, r in self._running.items() if r.cancel_reason is None}
+        if not snapshot:
+            return
         for key, running in snapshot.items():
             expire = now + timedelta(milliseconds=running.option["worker_timeout_ms"])
             groups.setdefault(expire, {})[key] = running.claimed.attempt
         try:
-            result = await self.driver.ping(PingParams(self.worker_id, now, groups))
+            result = await self._ping_within_leases(PingParams(self.worker_id, now, groups), snapshot)
         except StorageError as exc:
             if not exc.transient:
                 raise
@@ -546,18 +643,43 @@ class Consumer:
             self._lose(snapshot[key], "revoked")
         self._emit("ping", {"alive": len(result.alive), "lost": len(result.lost), "revoked": len(result.revoked)})
 
+    async def _ping_within_leases(self, params: PingParams, snapshot: dict[str, _Running]) -> PingResult:
+        """Send the ping, but stop trusting each lease at its known end while the reply is late.
+
+        A handler whose lease passed its end is cancelled (and writes nothing) even if the store
+        does not answer: by then another worker may own the task (River's rule; fencing keeps
+        the store safe either way, this keeps the *work* from running twice at once).
+        """
+        ping = asyncio.ensure_future(self.driver.ping(params))
+        try:
+            while not ping.done():
+                ends = [r.trust_until for r in snapshot.values() if r.trusted]
+                if not ends:
+                    return await ping
+                timeout = max((min(ends) - self.clock.now()).total_seconds(), 0.0)
+                timer = asyncio.ensure_future(self.clock.sleep(timeout))
+                try:
+                    await asyncio.wait({ping, timer}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    timer.cancel()
+                if not ping.done():
+                    self._expire_locally(snapshot)
+            return ping.result()
+        finally:
+            if not ping.done():
+                ping.cancel()
+
     def _expire_locally(self, snapshot: dict[str, _Running]) -> None:
         """Without a store to ask, a lease past its known end is lost: stop those handlers."""
         now = self.clock.now()
         for running in snapshot.values():
-            if running.expire <= now:
+            if running.trust_until <= now:
                 self._lose(running, "lost")
 
     def _lose(self, running: _Running, reason: str) -> None:
-        self._emit(reason, {"key": running.claimed.key, "attempt": running.claimed.attempt})
-        if running.task is not None and not running.task.done() and running.cancel_reason is None:
-            running.cancel_reason = reason
-            running.task.cancel()
+        if running.cancel_reason is None and not running.handler_done:
+            self._emit(reason, {"key": running.claimed.key, "attempt": running.claimed.attempt})
+        running.cancel(reason)
 
     # -- heartbeat --------------------------------------------------------------------------------
 
@@ -579,4 +701,6 @@ class Consumer:
                 log.info("consumer %s: stop requested through the database", self.worker_id)
                 self._emit("remote_stop", {"worker_id": self.worker_id})
                 self._stop_task = asyncio.ensure_future(self.stop())
+                # Stay alive until stop() cancels us: a side task that ends is a failure.
+                await self._stopped.wait()
                 return

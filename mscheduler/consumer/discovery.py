@@ -76,13 +76,13 @@ class WakeupQueue:
         top = self._clean_top()
         return top[0] if top else None
 
-    def pop_due(self, now: datetime) -> set[str]:
-        """Remove every entry due at ``now``; returns the kinds that were due."""
-        kinds: set[str] = set()
+    def pop_due(self, now: datetime) -> dict[str, set[str]]:
+        """Remove every entry due at ``now``; returns the keys that were due, by kind."""
+        kinds: dict[str, set[str]] = {}
         while (top := self._clean_top()) is not None and top[0] <= now:
             heapq.heappop(self._heap)
             del self._times[(top[1], top[2])]
-            kinds.add(top[2])
+            kinds.setdefault(top[2], set()).add(top[1])
         return kinds
 
     def due(self, now: datetime) -> bool:
@@ -117,6 +117,7 @@ class Discovery:
         self.streaming = False  # a change stream is open and healthy
         self.stream_supported: bool | None = None
         self.resume_token: Any = None
+        self.page_full = False  # the last poll found as many claimable tasks as it asked for
         self._poll_now = asyncio.Event()
         self._emit = on_event
 
@@ -148,22 +149,25 @@ class Discovery:
         limit = self.batch_size
         wakeups = await self.driver.find_wakeups(WakeupParams(self.worker_id, self.names, now, limit))
         self.queue.overflowed = False
+        # A full page: more may be due than the queue knows of, so the claimer keeps claiming
+        # while its claims come back full instead of trusting the queue's count.
+        self.page_full = sum(w.kind == CLAIM for w in wakeups) >= limit
         self.push_wakeups(wakeups)
         self._emit("polled", {"found": len(wakeups)})
 
     async def run_poller(self) -> None:
+        """Poll every interval (the consumer polled once already before starting us)."""
         while True:
+            interval = self.stream_poll_interval if self.streaming else self.poll_interval
+            await self._sleep_or_poll(interval)
             try:
                 await self.poll_once()
             except StorageError as exc:
                 if not exc.transient:
                     raise
                 log.warning("poll failed (%s); trying again next interval", exc)
-            interval = self.stream_poll_interval if self.streaming else self.poll_interval
-            await self._sleep_or_poll(interval)
 
     async def _sleep_or_poll(self, seconds: float) -> None:
-        self._poll_now.clear()
         waiter = asyncio.ensure_future(self._poll_now.wait())
         sleeper = asyncio.ensure_future(self.clock.sleep(seconds))
         try:
@@ -171,6 +175,9 @@ class Discovery:
         finally:
             waiter.cancel()
             sleeper.cancel()
+        # Cleared when the poll starts, not when the sleep does: a request made while the last
+        # poll ran (its read may predate what the request is about) makes the next poll at once.
+        self._poll_now.clear()
 
     async def run_watcher(self) -> None:
         """Follow the change stream; reopen with backoff; give up quietly where unsupported."""
@@ -183,9 +190,14 @@ class Discovery:
                     backoff = 0.1
                     self.resume_token = event.token
                     self.on_change(event)
-                # A stream that ends by itself was closed or invalidated: start afresh.
+                # A stream that ends by itself was closed or invalidated: start afresh. Events
+                # until the new stream opens are missed (poll now), and a stream that keeps ending
+                # at once must not be reopened in a tight loop (backoff).
                 self.resume_token = None
                 self.streaming = False
+                self.request_poll()
+                await self.clock.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
             except ChangeStreamUnsupported as exc:
                 self.stream_supported = False
                 self.streaming = False

@@ -55,6 +55,8 @@ class ClaimParams:
     expire: datetime  # first lease end; the first ping sets the task's own worker_timeout
     host: str | None = None
     pid: int | None = None
+    # keys this worker still tracks (running, or outcome not yet written): never claimed again
+    exclude_keys: Sequence[str] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -174,7 +176,9 @@ class Driver(Protocol):
 
     async def finish(self, params: Sequence[FinishParams]) -> list[bool]: ...
 
-    async def expire_leases(self, params: ExpireParams) -> int: ...
+    async def expire_leases(self, params: ExpireParams) -> int:
+        """Mark expired running entries lost; returns how many tasks changed."""
+        ...
 
     async def find_wakeups(self, params: WakeupParams) -> list[Wakeup]: ...
 

@@ -133,6 +133,8 @@ class MemoryDriver:
             return False
         if state["status"] not in ("pending", "running") or not allowed(doc["option"], params.worker_id):
             return False
+        if params.exclude_keys and doc["key"] in params.exclude_keys:
+            return False
         for entry in state["worker_states"]:
             if entry["worker_id"] == params.worker_id and entry["status"] in ("running", "succeeded"):
                 return False
@@ -208,7 +210,7 @@ class MemoryDriver:
             doc = self._tasks.get(item.key)
             entry = self._running_entry(doc, item.worker_id, item.attempt)
             if doc is None or entry is None or entry["ping_expire_time"] <= item.now:
-                accepted.append(False)
+                accepted.append(self._already_finished(doc, item))
                 continue
             entry.update(
                 status=item.outcome,
@@ -220,6 +222,14 @@ class MemoryDriver:
             self._write(doc, item.now)
             accepted.append(True)
         return accepted
+
+    @staticmethod
+    def _already_finished(doc: dict[str, Any] | None, item: FinishParams) -> bool:
+        """A retried finish whose first try was applied (reply lost) is accepted, as in Mongo."""
+        for entry in doc["state"]["worker_states"] if doc is not None else ():
+            if entry["attempt"] == item.attempt and entry["worker_id"] == item.worker_id:
+                return bool(entry["status"] == item.outcome and entry["end_time"] == item.now)
+        return False
 
     async def expire_leases(self, params: ExpireParams) -> int:
         now = params.now
@@ -239,9 +249,9 @@ class MemoryDriver:
                         retry_at=now,
                         error={"type": "LeaseExpired", "message": "the lease expired (no ping)", "traceback": None},
                     )
-                    expired += 1
                     changed = True
             if changed:
+                expired += 1  # tasks changed, as MongoDB's update_many counts them
                 self._write(doc, now)
         return expired
 

@@ -121,6 +121,9 @@ def _count(statuses: Sequence[str]) -> dict[str, Any]:
     return {"$size": {"$filter": {"input": f"${WS}", "as": "e", "cond": cond}}}
 
 
+_FAILURE_STATUSES = ["failed", "lost", "rejected"]
+
+
 def _derive_stages(now: datetime) -> list[dict[str, Any]]:
     """``mscheduler.state.derive`` as update-pipeline stages."""
     cnt = "$option.concurrent_worker_cnt"
@@ -137,13 +140,23 @@ def _derive_stages(now: datetime) -> list[dict[str, Any]]:
             "$set": {
                 "state.running_cnt": _count(["running"]),
                 "state.success_cnt": _count(["succeeded"]),
-                "state.fail_cnt": _count(["failed", "lost", "rejected"]),
+                "state.fail_cnt": _count(_FAILURE_STATUSES),
                 "state.rejected_cnt": _count(["rejected"]),
-                "state.retry_at": {"$max": f"${WS}.retry_at"},
+                # Only failures set the retry time (as in derive): first the failures' retry_at
+                # (null for other entries), reduced by the next stage's $max over a field path,
+                # the form mongomock evaluates too.
+                "state.retry_at": {
+                    "$map": {
+                        "input": f"${WS}",
+                        "as": "e",
+                        "in": {"$cond": [{"$in": ["$$e.status", _FAILURE_STATUSES]}, "$$e.retry_at", None]},
+                    }
+                },
                 "state.targeted": {"$gt": [{"$size": "$option.specific_worker_ids"}, 0]},
                 "state.update_time": _lit(now),
             }
         },
+        {"$set": {"state.retry_at": {"$max": "$state.retry_at"}}},
         {
             "$set": {
                 "state.free_slots": {"$max": [0, {"$subtract": [cnt, busy]}]},
@@ -333,17 +346,19 @@ class MongoDriver:
             return created
         docs = [_out(new_task_document(params.tasks[i], params.now)) for i in pending]
 
-        async def insert() -> None:
-            await self.tasks.insert_many(docs, ordered=False, session=params.session)
+        async def insert() -> set[int]:
+            # Duplicate keys are handled here, inside the operation: BulkWriteError is a
+            # PyMongoError, so ``_call`` would otherwise turn it into a StorageError.
+            try:
+                await self.tasks.insert_many(docs, ordered=False, session=params.session)
+            except BulkWriteError as exc:
+                errors = exc.details.get("writeErrors", [])
+                if any(err.get("code") != 11000 for err in errors):
+                    raise
+                return {err["index"] for err in errors}
+            return set()
 
-        try:
-            await self._call("insert tasks", insert)
-            failed: set[int] = set()
-        except BulkWriteError as exc:
-            errors = exc.details.get("writeErrors", [])
-            if any(err.get("code") != 11000 for err in errors):
-                raise StorageError(f"insert tasks failed: {errors[:3]}") from exc
-            failed = {err["index"] for err in errors}
+        failed = await self._call("insert tasks", insert)
         for position, i in enumerate(pending):
             created[i] = position not in failed
         return created
@@ -368,7 +383,7 @@ class MongoDriver:
 
     def _claim_filter(self, params: ClaimParams) -> dict[str, Any]:
         now = _out(params.now)
-        return {
+        filter_: dict[str, Any] = {
             "name": {"$in": list(params.names)},
             "state.claim_at": {"$lte": now},
             "state.free_slots": {"$gt": 0},
@@ -381,6 +396,9 @@ class MongoDriver:
                 {WS: {"$elemMatch": {"worker_id": params.worker_id, "status": {"$in": ["running", "succeeded"]}}}}
             ],
         }
+        if params.exclude_keys:
+            filter_["key"] = {"$nin": list(params.exclude_keys)}
+        return filter_
 
     async def _claim_one(self, params: ClaimParams, attempt: str) -> ClaimedTask | None:
         entry = _out(new_entry(params, attempt, params.expire))
@@ -394,13 +412,15 @@ class MongoDriver:
         sort = [("option.priority", -1), ("state.targeted", -1), ("state.claim_at", 1)]
 
         async def claim() -> dict[str, Any] | None:
-            return await self.tasks.find_one_and_update(
+            doc: dict[str, Any] | None = await self.tasks.find_one_and_update(
                 filter_, pipeline, sort=sort, return_document=ReturnDocument.AFTER
             )
+            return doc
 
         async def recover() -> dict[str, Any] | None:
             # The reply was lost: if our attempt token is stored, the claim was applied.
-            return await self.tasks.find_one({f"{WS}.attempt": attempt})
+            doc: dict[str, Any] | None = await self.tasks.find_one({f"{WS}.attempt": attempt})
+            return doc
 
         doc = await self._call("claim", claim, recover=recover)
         if doc is None:
@@ -423,8 +443,18 @@ class MongoDriver:
         if len(params.attempts) == 1:
             one = await self._claim_one(params, params.attempts[0])
             return [one] if one is not None else []
-        results = await asyncio.gather(*(self._claim_one(params, a) for a in params.attempts))
-        return [r for r in results if r is not None]
+        results = await asyncio.gather(
+            *(self._claim_one(params, a) for a in params.attempts), return_exceptions=True
+        )
+        claimed = [r for r in results if isinstance(r, ClaimedTask)]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors and not claimed:
+            raise errors[0]
+        if errors:
+            # Raising would orphan the claims that were applied (their leases would expire unused,
+            # each costing a retry): hand those over; the next claim meets the error again.
+            log.warning("claim: %d of %d attempts failed (%s)", len(errors), len(results), errors[0])
+        return claimed
 
     async def ping(self, params: PingParams) -> PingResult:
         now = _out(params.now)
@@ -456,7 +486,9 @@ class MongoDriver:
         async def read() -> list[dict[str, Any]]:
             cursor = self.tasks.find(
                 {"key": {"$in": list(every_key)}},
-                {"key": 1, "option": 1, WS: {"$elemMatch": {"worker_id": params.worker_id, "status": "running"}}},
+                # The whole array: MongoDB refuses an $elemMatch projection on a nested field
+                # (error 31275) and mongomock returns nothing for it; the entry is picked below.
+                {"key": 1, "option": 1, WS: 1},
             )
             return [_in(doc) async for doc in cursor]
 
@@ -466,10 +498,19 @@ class MongoDriver:
         for key, attempt in every_key.items():
             doc = docs.get(key)
             entries = (doc or {}).get("state", {}).get("worker_states", [])
-            entry = entries[0] if entries and entries[0]["attempt"] == attempt else None
+            entry = next(
+                (
+                    e
+                    for e in entries
+                    if e["worker_id"] == params.worker_id and e["attempt"] == attempt and e["status"] == "running"
+                ),
+                None,
+            )
             if doc is None or entry is None:
                 result.lost.append(key)
-            elif entry["ping_expire_time"] == expires[key]:
+            elif entry["ping_expire_time"] == expires[key] and allowed(doc["option"], params.worker_id):
+                # extended (or already at the asked expiry: a ping in the same millisecond as
+                # the claim); a revoked entry is never extended, whatever its expiry says
                 result.alive[key] = doc["option"]
             elif entry["ping_expire_time"] <= params.now:
                 result.lost.append(key)
@@ -547,7 +588,11 @@ class MongoDriver:
             if entry is not None and entry["status"] == "running" and _in(entry["ping_expire_time"]) > item.now:
                 # Neither applied nor rejected yet (the batch failed): write it alone.
                 filter_, update = self._finish_op(item)
-                single = await self._call("finish", lambda f=filter_, u=update: self.tasks.update_one(f, u))
+
+                async def write_one(f: dict[str, Any] = filter_, u: list[dict[str, Any]] = update) -> Any:
+                    return await self.tasks.update_one(f, u)
+
+                single = await self._call("finish", write_one)
                 outcomes.append(bool(single.matched_count))
             else:
                 outcomes.append(

@@ -1,0 +1,546 @@
+"""The ``mscheduler`` command: ``demo``, ``worker MODULE:ATTR`` and ``check``.
+
+Thin on purpose: each command parses its arguments and calls plain functions (the demo lives in
+``mscheduler.demo``; loading consumers and checking a server are plain functions below). Signal
+handlers are installed here, by ``worker``, and nowhere in the library.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import logging
+import re
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from mscheduler.consumer import Consumer
+from mscheduler.drivers.base import ChangeStreamUnsupported
+from mscheduler.drivers.memory import MemoryDriver
+from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.exceptions import MSchedulerError
+
+DEFAULT_SERVER_SELECTION_MS = 2000
+MIN_SERVER_VERSION = (6, 0)
+# The indexes MongoDriver.setup() creates (guarded by tests/acceptance/test_check_inprocess.py).
+EXPECTED_INDEXES = ("key", "claim", "leases", "attempt", "status")
+CHANGE_STREAM_PROBE_SECONDS = 1.0
+
+app = typer.Typer(
+    name="mscheduler",
+    help="A durable asyncio task scheduler on MongoDB.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True, markup=False, highlight=False)  # messages hold user text
+
+
+class CliError(Exception):
+    """A clear message for the user and an exit code; printed without a traceback."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _fail(exc: CliError) -> typer.Exit:
+    err.print(Text("error: ", style="bold red") + Text(str(exc)))
+    return typer.Exit(exc.exit_code)
+
+
+# -- MongoDB connection (demo --mongodb-uri, check) -----------------------------------------------
+
+
+def redact(uri: str) -> str:
+    """The URI without its password, for messages."""
+    return re.sub(
+        r"^(mongodb(?:\+srv)?://)([^@/]*)@", lambda m: f"{m.group(1)}{m.group(2).split(':')[0]}:***@", uri
+    )
+
+
+def mongo_client(uri: str, server_selection_ms: int | None) -> Any:
+    """An ``AsyncMongoClient`` that fails fast: ``serverSelectionTimeoutMS`` unless the URI sets it."""
+    from pymongo import AsyncMongoClient
+    from pymongo.errors import PyMongoError
+
+    kwargs: dict[str, Any] = {}
+    if server_selection_ms is not None:
+        kwargs["serverSelectionTimeoutMS"] = server_selection_ms
+    elif "serverselectiontimeoutms=" not in uri.lower():
+        kwargs["serverSelectionTimeoutMS"] = DEFAULT_SERVER_SELECTION_MS
+    try:
+        return AsyncMongoClient(uri, **kwargs)
+    except PyMongoError as exc:
+        raise CliError(f"invalid MongoDB URI {redact(uri)!r}: {exc}", exit_code=2) from exc
+
+
+def _timeout_ms(client: Any) -> int:
+    return int(client.options.server_selection_timeout * 1000)
+
+
+async def ensure_reachable(client: Any, uri: str) -> float:
+    """Ping the server; returns the round trip in ms, or raises CliError with a short reason."""
+    from pymongo.errors import OperationFailure, PyMongoError, ServerSelectionTimeoutError
+
+    started = time.perf_counter()
+    try:
+        await client.admin.command("ping")
+    except ServerSelectionTimeoutError as exc:
+        reason = str(exc).split(", Timeout:")[0].split(" (configured timeouts")[0]
+        raise CliError(
+            f"cannot reach MongoDB at {redact(uri)}: no server answered within {_timeout_ms(client)} ms "
+            f"({reason[:300]})"
+        ) from exc
+    except OperationFailure as exc:
+        raise CliError(f"MongoDB at {redact(uri)} refused the connection: {exc.details or exc}") from exc
+    except PyMongoError as exc:
+        raise CliError(f"cannot talk to MongoDB at {redact(uri)}: {exc}") from exc
+    return (time.perf_counter() - started) * 1000
+
+
+def _database(client: Any, name: str | None, fallback: str) -> Any:
+    return client[name] if name else client.get_default_database(fallback)
+
+
+# -- demo -----------------------------------------------------------------------------------------
+
+
+@app.command()
+def demo(
+    mongodb_uri: Annotated[
+        str | None, typer.Option(help="Run on this MongoDB server instead of in memory.")
+    ] = None,
+    database: Annotated[
+        str | None,
+        typer.Option(help="Database for --mongodb-uri (default: the URI's, else mscheduler_demo)."),
+    ] = None,
+    workers: Annotated[int, typer.Option(min=3, help="Consumers to run.")] = 4,
+    quick: Annotated[int, typer.Option(min=0, help="Quick tasks in the batch.")] = 40,
+    timeout: Annotated[
+        float, typer.Option(min=1, help="Fail if the batch has not ended after this many seconds.")
+    ] = 60,
+    keep: Annotated[
+        bool, typer.Option(help="Keep the demo's collections on MongoDB (dropped by default).")
+    ] = False,
+) -> None:
+    """Publish a mixed batch, run several consumers, and check every task ended as expected.
+
+    Quick tasks, tasks that fail and are retried, one that uses up its retries, a long task kept
+    alive by pings, tasks aimed at one worker and a fan-out task for three workers. Exits 1 if any
+    check fails.
+    """
+    from mscheduler.demo import DemoConfig, report_renderables, run_demo, run_demo_on_database
+
+    config = DemoConfig(workers=workers, quick=quick, timeout=timeout)
+    where = "in memory (MemoryDriver)" if mongodb_uri is None else f"on MongoDB {escape(redact(mongodb_uri))}"
+    out.print(f"[bold]mscheduler demo[/bold] {where}: {config.workers} workers x {config.concurrency} slots")
+    progress = Progress(
+        TextColumn("[bold]tasks"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[states]}"),
+        TimeElapsedColumn(),
+        console=out,
+    )
+    bar = progress.add_task("tasks", total=None, states="")
+
+    def on_progress(done: int, total: int, counts: dict[str, int]) -> None:
+        states = " ".join(f"{state} {n}" for state, n in sorted(counts.items()) if n)
+        progress.update(bar, completed=done, total=total, states=states)
+
+    async def on_mongo(uri: str) -> Any:
+        client = mongo_client(uri, None)
+        try:
+            await ensure_reachable(client, uri)
+            db = _database(client, database, "mscheduler_demo")
+            report, prefix = await run_demo_on_database(db, config=config, on_progress=on_progress, keep=keep)
+            if keep:
+                out.print(f"kept collections {db.name}.{prefix}*")
+            return report
+        finally:
+            await client.close()
+
+    try:
+        with progress:
+            if mongodb_uri is None:
+                report = asyncio.run(run_demo(MemoryDriver(), config=config, on_progress=on_progress))
+            else:
+                report = asyncio.run(on_mongo(mongodb_uri))
+    except CliError as exc:
+        raise _fail(exc) from None
+    except MSchedulerError as exc:
+        raise _fail(CliError(f"the demo could not run: {exc}")) from None
+    for renderable in report_renderables(report):
+        out.print(renderable)
+    raise typer.Exit(0 if report.ok else 1)
+
+
+# -- worker ---------------------------------------------------------------------------------------
+
+TARGET_HELP = "a Consumer, a list of Consumers, or a zero-argument (async) function returning one of those"
+
+
+def import_target(spec: str) -> Any:
+    """Import ``MODULE:ATTR`` (ATTR may be dotted); the current directory is importable, as with -m."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name.strip() or not attr.strip():
+        raise CliError(f"expected MODULE:ATTR (e.g. myapp.workers:make_consumers), got {spec!r}", exit_code=2)
+    cwd = str(Path.cwd())
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise CliError(
+                f"cannot import module {module_name!r}: {exc} "
+                "(run from your project's directory or set PYTHONPATH)",
+                exit_code=2,
+            ) from exc
+        raise CliError(f"importing {module_name!r} failed:\n{_short_traceback(exc)}") from exc
+    except Exception as exc:  # the user's module failed while importing
+        raise CliError(f"importing {module_name!r} failed:\n{_short_traceback(exc)}") from exc
+    target: Any = module
+    walked = module_name
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise CliError(f"{walked!r} has no attribute {part!r} (looked up {spec!r})", exit_code=2)
+        target = getattr(target, part)
+        walked = f"{walked}:{part}" if walked == module_name else f"{walked}.{part}"
+    return target
+
+
+def _short_traceback(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc, limit=-6)).rstrip()
+
+
+def _as_consumers(value: Any, spec: str, what: str) -> list[Consumer]:
+    if isinstance(value, Consumer):
+        return [value]
+    if isinstance(value, (list, tuple)) and value and all(isinstance(c, Consumer) for c in value):
+        ids = [c.worker_id for c in value]
+        if len(set(ids)) != len(ids):
+            raise CliError(f"{spec} {what} consumers with the same worker_id: {ids}", exit_code=2)
+        return list(value)
+    if isinstance(value, (list, tuple)):
+        kinds = sorted({type(c).__name__ for c in value}) or ["nothing"]
+        raise CliError(f"{spec} {what} a list of {', '.join(kinds)}; expected {TARGET_HELP}", exit_code=2)
+    raise CliError(f"{spec} {what} of type {type(value).__name__}; expected {TARGET_HELP}", exit_code=2)
+
+
+async def resolve_consumers(target: Any, spec: str) -> list[Consumer]:
+    """Turn the imported object into consumers, calling (and awaiting) a factory on this loop."""
+    if isinstance(target, (Consumer, list, tuple)):
+        return _as_consumers(target, spec, "is")
+    if inspect.isclass(target) or not callable(target):
+        return _as_consumers(target, spec, "is")
+    try:
+        inspect.signature(target).bind()
+    except TypeError as exc:
+        raise CliError(f"{spec} must take no arguments to be used as a factory ({exc})", exit_code=2) from exc
+    except ValueError:
+        pass  # no signature to inspect (a builtin): just call it
+    try:
+        value = target()
+        if inspect.isawaitable(value):
+            value = await value
+    except Exception as exc:  # the user's factory failed
+        if exc.__traceback__ is not None and exc.__traceback__.tb_frame.f_code is resolve_consumers.__code__:
+            exc = exc.with_traceback(exc.__traceback__.tb_next)  # start at the user's code
+        raise CliError(f"calling {spec}() failed:\n{_short_traceback(exc)}") from exc
+    return _as_consumers(value, spec, "returned")
+
+
+async def run_workers(spec: str, *, grace: float | None = None) -> int:
+    """Run the consumers named by ``spec`` until SIGINT / SIGTERM; a second signal stops at once.
+
+    Returns the exit code: 0 after a requested stop, 1 if a consumer died on its own.
+    """
+    consumers = await resolve_consumers(import_target(spec), spec)
+    started: list[Consumer] = []
+    try:
+        for consumer in consumers:
+            await consumer.start()
+            started.append(consumer)
+    except MSchedulerError as exc:
+        await asyncio.gather(*(c.stop(grace=0) for c in started), return_exceptions=True)
+        raise CliError(f"consumer {consumer.worker_id} could not start: {exc}") from exc
+
+    loop = asyncio.get_running_loop()
+    signals = 0
+    stops: list[asyncio.Future[None]] = []
+    shown_grace = f"{grace:g}s" if grace is not None else f"up to {max(c.grace_period for c in consumers):g}s"
+
+    def stop_all(how: float | None) -> None:
+        stops.extend(asyncio.ensure_future(c.stop(grace=how)) for c in consumers)
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals
+        signals += 1
+        name = signal.Signals(signum).name
+        if signals == 1:
+            err.print(
+                f"received {name}: stopping gracefully (running handlers may finish, {shown_grace}); "
+                f"send {name} again to stop now"
+            )
+            stop_all(grace)
+        else:
+            err.print(
+                f"received {name} again: stopping now (cancelling running handlers, releasing their leases)"
+            )
+            stop_all(0)
+
+    handled = (signal.SIGINT, signal.SIGTERM)
+    for signum in handled:
+        loop.add_signal_handler(signum, on_signal, signum)
+    err.print(
+        f"mscheduler worker: started {len(consumers)} consumer(s) "
+        f"[{', '.join(c.worker_id for c in consumers)}]; Ctrl+C to stop"
+    )
+    try:
+        waiting = {asyncio.ensure_future(c.wait_stopped()): c for c in consumers}
+        pending = set(waiting)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            crashed = [waiting[d] for d in done if waiting[d].error is not None]
+            if crashed and not stops:
+                for c in crashed:
+                    err.print(f"consumer {c.worker_id} stopped on an error: {c.error!r}; stopping the others")
+                stop_all(grace)
+        await asyncio.gather(*stops, return_exceptions=True)
+    finally:
+        for signum in handled:
+            loop.remove_signal_handler(signum)
+    failed = [c for c in consumers if c.error is not None]
+    for c in failed:
+        err.print(f"consumer {c.worker_id} failed: {c.error!r}")
+    err.print(f"mscheduler worker: stopped {len(consumers)} consumer(s)")
+    return 1 if failed else 0
+
+
+@app.command()
+def worker(
+    target: Annotated[str, typer.Argument(metavar="MODULE:ATTR", help=f"Where to find {TARGET_HELP}.")],
+    grace: Annotated[
+        float | None,
+        typer.Option(
+            min=0, help="Seconds running handlers get on stop (default: each consumer's grace_period)."
+        ),
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="Logging level (DEBUG, INFO, WARNING, ...).")] = "INFO",
+) -> None:
+    """Run consumers from your module until SIGINT / SIGTERM (a second signal stops at once)."""
+    level = logging.getLevelName(log_level.upper())
+    if not isinstance(level, int):
+        raise _fail(CliError(f"unknown log level {log_level!r}", exit_code=2))
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        code = asyncio.run(run_workers(target, grace=grace))
+    except CliError as exc:
+        raise _fail(exc) from None
+    except KeyboardInterrupt:  # Ctrl+C before the consumers were up (their handlers not installed)
+        raise _fail(CliError("interrupted while starting", exit_code=130)) from None
+    raise typer.Exit(code)
+
+
+# -- check ----------------------------------------------------------------------------------------
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+
+
+@dataclass(slots=True)
+class CheckLine:
+    name: str
+    level: str  # ok / warn / fail
+    detail: str
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+
+
+async def probe_change_stream(
+    driver: MongoDriver, seconds: float = CHANGE_STREAM_PROBE_SECONDS
+) -> str | None:
+    """Open a change stream through the driver; None if it opened, else why not."""
+    stream = driver.watch(["mscheduler.check"]).__aiter__()
+    try:
+        await asyncio.wait_for(stream.__anext__(), seconds)
+    except TimeoutError:
+        return None  # opened and waited for events: supported
+    except StopAsyncIteration:
+        return None
+    except ChangeStreamUnsupported as exc:
+        return str(exc)
+    except MSchedulerError as exc:
+        return f"error: {exc}"
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+    return None
+
+
+async def check_server(database: Any, *, prefix: str = "", create_indexes: bool = False) -> list[CheckLine]:
+    """What ``mscheduler check`` reports after connecting: version, replica set, streams, indexes."""
+    driver = MongoDriver(database, prefix=prefix)
+    info = await driver.server_info()
+    lines: list[CheckLine] = []
+    version = info.get("version")
+    if version:
+        too_old = _version_tuple(version) < MIN_SERVER_VERSION
+        need = ".".join(map(str, MIN_SERVER_VERSION))
+        lines.append(
+            CheckLine(
+                "server version",
+                FAIL if too_old else OK,
+                f"{version}" + (f" (need >= {need})" if too_old else ""),
+            )
+        )
+    else:
+        lines.append(
+            CheckLine("server version", WARN, f"unknown ({info.get('version_error', 'no buildInfo')})")
+        )
+
+    if "hello_error" in info:
+        lines.append(
+            CheckLine("replica set", WARN, f"could not ask the server (hello failed: {info['hello_error']})")
+        )
+    elif info.get("replica_set"):
+        primary = info.get("is_primary")
+        lines.append(
+            CheckLine(
+                "replica set",
+                OK if primary else FAIL,
+                f"{info['replica_set']}, "
+                + (
+                    "connected to the primary; transactions available"
+                    if primary
+                    else "not connected to a primary (writes will fail)"
+                ),
+            )
+        )
+    else:
+        lines.append(
+            CheckLine(
+                "replica set",
+                WARN,
+                "none (standalone server or mongos): transactions (send(session=...)) need a replica set",
+            )
+        )
+
+    reason = await probe_change_stream(driver)
+    if reason is None:
+        lines.append(CheckLine("change streams", OK, "supported: consumers are told about new tasks at once"))
+    else:
+        lines.append(
+            CheckLine("change streams", WARN, f"unavailable ({reason}); consumers fall back to polling")
+        )
+
+    collection = f"{database.name}.{driver.tasks.name}"
+    try:
+        present = set(await driver.index_names())
+        missing = [name for name in EXPECTED_INDEXES if name not in present]
+        if missing and create_indexes:
+            await driver.setup()
+            present = set(await driver.index_names())
+            still = [name for name in EXPECTED_INDEXES if name not in present]
+            lines.append(
+                CheckLine(
+                    "indexes",
+                    FAIL if still else OK,
+                    f"created {', '.join(missing)} on {collection}"
+                    + (f"; still missing {', '.join(still)}" if still else ""),
+                )
+            )
+        elif missing:
+            lines.append(
+                CheckLine(
+                    "indexes",
+                    WARN,
+                    f"missing on {collection}: {', '.join(missing)} "
+                    "(run with --create-indexes; consumers and publishers also create them on first use)",
+                )
+            )
+        else:
+            lines.append(CheckLine("indexes", OK, f"all {len(EXPECTED_INDEXES)} present on {collection}"))
+    except Exception as exc:  # a report: every failure is information
+        lines.append(CheckLine("indexes", FAIL, f"could not read or create indexes on {collection}: {exc}"))
+    return lines
+
+
+@app.command()
+def check(
+    mongodb_uri: Annotated[
+        str, typer.Option(help="The server to check, e.g. mongodb://localhost:27017/?replicaSet=rs0")
+    ],
+    database: Annotated[
+        str | None, typer.Option(help="Database the scheduler uses (default: the URI's, else mscheduler).")
+    ] = None,
+    prefix: Annotated[str, typer.Option(help="Collection prefix (MongoDriver(prefix=...)).")] = "",
+    create_indexes: Annotated[bool, typer.Option(help="Create missing indexes.")] = False,
+    server_selection_timeout_ms: Annotated[
+        int | None,
+        typer.Option(
+            "--server-selection-timeout-ms",
+            min=1,
+            help=f"How long to look for a server (default: the URI's, else {DEFAULT_SERVER_SELECTION_MS}).",
+        ),
+    ] = None,
+    strict: Annotated[
+        bool, typer.Option(help="Warnings (no replica set, missing indexes) fail too.")
+    ] = False,
+) -> None:
+    """Check a MongoDB server: connectivity, version, replica set, change streams, indexes.
+
+    Exits 1 if something is broken (or, with --strict, merely not ready), 2 on bad arguments.
+    """
+
+    async def run() -> tuple[float, list[CheckLine], str]:
+        client = mongo_client(mongodb_uri, server_selection_timeout_ms)
+        try:
+            rtt = await ensure_reachable(client, mongodb_uri)
+            db = _database(client, database, "mscheduler")
+            return rtt, await check_server(db, prefix=prefix, create_indexes=create_indexes), db.name
+        finally:
+            await client.close()
+
+    try:
+        rtt, lines, db_name = asyncio.run(run())
+    except CliError as exc:
+        raise _fail(exc) from None
+    lines.insert(
+        0, CheckLine("connection", OK, f"{redact(mongodb_uri)} answered in {rtt:.0f} ms (database {db_name})")
+    )
+    styles = {OK: "green", WARN: "yellow", FAIL: "bold red"}
+    table = Table(title="mscheduler check")
+    table.add_column("check")
+    table.add_column("result")
+    table.add_column("detail")
+    for line in lines:
+        table.add_row(line.name, Text(line.level.upper(), style=styles[line.level]), line.detail)
+    out.print(table)
+    failing = [line for line in lines if line.level == FAIL or (strict and line.level == WARN)]
+    if failing:
+        out.print(Text(f"unhealthy: {', '.join(line.name for line in failing)}", style="bold red"))
+        raise typer.Exit(1)
+    warned = [line.name for line in lines if line.level == WARN]
+    out.print(Text("healthy" + (f" (warnings: {', '.join(warned)})" if warned else ""), style="bold green"))
+
+
+def main() -> None:
+    """Console-script entry point (``mscheduler``, ``python -m mscheduler``)."""
+    app(prog_name="mscheduler")

@@ -1,0 +1,493 @@
+"""The demo behind ``mscheduler demo``: a mixed batch on several consumers, then checks.
+
+``run_demo(driver)`` publishes quick tasks, tasks that fail and are retried, one that fails for
+good, a long task that outlives its first lease only because it pings, tasks aimed at one worker,
+and a fan-out task for three workers; runs ``workers`` consumers until every task has ended; then
+reads the stored tasks back and checks each path really happened (retries in ``worker_states``,
+leases moved by pings, targeting, three distinct fan-out workers). The CLI renders the report
+(``report_renderables``) and exits non-zero unless ``DemoReport.ok``.
+
+Durations are short on purpose (retry delays and ping intervals of a few hundred milliseconds) so
+the whole run takes a few seconds and every path is exercised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import secrets
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from mscheduler.consumer import Consumer, TaskContext
+from mscheduler.drivers.base import Driver, ListParams
+from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.model import AttemptStatus, Task, TaskInfo, TaskOption, TaskStatus
+from mscheduler.publisher import Publisher
+
+ProgressCallback = Callable[[int, int, dict[str, int]], None]
+
+QUICK, FLAKY, DOOMED, LONG, TARGETED, FANOUT = "quick", "flaky", "doomed", "long", "targeted", "fanout"
+KINDS = (QUICK, FLAKY, DOOMED, LONG, TARGETED, FANOUT)
+FANOUT_WORKERS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class DemoConfig:
+    """Sizes and timings of the demo; the defaults finish in about three seconds."""
+
+    workers: int = 4
+    concurrency: int = 4
+    quick: int = 40
+    flaky: int = 6
+    targeted: int = 4
+    retry_delay: timedelta = timedelta(milliseconds=250)
+    max_unexpected_retries: int = 3
+    doomed_retries: int = 2  # the doomed task is tried doomed_retries + 1 times
+    long_duration: float = 1.6  # seconds; longer than both the claim lease and worker_timeout
+    ping_interval: timedelta = timedelta(milliseconds=200)
+    worker_timeout: timedelta = timedelta(milliseconds=800)
+    claim_lease: timedelta = timedelta(seconds=1)
+    poll_interval: float = 0.2
+    timeout: float = 60.0  # give up (and fail) if the batch has not ended by then
+    seed: int = 7
+
+    def __post_init__(self) -> None:
+        if self.workers < FANOUT_WORKERS:
+            raise ValueError(
+                f"the demo needs at least {FANOUT_WORKERS} workers (fan-out to {FANOUT_WORKERS})"
+            )
+        if self.long_duration <= max(self.claim_lease, self.worker_timeout).total_seconds():
+            raise ValueError("long_duration must outlast claim_lease and worker_timeout (to show pings)")
+        if min(self.quick, self.flaky, self.targeted) < 0 or self.concurrency < 1:
+            raise ValueError("counts must be >= 0 and concurrency >= 1")
+
+
+class Work(BaseModel):
+    """Params of every demo task: how long to work, and how many first attempts should fail."""
+
+    kind: str
+    ms: int = 0
+    fail_times: int = 0
+
+
+@dataclass(slots=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    worker_id: str
+    claimed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    lost: int = 0
+    released: int = 0
+    pings: int = 0
+
+
+@dataclass(slots=True)
+class DemoReport:
+    total: int
+    expected: dict[str, str]  # key -> expected end status
+    tasks: list[TaskInfo]
+    workers: list[WorkerStats]
+    elapsed: float
+    finished_in_time: bool
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def status_counts(self) -> Counter[str]:
+        return Counter(t.status.value for t in self.tasks)
+
+    @property
+    def expected_counts(self) -> Counter[str]:
+        return Counter(self.expected.values())
+
+    @property
+    def attempts(self) -> int:
+        return sum(len(t.worker_states) for t in self.tasks)
+
+
+def worker_ids(config: DemoConfig) -> list[str]:
+    return [f"demo-worker-{i + 1}" for i in range(config.workers)]
+
+
+def target_worker(config: DemoConfig) -> str:
+    return worker_ids(config)[1]
+
+
+def kind_of(key: str) -> str:
+    return key.split("-", 1)[0]
+
+
+def build_tasks(config: DemoConfig) -> list[Task]:
+    """The batch, in a fixed order; keys start with their kind (``flaky-003``)."""
+    rng = random.Random(config.seed)
+    retry = {"retry_delay": config.retry_delay, "max_unexpected_retries": config.max_unexpected_retries}
+    tasks: list[Task] = []
+    for i in range(config.quick):
+        tasks.append(Task(f"{QUICK}-{i:03d}", "demo.work", Work(kind=QUICK, ms=rng.randint(10, 120))))
+    for i in range(config.flaky):
+        fail_times = 1 + i % 2
+        params = Work(kind=FLAKY, ms=rng.randint(10, 60), fail_times=fail_times)
+        tasks.append(Task(f"{FLAKY}-{i:03d}", "demo.work", params, option=TaskOption(**retry)))
+    doomed = TaskOption(retry_delay=config.retry_delay, max_unexpected_retries=config.doomed_retries)
+    tasks.append(
+        Task(f"{DOOMED}-000", "demo.work", Work(kind=DOOMED, ms=10, fail_times=10**6), option=doomed)
+    )
+    long_option = TaskOption(ping_interval=config.ping_interval, worker_timeout=config.worker_timeout)
+    tasks.append(
+        Task(
+            f"{LONG}-000",
+            "demo.long",
+            Work(kind=LONG, ms=int(config.long_duration * 1000)),
+            option=long_option,
+        )
+    )
+    aimed = TaskOption(specific_worker_ids=(target_worker(config),))
+    for i in range(config.targeted):
+        tasks.append(
+            Task(
+                f"{TARGETED}-{i:03d}", "demo.work", Work(kind=TARGETED, ms=rng.randint(10, 60)), option=aimed
+            )
+        )
+    fanout = TaskOption(concurrent_worker_cnt=FANOUT_WORKERS, priority=10)
+    tasks.append(Task(f"{FANOUT}-000", "demo.work", Work(kind=FANOUT, ms=300), option=fanout))
+    return tasks
+
+
+def expected_status(task: Task) -> str:
+    return TaskStatus.FAILED.value if kind_of(task.key) == DOOMED else TaskStatus.SUCCEEDED.value
+
+
+class DemoFailure(RuntimeError):
+    """Raised by demo handlers on purpose (retry paths)."""
+
+
+def make_consumers(driver: Driver, config: DemoConfig) -> list[Consumer]:
+    consumers = []
+    for worker_id in worker_ids(config):
+        consumer = Consumer(
+            driver,
+            worker_id=worker_id,
+            concurrency=config.concurrency,
+            poll_interval=config.poll_interval,
+            stream_poll_interval=max(config.poll_interval, 1.0),
+            heartbeat_interval=1.0,
+            grace_period=5.0,
+            claim_lease=config.claim_lease,
+        )
+
+        @consumer.handler("demo.work")
+        async def work(params: Work, ctx: TaskContext) -> dict[str, Any]:
+            await asyncio.sleep(params.ms / 1000)
+            if ctx.attempt_no <= params.fail_times:
+                raise DemoFailure(f"{params.kind} attempt {ctx.attempt_no} fails on purpose")
+            return {"worker_id": ctx.worker_id, "attempt_no": ctx.attempt_no}
+
+        @consumer.handler("demo.long")
+        async def long(params: Work, ctx: TaskContext) -> dict[str, Any]:
+            # Longer than the claim lease and worker_timeout: only the consumer's pings, renewing
+            # the lease meanwhile, let this attempt's success be recorded.
+            await asyncio.sleep(params.ms / 1000)
+            return {"worker_id": ctx.worker_id, "worked_ms": params.ms}
+
+        consumers.append(consumer)
+    return consumers
+
+
+async def run_demo(
+    driver: Driver, *, config: DemoConfig | None = None, on_progress: ProgressCallback | None = None
+) -> DemoReport:
+    """Publish the batch, run the consumers until every task ended (or the timeout), then check."""
+    config = config or DemoConfig()
+    tasks = build_tasks(config)
+    expected = {t.key: expected_status(t) for t in tasks}
+    consumers = make_consumers(driver, config)
+    pings: Counter[str] = Counter()
+    for consumer in consumers:
+        consumer.add_listener(_ping_counter(pings, consumer.worker_id))
+    publisher = Publisher(driver)
+    total = len(tasks)
+    started = time.monotonic()
+    finished_in_time = False
+    for consumer in consumers:
+        await consumer.start()
+    try:
+        created = await publisher.send_many(tasks)
+        if not all(created):
+            raise RuntimeError(
+                "the demo store already holds tasks with the demo's keys; use a fresh database"
+            )
+        deadline = started + config.timeout
+        while True:
+            counts = await driver.count_by_status()
+            done = counts.get(TaskStatus.SUCCEEDED.value, 0) + counts.get(TaskStatus.FAILED.value, 0)
+            if on_progress is not None:
+                on_progress(done, total, counts)
+            if done >= total:
+                finished_in_time = True
+                break
+            if time.monotonic() >= deadline or any(c.error is not None for c in consumers):
+                break
+            await asyncio.sleep(0.05)
+        elapsed = time.monotonic() - started
+    finally:
+        await asyncio.gather(*(c.stop(grace=2.0) for c in consumers))
+    docs = await driver.list_tasks(ListParams(limit=total + 10))
+    infos = sorted((TaskInfo.from_storage(d) for d in docs), key=lambda t: t.key)
+    stats = [
+        WorkerStats(
+            c.worker_id,
+            claimed=c.stats["claimed"],
+            succeeded=c.stats["succeeded"],
+            failed=c.stats["failed"] + c.stats["rejected"],
+            lost=c.stats["lost"],
+            released=c.stats["released"],
+            pings=pings[c.worker_id],
+        )
+        for c in consumers
+    ]
+    report = DemoReport(total, expected, infos, stats, elapsed, finished_in_time)
+    report.checks = check_report(report, config, [c for c in consumers if c.error is not None])
+    return report
+
+
+def _ping_counter(pings: Counter[str], worker_id: str) -> Callable[[str, dict[str, Any]], None]:
+    def listener(event: str, data: dict[str, Any]) -> None:
+        if event == "ping":
+            pings[worker_id] += 1
+
+    return listener
+
+
+async def run_demo_on_database(
+    database: Any,
+    *,
+    config: DemoConfig | None = None,
+    on_progress: ProgressCallback | None = None,
+    keep: bool = False,
+) -> tuple[DemoReport, str]:
+    """The demo on MongoDB, in collections with a fresh prefix (dropped afterwards unless ``keep``)."""
+    prefix = demo_prefix()
+    driver = MongoDriver(database, prefix=prefix)
+    try:
+        return await run_demo(driver, config=config, on_progress=on_progress), prefix
+    finally:
+        if not keep:
+            await driver.tasks.drop()
+            await driver.workers.drop()
+
+
+def _statuses(info: TaskInfo) -> list[str]:
+    return [w.status.value for w in info.worker_states]
+
+
+def check_report(
+    report: DemoReport, config: DemoConfig, crashed: list[Consumer] | None = None
+) -> list[Check]:
+    """Read the stored tasks back and check that every path of the demo really happened."""
+    by_key = {t.key: t for t in report.tasks}
+    checks: list[Check] = []
+    checks.append(
+        Check(
+            "consumers healthy",
+            not crashed,
+            "all consumers ran to the end"
+            if not crashed
+            else f"died: {[(c.worker_id, c.error) for c in crashed]}",
+        )
+    )
+    wrong = [
+        f"{key}: {by_key[key].status.value if key in by_key else 'missing'} (expected {want})"
+        for key, want in report.expected.items()
+        if key not in by_key or by_key[key].status.value != want
+    ]
+    checks.append(
+        Check(
+            "end states",
+            not wrong and report.finished_in_time,
+            f"{report.total - len(wrong)}/{report.total} tasks reached their expected end state"
+            + ("" if report.finished_in_time else f" (timed out after {config.timeout:.0f}s)")
+            + (f"; wrong: {', '.join(wrong[:5])}" if wrong else ""),
+        )
+    )
+
+    # Retries: each flaky task failed fail_times times, then succeeded, and waited retry_delay.
+    problems = []
+    retried = 0
+    for info in (t for t in report.tasks if kind_of(t.key) == FLAKY):
+        fail_times = Work.model_validate(info.params).fail_times
+        statuses = _statuses(info)
+        if statuses != ["failed"] * fail_times + ["succeeded"]:
+            problems.append(f"{info.key}: {statuses}")
+            continue
+        retried += fail_times
+        for before, after in zip(info.worker_states, info.worker_states[1:], strict=False):
+            if before.retry_at is None or after.start_time < before.retry_at:
+                problems.append(
+                    f"{info.key}: retried at {after.start_time:%H:%M:%S.%f}, before its retry time"
+                )
+    checks.append(
+        Check(
+            "retries",
+            not problems and retried > 0,
+            f"{retried} failed attempts retried, then succeeded" if not problems else "; ".join(problems[:3]),
+        )
+    )
+
+    doomed = by_key.get(f"{DOOMED}-000")
+    tries = config.doomed_retries + 1
+    doomed_ok = (
+        doomed is not None and _statuses(doomed) == ["failed"] * tries and doomed.last_error is not None
+    )
+    checks.append(
+        Check(
+            "retry budget",
+            doomed_ok,
+            f"{DOOMED}-000 failed for good after {tries} attempts: "
+            f"{doomed.last_error.message if doomed and doomed.last_error else '?'}"
+            if doomed_ok
+            else f"{DOOMED}-000 attempts: {_statuses(doomed) if doomed else 'missing'} "
+            f"(expected {tries} failed)",
+        )
+    )
+
+    # Pings: the long task outlived its claim lease and its worker_timeout, so its finish was only
+    # accepted because pings moved ping_expire_time forward; the stored entry shows it moved.
+    long_task = by_key.get(f"{LONG}-000")
+    entry = long_task.worker_states[-1] if long_task and long_task.worker_states else None
+    if long_task is None or entry is None or entry.end_time is None:
+        checks.append(Check("pings", False, f"{LONG}-000 has no finished attempt"))
+    else:
+        claim_expiry = entry.start_time + config.claim_lease
+        moved = entry.ping_expire_time - claim_expiry
+        ran = entry.end_time - entry.start_time
+        pings = sum(w.pings for w in report.workers)
+        ok = (
+            _statuses(long_task) == ["succeeded"]
+            and entry.ping_expire_time > claim_expiry
+            and ran > config.worker_timeout
+            and pings > 0
+        )
+        checks.append(
+            Check(
+                "pings",
+                ok,
+                f"{LONG}-000 ran {ran.total_seconds():.1f}s on one lease; ping_expire_time moved "
+                f"{moved.total_seconds():+.1f}s past the claim's expiry ({pings} pings)",
+            )
+        )
+
+    target = target_worker(config)
+    aimed = [t for t in report.tasks if kind_of(t.key) == TARGETED]
+    strays = [f"{t.key}@{w.worker_id}" for t in aimed for w in t.worker_states if w.worker_id != target]
+    checks.append(
+        Check(
+            "targeting",
+            bool(aimed) and not strays if config.targeted else not strays,
+            f"{len(aimed)} tasks ran only on {target}"
+            if not strays
+            else f"ran elsewhere: {', '.join(strays[:5])}",
+        )
+    )
+
+    fan = by_key.get(f"{FANOUT}-000")
+    fan_workers = (
+        sorted({w.worker_id for w in fan.worker_states if w.status is AttemptStatus.SUCCEEDED}) if fan else []
+    )
+    checks.append(
+        Check(
+            "fan-out",
+            fan is not None and fan.success_cnt == FANOUT_WORKERS and len(fan_workers) == FANOUT_WORKERS,
+            f"{FANOUT}-000 ran once on each of {', '.join(fan_workers) or 'no worker'}",
+        )
+    )
+    return checks
+
+
+# -- presentation ----------------------------------------------------------------------------------
+
+
+def report_renderables(report: DemoReport) -> list[RenderableType]:
+    """The summary the CLI prints: states, kinds, workers, throughput, checks."""
+    states = Table(title="Tasks by state")
+    states.add_column("state")
+    states.add_column("tasks", justify="right")
+    states.add_column("expected", justify="right")
+    counts, wanted = report.status_counts, report.expected_counts
+    for status in TaskStatus:
+        if counts[status.value] or wanted[status.value]:
+            states.add_row(status.value, str(counts[status.value]), str(wanted[status.value]))
+    states.add_row("total", str(len(report.tasks)), str(report.total), style="bold")
+
+    kinds = Table(title="Tasks by kind")
+    for column in ("kind", "tasks", "attempts", "failed attempts", "end state"):
+        kinds.add_column(column, justify="left" if column in ("kind", "end state") else "right")
+    for kind in KINDS:
+        group = [t for t in report.tasks if kind_of(t.key) == kind]
+        if not group:
+            continue
+        attempts = sum(len(t.worker_states) for t in group)
+        failed = sum(1 for t in group for w in t.worker_states if w.status is AttemptStatus.FAILED)
+        ends = ", ".join(f"{s} {n}" for s, n in sorted(Counter(t.status.value for t in group).items()))
+        kinds.add_row(kind, str(len(group)), str(attempts), str(failed), ends)
+
+    workers = Table(title="Workers")
+    for column in ("worker", "claimed", "succeeded", "failed", "lost", "released", "pings"):
+        workers.add_column(column, justify="left" if column == "worker" else "right")
+    for w in report.workers:
+        workers.add_row(
+            w.worker_id,
+            str(w.claimed),
+            str(w.succeeded),
+            str(w.failed),
+            str(w.lost),
+            str(w.released),
+            str(w.pings),
+        )
+
+    elapsed = max(report.elapsed, 1e-9)
+    ended = sum(1 for t in report.tasks if t.status.value in (TaskStatus.SUCCEEDED, TaskStatus.FAILED))
+    throughput = Text(
+        f"{ended} tasks ended in {report.elapsed:.2f}s: {ended / elapsed:.1f} tasks/s, "
+        f"{report.attempts} attempts ({report.attempts / elapsed:.1f} attempts/s)"
+    )
+
+    checks = Table(title="Checks (read back from the stored worker_states)")
+    checks.add_column("check")
+    checks.add_column("result")
+    checks.add_column("detail")
+    for c in report.checks:
+        checks.add_row(
+            c.name, Text("OK", style="green") if c.ok else Text("FAIL", style="bold red"), c.detail
+        )
+
+    verdict = (
+        Text(f"demo OK: {report.total} tasks, every one reached its expected end state", style="bold green")
+        if report.ok
+        else Text("demo FAILED: " + "; ".join(c.name for c in report.checks if not c.ok), style="bold red")
+    )
+    return [states, kinds, workers, throughput, checks, verdict]
+
+
+def demo_prefix() -> str:
+    """A fresh collection prefix, so a demo on a shared database never meets another run."""
+    return f"demo_{secrets.token_hex(4)}_"

@@ -1,0 +1,360 @@
+"""Validation of what users send: Task, TaskOption, OptionChange; bad input writes nothing."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from mscheduler import (
+    FakeClock,
+    InvalidInput,
+    OptionChange,
+    Publisher,
+    Task,
+    TaskInfo,
+    TaskOption,
+    TaskStatus,
+)
+from mscheduler.drivers.base import Driver, ListParams
+from mscheduler.model import KEY_MAX_LEN, PARAMS_MAX_DEPTH, AttemptStatus, check_params
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def _error_text(exc: pytest.ExceptionInfo[BaseException]) -> str:
+    return str(exc.value)
+
+
+# -- Task: key, name, params ----------------------------------------------------------------------
+
+
+def test_a_valid_task_keeps_its_fields() -> None:
+    task = Task("order-1", "send_email", {"to": "a@example.com", "n": [1, 2.5, None, True]})
+    assert (task.key, task.name) == ("order-1", "send_email")
+    assert task.params == {"to": "a@example.com", "n": [1, 2.5, None, True]}
+    assert task.option == TaskOption()
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("", "non-empty string"),
+        ("x" * (KEY_MAX_LEN + 1), f"longer than {KEY_MAX_LEN}"),
+        ("a\x00b", "NUL"),
+    ],
+)
+def test_bad_keys_are_refused(key: str, message: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        Task(key, "job")
+    assert message in _error_text(exc)
+
+
+def test_a_key_of_the_maximum_length_is_fine() -> None:
+    assert Task("k" * KEY_MAX_LEN, "job").key == "k" * KEY_MAX_LEN
+
+
+def test_a_non_string_key_is_refused() -> None:
+    with pytest.raises(ValidationError):
+        Task(123, "job")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["", "1job", "a b", "$where", "job/x", "x" * 201, "job\n"])
+def test_bad_names_are_refused(name: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        Task("k", name)
+    assert "invalid task name" in _error_text(exc)
+
+
+@pytest.mark.parametrize("name", ["job", "_private", "mail.send", "a:b-c_d.9", "x" * 200])
+def test_good_names_are_accepted(name: str) -> None:
+    assert Task("k", name).name == name
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"$gt": ""}, "must not start with '$'"),
+        ({"a.b": 1}, "contain '.'"),
+        ({"ok": [{"deep": {"$in": [1]}}]}, "must not start with '$'"),
+        ({"nul\x00": 1}, "params key"),
+        ({1: "x"}, "keys must be strings"),
+        ({"x": math.nan}, "NaN"),
+        ({"x": [math.inf]}, "NaN or infinity"),
+        ({"x": 2**63}, "64 bits"),
+        ({"x": {1, 2}}, "cannot be stored"),
+        ({"x": object()}, "cannot be stored"),
+        ({"x": b"bytes"}, "cannot be stored"),
+        ({"when": datetime(2030, 1, 1)}, "timezone-aware"),
+    ],
+)
+def test_bad_params_are_refused(params: Any, message: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        Task("k", "job", params)
+    assert message in _error_text(exc)
+
+
+def test_params_nested_too_deep_are_refused() -> None:
+    deep: Any = 1
+    for _ in range(PARAMS_MAX_DEPTH + 1):
+        deep = {"d": deep}
+    with pytest.raises(ValidationError) as exc:
+        Task("k", "job", deep)
+    assert "nested deeper" in _error_text(exc)
+    shallow: Any = 1
+    for _ in range(PARAMS_MAX_DEPTH):
+        shallow = {"d": shallow}
+    assert Task("k", "job", shallow).params == shallow
+
+
+def test_params_strings_that_look_like_operators_are_plain_data() -> None:
+    params = {"q": "$gt", "list": ["$where", {"k": "$$NOW"}], "big": 2**63 - 1, "neg": -(2**63) + 1}
+    assert Task("k", "job", params).params == params
+
+
+def test_params_tuples_become_lists_and_datetimes_utc_milliseconds() -> None:
+    local = datetime(2030, 1, 1, 2, 0, 0, 123456, tzinfo=timezone(timedelta(hours=2)))
+    task = Task("k", "job", {"t": (1, 2), "when": local})
+    assert task.params == {"t": [1, 2], "when": datetime(2030, 1, 1, 0, 0, 0, 123000, tzinfo=UTC)}
+    assert task.params["when"].utcoffset() == timedelta(0)
+
+
+def test_pydantic_params_are_stored_as_json() -> None:
+    class Order(BaseModel):
+        id: int
+        at: datetime
+
+    task = Task("k", "job", Order(id=3, at=T0))
+    assert task.params == {"id": 3, "at": "2030-01-01T00:00:00Z"}
+
+
+def test_tasks_are_frozen_and_refuse_unknown_fields() -> None:
+    task = Task("k", "job")
+    with pytest.raises(ValidationError):
+        task.key = "other"  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        Task("k", "job", None, priority=3)
+
+
+def test_check_params_accepts_none_and_scalars() -> None:
+    for value in (None, True, 0, -1, 1.5, "s"):
+        assert check_params(value) == value
+
+
+# -- TaskOption -------------------------------------------------------------------------------------
+
+
+def test_option_defaults() -> None:
+    option = TaskOption()
+    assert option.priority == 0
+    assert option.concurrent_worker_cnt == 1
+    assert option.specific_worker_ids == ()
+    assert option.ping_interval == timedelta(seconds=10)
+    assert option.worker_timeout == timedelta(seconds=30)
+    assert option.max_unexpected_retries == 3
+    assert option.retry_delay == timedelta(seconds=10)
+    assert option.run_at is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"worker_timeout": timedelta(seconds=10), "ping_interval": timedelta(seconds=10)},
+            "longer than ping_interval",
+        ),
+        (
+            {"worker_timeout": timedelta(seconds=5), "ping_interval": timedelta(seconds=10)},
+            "longer than ping_interval",
+        ),
+        ({"ping_interval": timedelta(0)}, "ping_interval must be positive"),
+        ({"ping_interval": timedelta(seconds=-1)}, "between 0 and 366 days"),
+        ({"retry_delay": timedelta(seconds=-1)}, "between 0 and 366 days"),
+        ({"worker_timeout": timedelta(days=367)}, "between 0 and 366 days"),
+        ({"run_at": datetime(2030, 1, 1)}, "timezone-aware"),
+        ({"priority": 1_000_001}, "less than or equal"),
+        ({"priority": -1_000_001}, "greater than or equal"),
+        ({"concurrent_worker_cnt": 0}, "greater than or equal"),
+        ({"max_unexpected_retries": -1}, "greater than or equal"),
+        ({"specific_worker_ids": ("",)}, "invalid worker id"),
+        ({"specific_worker_ids": ("$w",)}, "invalid worker id"),
+        ({"specific_worker_ids": ("w" * 201,)}, "invalid worker id"),
+        ({"unknown": 1}, "Extra inputs are not permitted"),
+    ],
+)
+def test_bad_options_are_refused(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        TaskOption(**fields)
+    assert message in _error_text(exc)
+
+
+def test_worker_ids_keep_their_order_without_duplicates() -> None:
+    assert TaskOption(specific_worker_ids=("b", "a", "b", "c", "a")).specific_worker_ids == ("b", "a", "c")
+
+
+def test_run_at_is_kept_as_utc_milliseconds() -> None:
+    local = datetime(2030, 6, 1, 12, 0, 0, 999999, tzinfo=timezone(timedelta(hours=-5)))
+    run_at = TaskOption(run_at=local).run_at
+    assert run_at == datetime(2030, 6, 1, 17, 0, 0, 999000, tzinfo=UTC)
+    assert run_at is not None and run_at.utcoffset() == timedelta(0)
+
+
+def test_option_storage_round_trip() -> None:
+    option = TaskOption(
+        priority=5,
+        concurrent_worker_cnt=2,
+        specific_worker_ids=("w1", "w2"),
+        ping_interval=timedelta(seconds=2),
+        worker_timeout=timedelta(seconds=7, milliseconds=500),
+        max_unexpected_retries=0,
+        retry_delay=timedelta(minutes=1),
+        run_at=T0,
+    )
+    stored = option.to_storage(default_run_at=T0 + timedelta(hours=1))
+    assert stored == {
+        "priority": 5,
+        "concurrent_worker_cnt": 2,
+        "specific_worker_ids": ["w1", "w2"],
+        "ping_interval_ms": 2000,
+        "worker_timeout_ms": 7500,
+        "max_unexpected_retries": 0,
+        "retry_delay_ms": 60000,
+        "run_at": T0,
+    }
+    assert TaskOption.from_storage(stored) == option
+
+
+def test_run_at_defaults_to_the_send_time_in_storage() -> None:
+    assert TaskOption().to_storage(default_run_at=T0)["run_at"] == T0
+
+
+# -- OptionChange -----------------------------------------------------------------------------------
+
+
+def test_an_option_change_merges_only_the_given_fields() -> None:
+    current = TaskOption(priority=1, specific_worker_ids=("w1",), max_unexpected_retries=4)
+    merged = OptionChange(priority=9, specific_worker_ids=()).apply(current)
+    assert merged == TaskOption(priority=9, specific_worker_ids=(), max_unexpected_retries=4)
+
+
+def test_an_option_change_is_validated_as_a_whole() -> None:
+    current = TaskOption(ping_interval=timedelta(seconds=10), worker_timeout=timedelta(seconds=30))
+    with pytest.raises(ValueError, match="longer than ping_interval"):
+        OptionChange(worker_timeout=timedelta(seconds=5)).apply(current)
+    with pytest.raises(ValueError, match="timezone-aware"):
+        OptionChange(run_at=datetime(2030, 1, 1)).apply(current)
+
+
+def test_an_option_change_cannot_change_the_worker_count() -> None:
+    with pytest.raises(ValidationError, match="Extra inputs"):
+        OptionChange(concurrent_worker_cnt=2)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError):
+        OptionChange(priority=10**7)
+
+
+# -- TaskInfo ---------------------------------------------------------------------------------------
+
+
+def test_task_info_reads_results_and_the_last_error() -> None:
+    entry = {
+        "worker_id": "w1",
+        "attempt": "a1",
+        "host": None,
+        "pid": None,
+        "start_time": T0,
+        "ping_expire_time": T0,
+        "end_time": T0,
+        "retry_at": None,
+    }
+    doc = {
+        "key": "k",
+        "name": "job",
+        "params": None,
+        "option": TaskOption(concurrent_worker_cnt=2).to_storage(T0),
+        "state": {
+            "create_time": T0,
+            "update_time": T0,
+            "status": "succeeded",
+            "claim_at": None,
+            "success_cnt": 2,
+            "fail_cnt": 1,
+            "running_cnt": 0,
+            "worker_states": [
+                entry | {"status": "succeeded", "result": 1, "error": None},
+                entry | {"status": "failed", "result": None, "error": {"type": "E", "message": "m"}},
+                entry | {"status": "succeeded", "result": {"r": 2}, "error": None},
+            ],
+        },
+    }
+    info = TaskInfo.from_storage(doc)
+    assert info.status is TaskStatus.SUCCEEDED
+    assert info.results == [1, {"r": 2}]
+    assert info.last_error is not None and (info.last_error.type, info.last_error.message) == ("E", "m")
+    assert [w.status for w in info.worker_states] == [
+        AttemptStatus.SUCCEEDED,
+        AttemptStatus.FAILED,
+        AttemptStatus.SUCCEEDED,
+    ]
+
+
+# -- bad input through the Publisher writes nothing (every driver) -------------------------------
+
+
+async def _keys(driver: Driver) -> list[str]:
+    return [t["key"] for t in await driver.list_tasks(ListParams())]
+
+
+async def test_sending_something_that_is_not_a_task_writes_nothing(
+    driver: Driver, fake_clock: FakeClock
+) -> None:
+    publisher = Publisher(driver, clock=fake_clock)
+    with pytest.raises(InvalidInput, match="takes a Task"):
+        await publisher.send({"key": "k", "name": "job"})  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="takes a Task"):
+        await publisher.send_many([Task("ok", "job"), "not a task"])  # type: ignore[list-item]
+    assert await _keys(driver) == []
+
+
+async def test_send_many_with_a_repeated_key_writes_nothing(driver: Driver, fake_clock: FakeClock) -> None:
+    publisher = Publisher(driver, clock=fake_clock)
+    with pytest.raises(InvalidInput, match="same key twice"):
+        await publisher.send_many([Task("a", "job"), Task("b", "job"), Task("a", "job")])
+    assert await _keys(driver) == []
+    assert await publisher.send_many([Task("a", "job"), Task("b", "job")]) == [True, True]
+    assert await publisher.send_many([Task("b", "job"), Task("c", "job")]) == [False, True]
+    assert await _keys(driver) == ["a", "b", "c"]
+
+
+async def test_an_invalid_option_change_writes_nothing(driver: Driver, fake_clock: FakeClock) -> None:
+    publisher = Publisher(driver, clock=fake_clock)
+    assert await publisher.send(Task("a", "job", option=TaskOption(priority=1))) is True
+    before = await driver.get_task("a")
+    fake_clock.advance(1)
+    with pytest.raises(InvalidInput, match="invalid option change for 'a'"):
+        await publisher.update_option("a", OptionChange(worker_timeout=timedelta(seconds=1)))
+    assert await driver.get_task("a") == before
+    option = await publisher.update_option("a", OptionChange(priority=3))
+    assert option.priority == 3
+    assert (await publisher.get("a")).option.priority == 3
+
+
+async def test_reading_with_a_bad_key_is_invalid_input(driver: Driver, fake_clock: FakeClock) -> None:
+    publisher = Publisher(driver, clock=fake_clock)
+    with pytest.raises(InvalidInput, match="non-empty"):
+        await publisher.get("")
+    with pytest.raises(InvalidInput):
+        await publisher.update_option("", OptionChange(priority=1))
+    assert await _keys(driver) == []
+
+
+async def test_a_resent_key_reports_false_through_the_publisher(
+    driver: Driver, fake_clock: FakeClock
+) -> None:
+    publisher = Publisher(driver, clock=fake_clock)
+    assert await publisher.send(Task("a", "job", {"v": 1})) is True
+    assert await publisher.send(Task("a", "job", {"v": 2})) is False
+    info = await publisher.get("a")
+    assert (info.params, info.status) == ({"v": 1}, TaskStatus.PENDING)
