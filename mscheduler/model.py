@@ -105,6 +105,12 @@ class TaskOption(BaseModel):
             raise ValueError("ping_interval must be positive")
         if self.worker_timeout <= self.ping_interval:
             raise ValueError("worker_timeout must be longer than ping_interval")
+        if self.specific_worker_ids and self.concurrent_worker_cnt > len(self.specific_worker_ids):
+            # each worker runs a task once: fewer allowed workers than slots could never finish
+            raise ValueError(
+                f"concurrent_worker_cnt ({self.concurrent_worker_cnt}) is more than the "
+                f"{len(self.specific_worker_ids)} specific_worker_ids allowed to run the task"
+            )
         return self
 
     def to_storage(self, default_run_at: datetime) -> dict[str, Any]:

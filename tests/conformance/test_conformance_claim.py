@@ -76,7 +76,7 @@ async def test_one_claim_call_takes_one_slot_per_task(store: Store) -> None:
 
 
 async def test_specific_worker_ids_is_an_allow_list(store: Store) -> None:
-    await store.add("a", specific_worker_ids=("w2", "w3"), concurrent_worker_cnt=3)
+    await store.add("a", specific_worker_ids=("w2", "w3", "w4"), concurrent_worker_cnt=3)
     assert await store.claim_keys("w1") == []
     assert await store.claim_keys("w2") == ["a"]
     assert await store.claim_keys("w3") == ["a"]

@@ -7,9 +7,10 @@ attempts, no clean-up), time passing while every worker pings — or while one o
 (keep their attempts, do not ping) — optionally followed by ``expire_leases``, one-shot faults before
 or after apply (an unknown outcome) on claim / ping / finish, retries of finishes that failed (with
 their original, now stale, parameters, as the consumer's finisher does), live re-targeting
-(``specific_worker_ids``). A worker that claims a task again while an older attempt of it is still
-running locally (its lease was lost unnoticed) keeps the old handler as a "zombie" whose outcome
-is written later, as the consumer does. The Driver is driven directly, not through the Consumer,
+(``specific_worker_ids``). A claim either names the keys the worker still tracks (``exclude_keys``, as
+the consumer does) or not (any client); without it a worker may claim a task again while an older
+attempt of it still runs locally (its lease was lost unnoticed): the old handler, a "zombie", writes
+its outcome later and must be fenced off. The Driver is driven directly, not through the Consumer,
 so every schedule is deterministic and shrinks to a minimal one.
 
 Checked after every operation, against the store as read before and after it (each operation
@@ -89,7 +90,7 @@ FAULT_OPS = ("claim", "ping", "finish")
 _worker = st.sampled_from(WORKERS)
 # The arguments of each kind of step.
 STEP_ARGS: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
-    "claim": st.tuples(_worker, st.integers(1, 3)),
+    "claim": st.tuples(_worker, st.integers(1, 3), st.booleans()),  # True: exclude keys it tracks
     "finish": st.tuples(_worker, st.integers(0, 5), st.booleans()),  # True: success
     "time": st.tuples(
         st.sampled_from((*WORKERS, "everybody", "nobody")),  # who stalls (does not ping meanwhile)
@@ -143,9 +144,11 @@ def _live(entry: Doc, now: datetime) -> bool:
     return bool(entry["status"] == "running" and entry["ping_expire_time"] > now)
 
 
-def claimable(doc: Doc, worker_id: str, now: datetime) -> bool:
+def claimable(doc: Doc, worker_id: str, now: datetime, exclude: Any = ()) -> bool:
     """The claim rules of ``drivers/base.py``, written independently of both drivers."""
     option = doc["option"]
+    if doc["key"] in exclude:
+        return False
     derived = derive(option, _entries(doc))
     if derived["status"] not in ("pending", "running") or derived["claim_at"] is None:
         return False
@@ -286,10 +289,16 @@ class LeaseMachine(RuleBasedStateMachine):
         post = self.snapshot()
         self.check_untouched(pre, post)
 
-    def do_claim(self, w: str, n: int) -> list[str]:
+    def do_claim(self, w: str, n: int, exclude: bool = True) -> list[str]:
+        """A claim; with ``exclude`` the worker names the keys it still tracks, as the consumer
+        does (``exclude_keys``); without, the store alone must keep things safe."""
         now = self.clock.now()
         attempts = self.new_attempts(n)
-        params = ClaimParams(w, [NAME], now, attempts, now + CLAIM_LEASE, host="h", pid=1)
+        tracked = {*self.held[w], *(p.key for p in self.unsent[w]), *(k for k, _ in self.zombies[w])}
+        excluded = sorted(tracked) if exclude else []
+        params = ClaimParams(
+            w, [NAME], now, attempts, now + CLAIM_LEASE, host="h", pid=1, exclude_keys=excluded
+        )
         pre = self.snapshot()
         driver = self.drivers[w]
         faults_before = len(driver.faults)
@@ -308,7 +317,7 @@ class LeaseMachine(RuleBasedStateMachine):
         for key, entry in added:
             assert entry["worker_id"] == w and entry["attempt"] in attempts and entry["status"] == "running"
             assert entry["ping_expire_time"] == params.expire
-            assert claimable(pre[key], w, now), f"{w} claimed {key}, which it could not: {pre[key]}"
+            assert claimable(pre[key], w, now, excluded), f"{w} claimed {key}, which it could not: {pre[key]}"
         assert len({key for key, _ in added}) == len(added), "two entries for one worker in one claim"
         assert len(added) <= n
         got = {c.key: c.attempt for c in claimed}
@@ -317,7 +326,7 @@ class LeaseMachine(RuleBasedStateMachine):
         else:
             assert got == {key: e["attempt"] for key, e in added}
             if len(added) < n:
-                still = [key for key in post if claimable(post[key], w, now)]
+                still = [key for key in post if claimable(post[key], w, now, excluded)]
                 assert not still, f"{w} asked for {n}, got {len(added)}, but {still} are claimable"
         for key, attempt in got.items():
             if key in self.held[w]:
@@ -641,16 +650,18 @@ TestMongomockLeaseModel.settings = settings(max_examples=15, **_common)  # type:
 
 @pytest.mark.parametrize("machine", [MemoryLeaseMachine, MongomockLeaseMachine], ids=["memory", "mongomock"])
 def test_replaced_attempt_cannot_write_over_the_new_one(machine: type[LeaseMachine]) -> None:
-    """A worker stalls past its lease, the entry is marked lost, and the same worker claims the
-    task again (its claimer ran before its pinger). The old attempt's handler then finishes: the
-    store must refuse it (fencing is by attempt, not by worker), and the new attempt stays running."""
+    """A worker stalls past its lease and the entry is marked lost. Naming the keys it tracks, it
+    cannot claim the task again (the consumer's way); a client that does not may, and the old
+    attempt's handler then finishes: the store must refuse it (fencing is by attempt, not by
+    worker), and the new attempt stays running."""
     m = machine()
     try:
         m.send("t0", 1, 2, 0, ())
         assert m.do_claim("w0", 1) == ["t0"]
         old = m.held["w0"]["t0"]
         m.time_passes("w0", 31, expire=True)
-        assert m.do_claim("w0", 1) == ["t0"]
+        assert m.do_claim("w0", 1, exclude=True) == []  # the consumer's way: it still tracks t0
+        assert m.do_claim("w0", 1, exclude=False) == ["t0"]
         assert m.zombies["w0"] == [("t0", old)]
         m.finish_one("w0", 1, success=True)  # index 1: the replaced attempt (held ones come first)
         assert old in m.excused and m.stats["fenced finishes"] == 1

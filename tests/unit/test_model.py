@@ -183,6 +183,10 @@ def test_option_defaults() -> None:
         ({"specific_worker_ids": ("$w",)}, "invalid worker id"),
         ({"specific_worker_ids": ("w" * 201,)}, "invalid worker id"),
         ({"unknown": 1}, "Extra inputs are not permitted"),
+        (
+            {"specific_worker_ids": ("w1", "w2"), "concurrent_worker_cnt": 3},
+            "more than the 2 specific_worker_ids",
+        ),
     ],
 )
 def test_bad_options_are_refused(fields: dict[str, Any], message: str) -> None:
