@@ -76,9 +76,7 @@ class ServerClock:
     async def sleep(self, seconds: float) -> None:
         await self.base.sleep(seconds)
 
-    async def sync(
-        self, server_time: Callable[[], Awaitable[datetime | None]], samples: int = 3
-    ) -> bool:
+    async def sync(self, server_time: Callable[[], Awaitable[datetime | None]], samples: int = 3) -> bool:
         best: tuple[float, datetime, float, timedelta] | None = None
         for _ in range(samples):
             sent = self.base.monotonic()  # the base clock: a FakeClock measures no delay

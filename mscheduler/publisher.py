@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-
 from typing import Any
 
 from pydantic import ValidationError
@@ -14,6 +13,7 @@ from mscheduler.exceptions import InvalidInput, TaskFailed, UnknownTask
 from mscheduler.model import OptionChange, Task, TaskInfo, TaskOption, TaskStatus, validate_key
 
 SEND_MANY_BATCH = 1000
+
 
 class Publisher:
     """Sends tasks and reads their outcome.
@@ -74,7 +74,12 @@ class Publisher:
         return TaskInfo.from_storage(doc)
 
     async def wait(
-        self, key: str, *, timeout: float | None = None, poll_interval: float = 0.05, max_poll_interval: float = 1.0
+        self,
+        key: str,
+        *,
+        timeout: float | None = None,
+        poll_interval: float = 0.05,
+        max_poll_interval: float = 1.0,
     ) -> Any:
         """Wait until the task ends; return its result or raise ``TaskFailed`` (SPEC F11).
 
@@ -113,6 +118,7 @@ class Publisher:
         if not await self.driver.update_option(UpdateOptionParams(key, stored, self.clock.now())):
             raise UnknownTask(key)
         return option
+
 
 def _key(key: str) -> str:
     try:

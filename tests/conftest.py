@@ -21,7 +21,10 @@ DRIVER_KINDS = ["memory", "mongomock", "real"]
 def pytest_report_header(config: pytest.Config) -> str:
     if REAL_URI:
         return "mscheduler: real MongoDB tests ON (MSCHEDULER_TEST_MONGODB_URI is set)"
-    return "mscheduler: real MongoDB tests SKIPPED (set MSCHEDULER_TEST_MONGODB_URI to a replica set to run them)"
+    return (
+        "mscheduler: real MongoDB tests SKIPPED "
+        "(set MSCHEDULER_TEST_MONGODB_URI to a replica set to run them)"
+    )
 
 
 @pytest.fixture

@@ -452,7 +452,9 @@ class Consumer:
         waiter = asyncio.ensure_future(queue.changed.wait())
         sleeper = asyncio.ensure_future(self.clock.sleep(timeout)) if timeout is not None else None
         try:
-            await asyncio.wait({t for t in (waiter, sleeper) if t is not None}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {t for t in (waiter, sleeper) if t is not None}, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             waiter.cancel()
             if sleeper is not None:
@@ -496,7 +498,7 @@ class Consumer:
             outcome = None if reason == "lost" else reason
             if outcome is not None:
                 error = {"type": "Cancelled", "message": f"attempt {reason}", "traceback": None}
-        except Exception as exc:  # noqa: BLE001 - a handler failure is data, not a crash
+        except Exception as exc:
             outcome = AttemptStatus.FAILED.value
             error = _error_info(exc)
             retry_at = self.clock.now() + timedelta(milliseconds=running.option["retry_delay_ms"])
@@ -518,7 +520,9 @@ class Consumer:
             del self._running[claimed.key]
         stat = outcome if accepted and outcome is not None else "lost"
         self.stats[stat] = self.stats.get(stat, 0) + 1
-        self._emit("finished", {"key": claimed.key, "attempt": claimed.attempt, "outcome": stat, "error": error})
+        self._emit(
+            "finished", {"key": claimed.key, "attempt": claimed.attempt, "outcome": stat, "error": error}
+        )
 
     def _arguments(self, registered: _Registered, claimed: ClaimedTask, running: _Running) -> list[Any]:
         args: list[Any] = []
@@ -594,7 +598,9 @@ class Consumer:
 
     def _ping_interval(self) -> float:
         first_ping = self.claim_lease.total_seconds() / 3
-        return min([first_ping, *(float(r.option["ping_interval_ms"]) / 1000 for r in self._running.values())])
+        return min(
+            [first_ping, *(float(r.option["ping_interval_ms"]) / 1000 for r in self._running.values())]
+        )
 
     async def _run_pinger(self) -> None:
         while True:
@@ -641,7 +647,9 @@ class Consumer:
             self._lose(snapshot[key], "lost")
         for key in result.revoked:
             self._lose(snapshot[key], "revoked")
-        self._emit("ping", {"alive": len(result.alive), "lost": len(result.lost), "revoked": len(result.revoked)})
+        self._emit(
+            "ping", {"alive": len(result.alive), "lost": len(result.lost), "revoked": len(result.revoked)}
+        )
 
     async def _ping_within_leases(self, params: PingParams, snapshot: dict[str, _Running]) -> PingResult:
         """Send the ping, but stop trusting each lease at its known end while the reply is late.
@@ -689,7 +697,9 @@ class Consumer:
             await self.clock.sleep(self.heartbeat_interval)
             beats += 1
             try:
-                stop = await self.driver.heartbeat_worker(self.worker_id, self.clock.now(), len(self._running))
+                stop = await self.driver.heartbeat_worker(
+                    self.worker_id, self.clock.now(), len(self._running)
+                )
                 if beats % 12 == 0:
                     await self.clock.sync(self.driver.server_time)
             except StorageError as exc:

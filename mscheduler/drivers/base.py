@@ -249,6 +249,7 @@ ENTRY_FIELDS = (
     "error",
 )
 
+
 def allowed(option: Mapping[str, Any], worker_id: str) -> bool:
     ids = option["specific_worker_ids"]
     return not ids or worker_id in ids

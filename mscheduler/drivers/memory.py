@@ -180,7 +180,9 @@ class MemoryDriver:
             heapq.heappush(self._ready[name], item)
         return claimed
 
-    def _running_entry(self, doc: dict[str, Any] | None, worker_id: str, attempt: str) -> dict[str, Any] | None:
+    def _running_entry(
+        self, doc: dict[str, Any] | None, worker_id: str, attempt: str
+    ) -> dict[str, Any] | None:
         if doc is None:
             return None
         for entry in doc["state"]["worker_states"]:
@@ -236,7 +238,7 @@ class MemoryDriver:
         expired = 0
         leases = self._leases
         while leases and leases[0][0] <= now:
-            _, _, key, attempt = heapq.heappop(leases)
+            _, _, key, _attempt = heapq.heappop(leases)
             doc = self._tasks.get(key)
             if doc is None:
                 continue
@@ -247,7 +249,11 @@ class MemoryDriver:
                         status="lost",
                         end_time=now,
                         retry_at=now,
-                        error={"type": "LeaseExpired", "message": "the lease expired (no ping)", "traceback": None},
+                        error={
+                            "type": "LeaseExpired",
+                            "message": "the lease expired (no ping)",
+                            "traceback": None,
+                        },
                     )
                     changed = True
             if changed:
@@ -268,7 +274,11 @@ class MemoryDriver:
                         return found
         for claim_at, _, key, version in heapq.nsmallest(params.limit * 4, self._future):
             doc = self._tasks[key]
-            if self._version.get(key) == version and doc["name"] in names and allowed(doc["option"], params.worker_id):
+            if (
+                self._version.get(key) == version
+                and doc["name"] in names
+                and allowed(doc["option"], params.worker_id)
+            ):
                 found.append(Wakeup(key, claim_at, "claim"))
                 if len(found) >= params.limit:
                     break

@@ -164,7 +164,10 @@ def _derive_stages(now: datetime) -> list[dict[str, Any]]:
                     "$switch": {
                         "branches": [
                             {"case": finished, "then": "succeeded"},
-                            {"case": {"$and": [exhausted, {"$eq": ["$state.running_cnt", 0]}]}, "then": "failed"},
+                            {
+                                "case": {"$and": [exhausted, {"$eq": ["$state.running_cnt", 0]}]},
+                                "then": "failed",
+                            },
                             {"case": {"$gt": ["$state.running_cnt", 0]}, "then": "running"},
                         ],
                         "default": "pending",
@@ -185,11 +188,7 @@ def _derive_stages(now: datetime) -> list[dict[str, Any]]:
 def _rebuild_entries(match: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     """A ``$set`` of worker_states where entries matching ``match`` get ``changes`` (literals)."""
     rebuilt = {f: (_lit(changes[f]) if f in changes else f"$$e.{f}") for f in ENTRY_FIELDS}
-    return {
-        "$set": {
-            WS: {"$map": {"input": f"${WS}", "as": "e", "in": {"$cond": [match, rebuilt, "$$e"]}}}
-        }
-    }
+    return {"$set": {WS: {"$map": {"input": f"${WS}", "as": "e", "in": {"$cond": [match, rebuilt, "$$e"]}}}}}
 
 
 def _is_transient(exc: PyMongoError) -> bool:
@@ -269,7 +268,9 @@ class MongoDriver:
                 if not _is_transient(exc):
                     raise StorageError(f"{what} failed: {exc}") from exc
                 if attempt == self.retries:
-                    raise StorageError(f"{what} failed after {attempt + 1} tries: {exc}", transient=True) from exc
+                    raise StorageError(
+                        f"{what} failed after {attempt + 1} tries: {exc}", transient=True
+                    ) from exc
                 log.warning("%s: transient error (%s), retrying in %.2fs", what, exc, delay)
                 await asyncio.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, self.max_backoff)
@@ -288,9 +289,7 @@ class MongoDriver:
                 [("name", 1), ("option.priority", -1), ("state.targeted", -1), ("state.claim_at", 1)],
                 name="claim",
             )
-            await self.tasks.create_index(
-                [(f"{WS}.status", 1), (f"{WS}.ping_expire_time", 1)], name="leases"
-            )
+            await self.tasks.create_index([(f"{WS}.status", 1), (f"{WS}.ping_expire_time", 1)], name="leases")
             await self.tasks.create_index(f"{WS}.attempt", name="attempt")
             await self.tasks.create_index([("state.status", 1), ("state.update_time", 1)], name="status")
 
@@ -321,12 +320,12 @@ class MongoDriver:
             hello = await self.database.command("hello")
             info["replica_set"] = hello.get("setName")
             info["is_primary"] = hello.get("isWritablePrimary")
-        except Exception as exc:  # noqa: BLE001 - a report, every failure is information
+        except Exception as exc:
             info["hello_error"] = str(exc)
         try:
             build = await self.database.command("buildInfo")
             info["version"] = build.get("version")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             info["version_error"] = str(exc)
         return info
 
@@ -367,7 +366,12 @@ class MongoDriver:
         doc = new_task_document(task, params.now)
         state = dict(doc["state"])
         state.pop("create_time")
-        update = {"$set": _out({"params": doc["params"], "option": doc["option"]} | {f"state.{k}": v for k, v in state.items()})}
+        update = {
+            "$set": _out(
+                {"params": doc["params"], "option": doc["option"]}
+                | {f"state.{k}": v for k, v in state.items()}
+            )
+        }
 
         async def reset() -> Any:
             return await self.tasks.update_one(
@@ -393,7 +397,14 @@ class MongoDriver:
                 {"option.specific_worker_ids": params.worker_id},
             ],
             "$nor": [
-                {WS: {"$elemMatch": {"worker_id": params.worker_id, "status": {"$in": ["running", "succeeded"]}}}}
+                {
+                    WS: {
+                        "$elemMatch": {
+                            "worker_id": params.worker_id,
+                            "status": {"$in": ["running", "succeeded"]},
+                        }
+                    }
+                }
             ],
         }
         if params.exclude_keys:
@@ -502,7 +513,9 @@ class MongoDriver:
                 (
                     e
                     for e in entries
-                    if e["worker_id"] == params.worker_id and e["attempt"] == attempt and e["status"] == "running"
+                    if e["worker_id"] == params.worker_id
+                    and e["attempt"] == attempt
+                    and e["status"] == "running"
                 ),
                 None,
             )
@@ -585,7 +598,11 @@ class MongoDriver:
         for item in params:
             entries = docs.get(item.key, {}).get("state", {}).get("worker_states", [])
             entry = next((e for e in entries if e["attempt"] == item.attempt), None)
-            if entry is not None and entry["status"] == "running" and _in(entry["ping_expire_time"]) > item.now:
+            if (
+                entry is not None
+                and entry["status"] == "running"
+                and _in(entry["ping_expire_time"]) > item.now
+            ):
                 # Neither applied nor rejected yet (the batch failed): write it alone.
                 filter_, update = self._finish_op(item)
 
@@ -634,7 +651,11 @@ class MongoDriver:
         }
 
         async def read() -> list[dict[str, Any]]:
-            cursor = self.tasks.find(filter_, {"key": 1, "state.claim_at": 1}).sort("state.claim_at", 1).limit(params.limit)
+            cursor = (
+                self.tasks.find(filter_, {"key": 1, "state.claim_at": 1})
+                .sort("state.claim_at", 1)
+                .limit(params.limit)
+            )
             return [doc async for doc in cursor]
 
         docs = await self._call("find wake-ups", read)
@@ -648,8 +669,20 @@ class MongoDriver:
         ``StorageError(transient=True)``; the consumer reopens with the last token.
         """
         pipeline = [
-            {"$match": {"operationType": {"$in": ["insert", "update", "replace"]}, "fullDocument.name": {"$in": list(names)}}},
-            {"$project": {"fullDocument.key": 1, "fullDocument.name": 1, "fullDocument.option": 1, "fullDocument.state": 1}},
+            {
+                "$match": {
+                    "operationType": {"$in": ["insert", "update", "replace"]},
+                    "fullDocument.name": {"$in": list(names)},
+                }
+            },
+            {
+                "$project": {
+                    "fullDocument.key": 1,
+                    "fullDocument.name": 1,
+                    "fullDocument.option": 1,
+                    "fullDocument.state": 1,
+                }
+            },
         ]
         watch = getattr(self.tasks, "watch", None)
         if watch is None or not inspect.ismethod(watch):
@@ -707,7 +740,9 @@ class MongoDriver:
 
     async def count_by_status(self) -> dict[str, int]:
         async def read() -> dict[str, int]:
-            cursor = await _resolve(self.tasks.aggregate([{"$group": {"_id": "$state.status", "n": {"$sum": 1}}}]))
+            cursor = await _resolve(
+                self.tasks.aggregate([{"$group": {"_id": "$state.status", "n": {"$sum": 1}}}])
+            )
             return {doc["_id"]: doc["n"] async for doc in cursor}
 
         return await self._call("count by status", read)
@@ -768,7 +803,8 @@ class MongoDriver:
         await self._call(
             "unregister worker",
             lambda: self.workers.update_one(
-                {"_id": worker_id}, {"$set": {"stop_time": _out(now), "last_seen": _out(now), "running_cnt": 0}}
+                {"_id": worker_id},
+                {"$set": {"stop_time": _out(now), "last_seen": _out(now), "running_cnt": 0}},
             ),
         )
 

@@ -11,7 +11,6 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
-
 from mscheduler import Consumer, FakeClock, Publisher, Task, TaskContext, TaskOption, TaskStatus
 from mscheduler.faults import FaultyDriver
 from tests.helpers import Recorder
