@@ -192,6 +192,8 @@ class Consumer:
         self._stopped = asyncio.Event()
         self._stop_task: asyncio.Task[None] | None = None
         self._shutdown_task: asyncio.Task[None] | None = None
+        self._claim_call: asyncio.Future[list[ClaimedTask]] | None = None
+        self._hurry = asyncio.Event()  # a second stop(grace=0): stop waiting for anything
         self.error: BaseException | None = None
         self.discovery: Discovery | None = None
         self.stats = {"claimed": 0, "succeeded": 0, "failed": 0, "lost": 0, "released": 0, "rejected": 0}
@@ -317,6 +319,7 @@ class Consumer:
                 self._shutdown(grace), name=f"mscheduler:{self.worker_id}:shutdown"
             )
         elif grace == 0:
+            self._hurry.set()
             self._cancel_all("released")
         await asyncio.shield(self._shutdown_task)
 
@@ -330,10 +333,12 @@ class Consumer:
         self._emit("stopping", {"grace": grace})
         if not self._side:
             return
+        deadline = self.clock.monotonic() + grace
         self._side["claimer"].cancel()
+        await self._release_claim_in_flight(deadline)
         handler_tasks = [r.task for r in self._running.values() if r.task is not None and not r.task.done()]
-        if handler_tasks and grace > 0:
-            await self._wait_grace(handler_tasks, grace)
+        if handler_tasks:
+            await self._wait_grace(handler_tasks, deadline)
         self._cancel_all("released")
         remaining = [r.task for r in self._running.values() if r.task is not None and not r.task.done()]
         if remaining:
@@ -349,15 +354,56 @@ class Consumer:
             log.warning("could not unregister worker %s: %s", self.worker_id, exc)
         self._emit("stopped", {"worker_id": self.worker_id})
 
-    async def _wait_grace(self, handler_tasks: list[asyncio.Task[None]], grace: float) -> None:
-        """Wait until the handlers end or ``grace`` seconds pass on the consumer's clock (STYLE 9)."""
-        all_done = asyncio.ensure_future(asyncio.wait(handler_tasks))
-        timer = asyncio.ensure_future(self.clock.sleep(grace))
+    async def _release_claim_in_flight(self, deadline: float) -> None:
+        """Let a claim cut off by stop() land (within the grace period) and give back the tasks
+        it took, so they are not left with orphan leases that would cost a retry each."""
+        call, self._claim_call = self._claim_call, None
+        if call is None:
+            return
+        if not call.done():
+            await self._wait_grace([call], deadline)
+        if not call.done():
+            call.cancel()  # the store does not answer in time: an orphan lease may be left
+            return
+        if call.cancelled() or call.exception() is not None:
+            return
+        for task in call.result():
+            if task.key in self._running and self._running[task.key].claimed.attempt == task.attempt:
+                continue  # started before the claimer was cancelled: the grace period covers it
+            error = {
+                "type": "Cancelled",
+                "message": "attempt released: the worker stopped",
+                "traceback": None,
+            }
+            params = FinishParams(
+                task.key,
+                self.worker_id,
+                task.attempt,
+                self.clock.now(),
+                AttemptStatus.RELEASED.value,
+                None,
+                error,
+            )
+            try:
+                await self._submit(params)
+            except MSchedulerError as exc:
+                log.warning("could not release %s: %s", task.key, exc)
+
+    async def _wait_grace(self, waited: list[Any], deadline: float) -> None:
+        """Wait until ``waited`` are done, the grace period ends on the consumer's clock (STYLE 9)
+        or a second ``stop(grace=0)`` says to hurry."""
+        remaining = deadline - self.clock.monotonic()
+        if remaining <= 0 or self._hurry.is_set():
+            return
+        all_done = asyncio.ensure_future(asyncio.wait(waited))
+        timer = asyncio.ensure_future(self.clock.sleep(remaining))
+        hurry = asyncio.ensure_future(self._hurry.wait())
         try:
-            await asyncio.wait({all_done, timer}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({all_done, timer, hurry}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             all_done.cancel()
             timer.cancel()
+            hurry.cancel()
 
     def _cancel_all(self, reason: str) -> None:
         for running in self._running.values():
@@ -413,9 +459,13 @@ class Consumer:
                 # an attempt whose outcome is still being written (or a stuck one) keeps its key
                 exclude_keys=list(self._running),
             )
+            # Shielded: a stop that cancels the claimer mid-claim must not orphan tasks the
+            # store has already given us; stop() waits for the call and releases them.
+            self._claim_call = asyncio.ensure_future(self.driver.claim(params))
             try:
-                claimed = await self.driver.claim(params)
+                claimed = await asyncio.shield(self._claim_call)
             except StorageError as exc:
+                self._claim_call = None
                 if not exc.transient:
                     raise
                 log.warning("claim failed (%s); retrying after the poll interval", exc)
@@ -423,6 +473,7 @@ class Consumer:
                 continue
             for task in claimed:
                 self._start(task)
+            self._claim_call = None
             if claimed:
                 # Let the handlers just started take their first step: those that finish at once
                 # free their slots now, so the next claim fills them in one round trip, not two.

@@ -224,3 +224,46 @@ async def test_a_stop_whose_caller_is_cancelled_still_completes(harness: Harness
     assert cancelled == ["A"]
     info = await harness.get("t")
     assert [w.status for w in info.worker_states] == [AttemptStatus.RELEASED]
+
+
+async def test_a_stop_during_a_claim_releases_what_the_claim_took(harness: Harness) -> None:
+    """The store applied A's claim but the reply is still on its way when A stops: A waits for it
+    and releases the task (no orphan lease, no retry used), so B can run it at once."""
+    from tests.consumer.support import WrappedDriver
+
+    reply = asyncio.Event()
+    applied = asyncio.Event()
+
+    class SlowReply(WrappedDriver):
+        async def claim(self, params: Any) -> Any:
+            result = await self.inner.claim(params)
+            if result:
+                applied.set()
+                await reply.wait()
+            return result
+
+    ran: list[str] = []
+
+    async def work(params: Any, ctx: TaskContext) -> None:
+        ran.append(ctx.worker_id)
+
+    a = harness.consumer("A", {"work": work}, driver=SlowReply(harness.new_driver()))
+    await harness.start(a)
+    await harness.publisher.send(Task("t", "work", {}, option=LONG_LEASE))
+    await harness.discover(a)
+    await asyncio.wait_for(applied.wait(), 5)
+    stopping = asyncio.create_task(a.stop(grace=30.0))
+    await settle()
+    assert not stopping.done(), "stop() waits for the claim in flight, within the grace period"
+    reply.set()
+    await asyncio.wait_for(stopping, 5)
+    assert ran == []
+    info = await harness.get("t")
+    assert [(w.worker_id, w.status) for w in info.worker_states] == [("A", AttemptStatus.RELEASED)]
+    assert info.fail_cnt == 0 and info.status is TaskStatus.PENDING
+
+    b = harness.consumer("B", {"work": work})
+    await harness.start(b)
+    await harness.discover(b)
+    await harness.recorder.wait("finished", 1)
+    assert ran == ["B"]

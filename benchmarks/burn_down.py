@@ -1,0 +1,58 @@
+"""Benchmark 1: burn down no-op tasks with one Consumer on the MemoryDriver, in one process.
+
+Tasks are published first (not timed); the figure is tasks/s from the first claim to the last
+recorded success. Also reported: this process's peak RSS, throughput per tenth of the run (flat
+when claims do not slow down as the store grows: run it with ``--tasks 100000``), and with
+``--tracemalloc`` the peak of Python allocations (that run is slower; its rate is not the figure).
+
+    python -m benchmarks.burn_down [--tasks 10000] [--concurrency 30] [--tracemalloc]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import tracemalloc
+
+from benchmarks.common import burn_down, emit, peak_rss_mib
+from mscheduler.drivers.memory import MemoryDriver
+
+
+async def main(tasks: int, concurrency: int, trace: bool) -> None:
+    gc.collect()
+    rss_before = peak_rss_mib()
+    if trace:
+        tracemalloc.start()
+    run, consumer = await burn_down(MemoryDriver(), tasks=tasks, concurrency=concurrency)
+    result = {
+        "benchmark": "burn_down",
+        "tasks": tasks,
+        "concurrency": concurrency,
+        "tasks_per_s": round(run.rate),
+        "seconds": round(run.seconds, 3),
+        "window_tasks_per_s": [round(r) for r in run.window_rates()],
+        "peak_rss_mib": round(peak_rss_mib(), 1),
+        "rss_before_mib": round(rss_before, 1),
+        "stats": consumer.stats,
+    }
+    if trace:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        result["tracemalloc_peak_mib"] = round(peak / 2**20, 1)
+    emit(result)
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tasks", type=int, default=10_000)
+    parser.add_argument("--concurrency", type=int, default=30)
+    parser.add_argument("--tracemalloc", action="store_true", help="also trace Python allocations (slower)")
+    args = parser.parse_args()
+    asyncio.run(main(args.tasks, args.concurrency, args.tracemalloc))
+
+
+if __name__ == "__main__":
+    cli()
