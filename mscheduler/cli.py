@@ -378,9 +378,9 @@ async def probe_change_stream(
     driver: MongoDriver, seconds: float = CHANGE_STREAM_PROBE_SECONDS
 ) -> str | None:
     """Open a change stream through the driver; None if it opened, else why not."""
-    stream = driver.watch(["mscheduler.check"]).__aiter__()
+    stream = driver.watch(["mscheduler.check"])
     try:
-        await asyncio.wait_for(stream.__anext__(), seconds)
+        await asyncio.wait_for(anext(stream), seconds)
     except TimeoutError:
         return None  # opened and waited for events: supported
     except StopAsyncIteration:
@@ -390,7 +390,7 @@ async def probe_change_stream(
     except MSchedulerError as exc:
         return f"error: {exc}"
     finally:
-        await stream.aclose()  # type: ignore[attr-defined]
+        await stream.aclose()
     return None
 
 
@@ -450,7 +450,7 @@ async def check_server(database: Any, *, prefix: str = "", create_indexes: bool 
             CheckLine("change streams", WARN, f"unavailable ({reason}); consumers fall back to polling")
         )
 
-    collection = f"{database.name}.{driver.tasks.name}"
+    collection = driver.namespace
     try:
         present = set(await driver.index_names())
         missing = [name for name in EXPECTED_INDEXES if name not in present]

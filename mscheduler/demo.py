@@ -292,8 +292,7 @@ async def run_demo_on_database(
         return await run_demo(driver, config=config, on_progress=on_progress), prefix
     finally:
         if not keep:
-            await driver.tasks.drop()
-            await driver.workers.drop()
+            await driver.drop()
 
 
 def _statuses(info: TaskInfo) -> list[str]:

@@ -25,7 +25,7 @@ import asyncio
 import inspect
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -294,6 +294,16 @@ class MongoDriver:
             await self.tasks.create_index([("state.status", 1), ("state.update_time", 1)], name="status")
 
         await self._call("create indexes", create)
+
+    @property
+    def namespace(self) -> str:
+        """``database.collection`` of the tasks, for reports."""
+        return f"{self.tasks.database.name}.{self.tasks.name}"
+
+    async def drop(self) -> None:
+        """Drop this scheduler's collections (the demo cleans up with it)."""
+        await self._call("drop tasks", self.tasks.drop)
+        await self._call("drop workers", self.workers.drop)
 
     async def index_names(self) -> list[str]:
         cursor = await _resolve(self.tasks.list_indexes())
@@ -661,7 +671,9 @@ class MongoDriver:
         docs = await self._call("find wake-ups", read)
         return [Wakeup(doc["key"], _in(doc["state"]["claim_at"]), "claim") for doc in docs]
 
-    async def watch(self, names: Sequence[str], resume_token: Any = None) -> AsyncIterator[ChangeEvent]:
+    async def watch(
+        self, names: Sequence[str], resume_token: Any = None
+    ) -> AsyncGenerator[ChangeEvent, None]:
         """Change events from a change stream (``fullDocument: updateLookup``).
 
         Raises ``ChangeStreamUnsupported`` where the server or the fake cannot watch; the
