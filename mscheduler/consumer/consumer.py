@@ -269,7 +269,12 @@ class Consumer:
             max_size=self.wakeup_queue_size,
             on_event=self._emit,
         )
-        await self.discovery.poll_once()
+        try:
+            await self.discovery.poll_once()
+        except StorageError as exc:
+            if not exc.transient:
+                raise
+            log.warning("first poll failed (%s); the poller tries again", exc)
         for name, coro in (
             ("watcher", self.discovery.run_watcher()),
             ("poller", self.discovery.run_poller()),

@@ -267,3 +267,21 @@ async def test_a_stop_during_a_claim_releases_what_the_claim_took(harness: Harne
     await harness.discover(b)
     await harness.recorder.wait("finished", 1)
     assert ran == ["B"]
+
+
+async def test_a_transient_error_in_the_first_poll_does_not_stop_the_start(harness: Harness) -> None:
+    from mscheduler.faults import FaultyDriver
+
+    faulty = FaultyDriver(harness.new_driver())
+    faulty.fail_next("find_wakeups")  # the first poll, inside start()
+    done: list[str] = []
+
+    async def work(params: Any) -> None:
+        done.append("ran")
+
+    a = harness.consumer("A", {"work": work}, driver=faulty)
+    await harness.start(a)
+    await harness.publisher.send(Task("t", "work", {}))
+    await harness.discover(a)
+    await harness.recorder.wait("finished", 1)
+    assert done == ["ran"] and faulty.calls["find_wakeups"] >= 2
