@@ -497,9 +497,24 @@ class MongoDriver:
                     {"option.specific_worker_ids": params.worker_id},
                 ],
             }
-            update = {"$set": {f"{WS}.$.ping_expire_time": _out(expire)}}
+            # A $map, not the positional "$": when a filter matches two arrays (here also
+            # specific_worker_ids) "$" may resolve to the other array's index (SERVER-5247).
+            tokens = list(attempts.values())
+            if any(t.startswith("$") for t in tokens):
+                raise StorageError("attempt tokens must not start with '$'")
+            match = {
+                "$and": [
+                    {"$eq": ["$$e.worker_id", _lit(params.worker_id)]},
+                    {"$in": ["$$e.attempt", tokens]},
+                    {"$eq": ["$$e.status", "running"]},
+                    {"$gt": ["$$e.ping_expire_time", _lit(now)]},
+                ]
+            }
+            update = [_rebuild_entries(match, {"ping_expire_time": expire})]
 
-            async def ping_group(filter_: dict[str, Any] = filter_, update: dict[str, Any] = update) -> Any:
+            async def ping_group(
+                filter_: dict[str, Any] = filter_, update: list[dict[str, Any]] = update
+            ) -> Any:
                 return await self.tasks.update_many(filter_, update)
 
             await self._call("ping", ping_group)

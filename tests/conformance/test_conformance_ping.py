@@ -117,3 +117,20 @@ async def test_a_ping_by_a_fan_out_worker_touches_only_its_own_entry(store: Stor
     store.advance(10)
     assert await store.expire() == 1
     assert [e["status"] for e in await store.entries("a")] == ["lost", "running"]
+
+
+async def test_a_ping_on_a_targeted_fan_out_task_extends_only_the_pingers_entry(store: Store) -> None:
+    """The filter also matches specific_worker_ids (an array): the update must still change the
+    pinging worker's own entry, never another's (MongoDB's positional "$" cannot promise that)."""
+    await store.add("a", concurrent_worker_cnt=2, specific_worker_ids=("w2", "w1"))
+    first = await store.claim_one("w1")
+    second = await store.claim_one("w2")
+    assert first is not None and second is not None
+    store.advance(5)
+    result = await store.ping("w2", {"a": second.attempt}, lease=timedelta(seconds=60))
+    assert set(result.alive) == {"a"}
+    assert (await store.entry("a", second.attempt))["ping_expire_time"] == store.at(60)
+    assert (await store.entry("a", first.attempt))["ping_expire_time"] == first.ping_expire_time
+    result = await store.ping("w1", {"a": first.attempt}, lease=timedelta(seconds=40))
+    assert (await store.entry("a", first.attempt))["ping_expire_time"] == store.at(40)
+    assert (await store.entry("a", second.attempt))["ping_expire_time"] == store.at(60)
