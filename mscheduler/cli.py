@@ -16,7 +16,10 @@ import signal
 import sys
 import time
 import traceback
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,27 +30,33 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from mscheduler import __version__
 from mscheduler.consumer import Consumer
 from mscheduler.drivers.base import ChangeStreamUnsupported
 from mscheduler.drivers.memory import MemoryDriver
-from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.mongo import INDEX_NAMES, MongoDriver
 from mscheduler.exceptions import MSchedulerError
+from mscheduler.logs import configure_logging
 
 DEFAULT_SERVER_SELECTION_MS = 2000
 MIN_SERVER_VERSION = (6, 0)
 # The indexes MongoDriver.setup() creates (guarded by tests/acceptance/test_check_inprocess.py).
-EXPECTED_INDEXES = ("key", "claim", "leases", "attempt", "status")
+EXPECTED_INDEXES = INDEX_NAMES
 CHANGE_STREAM_PROBE_SECONDS = 1.0
+TIMEOUT_OPTION = "--server-selection-timeout-ms"
 
+# Plain help (rich_markup_mode=None): rich's boxed panels cut long option names to fit 80 columns.
 app = typer.Typer(
     name="mscheduler",
     help="A durable asyncio task scheduler on MongoDB.",
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True, markup=False, highlight=False)  # messages hold user text
+log = logging.getLogger("mscheduler.cli")
 
 
 class CliError(Exception):
@@ -63,7 +72,46 @@ def _fail(exc: CliError) -> typer.Exit:
     return typer.Exit(exc.exit_code)
 
 
-# -- MongoDB connection (demo --mongodb-uri, check) -----------------------------------------------
+def _show_version(value: bool) -> None:
+    if value:
+        out.print(f"mscheduler {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_show_version, is_eager=True, help="Show the version and exit."),
+    ] = False,
+) -> None:
+    """A durable asyncio task scheduler on MongoDB."""
+
+
+def _needs(companion: str, given: dict[str, bool], why: str) -> None:
+    """Refuse options that do nothing without ``companion`` (exit 2) rather than ignore them."""
+    ignored = [name for name, present in given.items() if present]
+    if ignored:
+        raise _fail(
+            CliError(
+                f"{', '.join(ignored)} {'needs' if len(ignored) == 1 else 'need'} {companion} ({why})",
+                exit_code=2,
+            )
+        )
+
+
+# -- MongoDB connection (demo --mongodb-uri, check, worker start-up) ------------------------------
+
+TimeoutMs = Annotated[
+    int | None,
+    typer.Option(
+        TIMEOUT_OPTION,
+        metavar="MS",
+        min=1,
+        help=f"How long to look for a server at start (default: the URI's, else "
+        f"{DEFAULT_SERVER_SELECTION_MS}).",
+    ),
+]
 
 
 def redact(uri: str) -> str:
@@ -73,10 +121,35 @@ def redact(uri: str) -> str:
     )
 
 
+def _one_line(text: str, limit: int = 200) -> str:
+    """PyMongo's message without its topology dump and timeout details, on one line."""
+    text = re.split(r",? Timeout: |,? Topology Description: | \(configured timeouts", text)[0]
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _raised_by(exc: BaseException, package: str) -> bool:
+    """Whether the innermost frame of ``exc``'s traceback is in ``package``."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and str(tb.tb_frame.f_globals.get("__name__", "")).startswith(package + ".")
+
+
+def mongo_setting_error(exc: BaseException) -> str | None:
+    """PyMongo's reason when ``exc`` is a malformed URI or client option, else None."""
+    from pymongo.errors import ConfigurationError
+
+    if isinstance(exc, ConfigurationError) or (
+        isinstance(exc, (ValueError, TypeError, UserWarning)) and _raised_by(exc, "pymongo")
+    ):
+        return _one_line(str(exc)) or type(exc).__name__
+    return None
+
+
 def mongo_client(uri: str, server_selection_ms: int | None) -> Any:
     """An ``AsyncMongoClient`` that fails fast: ``serverSelectionTimeoutMS`` unless the URI sets it."""
     from pymongo import AsyncMongoClient
-    from pymongo.errors import PyMongoError
 
     kwargs: dict[str, Any] = {}
     if server_selection_ms is not None:
@@ -84,33 +157,79 @@ def mongo_client(uri: str, server_selection_ms: int | None) -> Any:
     elif "serverselectiontimeoutms=" not in uri.lower():
         kwargs["serverSelectionTimeoutMS"] = DEFAULT_SERVER_SELECTION_MS
     try:
-        return AsyncMongoClient(uri, **kwargs)
-    except PyMongoError as exc:
-        raise CliError(f"invalid MongoDB URI {redact(uri)!r}: {exc}", exit_code=2) from exc
+        with warnings.catch_warnings():
+            # PyMongo only warns about an unknown or invalid URI option, then ignores it; here a
+            # mistyped option would silently change what is checked, so it is a usage error.
+            warnings.simplefilter("error", UserWarning)
+            return AsyncMongoClient(uri, **kwargs)
+    except Exception as exc:
+        reason = mongo_setting_error(exc)
+        if reason is None:
+            raise
+        raise CliError(f"invalid MongoDB URI {redact(uri)!r}: {reason}", exit_code=2) from exc
 
 
-def _timeout_ms(client: Any) -> int:
-    return int(client.options.server_selection_timeout * 1000)
+def _servers(client: Any) -> str:
+    """The client's server addresses (never its credentials)."""
+    try:
+        addresses = list(client.topology_description.server_descriptions())
+    except Exception:  # an exotic client: the message still says the rest
+        addresses = []
+    return ",".join(f"{host}:{port}" for host, port in addresses) or "the server"
 
 
-async def ensure_reachable(client: Any, uri: str) -> float:
-    """Ping the server; returns the round trip in ms, or raises CliError with a short reason."""
-    from pymongo.errors import OperationFailure, PyMongoError, ServerSelectionTimeoutError
+def _why_unreachable(exc: BaseException, client: Any) -> str:
+    """The first server's own error ("connection refused"), else PyMongo's first sentence."""
+    try:
+        descriptions = client.topology_description.server_descriptions().values()
+        errors = [str(d.error) for d in descriptions if d.error is not None]
+    except Exception:
+        errors = []
+    reason = _one_line(errors[0] if errors else str(exc), limit=120)
+    return reason + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
 
+
+async def ensure_reachable(
+    client: Any, where: str, *, timeout_ms: int | None = None, hint: str = ""
+) -> float:
+    """Ping the server; returns the round trip in ms, or raises CliError with a one-line reason.
+
+    ``timeout_ms`` bounds this ping (a client-side operation timeout, ``pymongo.timeout``) however
+    long the client's own ``serverSelectionTimeoutMS`` is; ``hint`` says how to wait longer.
+    """
+    import pymongo
+    from pymongo.errors import (
+        ExecutionTimeout,
+        NetworkTimeout,
+        OperationFailure,
+        PyMongoError,
+        ServerSelectionTimeoutError,
+    )
+
+    configured = int(client.options.server_selection_timeout * 1000)
+    waited = min(configured, timeout_ms) if timeout_ms is not None else configured
     started = time.perf_counter()
     try:
-        await client.admin.command("ping")
+        with pymongo.timeout(waited / 1000):
+            await client.admin.command("ping")
     except ServerSelectionTimeoutError as exc:
-        reason = str(exc).split(", Timeout:")[0].split(" (configured timeouts")[0]
         raise CliError(
-            f"cannot reach MongoDB at {redact(uri)}: no server answered within {_timeout_ms(client)} ms "
-            f"({reason[:300]})"
+            f"cannot reach MongoDB at {where}: no server answered within {waited} ms "
+            f"({_why_unreachable(exc, client)}); {hint}"
+        ) from exc
+    except (ExecutionTimeout, NetworkTimeout) as exc:
+        raise CliError(
+            f"MongoDB at {where} did not answer a ping within {waited} ms "
+            f"({_one_line(str(exc), 120)}); {hint}"
         ) from exc
     except OperationFailure as exc:
-        raise CliError(f"MongoDB at {redact(uri)} refused the connection: {exc.details or exc}") from exc
+        raise CliError(f"MongoDB at {where} refused the connection: {_one_line(str(exc))}") from exc
     except PyMongoError as exc:
-        raise CliError(f"cannot talk to MongoDB at {redact(uri)}: {exc}") from exc
+        raise CliError(f"cannot talk to MongoDB at {where}: {_one_line(str(exc))}") from exc
     return (time.perf_counter() - started) * 1000
+
+
+URI_TIMEOUT_HINT = f"to wait longer, pass {TIMEOUT_OPTION} or set serverSelectionTimeoutMS in the URI"
 
 
 def _database(client: Any, name: str | None, fallback: str) -> Any:
@@ -120,32 +239,50 @@ def _database(client: Any, name: str | None, fallback: str) -> Any:
 # -- demo -----------------------------------------------------------------------------------------
 
 
-@app.command()
+@app.command(short_help="Run a mixed batch on several consumers and check every outcome.")
 def demo(
     mongodb_uri: Annotated[
-        str | None, typer.Option(help="Run on this MongoDB server instead of in memory.")
+        str | None,
+        typer.Option(metavar="URI", help="Run on this MongoDB server instead of in memory."),
     ] = None,
     database: Annotated[
         str | None,
-        typer.Option(help="Database for --mongodb-uri (default: the URI's, else mscheduler_demo)."),
+        typer.Option(
+            metavar="NAME", help="Database for --mongodb-uri (default: the URI's, else mscheduler_demo)."
+        ),
     ] = None,
-    workers: Annotated[int, typer.Option(min=3, help="Consumers to run.")] = 4,
-    quick: Annotated[int, typer.Option(min=0, help="Quick tasks in the batch.")] = 40,
+    workers: Annotated[int, typer.Option(metavar="N", min=3, help="Consumers to run.")] = 4,
+    quick: Annotated[int, typer.Option(metavar="N", min=0, help="Quick tasks in the batch.")] = 40,
     timeout: Annotated[
-        float, typer.Option(min=1, help="Fail if the batch has not ended after this many seconds.")
+        float,
+        typer.Option(
+            metavar="SECONDS", min=1, help="Fail if the batch has not ended after this many seconds."
+        ),
     ] = 60,
     keep: Annotated[
-        bool, typer.Option(help="Keep the demo's collections on MongoDB (dropped by default).")
+        bool,
+        typer.Option("--keep", help="With --mongodb-uri: keep the demo's collections (dropped by default)."),
     ] = False,
+    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Publish a mixed batch, run several consumers, and check every task ended as expected.
 
     Quick tasks, tasks that fail and are retried, one that uses up its retries, a long task kept
     alive by pings, tasks aimed at one worker and a fan-out task for three workers. Exits 1 if any
-    check fails.
+    check fails, 2 on bad arguments.
     """
-    from mscheduler.demo import DemoConfig, report_renderables, run_demo, run_demo_on_database
+    from mscheduler.demo import DemoConfig, DemoReport, report_renderables, run_demo, run_demo_on_database
 
+    if mongodb_uri is None:
+        _needs(
+            "--mongodb-uri",
+            {
+                "--database": database is not None,
+                "--keep": keep,
+                TIMEOUT_OPTION: server_selection_timeout_ms is not None,
+            },
+            "the demo runs in memory without it",
+        )
     config = DemoConfig(workers=workers, quick=quick, timeout=timeout)
     where = "in memory (MemoryDriver)" if mongodb_uri is None else f"on MongoDB {escape(redact(mongodb_uri))}"
     out.print(f"[bold]mscheduler demo[/bold] {where}: {config.workers} workers x {config.concurrency} slots")
@@ -163,28 +300,31 @@ def demo(
         states = " ".join(f"{state} {n}" for state, n in sorted(counts.items()) if n)
         progress.update(bar, completed=done, total=total, states=states)
 
-    async def on_mongo(uri: str) -> Any:
-        client = mongo_client(uri, None)
+    async def on_mongo(uri: str) -> DemoReport:
+        client = mongo_client(uri, server_selection_timeout_ms)
         try:
-            await ensure_reachable(client, uri)
+            await ensure_reachable(client, redact(uri), hint=URI_TIMEOUT_HINT)
             db = _database(client, database, "mscheduler_demo")
-            report, prefix = await run_demo_on_database(db, config=config, on_progress=on_progress, keep=keep)
+            with progress:
+                report, prefix = await run_demo_on_database(
+                    db, config=config, on_progress=on_progress, keep=keep
+                )
             if keep:
                 out.print(f"kept collections {db.name}.{prefix}*")
             return report
         finally:
             await client.close()
 
-    try:
+    async def in_memory() -> DemoReport:
         with progress:
-            if mongodb_uri is None:
-                report = asyncio.run(run_demo(MemoryDriver(), config=config, on_progress=on_progress))
-            else:
-                report = asyncio.run(on_mongo(mongodb_uri))
+            return await run_demo(MemoryDriver(), config=config, on_progress=on_progress)
+
+    try:
+        report = asyncio.run(in_memory() if mongodb_uri is None else on_mongo(mongodb_uri))
     except CliError as exc:
         raise _fail(exc) from None
     except MSchedulerError as exc:
-        raise _fail(CliError(f"the demo could not run: {exc}")) from None
+        raise _fail(CliError(f"the demo could not run: {_one_line(str(exc), limit=300)}")) from None
     for renderable in report_renderables(report):
         out.print(renderable)
     raise typer.Exit(0 if report.ok else 1)
@@ -193,6 +333,33 @@ def demo(
 # -- worker ---------------------------------------------------------------------------------------
 
 TARGET_HELP = "a Consumer, a list of Consumers, or a zero-argument (async) function returning one of those"
+
+
+class LogFormat(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+Say = Callable[..., None]
+
+
+def plain_say(message: str, *, level: int = logging.INFO, **fields: Any) -> None:
+    """The worker's own status lines, as text on stderr."""
+    err.print(message)
+
+
+def log_say(message: str, *, level: int = logging.INFO, **fields: Any) -> None:
+    """The worker's own status lines as log records (one JSON object each with --log-format json)."""
+    log.log(level, message, extra=fields)
+
+
+def _user_code_failed(what: str, exc: Exception) -> CliError:
+    """The user's module or factory raised: a malformed MongoDB URI is a usage error (exit 2, one
+    line); anything else shows its traceback (exit 1)."""
+    reason = mongo_setting_error(exc)
+    if reason is not None:
+        return CliError(f"{what} failed: invalid MongoDB URI or client option: {reason}", exit_code=2)
+    return CliError(f"{what} failed:\n{_short_traceback(exc)}")
 
 
 def import_target(spec: str) -> Any:
@@ -212,9 +379,9 @@ def import_target(spec: str) -> Any:
                 "(run from your project's directory or set PYTHONPATH)",
                 exit_code=2,
             ) from exc
-        raise CliError(f"importing {module_name!r} failed:\n{_short_traceback(exc)}") from exc
+        raise _user_code_failed(f"importing {module_name!r}", exc) from exc
     except Exception as exc:  # the user's module failed while importing
-        raise CliError(f"importing {module_name!r} failed:\n{_short_traceback(exc)}") from exc
+        raise _user_code_failed(f"importing {module_name!r}", exc) from exc
     target: Any = module
     walked = module_name
     for part in attr.split("."):
@@ -262,16 +429,46 @@ async def resolve_consumers(target: Any, spec: str) -> list[Consumer]:
     except Exception as exc:  # the user's factory failed
         if exc.__traceback__ is not None and exc.__traceback__.tb_frame.f_code is resolve_consumers.__code__:
             exc = exc.with_traceback(exc.__traceback__.tb_next)  # start at the user's code
-        raise CliError(f"calling {spec}() failed:\n{_short_traceback(exc)}") from exc
+        raise _user_code_failed(f"calling {spec}()", exc) from exc
     return _as_consumers(value, spec, "returned")
 
 
-async def run_workers(spec: str, *, grace: float | None = None) -> int:
+async def ensure_consumers_reach_mongodb(consumers: list[Consumer], timeout_ms: int) -> None:
+    """Ping each distinct PyMongo client behind the consumers, within ``timeout_ms``.
+
+    Without it, a consumer's start on an unreachable server waits out the client's server
+    selection (30 s by default) on every one of the driver's retries: minutes, not seconds.
+    """
+    from pymongo import AsyncMongoClient
+
+    seen: set[int] = set()
+    for consumer in consumers:
+        driver = consumer.driver
+        client = getattr(driver.database, "client", None) if isinstance(driver, MongoDriver) else None
+        if not isinstance(client, AsyncMongoClient) or id(client) in seen:
+            continue  # the memory driver, mongomock, or a client already checked
+        seen.add(id(client))
+        await ensure_reachable(
+            client,
+            f"{_servers(client)} (consumer {consumer.worker_id})",
+            timeout_ms=timeout_ms,
+            hint=f"to wait longer, pass {TIMEOUT_OPTION}",
+        )
+
+
+async def run_workers(
+    spec: str,
+    *,
+    grace: float | None = None,
+    server_selection_timeout_ms: int = DEFAULT_SERVER_SELECTION_MS,
+    say: Say = plain_say,
+) -> int:
     """Run the consumers named by ``spec`` until SIGINT / SIGTERM; a second signal stops at once.
 
     Returns the exit code: 0 after a requested stop, 1 if a consumer died on its own.
     """
     consumers = await resolve_consumers(import_target(spec), spec)
+    await ensure_consumers_reach_mongodb(consumers, server_selection_timeout_ms)
     started: list[Consumer] = []
     try:
         for consumer in consumers:
@@ -279,7 +476,7 @@ async def run_workers(spec: str, *, grace: float | None = None) -> int:
             started.append(consumer)
     except MSchedulerError as exc:
         await asyncio.gather(*(c.stop(grace=0) for c in started), return_exceptions=True)
-        raise CliError(f"consumer {consumer.worker_id} could not start: {exc}") from exc
+        raise CliError(f"consumer {consumer.worker_id} could not start: {_one_line(str(exc), 300)}") from exc
 
     loop = asyncio.get_running_loop()
     signals = 0
@@ -294,23 +491,27 @@ async def run_workers(spec: str, *, grace: float | None = None) -> int:
         signals += 1
         name = signal.Signals(signum).name
         if signals == 1:
-            err.print(
+            say(
                 f"received {name}: stopping gracefully (running handlers may finish, {shown_grace}); "
-                f"send {name} again to stop now"
+                f"send {name} again to stop now",
+                signal=name,
             )
             stop_all(grace)
         else:
-            err.print(
-                f"received {name} again: stopping now (cancelling running handlers, releasing their leases)"
+            say(
+                f"received {name} again: stopping now (cancelling running handlers, releasing their leases)",
+                level=logging.WARNING,
+                signal=name,
             )
             stop_all(0)
 
     handled = (signal.SIGINT, signal.SIGTERM)
     for signum in handled:
         loop.add_signal_handler(signum, on_signal, signum)
-    err.print(
-        f"mscheduler worker: started {len(consumers)} consumer(s) "
-        f"[{', '.join(c.worker_id for c in consumers)}]; Ctrl+C to stop"
+    ids = [c.worker_id for c in consumers]
+    say(
+        f"mscheduler worker: started {len(consumers)} consumer(s) [{', '.join(ids)}]; Ctrl+C to stop",
+        worker_ids=ids,
     )
     try:
         waiting = {asyncio.ensure_future(c.wait_stopped()): c for c in consumers}
@@ -320,7 +521,11 @@ async def run_workers(spec: str, *, grace: float | None = None) -> int:
             crashed = [waiting[d] for d in done if waiting[d].error is not None]
             if crashed and not stops:
                 for c in crashed:
-                    err.print(f"consumer {c.worker_id} stopped on an error: {c.error!r}; stopping the others")
+                    say(
+                        f"consumer {c.worker_id} stopped on an error: {c.error!r}; stopping the others",
+                        level=logging.ERROR,
+                        worker_id=c.worker_id,
+                    )
                 stop_all(grace)
         await asyncio.gather(*stops, return_exceptions=True)
     finally:
@@ -328,30 +533,59 @@ async def run_workers(spec: str, *, grace: float | None = None) -> int:
             loop.remove_signal_handler(signum)
     failed = [c for c in consumers if c.error is not None]
     for c in failed:
-        err.print(f"consumer {c.worker_id} failed: {c.error!r}")
-    err.print(f"mscheduler worker: stopped {len(consumers)} consumer(s)")
+        say(f"consumer {c.worker_id} failed: {c.error!r}", level=logging.ERROR, worker_id=c.worker_id)
+    say(f"mscheduler worker: stopped {len(consumers)} consumer(s)", worker_ids=ids)
     return 1 if failed else 0
 
 
-@app.command()
+@app.command(short_help="Run your consumers until SIGINT / SIGTERM.")
 def worker(
-    target: Annotated[str, typer.Argument(metavar="MODULE:ATTR", help=f"Where to find {TARGET_HELP}.")],
+    # described in the docstring: an argument's help line would show its type as "<str>"
+    target: Annotated[str, typer.Argument(metavar="MODULE:ATTR", hidden=True)],
     grace: Annotated[
         float | None,
         typer.Option(
-            min=0, help="Seconds running handlers get on stop (default: each consumer's grace_period)."
+            metavar="SECONDS",
+            min=0,
+            help="Seconds running handlers get on stop (default: each consumer's grace_period).",
         ),
     ] = None,
-    log_level: Annotated[str, typer.Option(help="Logging level (DEBUG, INFO, WARNING, ...).")] = "INFO",
+    log_level: Annotated[
+        str, typer.Option(metavar="LEVEL", help="Logging level: DEBUG, INFO, WARNING, ERROR.")
+    ] = "INFO",
+    log_format: Annotated[
+        LogFormat,
+        typer.Option(help="text, or json: one JSON object per line with every structured field."),
+    ] = LogFormat.TEXT,
+    server_selection_timeout_ms: Annotated[
+        int,
+        typer.Option(
+            TIMEOUT_OPTION,
+            metavar="MS",
+            min=1,
+            help="How long start-up waits for the consumers' MongoDB server.",
+        ),
+    ] = DEFAULT_SERVER_SELECTION_MS,
 ) -> None:
-    """Run consumers from your module until SIGINT / SIGTERM (a second signal stops at once)."""
+    """Run consumers from your module until SIGINT / SIGTERM (a second signal stops at once).
+
+    MODULE:ATTR (e.g. myapp.worker:make_consumers) names a Consumer, a list of Consumers, or a
+    zero-argument function, plain or async, returning one of those. Exits 0 after a requested
+    stop, 1 if a consumer failed, 2 on bad arguments.
+    """
     level = logging.getLevelName(log_level.upper())
     if not isinstance(level, int):
         raise _fail(CliError(f"unknown log level {log_level!r}", exit_code=2))
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(level, log_format.value)
+    say = log_say if log_format is LogFormat.JSON else plain_say
     try:
-        code = asyncio.run(run_workers(target, grace=grace))
+        code = asyncio.run(
+            run_workers(target, grace=grace, server_selection_timeout_ms=server_selection_timeout_ms, say=say)
+        )
     except CliError as exc:
+        if log_format is LogFormat.JSON:
+            log.error("error: %s", exc, extra={"exit_code": exc.exit_code})
+            raise typer.Exit(exc.exit_code) from None
         raise _fail(exc) from None
     except KeyboardInterrupt:  # Ctrl+C before the consumers were up (their handlers not installed)
         raise _fail(CliError("interrupted while starting", exit_code=130)) from None
@@ -482,26 +716,27 @@ async def check_server(database: Any, *, prefix: str = "", create_indexes: bool 
     return lines
 
 
-@app.command()
+@app.command(short_help="Check that a MongoDB server is ready for the scheduler.")
 def check(
     mongodb_uri: Annotated[
-        str, typer.Option(help="The server to check, e.g. mongodb://localhost:27017/?replicaSet=rs0")
+        str,
+        typer.Option(
+            metavar="URI", help="The server to check, e.g. mongodb://localhost:27017/?replicaSet=rs0"
+        ),
     ],
     database: Annotated[
-        str | None, typer.Option(help="Database the scheduler uses (default: the URI's, else mscheduler).")
-    ] = None,
-    prefix: Annotated[str, typer.Option(help="Collection prefix (MongoDriver(prefix=...)).")] = "",
-    create_indexes: Annotated[bool, typer.Option(help="Create missing indexes.")] = False,
-    server_selection_timeout_ms: Annotated[
-        int | None,
+        str | None,
         typer.Option(
-            "--server-selection-timeout-ms",
-            min=1,
-            help=f"How long to look for a server (default: the URI's, else {DEFAULT_SERVER_SELECTION_MS}).",
+            metavar="NAME", help="Database the scheduler uses (default: the URI's, else mscheduler)."
         ),
     ] = None,
+    prefix: Annotated[
+        str, typer.Option(metavar="PREFIX", help="Collection prefix (MongoDriver(prefix=...)).")
+    ] = "",
+    create_indexes: Annotated[bool, typer.Option("--create-indexes", help="Create missing indexes.")] = False,
+    server_selection_timeout_ms: TimeoutMs = None,
     strict: Annotated[
-        bool, typer.Option(help="Warnings (no replica set, missing indexes) fail too.")
+        bool, typer.Option("--strict", help="Warnings (no replica set, missing indexes) fail too.")
     ] = False,
 ) -> None:
     """Check a MongoDB server: connectivity, version, replica set, change streams, indexes.
@@ -512,7 +747,7 @@ def check(
     async def run() -> tuple[float, list[CheckLine], str]:
         client = mongo_client(mongodb_uri, server_selection_timeout_ms)
         try:
-            rtt = await ensure_reachable(client, mongodb_uri)
+            rtt = await ensure_reachable(client, redact(mongodb_uri), hint=URI_TIMEOUT_HINT)
             db = _database(client, database, "mscheduler")
             return rtt, await check_server(db, prefix=prefix, create_indexes=create_indexes), db.name
         finally:
@@ -522,6 +757,8 @@ def check(
         rtt, lines, db_name = asyncio.run(run())
     except CliError as exc:
         raise _fail(exc) from None
+    except MSchedulerError as exc:
+        raise _fail(CliError(f"the check could not run: {_one_line(str(exc), limit=300)}")) from None
     lines.insert(
         0, CheckLine("connection", OK, f"{redact(mongodb_uri)} answered in {rtt:.0f} ms (database {db_name})")
     )

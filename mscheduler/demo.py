@@ -31,6 +31,7 @@ from rich.text import Text
 from mscheduler.consumer import Consumer, TaskContext
 from mscheduler.drivers.base import Driver, ListParams
 from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.exceptions import InvalidInput
 from mscheduler.model import AttemptStatus, Task, TaskInfo, TaskOption, TaskStatus
 from mscheduler.publisher import Publisher
 
@@ -63,13 +64,13 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         if self.workers < FANOUT_WORKERS:
-            raise ValueError(
+            raise InvalidInput(
                 f"the demo needs at least {FANOUT_WORKERS} workers (fan-out to {FANOUT_WORKERS})"
             )
         if self.long_duration <= max(self.claim_lease, self.worker_timeout).total_seconds():
-            raise ValueError("long_duration must outlast claim_lease and worker_timeout (to show pings)")
+            raise InvalidInput("long_duration must outlast claim_lease and worker_timeout (to show pings)")
         if min(self.quick, self.flaky, self.targeted) < 0 or self.concurrency < 1:
-            raise ValueError("counts must be >= 0 and concurrency >= 1")
+            raise InvalidInput("counts must be >= 0 and concurrency >= 1")
 
 
 class Work(BaseModel):

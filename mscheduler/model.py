@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from mscheduler.exceptions import InvalidInput
 
 KEY_MAX_LEN = 512
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,199}$")
@@ -63,7 +65,42 @@ def _utc_ms(value: datetime) -> datetime:
     return value.replace(microsecond=value.microsecond // 1000 * 1000)
 
 
-class TaskOption(BaseModel):
+def _refusal(what: str, fields: Iterable[str], exc: ValidationError) -> str:
+    """One line saying which fields were refused and why (pydantic's errors, made readable)."""
+    reasons = []
+    for error in exc.errors(include_url=False):
+        field = ".".join(str(part) for part in error["loc"])
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            reasons.append(f"unknown field {field!r} (the fields are {', '.join(fields)})")
+            continue
+        if error["type"] != "value_error":
+            shown = repr(error["input"])
+            message += f" (got {shown if len(shown) <= 60 else shown[:57] + '...'})"
+        # the message may name its field already ("key must be a non-empty string")
+        named = field and re.search(rf"\b{re.escape(str(error['loc'][-1]))}\b", message)
+        reasons.append(message if not field or named else f"{field}: {message}")
+    return f"invalid {what}: {'; '.join(reasons)}"
+
+
+class _UserInput(BaseModel):
+    """What users construct: a refused field raises ``InvalidInput`` naming it (not pydantic's
+    ``ValidationError``), so every refused input shares one error tree."""
+
+    if not TYPE_CHECKING:  # keep the typed __init__ that the pydantic mypy plugin derives
+
+        def __init__(self, /, **data: Any) -> None:
+            try:
+                super().__init__(**data)
+            except ValidationError as exc:
+                raise InvalidInput(_refusal(self._describe(data), type(self).model_fields, exc)) from exc
+
+    @classmethod
+    def _describe(cls, data: Mapping[str, Any]) -> str:
+        return cls.__name__
+
+
+class TaskOption(_UserInput):
     """How a task is run. Options are apart from the payload (STYLE 15)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -139,7 +176,7 @@ class TaskOption(BaseModel):
         )
 
 
-class OptionChange(BaseModel):
+class OptionChange(_UserInput):
     """A live change to a task's options (SPEC F8). Fields left as None are unchanged."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -153,9 +190,9 @@ class OptionChange(BaseModel):
     run_at: datetime | None = None
 
     def apply(self, current: TaskOption) -> TaskOption:
-        """Return the merged option, validated as a whole (raises ValueError)."""
+        """Return the merged option, validated as a whole (raises ``InvalidInput``)."""
         merged = current.model_dump() | self.model_dump(exclude_none=True)
-        return TaskOption.model_validate(merged)
+        return TaskOption(**merged)
 
 
 def validate_key(key: object) -> str:
@@ -177,37 +214,41 @@ def validate_name(name: object) -> str:
     return name
 
 
-def check_params(value: Any, depth: int = 0) -> Any:
-    """Accept JSON-like data that MongoDB stores as is; refuse operator-looking keys."""
+def check_params(value: Any, depth: int = 0, *, path: str = "params") -> Any:
+    """Accept JSON-like data that MongoDB stores as is; refuse operator-looking keys.
+
+    Raises ``ValueError`` naming where the bad value is (``params['items'][2]``); ``path`` is the
+    name of the whole value (``"result"`` for a handler's result).
+    """
     if depth > PARAMS_MAX_DEPTH:
-        raise ValueError(f"params nested deeper than {PARAMS_MAX_DEPTH} levels")
+        raise ValueError(f"{path} nested deeper than {PARAMS_MAX_DEPTH} levels")
     if isinstance(value, datetime):
         if value.tzinfo is None:
-            raise ValueError("datetimes in params must be timezone-aware (e.g. datetime.now(UTC))")
+            raise ValueError(f"datetime at {path} must be timezone-aware (e.g. datetime.now(UTC))")
         return _utc_ms(value)
     if value is None or isinstance(value, (bool, int, str)):
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
-            raise ValueError("integers in params must fit in 64 bits")
+            raise ValueError(f"integer at {path} must fit in 64 bits")
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise ValueError("params must not contain NaN or infinity")
+            raise ValueError(f"NaN or infinity at {path} cannot be stored")
         return value
     if isinstance(value, Mapping):
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise ValueError(f"params keys must be strings, got {k!r}")
+                raise ValueError(f"key {k!r} in {path} must be a string")
             if k.startswith("$") or "." in k or "\x00" in k:
-                raise ValueError(f"params key {k!r} must not start with '$' or contain '.'")
-            out[k] = check_params(v, depth + 1)
+                raise ValueError(f"key {k!r} in {path} must not start with '$' or contain '.' or NUL")
+            out[k] = check_params(v, depth + 1, path=f"{path}[{k!r}]")
         return out
     if isinstance(value, (list, tuple)):
-        return [check_params(v, depth + 1) for v in value]
-    raise ValueError(f"params value of type {type(value).__name__} cannot be stored")
+        return [check_params(v, depth + 1, path=f"{path}[{i}]") for i, v in enumerate(value)]
+    raise ValueError(f"value of type {type(value).__name__} at {path} cannot be stored")
 
 
-class Task(BaseModel):
+class Task(_UserInput):
     """What a publisher sends: ``Task(key, name, params, option=TaskOption(...))``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -219,6 +260,13 @@ class Task(BaseModel):
 
     def __init__(self, key: str, name: str, params: Any = None, **data: Any) -> None:
         super().__init__(key=key, name=name, params=params, **data)
+
+    @classmethod
+    def _describe(cls, data: Mapping[str, Any]) -> str:
+        key = data.get("key")
+        if isinstance(key, str) and key and len(key) <= 100:
+            return f"task {key!r}"
+        return "task"
 
     @field_validator("key")
     @classmethod
@@ -277,6 +325,8 @@ class TaskInfo(BaseModel):
     fail_cnt: int
     running_cnt: int
     worker_states: list[WorkerState]
+    # set when the task's document itself could not be written (too large): it failed for good
+    broken: ErrorInfo | None = None
 
     @property
     def results(self) -> list[Any]:
@@ -284,6 +334,8 @@ class TaskInfo(BaseModel):
 
     @property
     def last_error(self) -> ErrorInfo | None:
+        if self.broken is not None:
+            return self.broken
         for w in reversed(self.worker_states):
             if w.error is not None:
                 return w.error
@@ -305,4 +357,5 @@ class TaskInfo(BaseModel):
             fail_cnt=state["fail_cnt"],
             running_cnt=state["running_cnt"],
             worker_states=[WorkerState.model_validate(w) for w in state["worker_states"]],
+            broken=ErrorInfo.model_validate(state["broken"]) if state.get("broken") else None,
         )

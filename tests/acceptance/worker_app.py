@@ -77,3 +77,19 @@ def factory_with_argument(driver: MemoryDriver) -> Consumer:
 
 
 not_a_consumer = 42
+
+
+def mongo_factory() -> Consumer:
+    """A consumer on the MongoDB server at ``ACC_MONGODB_URI`` (the client is built as users do)."""
+    from pymongo import AsyncMongoClient
+
+    from mscheduler import MongoDriver
+
+    client: AsyncMongoClient[dict[str, object]] = AsyncMongoClient(os.environ["ACC_MONGODB_URI"])
+    consumer = Consumer(MongoDriver(client["acc"]), worker_id="acc-mongo")
+
+    @consumer.handler("acc.noop")
+    async def noop() -> None:
+        return None
+
+    return consumer

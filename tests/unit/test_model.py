@@ -48,7 +48,7 @@ def test_a_valid_task_keeps_its_fields() -> None:
     ],
 )
 def test_bad_keys_are_refused(key: str, message: str) -> None:
-    with pytest.raises(ValidationError) as exc:
+    with pytest.raises(InvalidInput) as exc:
         Task(key, "job")
     assert message in _error_text(exc)
 
@@ -58,13 +58,13 @@ def test_a_key_of_the_maximum_length_is_fine() -> None:
 
 
 def test_a_non_string_key_is_refused() -> None:
-    with pytest.raises(ValidationError):
+    with pytest.raises(InvalidInput, match=r"invalid task: key: Input should be a valid string \(got 123\)"):
         Task(123, "job")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("name", ["", "1job", "a b", "$where", "job/x", "x" * 201, "job\n"])
 def test_bad_names_are_refused(name: str) -> None:
-    with pytest.raises(ValidationError) as exc:
+    with pytest.raises(InvalidInput) as exc:
         Task("k", name)
     assert "invalid task name" in _error_text(exc)
 
@@ -77,23 +77,24 @@ def test_good_names_are_accepted(name: str) -> None:
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        ({"$gt": ""}, "must not start with '$'"),
+        ({"$gt": ""}, "key '$gt' in params must not start with '$'"),
         ({"a.b": 1}, "contain '.'"),
-        ({"ok": [{"deep": {"$in": [1]}}]}, "must not start with '$'"),
-        ({"nul\x00": 1}, "params key"),
-        ({1: "x"}, "keys must be strings"),
-        ({"x": math.nan}, "NaN"),
-        ({"x": [math.inf]}, "NaN or infinity"),
-        ({"x": 2**63}, "64 bits"),
-        ({"x": {1, 2}}, "cannot be stored"),
+        ({"ok": [{"deep": {"$in": [1]}}]}, "key '$in' in params['ok'][0]['deep'] must not start with '$'"),
+        ({"nul\x00": 1}, "in params must not"),
+        ({1: "x"}, "key 1 in params must be a string"),
+        ({"x": math.nan}, "NaN or infinity at params['x']"),
+        ({"x": [math.inf]}, "NaN or infinity at params['x'][0]"),
+        ({"x": 2**63}, "integer at params['x'] must fit in 64 bits"),
+        ({"x": {1, 2}}, "value of type set at params['x'] cannot be stored"),
         ({"x": object()}, "cannot be stored"),
         ({"x": b"bytes"}, "cannot be stored"),
-        ({"when": datetime(2030, 1, 1)}, "timezone-aware"),
+        ({"when": datetime(2030, 1, 1)}, "datetime at params['when'] must be timezone-aware"),
     ],
 )
 def test_bad_params_are_refused(params: Any, message: str) -> None:
-    with pytest.raises(ValidationError) as exc:
+    with pytest.raises(InvalidInput) as exc:
         Task("k", "job", params)
+    assert _error_text(exc).startswith("invalid task 'k': ")
     assert message in _error_text(exc)
 
 
@@ -101,7 +102,7 @@ def test_params_nested_too_deep_are_refused() -> None:
     deep: Any = 1
     for _ in range(PARAMS_MAX_DEPTH + 1):
         deep = {"d": deep}
-    with pytest.raises(ValidationError) as exc:
+    with pytest.raises(InvalidInput) as exc:
         Task("k", "job", deep)
     assert "nested deeper" in _error_text(exc)
     shallow: Any = 1
@@ -135,8 +136,50 @@ def test_tasks_are_frozen_and_refuse_unknown_fields() -> None:
     task = Task("k", "job")
     with pytest.raises(ValidationError):
         task.key = "other"  # type: ignore[misc]
-    with pytest.raises(ValidationError):
+    with pytest.raises(
+        InvalidInput, match="unknown field 'priority' \\(the fields are key, name, params, option\\)"
+    ):
         Task("k", "job", None, priority=3)
+
+
+# -- one error tree: constructors raise InvalidInput naming the field -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: Task("k", "job", option={"priority": "high"}), "invalid task 'k': option: "),
+        (lambda: Task("", "job"), "invalid task: key must be a non-empty string"),
+        (lambda: Task("k", "job", {"a": [1, {"$x": 1}]}), "key '$x' in params['a'][1] must not start"),
+        (lambda: TaskOption(retry_delay="soon"), "invalid TaskOption: retry_delay: Input should be"),
+        (lambda: OptionChange(run_at="soon"), "invalid OptionChange: run_at: Input should be"),
+    ],
+)
+def test_constructors_raise_invalid_input_naming_the_field(build: Any, message: str) -> None:
+    with pytest.raises(InvalidInput) as exc:
+        build()
+    assert message in _error_text(exc)
+    assert isinstance(exc.value, ValueError)  # InvalidInput stays a ValueError
+    assert isinstance(exc.value.__cause__, ValidationError)  # pydantic's details, for who wants them
+
+
+def test_every_refused_field_is_named_at_once() -> None:
+    with pytest.raises(InvalidInput) as exc:
+        TaskOption(priority=10**9, max_unexpected_retries=-1)
+    text = _error_text(exc)
+    assert "priority: Input should be less than or equal to 1000000 (got 1000000000)" in text
+    assert "max_unexpected_retries: Input should be greater than or equal to 0 (got -1)" in text
+
+
+def test_a_long_refused_value_is_shortened_in_the_message() -> None:
+    with pytest.raises(InvalidInput) as exc:
+        TaskOption(priority="x" * 500)
+    assert len(_error_text(exc)) < 200
+
+
+def test_check_params_names_the_whole_value_it_checks() -> None:
+    with pytest.raises(ValueError, match=r"value of type set at result\['items'\]\[2\] cannot be stored"):
+        check_params({"items": [1, 2, {3}]}, path="result")
 
 
 def test_check_params_accepts_none_and_scalars() -> None:
@@ -175,14 +218,15 @@ def test_option_defaults() -> None:
         ({"retry_delay": timedelta(seconds=-1)}, "between 0 and 366 days"),
         ({"worker_timeout": timedelta(days=367)}, "between 0 and 366 days"),
         ({"run_at": datetime(2030, 1, 1)}, "timezone-aware"),
-        ({"priority": 1_000_001}, "less than or equal"),
-        ({"priority": -1_000_001}, "greater than or equal"),
-        ({"concurrent_worker_cnt": 0}, "greater than or equal"),
-        ({"max_unexpected_retries": -1}, "greater than or equal"),
-        ({"specific_worker_ids": ("",)}, "invalid worker id"),
+        ({"priority": 1_000_001}, "priority: Input should be less than or equal to 1000000 (got 1000001)"),
+        ({"priority": -1_000_001}, "priority: Input should be greater than or equal"),
+        ({"priority": "high"}, "priority: Input should be a valid integer"),
+        ({"concurrent_worker_cnt": 0}, "concurrent_worker_cnt: Input should be greater than or equal"),
+        ({"max_unexpected_retries": -1}, "max_unexpected_retries: Input should be greater than or equal"),
+        ({"specific_worker_ids": ("",)}, "specific_worker_ids: invalid worker id"),
         ({"specific_worker_ids": ("$w",)}, "invalid worker id"),
         ({"specific_worker_ids": ("w" * 201,)}, "invalid worker id"),
-        ({"unknown": 1}, "Extra inputs are not permitted"),
+        ({"unknown": 1}, "unknown field 'unknown' (the fields are priority, concurrent_worker_cnt,"),
         (
             {"specific_worker_ids": ("w1", "w2"), "concurrent_worker_cnt": 3},
             "more than the 2 specific_worker_ids",
@@ -190,9 +234,12 @@ def test_option_defaults() -> None:
     ],
 )
 def test_bad_options_are_refused(fields: dict[str, Any], message: str) -> None:
-    with pytest.raises(ValidationError) as exc:
+    with pytest.raises(InvalidInput) as exc:
         TaskOption(**fields)
+    assert _error_text(exc).startswith("invalid TaskOption: ")
     assert message in _error_text(exc)
+    assert isinstance(exc.value, ValueError)
+    assert not isinstance(exc.value, ValidationError)
 
 
 def test_worker_ids_keep_their_order_without_duplicates() -> None:
@@ -246,16 +293,16 @@ def test_an_option_change_merges_only_the_given_fields() -> None:
 
 def test_an_option_change_is_validated_as_a_whole() -> None:
     current = TaskOption(ping_interval=timedelta(seconds=10), worker_timeout=timedelta(seconds=30))
-    with pytest.raises(ValueError, match="longer than ping_interval"):
+    with pytest.raises(InvalidInput, match="longer than ping_interval"):
         OptionChange(worker_timeout=timedelta(seconds=5)).apply(current)
-    with pytest.raises(ValueError, match="timezone-aware"):
+    with pytest.raises(InvalidInput, match="timezone-aware"):
         OptionChange(run_at=datetime(2030, 1, 1)).apply(current)
 
 
 def test_an_option_change_cannot_change_the_worker_count() -> None:
-    with pytest.raises(ValidationError, match="Extra inputs"):
+    with pytest.raises(InvalidInput, match="invalid OptionChange: unknown field 'concurrent_worker_cnt'"):
         OptionChange(concurrent_worker_cnt=2)  # type: ignore[call-arg]
-    with pytest.raises(ValidationError):
+    with pytest.raises(InvalidInput, match="invalid OptionChange: priority: Input should be less than"):
         OptionChange(priority=10**7)
 
 
@@ -317,14 +364,14 @@ async def test_sending_something_that_is_not_a_task_writes_nothing(
     publisher = Publisher(driver, clock=fake_clock)
     with pytest.raises(InvalidInput, match="takes a Task"):
         await publisher.send({"key": "k", "name": "job"})  # type: ignore[arg-type]
-    with pytest.raises(InvalidInput, match="takes a Task"):
+    with pytest.raises(InvalidInput, match="takes Tasks, got str at index 1"):
         await publisher.send_many([Task("ok", "job"), "not a task"])  # type: ignore[list-item]
     assert await _keys(driver) == []
 
 
 async def test_send_many_with_a_repeated_key_writes_nothing(driver: Driver, fake_clock: FakeClock) -> None:
     publisher = Publisher(driver, clock=fake_clock)
-    with pytest.raises(InvalidInput, match="same key twice"):
+    with pytest.raises(InvalidInput, match="send_many got the key 'a' twice"):
         await publisher.send_many([Task("a", "job"), Task("b", "job"), Task("a", "job")])
     assert await _keys(driver) == []
     assert await publisher.send_many([Task("a", "job"), Task("b", "job")]) == [True, True]

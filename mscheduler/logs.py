@@ -1,0 +1,94 @@
+"""Log output for ``mscheduler worker``: plain text, or one JSON object per line.
+
+The library only logs (``logging.getLogger("mscheduler...")``, structured fields passed with
+``extra=``); configuring handlers is the application's business, or the CLI's, here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, date, datetime, timedelta
+from enum import Enum
+from typing import Any, Literal
+
+LogFormat = Literal["text", "json"]
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+# Attributes every LogRecord has; anything else on a record came from ``extra=``.
+_STANDARD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
+    "message",
+    "asctime",
+    "taskName",  # Python 3.12+
+}
+# Keys the JSON line always has; a structured field with one of these names gets a prefix.
+_RESERVED = ("time", "level", "logger", "message", "exc_info", "stack_info")
+
+
+def _jsonable(value: Any) -> Any:
+    """``json.dumps`` fallback for what structured fields commonly hold."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    if isinstance(value, BaseException):
+        return f"{type(value).__name__}: {value}"
+    return str(value)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: ``time`` (UTC, ISO 8601), ``level``, ``logger``, ``message``,
+    every structured field passed with ``extra=``, and ``exc_info`` / ``stack_info`` when present.
+
+    A field named like one of the fixed keys is written as ``field_<name>``.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        data: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name, value in vars(record).items():
+            if name in _STANDARD_ATTRIBUTES or name.startswith("_"):
+                continue
+            data[f"field_{name}" if name in _RESERVED else name] = value
+        if record.exc_info:
+            data["exc_info"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            data["exc_info"] = record.exc_text
+        if record.stack_info:
+            data["stack_info"] = self.formatStack(record.stack_info)
+        try:
+            return json.dumps(data, default=_jsonable, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError):  # NaN, a cycle, odd dict keys: those fields as repr()
+            return json.dumps({k: _safe(v) for k, v in data.items()}, default=_jsonable, ensure_ascii=False)
+
+
+def _safe(value: Any) -> Any:
+    try:
+        json.dumps(value, default=_jsonable, allow_nan=False)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
+
+
+def configure_logging(level: int, log_format: LogFormat = "text") -> None:
+    """Send every record at ``level`` or above to stderr, as text or as JSON lines.
+
+    Replaces the root logger's handlers, so calling it twice does not double the output.
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
