@@ -36,11 +36,22 @@ class LeaseLost(MSchedulerError):
 
 
 class StorageError(MSchedulerError):
-    """The database failed; ``transient`` says whether retrying may help."""
+    """The database failed.
 
-    def __init__(self, message: str, *, transient: bool = False) -> None:
+    ``transient``: retrying may help (network, failover). ``config``: a configuration error
+    (authentication, an unknown or unsatisfiable write concern) that no retry fixes — a consumer
+    stops on it, loudly. ``document``: the error is about one task's document (too large,
+    unstorable); it is recorded on that task and never stops a consumer. Otherwise the server
+    refused the command for another reason: consumers log it and back off.
+    """
+
+    def __init__(
+        self, message: str, *, transient: bool = False, config: bool = False, document: bool = False
+    ) -> None:
         super().__init__(message)
         self.transient = transient
+        self.config = config
+        self.document = document
 
 
 class ConsumerStopped(MSchedulerError):

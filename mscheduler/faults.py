@@ -47,6 +47,7 @@ from mscheduler.drivers.base import (
     ListParams,
     PingParams,
     PingResult,
+    StreamPosition,
     UpdateOptionParams,
     Wakeup,
     WakeupParams,
@@ -339,7 +340,9 @@ class FaultyDriver:
     async def find_wakeups(self, params: WakeupParams) -> list[Wakeup]:
         return await self._invoke("find_wakeups", lambda: self.inner.find_wakeups(params), params)
 
-    async def watch(self, names: Sequence[str], resume_token: Any = None) -> AsyncIterator[ChangeEvent]:
+    async def watch(
+        self, names: Sequence[str], resume_token: Any = None
+    ) -> AsyncIterator[ChangeEvent | StreamPosition]:
         await self._gate("watch")
         fault = self._take_fault("watch")
         if fault is not None:  # opening a stream applies nothing: every fault is a "before" one
@@ -349,6 +352,9 @@ class FaultyDriver:
         stream = self.inner.watch(names, resume_token)
         try:
             async for event in stream:
+                if isinstance(event, StreamPosition):  # positions are not events: never faulted
+                    yield event
+                    continue
                 for out in self._stream_filter(event):
                     await self._gate("watch_event")
                     if self._break_streams:

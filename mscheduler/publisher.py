@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import Any
 
 from pydantic import ValidationError
 
 from mscheduler.clock import Clock, SystemClock
-from mscheduler.drivers.base import Driver, InsertParams, NewTask, UpdateOptionParams
-from mscheduler.exceptions import InvalidInput, TaskFailed, UnknownTask
+from mscheduler.drivers.base import Driver, InsertParams, NewTask, UpdateOptionParams, encoded_size
+from mscheduler.exceptions import InvalidInput, MSchedulerError, TaskFailed, UnknownTask
 from mscheduler.model import OptionChange, Task, TaskInfo, TaskOption, TaskStatus, validate_key
 
 SEND_MANY_BATCH = 1000
+DEFAULT_MAX_PARAMS_BYTES = 512 * 1024
+# A worker whose heartbeat is older than this is not counted as live (5 s heartbeats by default).
+WORKER_LIVENESS = timedelta(seconds=30)
+
+log = logging.getLogger("mscheduler.publisher")
 
 
 class Publisher:
@@ -20,12 +27,21 @@ class Publisher:
 
     :param driver: the storage (``MongoDriver`` or ``MemoryDriver``).
     :param clock: time source; tests pass a ``FakeClock``.
+    :param max_params_bytes: the largest params a task may carry (their BSON size); larger ones
+        are refused by ``send`` with ``InvalidInput``, nothing written. A task's document also
+        holds its attempts, and MongoDB's limit is 16 MiB per document.
     """
 
-    def __init__(self, driver: Driver, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self, driver: Driver, *, clock: Clock | None = None, max_params_bytes: int = DEFAULT_MAX_PARAMS_BYTES
+    ) -> None:
+        if not 1 <= max_params_bytes <= 8 * 1024 * 1024:
+            raise InvalidInput("max_params_bytes must be between 1 byte and 8 MiB")
         self.driver = driver
         self.clock: Clock = clock or SystemClock()
+        self.max_params_bytes = max_params_bytes
         self._set_up = False
+        self._names_checked: set[str] = set()
 
     async def _setup(self) -> None:
         """Create the indexes before the first insert: uniqueness by key needs the unique index,
@@ -37,7 +53,40 @@ class Publisher:
     def _prepare(self, task: Task) -> NewTask:
         if not isinstance(task, Task):
             raise InvalidInput(f"send() takes a Task, got {type(task).__name__}")
+        size = encoded_size(task.params)
+        if size > self.max_params_bytes:
+            raise InvalidInput(
+                f"task {task.key!r}: params are {size} bytes, more than max_params_bytes "
+                f"({self.max_params_bytes}); store large data elsewhere and send a reference"
+            )
         return NewTask(task.key, task.name, task.params, task.option.to_storage(self.clock.now()))
+
+    async def _live_handlers(self) -> set[str]:
+        """Task names that a live registered consumer handles."""
+        now = self.clock.now()
+        names: set[str] = set()
+        for worker in await self.driver.list_workers():
+            if worker.get("stop_time") is None and worker["last_seen"] >= now - WORKER_LIVENESS:
+                names.update(worker["names"])
+        return names
+
+    async def _warn_if_unhandled(self, names: Iterable[str]) -> None:
+        """Warn once per name when no live consumer handles it: such a task waits silently."""
+        new = set(names) - self._names_checked
+        if not new:
+            return
+        self._names_checked |= new
+        try:
+            handled = await self._live_handlers()
+        except MSchedulerError:
+            return  # a hint only
+        for name in sorted(new - handled):
+            log.warning(
+                "no live worker handles tasks named %r: they wait until a consumer that registers "
+                "a handler for that name starts",
+                name,
+                extra={"task_name": name},
+            )
 
     async def send(self, task: Task, *, reset_finished: bool = False, session: Any = None) -> bool:
         """Publish ``task`` unless its key exists (SPEC F1); True if this call created (or reset) it.
@@ -48,22 +97,32 @@ class Publisher:
         """
         params = InsertParams([self._prepare(task)], self.clock.now(), reset_finished, session)
         await self._setup()
-        return (await self.driver.insert_tasks(params))[0]
+        created = (await self.driver.insert_tasks(params))[0]
+        await self._warn_if_unhandled([task.name])
+        return created
 
     async def send_many(
         self, tasks: Iterable[Task], *, reset_finished: bool = False, session: Any = None
     ) -> list[bool]:
         """Publish many tasks, one round trip per ``SEND_MANY_BATCH``; a bool per task, in order."""
+        tasks = list(tasks)
+        for i, task in enumerate(tasks):
+            if not isinstance(task, Task):
+                raise InvalidInput(f"send_many() takes Tasks, got {type(task).__name__} at index {i}")
         prepared = [self._prepare(t) for t in tasks]
         keys = [t.key for t in prepared]
-        if len(set(keys)) != len(keys):
-            raise InvalidInput("send_many got the same key twice")
+        seen: set[str] = set()
+        for key in keys:
+            if key in seen:
+                raise InvalidInput(f"send_many got the key {key!r} twice")
+            seen.add(key)
         created: list[bool] = []
         await self._setup()
         for start in range(0, len(prepared), SEND_MANY_BATCH):
             batch = prepared[start : start + SEND_MANY_BATCH]
             params = InsertParams(batch, self.clock.now(), reset_finished, session)
             created.extend(await self.driver.insert_tasks(params))
+        await self._warn_if_unhandled({t.name for t in prepared})
         return created
 
     async def get(self, key: str) -> TaskInfo:
@@ -98,7 +157,10 @@ class Publisher:
                 raise TaskFailed(key, error.model_dump() if error else None)
             waited = self.clock.monotonic() - started
             if timeout is not None and waited >= timeout:
-                raise TimeoutError(f"task {key!r} is still {info.status.value} after {timeout}s")
+                hint = ""
+                if info.status is TaskStatus.PENDING and info.name not in await self._live_handlers():
+                    hint = f"; no live worker handles tasks named {info.name!r}"
+                raise TimeoutError(f"task {key!r} is still {info.status.value} after {timeout}s{hint}")
             sleep = interval if timeout is None else min(interval, timeout - waited)
             await self.clock.sleep(sleep)
             interval = min(interval * 1.5, max_poll_interval)
@@ -112,7 +174,7 @@ class Publisher:
         info = await self.get(key)
         try:
             option = change.apply(info.option)
-        except ValidationError as exc:
+        except (InvalidInput, ValidationError) as exc:
             raise InvalidInput(f"invalid option change for {key!r}: {exc}") from exc
         stored = option.to_storage(info.create_time)
         if not await self.driver.update_option(UpdateOptionParams(key, stored, self.clock.now())):

@@ -7,13 +7,19 @@ as an update pipeline, and the conformance suite checks that both agree.
 * ``running_cnt`` / ``success_cnt`` / ``fail_cnt``: entries running / succeeded / failed, lost
   or rejected; ``rejected_cnt``: entries rejected (invalid params), which use up the budget.
 * ``free_slots``: ``concurrent_worker_cnt - running - succeeded`` (never below 0).
-* ``exhausted``: ``fail_cnt > max_unexpected_retries`` or a rejected entry — the budget is used.
+* ``exhausted``: ``fail_cnt > max_unexpected_retries`` or a rejected entry — the budget is used —
+  or ``state.broken`` is set (the task's document could not be written; the reason is there).
 * ``status``: succeeded (enough successes) > failed (budget used, nothing running) > running >
   pending.
 * ``retry_at``: the latest ``retry_at`` of a failed entry (a failure's time + retry delay).
 * ``claim_at``: when a free slot may be claimed, ``max(run_at, retry_at)``; ``None`` when no slot
   is free or the task is terminal or exhausted. The claim query is served by an index on it.
 * ``targeted``: the task names specific workers (those are claimed first by them).
+* ``claimers``: who may claim it now, as ``"<name>|<worker id>"`` (targeted tasks: each named
+  worker that holds no running or succeeded entry) or ``"<name>|*"`` (anyone); empty when
+  ``claim_at`` is None. The claim and wake-up indexes start with it, so a worker's claim reads
+  only tasks it may take (tasks aimed at others are outside its index range), and the change
+  stream can tell from it which consumers an update concerns. Names cannot contain ``|``.
 """
 
 from __future__ import annotations
@@ -38,18 +44,37 @@ DERIVED_FIELDS = (
     "free_slots",
     "status",
     "claim_at",
+    "claimers",
 )
 
+ANYONE = "*"
 
-def derive(option: dict[str, Any], worker_states: list[dict[str, Any]]) -> dict[str, Any]:
+
+def claimer_token(name: str, worker_id: str) -> str:
+    """One value of ``state.claimers``: ``name|worker_id`` (``name|*`` for any worker)."""
+    return f"{name}|{worker_id}"
+
+
+def claimer_tokens(names: list[str] | tuple[str, ...], worker_id: str) -> list[str]:
+    """The ``state.claimers`` values a worker handling ``names`` may claim."""
+    return [claimer_token(n, who) for n in names for who in (worker_id, ANYONE)]
+
+
+def derive(
+    name: str, option: dict[str, Any], worker_states: list[dict[str, Any]], broken: bool = False
+) -> dict[str, Any]:
+    """The derived fields of a task; ``broken``: ``state.broken`` is set (a document error)."""
     running = success = failures = rejected = 0
     retry_at: datetime | None = None
+    busy_workers: set[str] = set()
     for entry in worker_states:
         status = entry["status"]
         if status == RUNNING:
             running += 1
+            busy_workers.add(entry["worker_id"])
         elif status == SUCCEEDED:
             success += 1
+            busy_workers.add(entry["worker_id"])
         elif status in FAILURES:
             failures += 1
             rejected += status == REJECTED
@@ -58,7 +83,7 @@ def derive(option: dict[str, Any], worker_states: list[dict[str, Any]]) -> dict[
                 retry_at = entry_retry
     cnt = option["concurrent_worker_cnt"]
     free = max(cnt - running - success, 0)
-    exhausted = failures > option["max_unexpected_retries"] or rejected > 0
+    exhausted = failures > option["max_unexpected_retries"] or rejected > 0 or broken
     if success >= cnt:
         status_value = TaskStatus.SUCCEEDED.value
     elif exhausted and running == 0:
@@ -73,6 +98,13 @@ def derive(option: dict[str, Any], worker_states: list[dict[str, Any]]) -> dict[
     else:
         run_at = option["run_at"]
         claim_at = run_at if retry_at is None or run_at >= retry_at else retry_at
+    claimers: list[str]
+    if claim_at is None:
+        claimers = []
+    elif option["specific_worker_ids"]:
+        claimers = [claimer_token(name, w) for w in option["specific_worker_ids"] if w not in busy_workers]
+    else:
+        claimers = [claimer_token(name, ANYONE)]
     return {
         "running_cnt": running,
         "success_cnt": success,
@@ -83,6 +115,7 @@ def derive(option: dict[str, Any], worker_states: list[dict[str, Any]]) -> dict[
         "free_slots": free,
         "status": status_value,
         "claim_at": claim_at,
+        "claimers": claimers,
     }
 
 

@@ -36,6 +36,7 @@ from mscheduler.drivers.base import (
     PingParams,
     PingResult,
     WorkerInfo,
+    encoded_size,
 )
 from mscheduler.exceptions import ConsumerStopped, InvalidInput, MSchedulerError, StorageError
 from mscheduler.model import AttemptStatus, TaskOption, check_params, validate_name
@@ -46,6 +47,14 @@ Handler = Callable[..., Awaitable[Any]]
 Listener = Callable[[str, dict[str, Any]], None]
 TRACEBACK_LIMIT = 8000
 LEASE_SAFETY_MARGIN = timedelta(milliseconds=500)
+DEFAULT_MAX_RESULT_BYTES = 512 * 1024
+ERROR_BACKOFF = 5.0  # seconds a side task waits after a storage error no retry fixed
+
+
+def _silence(future: asyncio.Future[Any]) -> None:
+    """Retrieve a future's exception whenever it ends, so that a future given up on (a ping in
+    flight when the consumer stops) is never reported as 'exception was never retrieved'."""
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 @dataclass(slots=True)
@@ -135,10 +144,13 @@ class Consumer:
     :param concurrency: handlers run at once by this consumer.
     :param poll_interval: seconds between polls when no change stream is open (the floor).
     :param stream_poll_interval: seconds between polls while a change stream is healthy.
+    :param max_result_bytes: the largest result a handler may return (its BSON size); a larger
+        one fails the task at once, without retries (a result is deterministic), with the reason.
     :param grace_period: on graceful stop, how long running handlers may take to finish before
         they are cancelled and their leases released.
-    :param claim_lease: the lease a claim takes before the first ping applies the task's own
-        ``worker_timeout``; the first ping comes within a third of it.
+    :param claim_lease: an optional cap on the first lease of a claim. The first lease is the
+        task's own ``worker_timeout`` (computed by the store inside the claim); with a cap,
+        ``min(worker_timeout, claim_lease)``. None (the default): no cap.
     """
 
     def __init__(
@@ -151,9 +163,10 @@ class Consumer:
         stream_poll_interval: float = 10.0,
         grace_period: float = 30.0,
         heartbeat_interval: float = 5.0,
-        claim_lease: timedelta = timedelta(seconds=30),
+        claim_lease: timedelta | None = None,
         max_claim_batch: int = 64,
         wakeup_queue_size: int = 10_000,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         clock: Clock | None = None,
         host: str | None = None,
     ) -> None:
@@ -161,8 +174,10 @@ class Consumer:
             raise InvalidInput("concurrency must be at least 1")
         if poll_interval <= 0 or stream_poll_interval <= 0 or heartbeat_interval <= 0:
             raise InvalidInput("intervals must be positive")
-        if grace_period < 0 or claim_lease <= timedelta(0):
+        if grace_period < 0 or (claim_lease is not None and claim_lease <= timedelta(0)):
             raise InvalidInput("grace_period must be >= 0 and claim_lease positive")
+        if not 1 <= max_result_bytes <= 15 * 1024 * 1024:
+            raise InvalidInput("max_result_bytes must be between 1 byte and 15 MiB")
         self.driver = driver
         self.host = host or socket.gethostname()
         self.pid = os.getpid()
@@ -178,6 +193,7 @@ class Consumer:
         self.claim_lease = claim_lease
         self.max_claim_batch = max_claim_batch
         self.wakeup_queue_size = wakeup_queue_size
+        self.max_result_bytes = max_result_bytes
         self.clock = ServerClock(clock) if not isinstance(clock, ServerClock) else clock
         self._handlers: dict[str, _Registered] = {}
         self._listeners: list[Listener] = []
@@ -195,6 +211,7 @@ class Consumer:
         self._claim_call: asyncio.Future[list[ClaimedTask]] | None = None
         self._hurry = asyncio.Event()  # a second stop(grace=0): stop waiting for anything
         self.error: BaseException | None = None
+        self.stop_reason: str | None = None  # why it stopped (or is stopping): see ``state``
         self.discovery: Discovery | None = None
         self.stats = {"claimed": 0, "succeeded": 0, "failed": 0, "lost": 0, "released": 0, "rejected": 0}
 
@@ -238,6 +255,18 @@ class Consumer:
     @property
     def running_count(self) -> int:
         return len(self._running)
+
+    @property
+    def state(self) -> str:
+        """``"created"`` (not started), ``"running"``, ``"stopping"`` or ``"stopped"``; see
+        ``stop_reason`` for why it stopped: ``"requested"`` (``stop()``), ``"remote"`` (a stop
+        requested through the database, see ``mscheduler.Operations.request_worker_stop``) or
+        ``"error: ..."`` (a configuration error or a side task that died; ``error`` holds it)."""
+        if self._stopped.is_set():
+            return "stopped"
+        if self._stopping:
+            return "stopping"
+        return "running" if self._side else "created"
 
     async def __aenter__(self) -> Consumer:
         await self.start()
@@ -295,7 +324,14 @@ class Consumer:
         if task.get_name().endswith(":watcher") and exc is None:
             return  # change streams unsupported: polling carries on
         self.error = exc or ConsumerStopped(f"side task {task.get_name()} ended")
-        log.error("consumer %s: %s died: %r; stopping", self.worker_id, task.get_name(), exc)
+        self.stop_reason = f"error: {self.error}"
+        log.error(
+            "consumer %s: %s died: %r; stopping",
+            self.worker_id,
+            task.get_name(),
+            exc,
+            extra={"worker_id": self.worker_id, "side_task": task.get_name(), "reason": str(self.error)},
+        )
         self._stop_task = asyncio.ensure_future(self.stop(grace=0))
 
     async def run(self) -> None:
@@ -316,6 +352,8 @@ class Consumer:
         Released attempts do not count against the retry budget.
         """
         grace = self.grace_period if grace is None else grace
+        if self.stop_reason is None:
+            self.stop_reason = "requested"
         if self._shutdown_task is None:
             self._stopping = True
             # A task of its own, shielded: a caller that is cancelled (say by a timeout) while
@@ -444,9 +482,7 @@ class Consumer:
                 try:
                     expired = await self.driver.expire_leases(ExpireParams(now))
                 except StorageError as exc:
-                    if not exc.transient:
-                        raise
-                    log.warning("expiring leases failed (%s); the poller tries again", exc)
+                    await self._storage_trouble("expiring leases", exc)
                     expired = 0
                 if expired:
                     self._emit("leases_expired", {"count": expired})
@@ -458,7 +494,7 @@ class Consumer:
                 names=names,
                 now=now,
                 attempts=[secrets.token_hex(8) for _ in range(n)],
-                expire=now + self.claim_lease,
+                max_lease=self.claim_lease,
                 host=self.host,
                 pid=self.pid,
                 # an attempt whose outcome is still being written (or a stuck one) keeps its key
@@ -471,9 +507,7 @@ class Consumer:
                 claimed = await asyncio.shield(self._claim_call)
             except StorageError as exc:
                 self._claim_call = None
-                if not exc.transient:
-                    raise
-                log.warning("claim failed (%s); retrying after the poll interval", exc)
+                await self._storage_trouble("claim", exc)
                 await self.clock.sleep(self.poll_interval)
                 continue
             for task in claimed:
@@ -542,11 +576,8 @@ class Consumer:
                 error = {"type": "InvalidParams", "message": str(exc), "traceback": None}
             else:
                 result = await registered.fn(*args)
-                try:
-                    result = check_params(result)
-                except ValueError as exc:
-                    raise InvalidInput(f"the handler's result cannot be stored: {exc}") from exc
-                outcome = AttemptStatus.SUCCEEDED.value
+                result, error = self._storable_result(result)
+                outcome = AttemptStatus.SUCCEEDED.value if error is None else AttemptStatus.REJECTED.value
         except asyncio.CancelledError:
             reason = running.cancel_reason
             if reason is None:  # cancelled from outside our bookkeeping: treat as a release
@@ -571,14 +602,96 @@ class Consumer:
             try:
                 accepted = await self._submit(params)
             except MSchedulerError as exc:
-                log.error("could not record the outcome of %s: %s", claimed.key, exc)
+                log.error(
+                    "could not record the outcome of %s: %s",
+                    claimed.key,
+                    exc,
+                    extra=self._fields(running, error=str(exc)),
+                )
         if self._running.get(claimed.key) is running:
             del self._running[claimed.key]
         stat = outcome if accepted and outcome is not None else "lost"
         self.stats[stat] = self.stats.get(stat, 0) + 1
+        self._log_outcome(running, stat, error)
         self._emit(
             "finished", {"key": claimed.key, "attempt": claimed.attempt, "outcome": stat, "error": error}
         )
+
+    def _storable_result(self, result: Any) -> tuple[Any, dict[str, Any] | None]:
+        """The result as stored, or (None, the reason it cannot be): a pydantic model is dumped
+        to JSON-like data; values MongoDB cannot hold, or a result over ``max_result_bytes``,
+        fail the task for good (no retry: the same handler gives the same result)."""
+        if isinstance(result, BaseModel):
+            result = result.model_dump(mode="json")
+        try:
+            result = check_params(result, path="result")
+        except ValueError as exc:
+            return None, {
+                "type": "ResultNotStorable",
+                "message": f"the handler's result cannot be stored: {exc}",
+                "traceback": None,
+            }
+        size = encoded_size(result)
+        if size > self.max_result_bytes:
+            return None, {
+                "type": "ResultTooLarge",
+                "message": f"the handler's result is {size} bytes, more than max_result_bytes "
+                f"({self.max_result_bytes})",
+                "traceback": None,
+            }
+        return result, None
+
+    def _fields(self, running: _Running, **more: Any) -> dict[str, Any]:
+        """Structured fields for log records about an attempt (``extra=``)."""
+        claimed = running.claimed
+        return {
+            "key": claimed.key,
+            "task_name": claimed.name,
+            "attempt": claimed.attempt,
+            "attempt_no": claimed.attempt_no,
+            "worker_id": self.worker_id,
+        } | more
+
+    def _log_outcome(self, running: _Running, stat: str, error: dict[str, Any] | None) -> None:
+        """Failures are never silent: a failed attempt at INFO, a task failed for good (its budget
+        used, or rejected) at WARNING with the traceback."""
+        if stat not in (AttemptStatus.FAILED.value, AttemptStatus.REJECTED.value) or error is None:
+            return
+        claimed = running.claimed
+        budget = int(running.option["max_unexpected_retries"])
+        final = stat == AttemptStatus.REJECTED.value or claimed.fail_cnt + 1 > budget
+        fields = self._fields(
+            running,
+            outcome=stat,
+            error_type=error["type"],
+            error_message=error["message"],
+            failures=claimed.fail_cnt + 1,
+            max_unexpected_retries=budget,
+            final=final,
+        )
+        if final:
+            log.warning(
+                "task %s (%s) failed for good on attempt %d: %s: %s\n%s",
+                claimed.key,
+                claimed.name,
+                claimed.attempt_no,
+                error["type"],
+                error["message"],
+                error.get("traceback") or "(no traceback)",
+                extra=fields,
+            )
+        else:
+            log.info(
+                "task %s (%s) attempt %d failed (%d of %d failures tolerated used): %s: %s",
+                claimed.key,
+                claimed.name,
+                claimed.attempt_no,
+                claimed.fail_cnt + 1,
+                budget,
+                error["type"],
+                error["message"],
+                extra=fields,
+            )
 
     def _arguments(self, registered: _Registered, claimed: ClaimedTask, running: _Running) -> list[Any]:
         args: list[Any] = []
@@ -623,17 +736,18 @@ class Consumer:
         try:
             accepted = await self.driver.finish([p.params for p in batch])
         except StorageError as exc:
-            if not exc.transient:
-                # The finisher dies of this: fail what piled up meanwhile too, so that no
+            if exc.config:
+                # The consumer stops on this: fail what piled up meanwhile too, so that no
                 # handler waits for ever on a write that nobody will make.
                 failed, self._pending = [*batch, *self._pending], []
                 for p in failed:
                     if not p.future.done():
                         p.future.set_exception(exc)
                 raise
-            # Still unknown after the driver's own retries: keep them and try again shortly.
-            log.warning("finish failed (%s); retrying", exc)
+            # Still unknown after the driver's own retries, or refused: keep them and try again
+            # (fenced: once a lease has moved on, the store refuses the outcome and says so).
             self._pending[:0] = batch
+            await self._storage_trouble("writing outcomes", exc)
             await self.clock.sleep(self.poll_interval)
             return
         for p, ok in zip(batch, accepted, strict=True):
@@ -653,10 +767,12 @@ class Consumer:
     # -- pinger ---------------------------------------------------------------------------------
 
     def _ping_interval(self) -> float:
-        first_ping = self.claim_lease.total_seconds() / 3
-        return min(
-            [first_ping, *(float(r.option["ping_interval_ms"]) / 1000 for r in self._running.values())]
-        )
+        """The shortest ping interval of the running tasks; a capped first lease (claim_lease)
+        is renewed within a third of it."""
+        intervals = [float(r.option["ping_interval_ms"]) / 1000 for r in self._running.values()]
+        if self.claim_lease is not None:
+            intervals.append(self.claim_lease.total_seconds() / 3)
+        return min(intervals)
 
     async def _run_pinger(self) -> None:
         while True:
@@ -690,10 +806,8 @@ class Consumer:
         try:
             result = await self._ping_within_leases(PingParams(self.worker_id, now, groups), snapshot)
         except StorageError as exc:
-            if not exc.transient:
-                raise
-            log.warning("ping failed (%s)", exc)
             self._expire_locally(snapshot)
+            await self._storage_trouble("ping", exc, back_off=False)
             return
         for key, option in result.alive.items():
             running = snapshot[key]
@@ -715,6 +829,7 @@ class Consumer:
         the store safe either way, this keeps the *work* from running twice at once).
         """
         ping = asyncio.ensure_future(self.driver.ping(params))
+        _silence(ping)
         try:
             while not ping.done():
                 ends = [r.trust_until for r in snapshot.values() if r.trusted]
@@ -742,8 +857,32 @@ class Consumer:
 
     def _lose(self, running: _Running, reason: str) -> None:
         if running.cancel_reason is None and not running.handler_done:
+            log.warning(
+                "task %s: lease %s; cancelling its handler",
+                running.claimed.key,
+                "lost" if reason == "lost" else "revoked (this worker is no longer allowed)",
+                extra=self._fields(running, reason=reason),
+            )
             self._emit(reason, {"key": running.claimed.key, "attempt": running.claimed.attempt})
         running.cancel(reason)
+
+    # -- storage errors -------------------------------------------------------------------------
+
+    async def _storage_trouble(self, what: str, exc: StorageError, *, back_off: bool = True) -> None:
+        """What a side task does about a storage error it met: a configuration error (auth, an
+        unknown write concern) stops the consumer (raised, so the side task dies loudly); any
+        other error is logged and the side task carries on, after a pause for errors that no
+        retry of the driver fixed. Errors about one task's document never get here: the driver
+        records them on that task."""
+        fields = {"worker_id": self.worker_id, "operation": what, "error": str(exc)}
+        if exc.config:
+            raise exc
+        if exc.transient:
+            log.warning("%s failed (%s); trying again", what, exc, extra=fields)
+            return
+        log.error("%s failed (%s); trying again in %.0f s", what, exc, ERROR_BACKOFF, extra=fields)
+        if back_off:
+            await self.clock.sleep(ERROR_BACKOFF)
 
     # -- heartbeat --------------------------------------------------------------------------------
 
@@ -759,12 +898,16 @@ class Consumer:
                 if beats % 12 == 0:
                     await self.clock.sync(self.driver.server_time)
             except StorageError as exc:
-                if not exc.transient:
-                    raise
-                log.warning("heartbeat failed (%s)", exc)
+                await self._storage_trouble("heartbeat", exc, back_off=False)
                 continue
             if stop:
-                log.info("consumer %s: stop requested through the database", self.worker_id)
+                if self.stop_reason is None:
+                    self.stop_reason = "remote"
+                log.info(
+                    "consumer %s: stop requested through the database",
+                    self.worker_id,
+                    extra={"worker_id": self.worker_id},
+                )
                 self._emit("remote_stop", {"worker_id": self.worker_id})
                 self._stop_task = asyncio.ensure_future(self.stop())
                 # Stay alive until stop() cancels us: a side task that ends is a failure.

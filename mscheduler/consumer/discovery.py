@@ -19,10 +19,13 @@ from mscheduler.drivers.base import (
     ChangeStreamUnsupported,
     Driver,
     ExpireParams,
+    ResumeTokenLost,
+    StreamPosition,
     Wakeup,
     WakeupParams,
 )
 from mscheduler.exceptions import StorageError
+from mscheduler.state import ANYONE, claimer_token
 
 log = logging.getLogger("mscheduler.consumer")
 
@@ -126,7 +129,16 @@ class Discovery:
             self.queue.push(w.key, w.time, w.kind)
 
     def on_change(self, event: ChangeEvent) -> None:
-        if event.specific_worker_ids and self.worker_id not in event.specific_worker_ids:
+        if event.claimers is not None:
+            mine = {claimer_token(event.name, self.worker_id), claimer_token(event.name, ANYONE)}
+            if not mine.intersection(event.claimers):
+                if event.claimers_complete:  # else others than those listed may claim: no news
+                    self.queue.discard(event.key, CLAIM)
+            else:
+                # claimable by us; no claim_at in the event: its time did not change (due now
+                # or known already), so try now
+                self.queue.push(event.key, event.claim_at or self.clock.now(), CLAIM)
+        elif event.specific_worker_ids and self.worker_id not in event.specific_worker_ids:
             self.queue.discard(event.key, CLAIM)
         elif event.claim_at is not None:
             self.queue.push(event.key, event.claim_at, CLAIM)
@@ -163,9 +175,10 @@ class Discovery:
             try:
                 await self.poll_once()
             except StorageError as exc:
-                if not exc.transient:
+                if exc.config:
                     raise
-                log.warning("poll failed (%s); trying again next interval", exc)
+                level = logging.WARNING if exc.transient else logging.ERROR
+                log.log(level, "poll failed (%s); trying again next interval", exc, extra={"error": str(exc)})
 
     async def _sleep_or_poll(self, seconds: float) -> None:
         waiter = asyncio.ensure_future(self._poll_now.wait())
@@ -189,7 +202,13 @@ class Discovery:
                     self.stream_supported = True
                     backoff = 0.1
                     self.resume_token = event.token
-                    self.on_change(event)
+                    if isinstance(event, StreamPosition):
+                        continue
+                    try:
+                        self.on_change(event)
+                    except Exception as exc:  # one odd event must not stop the watcher
+                        log.warning("ignoring a change event for %r: %r", getattr(event, "key", None), exc)
+                        self.request_poll()
                 # A stream that ends by itself was closed or invalidated: start afresh. Events
                 # until the new stream opens are missed (poll now), and a stream that keeps ending
                 # at once must not be reopened in a tight loop (backoff).
@@ -198,6 +217,14 @@ class Discovery:
                 self.request_poll()
                 await self.clock.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
+            except ResumeTokenLost as exc:
+                # The token is gone (history rolled off the oplog, or invalid): reopen from now
+                # and poll once, since changes in between are not coming.
+                log.warning("change stream cannot resume (%s); reopening from now", exc)
+                self._emit("stream_broken", {"reason": str(exc)})
+                self.resume_token = None
+                self.streaming = False
+                self.request_poll()
             except ChangeStreamUnsupported as exc:
                 self.stream_supported = False
                 self.streaming = False
@@ -205,7 +232,7 @@ class Discovery:
                 self._emit("stream_unsupported", {"reason": str(exc)})
                 return
             except StorageError as exc:
-                if not exc.transient:
+                if exc.config:
                     raise
                 self.streaming = False
                 log.warning("change stream broke (%s); reopening in %.1fs", exc, backoff)

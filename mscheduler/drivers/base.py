@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from mscheduler.state import derive
@@ -52,7 +52,9 @@ class ClaimParams:
     names: Sequence[str]
     now: datetime
     attempts: Sequence[str]  # fresh attempt tokens; at most len(attempts) tasks are claimed
-    expire: datetime  # first lease end; the first ping sets the task's own worker_timeout
+    # The first lease is the task's own worker_timeout from ``now`` (computed by the store from
+    # the stored option, inside the claim), capped by ``max_lease`` if given.
+    max_lease: timedelta | None = None
     host: str | None = None
     pid: int | None = None
     # keys this worker still tracks (running, or outcome not yet written): never claimed again
@@ -68,6 +70,7 @@ class ClaimedTask:
     attempt: str
     attempt_no: int  # 1-based position among this task's entries
     ping_expire_time: datetime
+    fail_cnt: int = 0  # failures counted against the budget before this attempt
 
 
 @dataclass(slots=True, frozen=True)
@@ -121,7 +124,13 @@ class Wakeup:
 
 @dataclass(slots=True, frozen=True)
 class ChangeEvent:
-    """A task changed: what a consumer needs to schedule a wake-up, without another read."""
+    """A task changed: what a consumer needs to schedule a wake-up, without another read.
+
+    ``claimers`` (``state.claimers``) says who may claim it now; when it is known and non-empty
+    but ``claim_at`` is None, the claim time did not change in this write (it is due now or at a
+    time the consumer already knows). ``lease_expiry`` is known only where the store delivers
+    whole documents (the memory driver); the Mongo driver's stream carries only changed fields.
+    """
 
     key: str
     name: str
@@ -129,6 +138,18 @@ class ChangeEvent:
     lease_expiry: datetime | None
     specific_worker_ids: tuple[str, ...]
     token: Any = None
+    claimers: tuple[str, ...] | None = None
+    # False when the store reported only the array elements that changed: the listed workers
+    # may claim, others may too (so nobody should drop a wake-up because of this event)
+    claimers_complete: bool = True
+
+
+@dataclass(slots=True, frozen=True)
+class StreamPosition:
+    """No matching change, but the stream moved on: keep ``token`` to resume from here (the
+    post-batch resume token), so a reopen does not replay or miss the events in between."""
+
+    token: Any
 
 
 @dataclass(slots=True, frozen=True)
@@ -160,6 +181,11 @@ class ChangeStreamUnsupported(Exception):
     """The backend cannot watch (standalone server, mongomock): the consumer polls instead."""
 
 
+class ResumeTokenLost(Exception):
+    """The stream cannot resume from the given token (history lost, token invalid): reopen
+    without a token and poll once, since events in between may be missed."""
+
+
 @runtime_checkable
 class Driver(Protocol):
     """Named domain operations over the task store."""
@@ -182,8 +208,11 @@ class Driver(Protocol):
 
     async def find_wakeups(self, params: WakeupParams) -> list[Wakeup]: ...
 
-    def watch(self, names: Sequence[str], resume_token: Any = None) -> AsyncIterator[ChangeEvent]:
-        """Change events for tasks with these names; raises ChangeStreamUnsupported."""
+    def watch(
+        self, names: Sequence[str], resume_token: Any = None
+    ) -> AsyncIterator[ChangeEvent | StreamPosition]:
+        """Change events for tasks with these names; raises ChangeStreamUnsupported, or
+        ResumeTokenLost when ``resume_token`` cannot be used."""
         ...
 
     async def get_task(self, key: str) -> dict[str, Any] | None: ...
@@ -208,7 +237,7 @@ class Driver(Protocol):
 def new_task_document(task: NewTask, now: datetime) -> dict[str, Any]:
     """The stored form of a new task, derived fields included."""
     state: dict[str, Any] = {"create_time": now, "update_time": now, "worker_states": []}
-    state.update(derive(task.option, []))
+    state.update(derive(task.name, task.option, []))
     return {
         "key": task.key,
         "name": task.name,
@@ -216,6 +245,14 @@ def new_task_document(task: NewTask, now: datetime) -> dict[str, Any]:
         "option": dict(task.option),
         "state": state,
     }
+
+
+def first_lease_end(params: ClaimParams, option: Mapping[str, Any]) -> datetime:
+    """When a new claim's lease ends: ``now + worker_timeout``, capped by ``max_lease``."""
+    lease = timedelta(milliseconds=option["worker_timeout_ms"])
+    if params.max_lease is not None:
+        lease = min(lease, params.max_lease)
+    return params.now + lease
 
 
 def new_entry(params: ClaimParams, attempt: str, expire: datetime) -> dict[str, Any]:
@@ -250,6 +287,13 @@ ENTRY_FIELDS = (
 )
 
 
+def encoded_size(value: Any) -> int:
+    """Bytes ``value`` takes in a stored document (BSON), to enforce the params / result caps."""
+    import bson
+
+    return len(bson.encode({"v": value}))
+
+
 def allowed(option: Mapping[str, Any], worker_id: str) -> bool:
     ids = option["specific_worker_ids"]
     return not ids or worker_id in ids
@@ -265,4 +309,5 @@ def event_for(doc: Mapping[str, Any], token: Any = None) -> ChangeEvent:
         lease_expiry=min(running) if running else None,
         specific_worker_ids=tuple(doc["option"]["specific_worker_ids"]),
         token=token,
+        claimers=tuple(state.get("claimers", ())),
     )

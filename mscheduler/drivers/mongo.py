@@ -25,11 +25,14 @@ import asyncio
 import inspect
 import logging
 import random
+import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from pymongo import ReturnDocument, UpdateOne
+from bson.errors import InvalidDocument
+from pymongo import ReadPreference, ReturnDocument, UpdateOne, WriteConcern
 from pymongo.errors import (
     AutoReconnect,
     BulkWriteError,
@@ -42,6 +45,7 @@ from pymongo.errors import (
     PyMongoError,
     WriteConcernError,
 )
+from pymongo.read_concern import ReadConcern
 
 from mscheduler.drivers.base import (
     ENTRY_FIELDS,
@@ -55,16 +59,21 @@ from mscheduler.drivers.base import (
     ListParams,
     PingParams,
     PingResult,
+    ResumeTokenLost,
+    StreamPosition,
     UpdateOptionParams,
     Wakeup,
     WakeupParams,
     WorkerInfo,
     allowed,
     event_for,
+    first_lease_end,
     new_entry,
     new_task_document,
 )
 from mscheduler.exceptions import StorageError
+from mscheduler.model import TaskStatus
+from mscheduler.state import ANYONE, claimer_tokens
 
 log = logging.getLogger("mscheduler.mongo")
 
@@ -72,12 +81,56 @@ T = TypeVar("T")
 
 TASKS = "mscheduler_tasks"
 WORKERS = "mscheduler_workers"
+PROBE = "mscheduler_probe"
 
 WS = "state.worker_states"
 TRANSIENT_ERRORS = (AutoReconnect, ConnectionFailure, NetworkTimeout, NotPrimaryError, ExecutionTimeout)
 # Server codes that a retry may fix: interrupted / shutting down / not primary / write conflict.
 TRANSIENT_CODES = frozenset({6, 7, 89, 91, 112, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436})
-CHANGE_STREAM_UNSUPPORTED_CODES = frozenset({40573, 40415, 303, 115})
+# Write-concern errors worth retrying: the retryable-writes list (the write may not have been
+# applied on a majority because the node stepped down or shut down).
+RETRYABLE_WRITE_CONCERN_CODES = frozenset({6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436})
+# Configuration errors no retry fixes: unauthorized, auth failed, unknown / unsatisfiable write
+# concern, invalid options. A consumer stops on them with the reason at ERROR.
+CONFIG_CODES = frozenset({13, 18, 79, 100, 8000})
+# One document cannot be written: too large (BSONObjectTooLarge, the result of an update too
+# large), or a value BSON cannot hold.
+DOCUMENT_CODES = frozenset({10334, 17419, 17420})
+# The server or the fake cannot watch at all (standalone: 40573; $changeStream unknown: 40415;
+# command not supported: 115; change streams disabled on a serverless tier: 376). 303 is not
+# here: it is a connection error (a transient one).
+CHANGE_STREAM_UNSUPPORTED_CODES = frozenset({40573, 40415, 115, 376})
+# The stored resume token can no longer be used: start afresh without it and poll once.
+CHANGE_STREAM_TOKEN_LOST_CODES = frozenset({286, 280, 260, 9})
+MAJORITY_WTIMEOUT_MS = 10_000
+
+# Every query names the index that serves its filter and sort (``hint``); see docs/design.md.
+CLAIM_INDEX = "claimers_claim"
+WAKEUP_INDEX = "claimers_wakeup"
+LEASES_INDEX = "leases"
+KEY_INDEX = "key"
+ATTEMPT_INDEX = "attempt"
+STATUS_INDEX = "list_status"
+NAME_INDEX = "list_name"
+CREATED_INDEX = "list_created"
+INDEXES: list[tuple[Any, dict[str, Any]]] = [
+    ("key", {"unique": True, "name": KEY_INDEX}),
+    # claim: equality on who may claim (this worker's or anyone's token, per name), then the
+    # claim order; claim_at bounds the due range. Tasks aimed at others are outside the ranges.
+    (
+        [("state.claimers", 1), ("option.priority", -1), ("state.targeted", -1), ("state.claim_at", 1)],
+        {"name": CLAIM_INDEX},
+    ),
+    # wake-ups: the same equality, then due time (merged across tokens: no in-memory sort)
+    ([("state.claimers", 1), ("state.claim_at", 1)], {"name": WAKEUP_INDEX}),
+    ([(f"{WS}.status", 1), (f"{WS}.ping_expire_time", 1)], {"name": LEASES_INDEX}),
+    (f"{WS}.attempt", {"name": ATTEMPT_INDEX}),
+    # admin reads: list by status / by name (+ status) / all, newest page by cursor; counts
+    ([("state.status", 1), ("state.create_time", 1), ("key", 1)], {"name": STATUS_INDEX}),
+    ([("name", 1), ("state.status", 1), ("state.create_time", 1), ("key", 1)], {"name": NAME_INDEX}),
+    ([("state.create_time", 1), ("key", 1)], {"name": CREATED_INDEX}),
+]
+INDEX_NAMES = tuple(options["name"] for _, options in INDEXES)
 
 
 # -- datetimes: naive UTC on the wire (mongomock compares naive), aware UTC everywhere else ----
@@ -132,6 +185,7 @@ def _derive_stages(now: datetime) -> list[dict[str, Any]]:
         "$or": [
             {"$gt": ["$state.fail_cnt", "$option.max_unexpected_retries"]},
             {"$gt": ["$state.rejected_cnt", 0]},
+            {"$ne": [{"$ifNull": ["$state.broken", None]}, None]},
         ]
     }
     busy = {"$add": ["$state.running_cnt", "$state.success_cnt"]}
@@ -182,7 +236,41 @@ def _derive_stages(now: datetime) -> list[dict[str, Any]]:
                 },
             }
         },
+        {"$set": {"state.claimers": _claimers()}},
     ]
+
+
+def _claimers() -> dict[str, Any]:
+    """``state.claimers`` (see mscheduler.state): ``name|worker`` per allowed worker that holds no
+    running or succeeded entry, ``name|*`` for untargeted tasks, [] when not claimable. A $filter
+    with ``$in``, not ``$setDifference``, which mongomock lacks."""
+    busy_workers = {
+        "$map": {
+            "input": {"$filter": {"input": f"${WS}", "as": "e", "cond": {"$in": ["$$e.status", BUSY]}}},
+            "as": "e",
+            "in": "$$e.worker_id",
+        }
+    }
+    allowed_now = {
+        "$filter": {
+            "input": "$option.specific_worker_ids",
+            "as": "w",
+            "cond": {"$eq": [{"$in": ["$$w", busy_workers]}, False]},
+        }
+    }
+    who = {"$cond": ["$state.targeted", allowed_now, [ANYONE]]}
+    return {
+        "$cond": [
+            {"$eq": [{"$ifNull": ["$state.claim_at", None]}, None]},
+            [],
+            {"$map": {"input": who, "as": "w", "in": {"$concat": ["$name", "|", "$$w"]}}},
+        ]
+    }
+
+
+BUSY = ["running", "succeeded"]
+FINISHED = ("succeeded", "failed")
+ALL_STATUSES = [status.value for status in TaskStatus]
 
 
 def _rebuild_entries(match: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
@@ -191,14 +279,55 @@ def _rebuild_entries(match: dict[str, Any], changes: dict[str, Any]) -> dict[str
     return {"$set": {WS: {"$map": {"input": f"${WS}", "as": "e", "in": {"$cond": [match, rebuilt, "$$e"]}}}}}
 
 
+def _has_label(exc: BaseException, label: str) -> bool:
+    return bool(getattr(exc, "has_error_label", lambda _: False)(label))
+
+
 def _is_transient(exc: PyMongoError) -> bool:
     if isinstance(exc, TRANSIENT_ERRORS):
         return True
     if isinstance(exc, WriteConcernError):
-        return True
+        # Only the retryable codes: 64 (wtimeout) means applied on the primary but not yet on a
+        # majority (retrying would wait again); 79 / 100 are configuration errors.
+        return exc.code in RETRYABLE_WRITE_CONCERN_CODES or _has_label(exc, "RetryableWriteError")
     if isinstance(exc, OperationFailure) and exc.code in TRANSIENT_CODES:
         return True
-    return bool(getattr(exc, "has_error_label", lambda _: False)("RetryableWriteError"))
+    return _has_label(exc, "RetryableWriteError")
+
+
+def _write_concern_codes(exc: BaseException) -> set[int]:
+    if isinstance(exc, WriteConcernError):
+        return {exc.code} if exc.code is not None else set()
+    if isinstance(exc, BulkWriteError):
+        return {e.get("code") for e in exc.details.get("writeConcernErrors", []) if e.get("code")}
+    return set()
+
+
+def _translate(what: str, exc: Exception) -> StorageError:
+    """A driver error as a StorageError, classified (see StorageError)."""
+    if isinstance(exc, InvalidDocument):  # DocumentTooLarge and unencodable values: not PyMongoErrors
+        return StorageError(f"{what} failed: {exc}", document=True)
+    code = getattr(exc, "code", None)
+    if isinstance(exc, BulkWriteError):
+        codes = {e.get("code") for e in exc.details.get("writeErrors", [])}
+        if codes and codes <= DOCUMENT_CODES:
+            return StorageError(f"{what} failed: {exc}", document=True)
+    if code in CONFIG_CODES or _write_concern_codes(exc) & CONFIG_CODES:
+        return StorageError(f"{what} failed (configuration): {exc}", config=True)
+    if code in DOCUMENT_CODES:
+        return StorageError(f"{what} failed: {exc}", document=True)
+    transient = isinstance(exc, PyMongoError) and _is_transient(exc)
+    return StorageError(f"{what} failed: {exc}", transient=transient)
+
+
+def _async_with_options(collection: Any, **options: Any) -> Any:
+    """``collection.with_options(...)``, unless that loses the async API (mongomock-motor hands
+    back a plain mongomock collection): the fake has one node, so the options change nothing."""
+    try:
+        other = collection.with_options(**options)
+    except (TypeError, NotImplementedError):
+        return collection
+    return other if inspect.iscoroutinefunction(getattr(other, "find_one", None)) else collection
 
 
 async def _resolve(value: Any) -> Any:
@@ -225,6 +354,7 @@ class MongoDriver:
         backoff: float = 0.05,
         max_backoff: float = 2.0,
         majority: bool | None = None,
+        majority_timeout_ms: int = MAJORITY_WTIMEOUT_MS,
     ) -> None:
         self.database = database
         tasks = database[f"{prefix}{TASKS}"]
@@ -232,16 +362,29 @@ class MongoDriver:
         if majority is None:  # majority writes survive a failover; the fake has no replicas
             majority = not any("mongomock" in cls.__module__ for cls in type(database).__mro__)
         if majority:
-            from pymongo import WriteConcern
-
-            tasks = tasks.with_options(write_concern=WriteConcern(w="majority"))
-            workers = workers.with_options(write_concern=WriteConcern(w="majority"))
+            # A timeout, so that a lagging secondary cannot block a consumer for ever: a
+            # wtimeout is reported (the write is on the primary) and read back, not retried.
+            concern = WriteConcern(w="majority", wtimeout=majority_timeout_ms)
+            tasks = tasks.with_options(write_concern=concern)
+            workers = workers.with_options(write_concern=concern)
         self.tasks = tasks
         self.workers = workers
+        # Scheduler read-backs (claim recovery, ping and finish outcomes) go to the primary
+        # whatever the client's read preference; the claim recovery also reads majority-
+        # committed data, so that a claim it finds cannot be rolled back.
+        self.tasks_primary = _async_with_options(tasks, read_preference=ReadPreference.PRIMARY)
+        self.tasks_recovery = _async_with_options(
+            tasks, read_preference=ReadPreference.PRIMARY, read_concern=ReadConcern("majority")
+        )
+        self.probe = database[f"{prefix}{PROBE}"]
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.commands = 0  # storage commands sent (benchmarks count them)
+        self.fixups = 0  # of which first-lease fix-ups (only where date arithmetic is missing)
+        # Capabilities, probed in setup(): real servers have both; mongomock has neither.
+        self.date_arithmetic = True  # $add of a date and milliseconds in an update pipeline
+        self.update_hints = True  # ``hint`` on update commands
 
     # -- plumbing ---------------------------------------------------------------------------------
 
@@ -251,12 +394,24 @@ class MongoDriver:
         operation: Callable[[], Awaitable[T]],
         *,
         recover: Callable[[], Awaitable[T | None]] | None = None,
+        session: Any = None,
     ) -> T:
         """Run one command, retrying transient errors with backoff; translate the rest.
 
-        ``recover`` is asked after a transient error whose outcome is unknown (the write may have
-        been applied before the reply was lost); if it finds the effect, that is the answer.
+        ``recover`` is asked after an error whose outcome is unknown (the write may have been
+        applied before the reply was lost, or applied on the primary while the majority write
+        concern timed out); if it finds the effect, that is the answer.
+
+        Inside the caller's transaction (``session``) nothing is retried here and PyMongo's
+        errors are re-raised as they are, labels (``TransientTransactionError``) intact, so that
+        the caller's ``with_transaction`` can retry the whole transaction.
         """
+        if session is not None:
+            self.commands += 1
+            try:
+                return await operation()
+            except InvalidDocument as exc:
+                raise _translate(what, exc) from exc
         delay = self.backoff
         for attempt in range(self.retries + 1):
             try:
@@ -264,9 +419,21 @@ class MongoDriver:
                 return await operation()
             except DuplicateKeyError:
                 raise
-            except PyMongoError as exc:
-                if not _is_transient(exc):
-                    raise StorageError(f"{what} failed: {exc}") from exc
+            except (PyMongoError, InvalidDocument) as exc:
+                error = _translate(what, exc)
+                if isinstance(exc, WriteConcernError) and not error.config and not error.transient:
+                    # wtimeout and the like: applied on the primary, not yet on a majority. Not
+                    # retried (it would wait again); the caller learns the outcome by reading.
+                    log.warning("%s: write concern not satisfied yet (%s)", what, exc)
+                    if recover is not None:
+                        found = await self._call(f"{what} (recovery read)", recover)
+                        if found is not None:
+                            return found
+                    raise StorageError(f"{what}: outcome unknown: {exc}", transient=True) from exc
+                if not error.transient:
+                    if error.config:
+                        log.error("%s: configuration error: %s", what, exc)
+                    raise error from exc
                 if attempt == self.retries:
                     raise StorageError(
                         f"{what} failed after {attempt + 1} tries: {exc}", transient=True
@@ -281,19 +448,53 @@ class MongoDriver:
         raise AssertionError("unreachable")
 
     async def setup(self) -> None:
-        """Create the indexes (idempotent)."""
+        """Create the indexes (idempotent) and probe what the server can do."""
 
         async def create() -> None:
-            await self.tasks.create_index("key", unique=True, name="key")
-            await self.tasks.create_index(
-                [("name", 1), ("option.priority", -1), ("state.targeted", -1), ("state.claim_at", 1)],
-                name="claim",
-            )
-            await self.tasks.create_index([(f"{WS}.status", 1), (f"{WS}.ping_expire_time", 1)], name="leases")
-            await self.tasks.create_index(f"{WS}.attempt", name="attempt")
-            await self.tasks.create_index([("state.status", 1), ("state.update_time", 1)], name="status")
+            for keys, options in INDEXES:
+                await self.tasks.create_index(keys, **options)
 
         await self._call("create indexes", create)
+        await self._probe_capabilities()
+
+    async def _probe_capabilities(self) -> None:
+        """Does an update pipeline add milliseconds to a date? (A real server does; mongomock
+        raises.) Is ``hint`` accepted on updates? Tried on a scratch document, once."""
+        when = datetime(2000, 1, 1)
+
+        async def date_add() -> bool:
+            try:
+                await self.probe.update_one(
+                    {"_id": "date_arithmetic"},
+                    [{"$set": {"t": {"$add": [{"$literal": when}, 1000]}}}],
+                    upsert=True,
+                )
+            except (AssertionError, NotImplementedError, TypeError):
+                return False
+            doc = await self.probe.find_one({"_id": "date_arithmetic"})
+            return bool(doc and doc.get("t") == when + timedelta(seconds=1))
+
+        async def update_hint() -> bool:
+            try:
+                await self.probe.update_one({"_id": "date_arithmetic"}, {"$set": {"h": 1}}, hint="_id_")
+            except NotImplementedError:
+                return False
+            return True
+
+        try:
+            self.date_arithmetic = await self._call("probe date arithmetic", date_add)
+            self.update_hints = await self._call("probe update hints", update_hint)
+        except StorageError as exc:
+            if exc.config or exc.transient:
+                raise
+            # no write access to a scratch collection: assume a real server
+            log.warning("could not probe the server's capabilities (%s); assuming a real server", exc)
+        if not self.date_arithmetic:
+            log.debug("no date arithmetic in update pipelines (a fake?): first leases fixed up after claims")
+
+    def _hint(self, name: str) -> dict[str, Any]:
+        """``hint=name`` for an update command, where the backend takes one."""
+        return {"hint": name} if self.update_hints else {}
 
     @property
     def namespace(self) -> str:
@@ -304,6 +505,7 @@ class MongoDriver:
         """Drop this scheduler's collections (the demo cleans up with it)."""
         await self._call("drop tasks", self.tasks.drop)
         await self._call("drop workers", self.workers.drop)
+        await self._call("drop probe", self.probe.drop)
 
     async def index_names(self) -> list[str]:
         cursor = await _resolve(self.tasks.list_indexes())
@@ -345,73 +547,122 @@ class MongoDriver:
         created = [False] * len(params.tasks)
         pending = list(range(len(params.tasks)))
         if params.reset_finished:
-            pending = []
+            reset = await self._reset_finished(params)
+            pending = [i for i in pending if params.tasks[i].key not in reset]
             for i, task in enumerate(params.tasks):
-                if await self._reset_finished(task, params):
-                    created[i] = True
-                else:
-                    pending.append(i)
+                created[i] = task.key in reset
         if not pending:
             return created
-        docs = [_out(new_task_document(params.tasks[i], params.now)) for i in pending]
+        # ``_id`` is the key: change events (which carry only the documentKey of an update)
+        # then say which task changed without a lookup.
+        docs = [
+            _out({"_id": params.tasks[i].key} | new_task_document(params.tasks[i], params.now))
+            for i in pending
+        ]
+        if params.session is not None:
+            inserted = await self._upsert_in_transaction(docs, params.session)
+        else:
+            inserted = await self._insert(docs)
+        for position, i in enumerate(pending):
+            created[i] = position in inserted
+        return created
+
+    async def _insert(self, docs: list[dict[str, Any]]) -> set[int]:
+        """insert_many; duplicate keys are the existing tasks. Returns the positions inserted."""
 
         async def insert() -> set[int]:
-            # Duplicate keys are handled here, inside the operation: BulkWriteError is a
-            # PyMongoError, so ``_call`` would otherwise turn it into a StorageError.
+            # Handled here, inside the operation: BulkWriteError is a PyMongoError, so ``_call``
+            # would otherwise turn it into a StorageError.
             try:
-                await self.tasks.insert_many(docs, ordered=False, session=params.session)
+                await self.tasks.insert_many(docs, ordered=False)
             except BulkWriteError as exc:
                 errors = exc.details.get("writeErrors", [])
                 if any(err.get("code") != 11000 for err in errors):
                     raise
-                return {err["index"] for err in errors}
+                if exc.details.get("writeConcernErrors"):
+                    if _write_concern_codes(exc) & CONFIG_CODES:
+                        raise
+                    # Applied on the primary, not yet confirmed by a majority: not a failure.
+                    log.warning("insert tasks: write concern not satisfied yet: %s", exc.details)
+                return set(range(len(docs))) - {err["index"] for err in errors}
+            return set(range(len(docs)))
+
+        return await self._call("insert tasks", insert)
+
+    async def _upsert_in_transaction(self, docs: list[dict[str, Any]], session: Any) -> set[int]:
+        """Inside the caller's transaction: an existing key must not abort it, as a duplicate key
+        error would. An upsert with ``$setOnInsert`` creates the task or leaves it; nothing is
+        retried here and PyMongo's errors keep their labels (see ``_call``)."""
+        ops = [UpdateOne({"key": doc["key"]}, {"$setOnInsert": doc}, upsert=True) for doc in docs]
+
+        async def upsert() -> Any:
+            return await self.tasks.bulk_write(ops, ordered=True, session=session)
+
+        result = await self._call("insert tasks (transaction)", upsert, session=session)
+        return set(result.upserted_ids)
+
+    async def _reset_finished(self, params: InsertParams) -> set[str]:
+        """Reset the tasks that ended (succeeded or failed) to pending with their new params and
+        options: one bulk write for the batch, then one read of which ones it reset."""
+        mark = uuid.uuid4().hex
+        ops = []
+        for task in params.tasks:
+            doc = new_task_document(task, params.now)
+            state = dict(doc["state"])
+            state.pop("create_time")
+            state["reset_mark"] = mark
+            update = {
+                "$set": _out(
+                    {"params": doc["params"], "option": doc["option"]}
+                    | {f"state.{k}": v for k, v in state.items()}
+                ),
+                "$unset": {"state.broken": ""},
+            }
+            ops.append(UpdateOne({"key": task.key, "state.status": {"$in": list(FINISHED)}}, update))
+
+        async def write() -> Any:
+            return await self.tasks.bulk_write(ops, ordered=False, session=params.session)
+
+        result = await self._call("reset tasks", write, session=params.session)
+        if not result.modified_count:
             return set()
+        keys = [task.key for task in params.tasks]
 
-        failed = await self._call("insert tasks", insert)
-        for position, i in enumerate(pending):
-            created[i] = position not in failed
-        return created
-
-    async def _reset_finished(self, task: Any, params: InsertParams) -> bool:
-        doc = new_task_document(task, params.now)
-        state = dict(doc["state"])
-        state.pop("create_time")
-        update = {
-            "$set": _out(
-                {"params": doc["params"], "option": doc["option"]}
-                | {f"state.{k}": v for k, v in state.items()}
+        async def read() -> set[str]:
+            cursor = self.tasks_primary.find(
+                {"key": {"$in": keys}, "state.reset_mark": mark}, {"key": 1}, session=params.session
             )
-        }
+            return {doc["key"] async for doc in cursor}
 
-        async def reset() -> Any:
-            return await self.tasks.update_one(
-                {"key": task.key, "state.status": {"$in": ["succeeded", "failed"]}},
-                update,
+        reset = await self._call("reset tasks (read back)", read, session=params.session)
+
+        async def unmark() -> Any:
+            return await self.tasks.update_many(
+                {"key": {"$in": sorted(reset)}, "state.reset_mark": mark},
+                {"$unset": {"state.reset_mark": ""}},
                 session=params.session,
             )
 
-        result = await self._call("reset task", reset)
-        return bool(result.modified_count)
+        await self._call("reset tasks (unmark)", unmark, session=params.session)
+        return reset
 
     # -- claim / ping / finish --------------------------------------------------------------------
 
     def _claim_filter(self, params: ClaimParams) -> dict[str, Any]:
         now = _out(params.now)
+        # ``state.claimers`` holds this worker's token (targeted at it) or the name's "anyone"
+        # token: an equality on the claim index's prefix. A non-empty claimers implies a free
+        # slot, an unfinished task, an unused budget and (targeted) an allowed worker with no
+        # running or succeeded entry; the residual $nor is for untargeted fan-out tasks.
         filter_: dict[str, Any] = {
-            "name": {"$in": list(params.names)},
+            "state.claimers": {"$in": claimer_tokens(list(params.names), params.worker_id)},
             "state.claim_at": {"$lte": now},
-            "state.free_slots": {"$gt": 0},
-            "state.status": {"$in": ["pending", "running"]},
-            "$or": [
-                {"option.specific_worker_ids": {"$size": 0}},
-                {"option.specific_worker_ids": params.worker_id},
-            ],
             "$nor": [
                 {
                     WS: {
                         "$elemMatch": {
                             "worker_id": params.worker_id,
-                            "status": {"$in": ["running", "succeeded"]},
+                            "status": {"$in": BUSY},
                         }
                     }
                 }
@@ -421,34 +672,62 @@ class MongoDriver:
             filter_["key"] = {"$nin": list(params.exclude_keys)}
         return filter_
 
-    async def _claim_one(self, params: ClaimParams, attempt: str) -> ClaimedTask | None:
-        entry = _out(new_entry(params, attempt, params.expire))
+    def _claim_entry(self, params: ClaimParams, attempt: str) -> dict[str, Any]:
+        """The new worker entry as a pipeline expression: its lease ends at ``now`` plus the
+        task's own stored ``worker_timeout_ms`` (capped by ``max_lease``), computed by the server
+        inside the claim. Without date arithmetic (mongomock) it is a placeholder that
+        ``_fix_first_lease`` corrects right after the claim."""
+        entry: dict[str, Any] = _out(new_entry(params, attempt, params.now))
         # An object inside an array is an expression too; its strings are ids and constants
         # (validated not to start with '$'), so it is written as is: mongomock does not evaluate
         # $literal inside arrays.
         if any(isinstance(v, str) and v.startswith("$") for v in entry.values()):
             raise StorageError(f"refusing a worker entry with '$'-prefixed values: {entry}")
+        if self.date_arithmetic:
+            lease: Any = "$option.worker_timeout_ms"
+            if params.max_lease is not None:
+                lease = {"$min": [lease, int(params.max_lease / timedelta(milliseconds=1))]}
+            entry["ping_expire_time"] = {"$add": [entry["ping_expire_time"], lease]}
+        else:
+            cap = params.max_lease if params.max_lease is not None else timedelta(seconds=30)
+            entry["ping_expire_time"] = _out(params.now + cap)
+        return entry
+
+    async def _claim_one(self, params: ClaimParams, attempt: str) -> ClaimedTask | None:
+        entry = self._claim_entry(params, attempt)
         pipeline = [{"$set": {WS: {"$concatArrays": [f"${WS}", [entry]]}}}, *_derive_stages(params.now)]
         filter_ = self._claim_filter(params)
         sort = [("option.priority", -1), ("state.targeted", -1), ("state.claim_at", 1)]
 
         async def claim() -> dict[str, Any] | None:
             doc: dict[str, Any] | None = await self.tasks.find_one_and_update(
-                filter_, pipeline, sort=sort, return_document=ReturnDocument.AFTER
+                filter_, pipeline, sort=sort, return_document=ReturnDocument.AFTER, hint=CLAIM_INDEX
             )
             return doc
 
         async def recover() -> dict[str, Any] | None:
-            # The reply was lost: if our attempt token is stored, the claim was applied.
-            doc: dict[str, Any] | None = await self.tasks.find_one({f"{WS}.attempt": attempt})
+            # The reply was lost: if our attempt token is stored (majority-committed, on the
+            # primary), the claim was applied.
+            doc: dict[str, Any] | None = await self.tasks_recovery.find_one({f"{WS}.attempt": attempt})
             return doc
 
-        doc = await self._call("claim", claim, recover=recover)
+        try:
+            doc = await self._call("claim", claim, recover=recover)
+        except StorageError as exc:
+            if not exc.document:
+                raise
+            # One task cannot take another entry (too large): left as it is, it would fail
+            # every claim of every consumer. Mark it failed, with the reason, and carry on.
+            await self._mark_unclaimable(filter_, sort, exc, params.now)
+            return None
         if doc is None:
             return None
         doc = _in(doc)
         entries = doc["state"]["worker_states"]
         position = next(i for i, e in enumerate(entries) if e["attempt"] == attempt)
+        expire = entries[position]["ping_expire_time"]
+        if not self.date_arithmetic:
+            expire = await self._fix_first_lease(params, doc, attempt)
         return ClaimedTask(
             key=doc["key"],
             name=doc["name"],
@@ -456,8 +735,46 @@ class MongoDriver:
             option=doc["option"],
             attempt=attempt,
             attempt_no=position + 1,
-            ping_expire_time=entries[position]["ping_expire_time"],
+            ping_expire_time=expire,
+            fail_cnt=doc["state"]["fail_cnt"],
         )
+
+    async def _fix_first_lease(self, params: ClaimParams, doc: dict[str, Any], attempt: str) -> datetime:
+        """Where the backend cannot add a duration to a date inside the claim (mongomock), set the
+        first lease from the task's own timeout with a second, fenced write."""
+        expire = first_lease_end(params, doc["option"])
+        match = {
+            "$and": [
+                {"$eq": ["$$e.attempt", _lit(attempt)]},
+                {"$eq": ["$$e.worker_id", _lit(params.worker_id)]},
+                {"$eq": ["$$e.status", "running"]},
+            ]
+        }
+        filter_ = {"key": doc["key"], WS: {"$elemMatch": {"attempt": attempt, "status": "running"}}}
+        update = [_rebuild_entries(match, {"ping_expire_time": expire})]
+        self.fixups += 1
+        await self._call("fix first lease", lambda: self.tasks.update_one(filter_, update))
+        return expire
+
+    async def _mark_unclaimable(
+        self, filter_: dict[str, Any], sort: Any, exc: StorageError, now: datetime
+    ) -> None:
+        async def find() -> dict[str, Any] | None:
+            cursor = self.tasks_primary.find(filter_, {"key": 1}).sort(sort).limit(1).hint(CLAIM_INDEX)
+            docs = [doc async for doc in cursor]
+            return docs[0] if docs else None
+
+        doc = await self._call("claim (find the broken task)", find)
+        if doc is None:
+            return
+        await self._set_broken(doc["key"], "TaskDocumentError", f"the task cannot be claimed: {exc}", now)
+
+    async def _set_broken(self, key: str, error_type: str, message: str, now: datetime) -> None:
+        """Fail a task whose document cannot be written as usual; the reason is kept on the task."""
+        log.warning("task %s failed for good: %s", key, message, extra={"key": key})
+        broken = {"type": error_type, "message": message[:2000], "traceback": None}
+        pipeline = [{"$set": {"state.broken": _lit(broken)}}, *_derive_stages(now)]
+        await self._call("mark task broken", lambda: self.tasks.update_one({"key": key}, pipeline))
 
     async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
         """Up to ``len(params.attempts)`` claims, sent concurrently (one round trip each)."""
@@ -515,12 +832,17 @@ class MongoDriver:
             async def ping_group(
                 filter_: dict[str, Any] = filter_, update: list[dict[str, Any]] = update
             ) -> Any:
-                return await self.tasks.update_many(filter_, update)
+                return await self.tasks.update_many(filter_, update, **self._hint(KEY_INDEX))
 
-            await self._call("ping", ping_group)
+            try:
+                await self._call("ping", ping_group)
+            except StorageError as exc:
+                if not isinstance(exc.__cause__, WriteConcernError) or exc.config:
+                    raise
+                # applied on the primary, not yet on a majority: the read below tells
 
         async def read() -> list[dict[str, Any]]:
-            cursor = self.tasks.find(
+            cursor = self.tasks_primary.find(
                 {"key": {"$in": list(every_key)}},
                 # The whole array: MongoDB refuses an $elemMatch projection on a nested field
                 # (error 31275) and mongomock returns nothing for it; the entry is picked below.
@@ -603,9 +925,11 @@ class MongoDriver:
             result = await self._call("finish", write)
             matched = result.matched_count
         except StorageError as exc:
-            if not exc.transient:
+            if not (exc.transient or exc.document):
                 raise
-            matched = -1  # outcome unknown: read back below
+            # outcome unknown, or one outcome too large for its task: read back, then write
+            # what did not land one by one (a too-large one is replaced by its failure)
+            matched = -1
         if matched == len(ops):
             return [True] * len(ops)
         # Some were rejected (lease lost) or the outcome is unknown: read back which ones landed.
@@ -615,7 +939,7 @@ class MongoDriver:
         keys = list({item.key for item in params})
 
         async def read() -> list[dict[str, Any]]:
-            cursor = self.tasks.find({"key": {"$in": keys}}, {"key": 1, WS: 1})
+            cursor = self.tasks_primary.find({"key": {"$in": keys}}, {"key": 1, WS: 1})
             return [doc async for doc in cursor]
 
         docs = {doc["key"]: doc for doc in await self._call("finish read-back", read)}
@@ -634,7 +958,13 @@ class MongoDriver:
                 async def write_one(f: dict[str, Any] = filter_, u: list[dict[str, Any]] = update) -> Any:
                     return await self.tasks.update_one(f, u)
 
-                single = await self._call("finish", write_one)
+                try:
+                    single = await self._call("finish", write_one)
+                except StorageError as exc:
+                    if not exc.document:
+                        raise
+                    outcomes.append(await self._finish_unstorable(item, exc))
+                    continue
                 outcomes.append(bool(single.matched_count))
             else:
                 outcomes.append(
@@ -644,6 +974,26 @@ class MongoDriver:
                     and entry["worker_id"] == item.worker_id
                 )
         return outcomes
+
+    async def _finish_unstorable(self, item: FinishParams, exc: StorageError) -> bool:
+        """An outcome its task's document cannot hold (too large): the attempt fails for good
+        with the reason, without result or traceback; if even that cannot be written, the task
+        is marked broken. Never raised to the consumer: one bad document must not stop it."""
+        log.warning("task %s: outcome not storable (%s); failing it", item.key, exc, extra={"key": item.key})
+        error = {
+            "type": "OutcomeTooLarge",
+            "message": f"the attempt's outcome cannot be stored: {exc}"[:2000],
+        }
+        fallback = replace(item, outcome="rejected", result=None, error=error | {"traceback": None})
+        filter_, update = self._finish_op(fallback)
+        try:
+            single = await self._call("finish (fallback)", lambda: self.tasks.update_one(filter_, update))
+        except StorageError as again:
+            if not again.document:
+                raise
+            await self._set_broken(item.key, "TaskDocumentError", str(again), item.now)
+            return False
+        return bool(single.matched_count)
 
     async def expire_leases(self, params: ExpireParams) -> int:
         now = _out(params.now)
@@ -658,7 +1008,7 @@ class MongoDriver:
         pipeline = [_rebuild_entries(match, changes), *_derive_stages(params.now)]
 
         async def expire() -> Any:
-            return await self.tasks.update_many(filter_, pipeline)
+            return await self.tasks.update_many(filter_, pipeline, **self._hint(LEASES_INDEX))
 
         result = await self._call("expire leases", expire)
         return int(result.modified_count)
@@ -666,80 +1016,175 @@ class MongoDriver:
     # -- discovery ------------------------------------------------------------------------------
 
     async def find_wakeups(self, params: WakeupParams) -> list[Wakeup]:
-        filter_ = {
-            "name": {"$in": list(params.names)},
-            "state.claim_at": {"$ne": None},
-            "$or": [
-                {"option.specific_worker_ids": {"$size": 0}},
-                {"option.specific_worker_ids": params.worker_id},
-            ],
-        }
+        # The wake-up index: equality on this worker's claimer tokens, then claim_at (the
+        # ranges are merged in claim_at order, no in-memory sort). Tasks aimed at others are
+        # not read.
+        filter_ = {"state.claimers": {"$in": claimer_tokens(list(params.names), params.worker_id)}}
 
         async def read() -> list[dict[str, Any]]:
             cursor = (
-                self.tasks.find(filter_, {"key": 1, "state.claim_at": 1})
+                self.tasks.find(filter_, {"_id": 0, "key": 1, "state.claim_at": 1})
                 .sort("state.claim_at", 1)
                 .limit(params.limit)
+                .hint(WAKEUP_INDEX)
             )
             return [doc async for doc in cursor]
 
         docs = await self._call("find wake-ups", read)
-        return [Wakeup(doc["key"], _in(doc["state"]["claim_at"]), "claim") for doc in docs]
+        wakeups = []
+        for doc in docs:
+            claim_at = doc.get("state", {}).get("claim_at")
+            if isinstance(claim_at, datetime):  # a document edited by hand must not stop polling
+                wakeups.append(Wakeup(doc["key"], _in(claim_at), "claim"))
+        return wakeups
 
-    async def watch(
-        self, names: Sequence[str], resume_token: Any = None
-    ) -> AsyncGenerator[ChangeEvent, None]:
-        """Change events from a change stream (``fullDocument: updateLookup``).
+    def _watch_pipeline(self, names: Sequence[str]) -> list[dict[str, Any]]:
+        """Inserts of these names, and updates whose ``state.claimers`` changed to include one of
+        these names' tokens (the task became claimable, or its claimers changed), matched on the
+        updated fields: no ``fullDocument: updateLookup`` (a document fetch per update per
+        watching consumer, every ping included). Pings change neither field and are not sent.
 
-        Raises ``ChangeStreamUnsupported`` where the server or the fake cannot watch; the
-        consumer then relies on polling alone. Resumable errors end the iterator with
-        ``StorageError(transient=True)``; the consumer reopens with the last token.
-        """
-        pipeline = [
+        Updated fields are keyed by dotted paths ("state.claimers", or "state.claimers.1" when
+        the server reports array elements), so they are read through ``$objectToArray``."""
+        updated = {"$objectToArray": {"$ifNull": ["$updateDescription.updatedFields", {}]}}
+
+        def values_of(cond: dict[str, Any]) -> dict[str, Any]:
+            fields = {"$filter": {"input": updated, "as": "f", "cond": cond}}
+            return {"$map": {"input": fields, "as": "f", "in": "$$f.v"}}
+
+        # the whole array ("state.claimers") and / or its elements ("state.claimers.0", ...)
+        whole = {"$ifNull": [{"$arrayElemAt": [values_of({"$eq": ["$$f.k", "state.claimers"]}), 0]}, []]}
+        elements = values_of({"$regexMatch": {"input": "$$f.k", "regex": r"^state\.claimers\.[0-9]+$"}})
+        tokens = {"$concatArrays": [whole, elements]}
+        claim_at = {"$arrayElemAt": [values_of({"$eq": ["$$f.k", "state.claim_at"]}), 0]}
+        token_names = {
+            "$map": {
+                "input": "$ms.claimers",
+                "as": "t",
+                # claimers are strings written by the derive stages ($split of null is null)
+                "in": {"$arrayElemAt": [{"$split": ["$$t", "|"]}, 0]},
+            }
+        }
+        return [
+            {
+                "$addFields": {
+                    "ms.claimers": tokens,
+                    "ms.claim_at": claim_at,
+                    "ms.partial": {"$gt": [{"$size": elements}, 0]},
+                }
+            },
+            {"$addFields": {"ms.names": token_names}},
             {
                 "$match": {
-                    "operationType": {"$in": ["insert", "update", "replace"]},
-                    "fullDocument.name": {"$in": list(names)},
+                    "$or": [
+                        {
+                            "operationType": {"$in": ["insert", "replace"]},
+                            "fullDocument.name": {"$in": list(names)},
+                        },
+                        {"operationType": "update", "ms.names": {"$in": list(names)}},
+                    ]
                 }
             },
             {
                 "$project": {
+                    "operationType": 1,
+                    "documentKey": 1,
+                    "ms": 1,
                     "fullDocument.key": 1,
                     "fullDocument.name": 1,
-                    "fullDocument.option": 1,
-                    "fullDocument.state": 1,
+                    "fullDocument.option.specific_worker_ids": 1,
+                    "fullDocument.state.claim_at": 1,
+                    "fullDocument.state.claimers": 1,
+                    "fullDocument.state.worker_states.status": 1,
+                    "fullDocument.state.worker_states.ping_expire_time": 1,
                 }
             },
         ]
+
+    @staticmethod
+    def _event(change: dict[str, Any], token: Any) -> ChangeEvent | None:
+        """A change as a ChangeEvent; None for what cannot be read (a document of another shape)."""
+        try:
+            if change["operationType"] == "update":
+                key = change["documentKey"]["_id"]
+                claimers = tuple(str(t) for t in change["ms"]["claimers"])
+                if not isinstance(key, str) or not claimers:
+                    return None
+                claim_at = change["ms"].get("claim_at")
+                return ChangeEvent(
+                    key=key,
+                    name=claimers[0].split("|", 1)[0],
+                    claim_at=_in(claim_at) if isinstance(claim_at, datetime) else None,
+                    lease_expiry=None,
+                    specific_worker_ids=(),
+                    token=token,
+                    claimers=claimers,
+                    claimers_complete=not change["ms"].get("partial", False),
+                )
+            return event_for(_in(change["fullDocument"]), token=token)
+        except (KeyError, TypeError, AttributeError, IndexError):
+            return None
+
+    async def watch(
+        self, names: Sequence[str], resume_token: Any = None
+    ) -> AsyncGenerator[ChangeEvent | StreamPosition, None]:
+        """Change events from a change stream, and the stream's position when it moved on
+        without a matching event (the post-batch resume token).
+
+        Raises ``ChangeStreamUnsupported`` where the server or the fake cannot watch; the
+        consumer then relies on polling alone. ``ResumeTokenLost`` when ``resume_token`` cannot
+        be resumed from. Other errors end the iterator with ``StorageError``; the consumer reopens
+        with the last token.
+        """
         watch = getattr(self.tasks, "watch", None)
         if watch is None or not inspect.ismethod(watch):
             # mongomock's collections turn unknown attributes into sub-collections
             raise ChangeStreamUnsupported("this database object has no watch()")
-        kwargs: dict[str, Any] = {"full_document": "updateLookup"}
+        kwargs: dict[str, Any] = {}
         if resume_token is not None:
             kwargs["resume_after"] = resume_token
         try:
-            stream = await _resolve(watch(pipeline, **kwargs))
+            stream = await _resolve(watch(self._watch_pipeline(names), **kwargs))
         except NotImplementedError as exc:
             raise ChangeStreamUnsupported(str(exc) or "watch() is not implemented") from exc
         except OperationFailure as exc:
-            if exc.code in CHANGE_STREAM_UNSUPPORTED_CODES or "replica set" in str(exc).lower():
-                raise ChangeStreamUnsupported(str(exc)) from exc
-            raise StorageError(f"watch failed: {exc}", transient=_is_transient(exc)) from exc
+            raise self._watch_error(exc, resume_token) from exc
         except PyMongoError as exc:
             raise StorageError(f"watch failed: {exc}", transient=_is_transient(exc)) from exc
         try:
-            async for change in stream:
-                doc = change.get("fullDocument")
-                if doc is None:
+            position = resume_token
+            while True:
+                try:
+                    change = await stream.try_next()
+                except OperationFailure as exc:
+                    raise self._watch_error(exc, position) from exc
+                except PyMongoError as exc:
+                    raise StorageError(f"change stream broke: {exc}", transient=True) from exc
+                token = stream.resume_token
+                if change is None:
+                    if not stream.alive:
+                        return  # closed or invalidated: the consumer starts afresh
+                    if token is not None and token != position:
+                        position = token
+                        yield StreamPosition(token)
                     continue
-                yield event_for(_in(doc), token=change.get("_id"))
-        except PyMongoError as exc:
-            raise StorageError(f"change stream broke: {exc}", transient=True) from exc
+                position = token
+                event = self._event(change, token)
+                yield event if event is not None else StreamPosition(token)
         finally:
             close = getattr(stream, "close", None)
             if close is not None:
                 await _resolve(close())
+
+    @staticmethod
+    def _watch_error(exc: OperationFailure, token: Any) -> Exception:
+        if exc.code in CHANGE_STREAM_UNSUPPORTED_CODES or "replica set" in str(exc).lower():
+            return ChangeStreamUnsupported(str(exc))
+        if token is not None and (exc.code in CHANGE_STREAM_TOKEN_LOST_CODES or not _is_transient(exc)):
+            # history lost, or a token the server cannot parse (50811, 40647, 40649, ...): any
+            # refusal of a given token that a retry will not fix means "start afresh"
+            return ResumeTokenLost(str(exc))
+        return StorageError(f"change stream failed: {exc}", transient=_is_transient(exc) or exc.code == 303)
 
     # -- reading and admin ----------------------------------------------------------------------
 
@@ -748,11 +1193,17 @@ class MongoDriver:
         return _in(doc) if doc is not None else None
 
     async def list_tasks(self, params: ListParams) -> list[dict[str, Any]]:
+        # Each filter has an index that also gives the order (create_time, key): by status, by
+        # name (with every status listed, so the per-status ranges merge in order), or all.
         filter_: dict[str, Any] = {}
+        index = CREATED_INDEX
         if params.status is not None:
             filter_["state.status"] = params.status
+            index = STATUS_INDEX
         if params.name is not None:
             filter_["name"] = params.name
+            filter_.setdefault("state.status", {"$in": ALL_STATUSES})
+            index = NAME_INDEX
 
         async def read() -> list[dict[str, Any]]:
             cursor = (
@@ -760,16 +1211,21 @@ class MongoDriver:
                 .sort([("state.create_time", 1), ("key", 1)])
                 .skip(params.skip)
                 .limit(params.limit)
+                .hint(index)
             )
             return [_in(doc) async for doc in cursor]
 
         return await self._call("list tasks", read)
 
     async def count_by_status(self) -> dict[str, int]:
+        # Covered by the status index: keys only, no document is fetched.
+        pipeline = [
+            {"$match": {"state.status": {"$in": ALL_STATUSES}}},
+            {"$group": {"_id": "$state.status", "n": {"$sum": 1}}},
+        ]
+
         async def read() -> dict[str, int]:
-            cursor = await _resolve(
-                self.tasks.aggregate([{"$group": {"_id": "$state.status", "n": {"$sum": 1}}}])
-            )
+            cursor = await _resolve(self.tasks.aggregate(pipeline, hint=STATUS_INDEX))
             return {doc["_id"]: doc["n"] async for doc in cursor}
 
         return await self._call("count by status", read)

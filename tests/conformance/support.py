@@ -45,7 +45,12 @@ def derived_of(doc: Mapping[str, Any]) -> dict[str, Any]:
 
 def assert_derived(doc: Mapping[str, Any]) -> None:
     """The stored derived fields equal ``derive(option, worker_states)``."""
-    expected = derive(dict(doc["option"]), list(doc["state"]["worker_states"]))
+    expected = derive(
+        doc["name"],
+        dict(doc["option"]),
+        list(doc["state"]["worker_states"]),
+        doc["state"].get("broken") is not None,
+    )
     assert derived_of(doc) == expected, f"derived state drifted for {doc['key']!r}"
 
 
@@ -116,7 +121,7 @@ class Store:
             names=list(names),
             now=self.now,
             attempts=[self.token(worker) for _ in range(n)],
-            expire=self.now + lease,
+            max_lease=lease,
             host=host,
             pid=pid,
             exclude_keys=list(exclude_keys),

@@ -60,7 +60,8 @@ async def test_lost_leases_use_the_retry_budget(store: Store) -> None:
 
 
 async def test_expire_counts_tasks_and_marks_every_expired_entry(store: Store) -> None:
-    await store.add("fan", concurrent_worker_cnt=3)
+    # the first lease is min(worker_timeout, the claim's cap): w3's cap of 120 s outlasts 60 s
+    await store.add("fan", concurrent_worker_cnt=3, worker_timeout=timedelta(seconds=150))
     await store.add("solo")
     assert await store.claim_keys("w1", 2) in (["fan", "solo"], ["solo", "fan"])
     assert await store.claim_keys("w2") == ["fan"]

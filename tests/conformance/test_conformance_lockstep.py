@@ -148,7 +148,7 @@ class Lockstep:
             _, worker, n, names = op
             attempts = [f"{worker}#{self.tokens + i}" for i in range(n)]
             self.tokens += n
-            params = ClaimParams(worker, NAME_SETS[names], now, attempts, now + timedelta(seconds=30))
+            params = ClaimParams(worker, NAME_SETS[names], now, attempts, timedelta(seconds=30))
             claimed = await self.both(lambda d: d.claim(params))
             self.held[worker].extend((c.key, c.attempt) for c in claimed)
         elif kind == "ping":

@@ -259,6 +259,10 @@ class FailingDriver(WrappedDriver):
         await self._maybe_fail("find_wakeups")
         return await self.inner.find_wakeups(params)
 
+    async def claim(self, params: Any) -> Any:
+        await self._maybe_fail("claim")
+        return await self.inner.claim(params)
+
     async def finish(self, params: Any) -> Any:
         await self._maybe_fail("finish")
         return await self.inner.finish(params)

@@ -159,3 +159,60 @@ async def test_mongomock_has_no_change_streams_and_tasks_are_found_by_polling() 
         clock.advance(1.0)
         await recorder.wait("finished", 1)
     assert (await publisher.get("t")).results == ["ok"]
+
+
+async def test_the_post_batch_position_is_kept_and_used_to_reopen(harness: Harness) -> None:
+    """A stream that moves on without a matching event still advances the resume token (the
+    post-batch token), so a reopen neither replays nor skips what came in between (A7)."""
+    from mscheduler.drivers.base import StreamPosition
+
+    consumer, stream = _streamed(harness, poll_interval=1.0)
+    await harness.start(consumer)
+    stream.push(StreamPosition({"_data": "after-unrelated-writes"}))  # type: ignore[arg-type]
+    await settle()
+    assert consumer.discovery is not None
+    assert consumer.discovery.resume_token == {"_data": "after-unrelated-writes"}
+    stream.break_stream(StorageError("connection reset by peer", transient=True))
+    await harness.recorder.wait("stream_broken", 1)
+    await harness.advance(0.1)
+    await settle()
+    assert stream.resume_tokens == [None, {"_data": "after-unrelated-writes"}]
+
+
+async def test_a_lost_resume_token_reopens_from_now_and_polls(harness: Harness) -> None:
+    """ChangeStreamHistoryLost (286) and the like: reopen without the token and poll once."""
+    from mscheduler.drivers.base import ResumeTokenLost
+
+    consumer, stream = _streamed(harness, poll_interval=1000.0)
+    await harness.start(consumer)
+    await harness.publisher.send(Task("t1", "work", {}))
+    await stream.push_task("t1")
+    await harness.recorder.wait("finished", 1)
+    stream.openings = [ResumeTokenLost("history lost"), "stream"]
+    polls = harness.recorder.counts["polled"]
+    stream.break_stream(StorageError("connection reset by peer", transient=True))
+    await harness.recorder.wait("stream_broken", 1)
+    await harness.recorder.wait("polled", polls + 1)  # the break's own poll
+    await harness.publisher.send(Task("t2", "work", {}))  # no event, no poll due for ages
+    await harness.advance(0.1)  # the reopen's backoff: it meets the lost token
+    await harness.recorder.wait("stream_broken", 2)
+    await harness.recorder.wait("finished", 2)  # found by the poll the lost token asked for
+    assert stream.resume_tokens[-1] is None, "reopened without the lost token"
+    assert stream.streaming.is_set() and consumer.error is None
+
+
+async def test_an_update_event_naming_only_claimers_wakes_the_right_consumer(harness: Harness) -> None:
+    """The Mongo stream delivers updates as changed fields only (no document lookup): a task that
+    became claimable by this worker, or by anyone, wakes it; one aimed at others does not."""
+    from mscheduler.drivers.base import ChangeEvent
+
+    consumer, stream = _streamed(harness, poll_interval=1000.0)
+    await harness.start(consumer)
+    await harness.publisher.send(Task("mine", "work", {}))
+    await settle()
+    assert consumer.discovery is not None
+    stream.push(ChangeEvent("other", "work", None, None, (), {"_data": "1"}, ("work|someone-else",)))
+    stream.push(ChangeEvent("mine", "work", None, None, (), {"_data": "2"}, ("work|*",)))
+    await harness.recorder.wait("finished", 1)
+    assert harness.claims("mine") == ["w1"]
+    assert harness.recorder.counts["polled"] == 1

@@ -148,7 +148,8 @@ async def test_a_dying_side_task_stops_the_consumer_and_releases_its_handlers(ha
     a = await _a_runs_t(harness, _blocking(gate, cancelled), driver=failing, concurrency=2)
     run = asyncio.create_task(a.run())
     await settle()
-    failing.fail["find_wakeups"] = StorageError("not authorized on this database", transient=False)
+    # a configuration error (no retry fixes it): the consumer stops, loudly
+    failing.fail["find_wakeups"] = StorageError("not authorized on this database", config=True)
     await harness.advance(1.0)  # the poll timer: the poller dies
     with pytest.raises(ConsumerStopped) as caught:
         await asyncio.wait_for(run, 5)
@@ -162,6 +163,36 @@ async def test_a_dying_side_task_stops_the_consumer_and_releases_its_handlers(ha
     workers = {w["worker_id"]: w for w in await harness.driver.list_workers()}
     assert workers["A"]["stop_time"] is not None
     assert all(t.done() for t in a._side.values()), "no side task may outlive the consumer"
+
+
+async def test_a_permanent_storage_error_that_is_not_configuration_does_not_stop_the_consumer(
+    harness: Harness,
+) -> None:
+    """Refused commands that are neither transient nor configuration errors are logged at ERROR
+    and retried after a pause: the poller, claimer and finisher carry on (issue 6, A5)."""
+    failing = FailingDriver(harness.new_driver())
+    done: list[str] = []
+
+    async def work(params: Any) -> str:
+        done.append(params["n"])
+        return "ok"
+
+    a = harness.consumer("A", {"work": work}, driver=failing)
+    await harness.start(a)
+    failing.fail["find_wakeups"] = StorageError("BadValue: something odd", transient=False)
+    failing.fail["claim"] = StorageError("BadValue: something odd", transient=False)
+    await harness.publisher.send(Task("t", "work", {"n": "t"}))
+    for _ in range(10):
+        await harness.advance(6.0)  # past the error back-off
+    failing.fail.clear()
+    for _ in range(10):
+        if done:
+            break
+        await harness.advance(6.0)
+    assert a.state == "running" and a.error is None
+    assert done == ["t"]
+    await a.stop()
+    assert (a.state, a.stop_reason) == ("stopped", "requested")
 
 
 async def test_consumer_stops_loudly_even_when_the_finisher_dies(harness: Harness) -> None:
@@ -186,7 +217,7 @@ async def test_consumer_stops_loudly_even_when_the_finisher_dies(harness: Harnes
     await harness.discover(a)
     await harness.recorder.wait("claimed", 1)
     run = asyncio.create_task(a.run())
-    failing.fail["finish"] = StorageError("document failed validation", transient=False)
+    failing.fail["finish"] = StorageError("write concern unsatisfiable", config=True)
     await harness.publisher.send(Task("q", "quick", {}))
     await harness.discover(a)
     with pytest.raises(ConsumerStopped):

@@ -80,6 +80,42 @@ async def test_task_of_a_crashed_consumer_runs_again_on_another(make_driver, fak
     assert runs == [("A", 1), ("B", 2)], "run again only after the crash, once"
 
 
+async def test_a_crash_right_after_the_claim_holds_the_task_only_for_its_own_worker_timeout(
+    make_driver, fake_clock: FakeClock
+) -> None:
+    """No consumer-wide first lease (it used to be 30 s): the claim's lease is the task's own
+    worker_timeout, here 0.5 s, so B takes over within 0.5 s + a poll (issue 6, A1)."""
+    store = make_driver(fake_clock)
+    publisher = Publisher(store, clock=fake_clock)
+    a_driver = FaultyDriver(store)
+    short = TaskOption(ping_interval=timedelta(milliseconds=100), worker_timeout=timedelta(milliseconds=500))
+    a = Consumer(a_driver, worker_id="A", clock=fake_clock, poll_interval=POLL)
+    b = Consumer(make_driver(fake_clock), worker_id="B", clock=fake_clock, poll_interval=POLL)
+    assert a.claim_lease is None
+    runs: list[str] = []
+
+    async def work(params: Any, ctx: TaskContext) -> None:
+        runs.append(ctx.worker_id)
+        if ctx.worker_id == "A":
+            await asyncio.Event().wait()
+
+    a.register("job", work)
+    b.register("job", work)
+    recorder = Recorder(a, b)
+    await publisher.send(Task("t1", "job", option=short))
+    await a.start()
+    await recorder.wait("claimed")
+    await crash_consumer(a)
+    (entry,) = running_entries(await store.get_task("t1"))
+    assert entry["ping_expire_time"] - entry["start_time"] == timedelta(milliseconds=500)
+    await b.start()
+    took = await advance_until(fake_clock, lambda: claimed_by(recorder, "B", "t1"), step=0.1, limit=10)
+    assert took <= 0.5 + POLL + 0.1
+    await recorder.wait("finished")
+    await b.stop()
+    assert runs == ["A", "B"]
+
+
 async def test_crash_before_the_first_ping_is_rescued_after_the_claim_lease(
     make_driver, fake_clock: FakeClock
 ) -> None:

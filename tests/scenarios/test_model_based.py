@@ -72,6 +72,7 @@ from mscheduler.drivers.base import (
     NewTask,
     PingParams,
     UpdateOptionParams,
+    first_lease_end,
 )
 from mscheduler.drivers.memory import MemoryDriver
 from mscheduler.drivers.mongo import MongoDriver
@@ -149,7 +150,7 @@ def claimable(doc: Doc, worker_id: str, now: datetime, exclude: Any = ()) -> boo
     option = doc["option"]
     if doc["key"] in exclude:
         return False
-    derived = derive(option, _entries(doc))
+    derived = derive(doc["name"], option, _entries(doc))
     if derived["status"] not in ("pending", "running") or derived["claim_at"] is None:
         return False
     if derived["claim_at"] > now or derived["free_slots"] <= 0:
@@ -296,9 +297,7 @@ class LeaseMachine(RuleBasedStateMachine):
         attempts = self.new_attempts(n)
         tracked = {*self.held[w], *(p.key for p in self.unsent[w]), *(k for k, _ in self.zombies[w])}
         excluded = sorted(tracked) if exclude else []
-        params = ClaimParams(
-            w, [NAME], now, attempts, now + CLAIM_LEASE, host="h", pid=1, exclude_keys=excluded
-        )
+        params = ClaimParams(w, [NAME], now, attempts, CLAIM_LEASE, host="h", pid=1, exclude_keys=excluded)
         pre = self.snapshot()
         driver = self.drivers[w]
         faults_before = len(driver.faults)
@@ -316,7 +315,7 @@ class LeaseMachine(RuleBasedStateMachine):
         added = self.appended(pre, post)
         for key, entry in added:
             assert entry["worker_id"] == w and entry["attempt"] in attempts and entry["status"] == "running"
-            assert entry["ping_expire_time"] == params.expire
+            assert entry["ping_expire_time"] == first_lease_end(params, pre[key]["option"])
             assert claimable(pre[key], w, now, excluded), f"{w} claimed {key}, which it could not: {pre[key]}"
         assert len({key for key, _ in added}) == len(added), "two entries for one worker in one claim"
         assert len(added) <= n
@@ -556,7 +555,7 @@ class LeaseMachine(RuleBasedStateMachine):
             assert len(live) <= cnt, f"{key}: {len(live)} live leases > {cnt}"
             successes = [e["worker_id"] for e in entries if e["status"] == "succeeded"]
             assert len(successes) <= cnt and len(set(successes)) == len(successes), f"{key}: {successes}"
-            derived = derive(option, entries)
+            derived = derive(doc["name"], option, entries)
             assert {f: state[f] for f in DERIVED_FIELDS} == derived, (
                 f"{key}: stored {state} != derived {derived}"
             )
@@ -728,7 +727,7 @@ async def test_faults_before_and_after_apply(fake_clock: FakeClock) -> None:
     await store.insert_tasks(InsertParams([NewTask("t0", NAME, None, option)], now))
     driver.fail_next("claim")
     driver.fail_next("claim", after_apply=True)
-    claim = ClaimParams("w0", [NAME], now, ["a1"], now + CLAIM_LEASE)
+    claim = ClaimParams("w0", [NAME], now, ["a1"], CLAIM_LEASE)
     with pytest.raises(StorageError, match="before"):
         await driver.claim(claim)
     assert (await store.get_task("t0"))["state"]["worker_states"] == []  # type: ignore[index]
@@ -740,9 +739,7 @@ async def test_faults_before_and_after_apply(fake_clock: FakeClock) -> None:
     assert driver.calls["claim"] == 2 and driver.injected == Counter(
         {("claim", "before"): 1, ("claim", AFTER_APPLY): 1}
     )
-    assert (
-        await driver.claim(ClaimParams("w1", [NAME], now, ["a2"], now + CLAIM_LEASE)) == []
-    )  # faults used up
+    assert await driver.claim(ClaimParams("w1", [NAME], now, ["a2"], CLAIM_LEASE)) == []  # faults used up
 
 
 async def test_kill_and_freeze(fake_clock: FakeClock) -> None:

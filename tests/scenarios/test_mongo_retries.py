@@ -40,7 +40,7 @@ TRANSIENT = {
     "NetworkTimeout": lambda: NetworkTimeout("timed out"),
     "NotPrimaryError": lambda: NotPrimaryError("not primary"),
     "NotWritablePrimary-10107": lambda: OperationFailure("not writable primary", code=10107),
-    "WriteConcernError": lambda: WriteConcernError("waiting for replication timed out", code=64, details={}),
+    "WriteConcernError-91": lambda: WriteConcernError("shutdown in progress", code=91, details={}),
 }
 transient = pytest.mark.parametrize("error", list(TRANSIENT.values()), ids=list(TRANSIENT))
 
@@ -110,7 +110,8 @@ async def flaky_driver(*, retries: int = 5) -> tuple[MongoDriver, FlakyCollectio
     driver = MongoDriver(mongomock_database(), retries=retries, backoff=0.0005, max_backoff=0.002)
     await driver.setup()
     flaky = FlakyCollection(driver.tasks)
-    driver.tasks = flaky
+    # on mongomock the primary / majority-read views are the collection itself
+    driver.tasks = driver.tasks_primary = driver.tasks_recovery = flaky
     return driver, flaky
 
 
@@ -120,7 +121,7 @@ async def publish(driver: MongoDriver, *keys: str, **option: Any) -> None:
 
 
 def claim_params(worker_id: str = "w1", n: int = 1) -> ClaimParams:
-    return ClaimParams(worker_id, ["job"], NOW, [f"{worker_id}-attempt-{i}" for i in range(n)], NOW + LEASE)
+    return ClaimParams(worker_id, ["job"], NOW, [f"{worker_id}-attempt-{i}" for i in range(n)], LEASE)
 
 
 async def entries(driver: MongoDriver, key: str) -> list[dict[str, Any]]:
@@ -147,7 +148,7 @@ async def test_transient_error_before_applying_is_retried(error: Any) -> None:
         True
     ]
     assert flaky.calls["insert_many"] == flaky.calls["find_one_and_update"] == 2
-    assert flaky.calls["update_one"] == 2
+    assert flaky.calls["update_one"] == 2 + driver.fixups  # + the fake's first-lease fix-ups
     (entry,) = await entries(driver, "t1")
     assert (entry["status"], entry["result"]) == ("succeeded", 1)
 
@@ -298,7 +299,8 @@ async def test_a_permanent_error_surfaces_at_once_with_a_clear_message(error: Op
     with pytest.raises(StorageError) as info:
         await driver.claim(claim_params())
     assert not info.value.transient
-    assert str(info.value).startswith("claim failed: ") and str(error) in str(info.value)
+    assert str(info.value).startswith("claim failed") and str(error) in str(info.value)
+    assert info.value.config == (error.code == 13)  # Unauthorized: configuration, stops a consumer
     assert info.value.__cause__ is error
     assert flaky.calls["find_one_and_update"] == 1, "not retried"
 
@@ -313,10 +315,13 @@ async def test_a_permanent_error_stops_a_consumer_loudly_not_half_alive() -> Non
         return None
 
     consumer.register("job", work)
-    flaky.fail("find_one_and_update", OperationFailure("BadValue", code=2))
+    # a configuration error (Unauthorized) stops it; a BadValue alone would not (A5: it is
+    # logged at ERROR and retried after a pause, see tests/consumer/test_lifecycle.py)
+    flaky.fail("find_one_and_update", OperationFailure("not authorized", code=13))
     with pytest.raises(ConsumerStopped) as info:
         await asyncio.wait_for(consumer.run(), 5)
-    assert isinstance(info.value.__cause__, StorageError)
+    assert isinstance(info.value.__cause__, StorageError) and info.value.__cause__.config
+    assert consumer.state == "stopped" and (consumer.stop_reason or "").startswith("error:")
 
 
 # -- through a consumer: the state change lands once ---------------------------------------------
@@ -359,8 +364,9 @@ async def test_majority_write_concern_on_a_real_client_and_not_on_mongomock() ->
     client: AsyncMongoClient[Any] = AsyncMongoClient("mongodb://127.0.0.1:1", connect=False)
     try:
         driver = MongoDriver(client["mscheduler"])
-        assert driver.tasks.write_concern.document == {"w": "majority"}
-        assert driver.workers.write_concern.document == {"w": "majority"}
+        # majority, with a timeout so a lagging secondary cannot block a consumer for ever
+        assert driver.tasks.write_concern.document == {"w": "majority", "wtimeout": 10_000}
+        assert driver.workers.write_concern.document == {"w": "majority", "wtimeout": 10_000}
         assert MongoDriver(client["mscheduler"], majority=False).tasks.write_concern.document == {}
     finally:
         await client.close()

@@ -217,7 +217,7 @@ async def test_soak_50_consumers_20000_tasks_with_faults() -> None:
         if doc is None:
             continue
         entries = doc["state"]["worker_states"]
-        if {f: doc["state"][f] for f in DERIVED_FIELDS} != derive(doc["option"], entries):
+        if {f: doc["state"][f] for f in DERIVED_FIELDS} != derive(doc["name"], doc["option"], entries):
             drift.append(key)
         successes = [e for e in entries if e["status"] == "succeeded"]
         if len(successes) > slots[key] or len({e["worker_id"] for e in successes}) != len(successes):

@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import pkgutil
+import tomllib
+from pathlib import Path
 
 import mscheduler
 
 EXPECTED = [
+    "AttemptStatus",
     "Consumer",
+    "ConsumerStopped",
+    "Driver",
+    "ErrorInfo",
     "FakeClock",
     "InvalidInput",
+    "LeaseLost",
+    "ListParams",
     "MSchedulerError",
     "MemoryDriver",
     "MongoDriver",
+    "Operations",
     "OptionChange",
     "Publisher",
+    "StorageError",
     "Task",
     "TaskContext",
     "TaskFailed",
@@ -23,11 +34,25 @@ EXPECTED = [
     "TaskOption",
     "TaskStatus",
     "UnknownTask",
+    "WorkerState",
+    "WorkerView",
 ]
+
+# Exceptions defined in the package that users never catch, with the reason.
+INTERNAL_EXCEPTIONS = {
+    "mscheduler.cli.CliError": "the command line's own message-and-exit-code carrier",
+    "mscheduler.demo.DemoFailure": "the demo's handlers raise it on purpose (retry paths)",
+    "mscheduler.drivers.base.ChangeStreamUnsupported": "driver to consumer: fall back to polling",
+    "mscheduler.drivers.base.ResumeTokenLost": "driver to consumer: reopen the stream and poll once",
+    "mscheduler.faults.DriverKilled": "fault injection in tests: simulates a killed process",
+}
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_all_is_exactly_the_expected_list() -> None:
     assert mscheduler.__all__ == EXPECTED
+    assert mscheduler.__all__ == sorted(mscheduler.__all__)
     assert len(set(mscheduler.__all__)) == len(mscheduler.__all__)
 
 
@@ -40,13 +65,70 @@ def test_every_public_name_is_importable_and_documented() -> None:
         assert inspect.getdoc(obj), f"{name} has no docstring"
 
 
+def test_star_import_gives_exactly_the_public_names() -> None:
+    namespace: dict[str, object] = {}
+    exec("from mscheduler import *", namespace)
+    assert sorted(k for k in namespace if k != "__builtins__") == sorted(EXPECTED)
+
+
+def test_no_private_names_are_exported() -> None:
+    for name in mscheduler.__all__:
+        assert not name.startswith("_"), name
+        obj = getattr(mscheduler, name)
+        module = obj.__module__
+        assert module.startswith("mscheduler."), (name, module)
+        assert not any(part.startswith("_") for part in module.split(".")), (name, module)
+
+
+def _package_exceptions() -> dict[str, type[BaseException]]:
+    found: dict[str, type[BaseException]] = {}
+    for info in pkgutil.walk_packages(mscheduler.__path__, "mscheduler."):
+        if info.name == "mscheduler.__main__":
+            continue  # runs the command line when imported
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if (
+                inspect.isclass(obj)
+                and issubclass(obj, BaseException)
+                and obj.__module__ == info.name
+                and not name.startswith("_")
+            ):
+                found[f"{info.name}.{name}"] = obj
+    return found
+
+
+def test_every_public_exception_is_exported() -> None:
+    exceptions = _package_exceptions()
+    assert "mscheduler.exceptions.InvalidInput" in exceptions  # the walk found something
+    missing = [
+        path
+        for path, cls in exceptions.items()
+        if path not in INTERNAL_EXCEPTIONS and getattr(mscheduler, cls.__name__, None) is not cls
+    ]
+    assert not missing, f"public exceptions missing from mscheduler.__all__: {missing}"
+    for path in INTERNAL_EXCEPTIONS:
+        assert path in exceptions, f"{path} is gone: drop it from INTERNAL_EXCEPTIONS"
+
+
 def test_public_errors_share_one_root() -> None:
-    for name in ("InvalidInput", "TaskFailed", "UnknownTask"):
-        assert issubclass(getattr(mscheduler, name), mscheduler.MSchedulerError), name
+    exported = [getattr(mscheduler, n) for n in EXPECTED]
+    errors = [obj for obj in exported if inspect.isclass(obj) and issubclass(obj, BaseException)]
+    assert len(errors) >= 7
+    for cls in errors:
+        assert issubclass(cls, mscheduler.MSchedulerError), cls
     assert issubclass(mscheduler.InvalidInput, ValueError)
     assert issubclass(mscheduler.UnknownTask, LookupError)
 
 
-def test_the_package_has_a_version() -> None:
+def test_the_package_has_a_version_matching_pyproject() -> None:
     assert isinstance(mscheduler.__version__, str)
     assert mscheduler.__version__.count(".") == 2
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert mscheduler.__version__ == project["version"]
+
+
+def test_the_package_ships_type_information() -> None:
+    package = Path(mscheduler.__file__).parent
+    assert (package / "py.typed").is_file()
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "py.typed" in setuptools["package-data"]["mscheduler"]

@@ -122,7 +122,7 @@ CASES: list[tuple[str, dict[str, Any], list[dict[str, Any]], tuple[Any, ...]]] =
 
 @pytest.mark.parametrize(("option", "entries", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_derive(option: dict[str, Any], entries: list[dict[str, Any]], expected: tuple[Any, ...]) -> None:
-    state = derive(option, entries)
+    state = derive("job", option, entries)
     assert set(state) == set(DERIVED_FIELDS)
     got = (
         state["status"],
@@ -141,20 +141,20 @@ def test_retry_at_comes_from_failures_only() -> None:
         _entry("failed", retry_in=20),
         _entry("succeeded", retry_in=900),
     ]
-    assert derive(_option(cnt=2), entries)["retry_at"] == at(20)
-    assert derive(_option(), [_entry("released", retry_in=5)])["retry_at"] is None
-    assert derive(_option(), [])["retry_at"] is None
+    assert derive("job", _option(cnt=2), entries)["retry_at"] == at(20)
+    assert derive("job", _option(), [_entry("released", retry_in=5)])["retry_at"] is None
+    assert derive("job", _option(), [])["retry_at"] is None
 
 
 def test_rejected_entries_are_counted_apart() -> None:
-    state = derive(_option(retries=5), [_entry("failed", 1), _entry("rejected")])
+    state = derive("job", _option(retries=5), [_entry("failed", 1), _entry("rejected")])
     assert (state["fail_cnt"], state["rejected_cnt"], state["status"]) == (2, 1, "failed")
-    assert derive(_option(), [_entry("failed", 1)])["rejected_cnt"] == 0
+    assert derive("job", _option(), [_entry("failed", 1)])["rejected_cnt"] == 0
 
 
 def test_targeted_follows_specific_worker_ids() -> None:
-    assert derive(_option(ids=("w1",)), [])["targeted"] is True
-    assert derive(_option(), [])["targeted"] is False
+    assert derive("job", _option(ids=("w1",)), [])["targeted"] is True
+    assert derive("job", _option(), [])["targeted"] is False
 
 
 def test_lease_expiry_is_the_earliest_running_expiry() -> None:

@@ -1,0 +1,88 @@
+"""Who may claim (``state.claimers``) and the first lease (issue 6, A1 and A3), on every driver."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from mscheduler.drivers.base import ClaimParams, InsertParams, NewTask, WakeupParams
+from mscheduler.drivers.memory import MemoryDriver
+from mscheduler.model import TaskOption
+from tests.conformance.support import NAME, Store
+
+
+async def test_the_first_lease_is_the_tasks_own_worker_timeout(store: Store) -> None:
+    """Not a consumer-wide 30 s: a worker that dies right after claiming a task whose
+    worker_timeout is 0.5 s blocks it for 0.5 s (F4)."""
+    await store.add(
+        "short", worker_timeout=timedelta(milliseconds=500), ping_interval=timedelta(milliseconds=100)
+    )
+    (claimed,) = await store.claim("w1", lease=timedelta(hours=1))  # the cap is above the timeout
+    assert claimed.ping_expire_time == store.now + timedelta(milliseconds=500)
+    (entry,) = await store.entries("short")
+    assert entry["ping_expire_time"] == store.now + timedelta(milliseconds=500)
+    store.advance(0.5)
+    assert await store.expire() == 1
+    assert await store.claim_keys("w2") == ["short"]
+
+
+async def test_a_claims_cap_shortens_the_first_lease(store: Store) -> None:
+    await store.add("long", worker_timeout=timedelta(minutes=10))
+    (claimed,) = await store.claim("w1", lease=timedelta(seconds=20))
+    assert claimed.ping_expire_time == store.now + timedelta(seconds=20)
+    (entry,) = await store.entries("long")
+    assert entry["ping_expire_time"] == store.now + timedelta(seconds=20)
+
+
+async def test_claimers_name_the_workers_that_may_claim_now(store: Store) -> None:
+    await store.add("open")
+    await store.add("aimed", specific_worker_ids=("A", "B"))
+    await store.add("fan", specific_worker_ids=("A", "B", "C"), concurrent_worker_cnt=2)
+    assert (await store.state("open"))["claimers"] == [f"{NAME}|*"]
+    assert (await store.state("aimed"))["claimers"] == [f"{NAME}|A", f"{NAME}|B"]
+    (claimed,) = await store.claim("A", names=[NAME])
+    assert claimed.key in ("aimed", "fan", "open")
+    # A holds one task now; each task A may still take lists A, the one it holds does not
+    held = await store.state(claimed.key)
+    assert all(not token.endswith("|A") for token in held["claimers"])
+    fan_claim = await store.claim_one("B")
+    assert fan_claim is not None
+    fan = await store.state("fan")
+    if claimed.key == "fan":  # A and B both run it: its two slots are full
+        assert fan["claimers"] == []
+    # a task aimed at others is not in C's ranges, an open task is
+    await store.add("only-d", specific_worker_ids=("D",))
+    assert "only-d" not in await store.claim_keys("C", 5)
+
+
+async def test_a_failed_attempt_makes_the_task_claimable_again_by_the_same_worker(store: Store) -> None:
+    await store.add("t", specific_worker_ids=("A",))
+    (claimed,) = await store.claim("A")
+    assert (await store.state("t"))["claimers"] == []
+    assert await store.fail(claimed, "A", retry_in=5)
+    state = await store.state("t")
+    assert state["claimers"] == [f"{NAME}|A"] and state["claim_at"] == store.at(5)
+
+
+async def test_a_claim_examines_no_task_aimed_at_other_workers() -> None:
+    """The memory driver counts the documents a claim looks at (MongoDB's docsExamined):
+    5,000 due tasks aimed at an absent worker do not add to it."""
+    driver = MemoryDriver()
+    from datetime import UTC, datetime
+
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    aimed = TaskOption(specific_worker_ids=("absent",)).to_storage(now)
+    anyone = TaskOption().to_storage(now)
+    tasks = [NewTask(f"t{i}", NAME, None, aimed) for i in range(5000)]
+    tasks += [NewTask(f"f{i}", NAME, None, anyone) for i in range(5)]
+    await driver.insert_tasks(InsertParams(tasks, now))
+    driver.examined = 0
+    claimed = []
+    for i in range(5):
+        claimed += await driver.claim(ClaimParams("w1", [NAME], now, [f"a{i}"]))
+    assert sorted(c.key for c in claimed) == [f"f{i}" for i in range(5)]
+    assert driver.examined == 5
+    assert await driver.claim(ClaimParams("w1", [NAME], now, ["a9"])) == []
+    driver.examined = 0
+    wakeups = await driver.find_wakeups(WakeupParams("w1", [NAME], now, limit=100))
+    assert [w for w in wakeups if w.kind == "claim"] == []
+    assert driver.examined == 0
