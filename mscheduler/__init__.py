@@ -6,11 +6,17 @@ from mscheduler.drivers import Driver, MemoryDriver, MongoDriver
 from mscheduler.drivers.base import ListParams
 from mscheduler.exceptions import (
     ConsumerStopped,
+    Fail,
+    HandlerSignal,
     InvalidInput,
     LeaseLost,
     MSchedulerError,
+    Retry,
+    Snooze,
     StorageError,
+    TaskExpired,
     TaskFailed,
+    UnknownPlan,
     UnknownTask,
 )
 from mscheduler.model import (
@@ -24,15 +30,21 @@ from mscheduler.model import (
     WorkerState,
 )
 from mscheduler.operations import Operations, WorkerView
+from mscheduler.planner import Planner
+from mscheduler.plans import Plan, PlanInfo, PlanState
 from mscheduler.publisher import Publisher
+from mscheduler.schedule import CatchUp, PlanTiming
 
 __all__ = [
     "AttemptStatus",
+    "CatchUp",
     "Consumer",
     "ConsumerStopped",
     "Driver",
     "ErrorInfo",
+    "Fail",
     "FakeClock",
+    "HandlerSignal",
     "InvalidInput",
     "LeaseLost",
     "ListParams",
@@ -41,14 +53,23 @@ __all__ = [
     "MongoDriver",
     "Operations",
     "OptionChange",
+    "Plan",
+    "PlanInfo",
+    "PlanState",
+    "PlanTiming",
+    "Planner",
     "Publisher",
+    "Retry",
+    "Snooze",
     "StorageError",
     "Task",
     "TaskContext",
+    "TaskExpired",
     "TaskFailed",
     "TaskInfo",
     "TaskOption",
     "TaskStatus",
+    "UnknownPlan",
     "UnknownTask",
     "WorkerState",
     "WorkerView",

@@ -1,4 +1,4 @@
-"""The ``mscheduler`` command: ``demo``, ``worker MODULE:ATTR`` and ``check``.
+"""The ``mscheduler`` command: ``demo``, ``worker MODULE:ATTR``, ``planner`` and ``check``.
 
 Thin on purpose: each command parses its arguments and calls plain functions (the demo lives in
 ``mscheduler.demo``; loading consumers and checking a server are plain functions below). Signal
@@ -34,7 +34,8 @@ from mscheduler import __version__
 from mscheduler.consumer import Consumer
 from mscheduler.drivers.base import ChangeStreamUnsupported
 from mscheduler.drivers.memory import MemoryDriver
-from mscheduler.drivers.mongo import INDEX_NAMES, MongoDriver
+from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.mongo_common import INDEX_NAMES
 from mscheduler.exceptions import MSchedulerError
 from mscheduler.logs import configure_logging
 
@@ -588,6 +589,95 @@ def worker(
             raise typer.Exit(exc.exit_code) from None
         raise _fail(exc) from None
     except KeyboardInterrupt:  # Ctrl+C before the consumers were up (their handlers not installed)
+        raise _fail(CliError("interrupted while starting", exit_code=130)) from None
+    raise typer.Exit(code)
+
+
+# -- planner --------------------------------------------------------------------------------------
+
+
+async def run_planner(
+    uri: str,
+    *,
+    database: str | None = None,
+    interval: float = 1.0,
+    server_selection_timeout_ms: int | None = None,
+    say: Say = plain_say,
+) -> int:
+    """Run a planner on the server at ``uri`` until SIGINT / SIGTERM; returns the exit code.
+
+    Any number may run beside consumers' planners: occurrences are never made twice."""
+    from mscheduler.clock import ServerClock
+    from mscheduler.planner import Planner
+
+    client = mongo_client(uri, server_selection_timeout_ms)
+    try:
+        await ensure_reachable(client, redact(uri), hint=URI_TIMEOUT_HINT)
+        driver = MongoDriver(_database(client, database, "mscheduler"))
+        await driver.setup()
+        clock = ServerClock()
+        await clock.sync(driver.server_time)
+        planner = Planner(driver, clock=clock, interval=interval)
+        loop = asyncio.get_running_loop()
+
+        def on_signal(signum: int) -> None:
+            say(
+                f"received {signal.Signals(signum).name}: stopping the planner",
+                signal=signal.Signals(signum).name,
+            )
+            planner.stop()
+
+        handled = (signal.SIGINT, signal.SIGTERM)
+        for signum in handled:
+            loop.add_signal_handler(signum, on_signal, signum)
+        say(f"mscheduler planner: started on {driver.namespace} (every {interval:g}s); Ctrl+C to stop")
+        try:
+            await planner.run()
+        except MSchedulerError as exc:
+            say(f"planner stopped on an error: {exc}", level=logging.ERROR)
+            return 1
+        finally:
+            for signum in handled:
+                loop.remove_signal_handler(signum)
+        say(f"mscheduler planner: stopped ({planner.materialised} occurrence(s) made)")
+        return 0
+    finally:
+        await client.close()
+
+
+@app.command(short_help="Materialise recurring plans' occurrences until SIGINT / SIGTERM.")
+def planner(
+    mongodb_uri: Annotated[str, typer.Option(metavar="URI", help="The scheduler's MongoDB server.")],
+    database: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME", help="Database the scheduler uses (default: the URI's, else mscheduler)."
+        ),
+    ] = None,
+    interval: Annotated[
+        float, typer.Option(metavar="SECONDS", min=0.01, max=3600, help="Seconds between passes.")
+    ] = 1.0,
+    server_selection_timeout_ms: TimeoutMs = None,
+) -> None:
+    """Run a planner: turn due occurrences of recurring plans into tasks.
+
+    Consumers may run one each too; any number of planners may run at once (an occurrence's task
+    key is derived from the plan and the fire time, so none is made twice). Exits 0 after a
+    requested stop, 1 on an error, 2 on bad arguments.
+    """
+    configure_logging(logging.INFO, "text")
+    try:
+        code = asyncio.run(
+            run_planner(
+                mongodb_uri,
+                database=database,
+                interval=interval,
+                server_selection_timeout_ms=server_selection_timeout_ms,
+            )
+        )
+    except CliError as exc:
+        raise _fail(exc) from None
+    except KeyboardInterrupt:
         raise _fail(CliError("interrupted while starting", exit_code=130)) from None
     raise typer.Exit(code)
 

@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
@@ -33,7 +33,10 @@ from mscheduler.drivers.base import Driver, ListParams
 from mscheduler.drivers.mongo import MongoDriver
 from mscheduler.exceptions import InvalidInput
 from mscheduler.model import AttemptStatus, Task, TaskInfo, TaskOption, TaskStatus
+from mscheduler.operations import Operations
+from mscheduler.plans import Plan, PlanInfo
 from mscheduler.publisher import Publisher
+from mscheduler.schedule import CronSchedule, EverySchedule, PlanTiming
 
 ProgressCallback = Callable[[int, int, dict[str, int]], None]
 
@@ -203,6 +206,10 @@ def make_consumers(driver: Driver, config: DemoConfig) -> list[Consumer]:
                 raise DemoFailure(f"{params.kind} attempt {ctx.attempt_no} fails on purpose")
             return {"worker_id": ctx.worker_id, "attempt_no": ctx.attempt_no}
 
+        @consumer.handler("demo.tick")
+        async def tick(params: Any, ctx: TaskContext) -> dict[str, Any]:
+            return {"worker_id": ctx.worker_id, "plan": params.get("plan") if params else None}
+
         @consumer.handler("demo.long")
         async def long(params: Work, ctx: TaskContext) -> dict[str, Any]:
             # Longer than the claim lease and worker_timeout: only the consumer's pings, renewing
@@ -231,7 +238,11 @@ async def run_demo(
     finished_in_time = False
     for consumer in consumers:
         await consumer.start()
+    operations = Operations(driver)
     try:
+        for plan in demo_plans(datetime.now(UTC)):
+            await operations.add_plan(plan)
+        total += PLAN_RUNS
         created = await publisher.send_many(tasks)
         if not all(created):
             raise RuntimeError(
@@ -253,7 +264,9 @@ async def run_demo(
     finally:
         await asyncio.gather(*(c.stop(grace=2.0) for c in consumers))
     docs = await driver.list_tasks(ListParams(limit=total + 10))
-    infos = sorted((TaskInfo.from_storage(d) for d in docs), key=lambda t: t.key)
+    everything = [TaskInfo.from_storage(d) for d in docs]
+    plan_runs = sorted((t for t in everything if t.key.startswith("plan:")), key=lambda t: t.key)
+    infos = sorted((t for t in everything if not t.key.startswith("plan:")), key=lambda t: t.key)
     stats = [
         WorkerStats(
             c.worker_id,
@@ -266,9 +279,48 @@ async def run_demo(
         )
         for c in consumers
     ]
-    report = DemoReport(total, expected, infos, stats, elapsed, finished_in_time)
+    report = DemoReport(total - PLAN_RUNS, expected, infos, stats, elapsed, finished_in_time)
     report.checks = check_report(report, config, [c for c in consumers if c.error is not None])
+    report.checks.append(
+        _plan_check(plan_runs, [await operations.get_plan(p.plan_id) for p in demo_plans(None)])
+    )
     return report
+
+
+# Two recurring plans fire while the batch runs: every second (3 runs) and a 6-field cron
+# expression, every second too (2 runs). Any consumer's planner may make each occurrence.
+PLAN_RUNS = 5
+
+
+def demo_plans(now: datetime | None) -> list[Plan]:
+    start = now or datetime(2000, 1, 1, tzinfo=UTC)
+    return [
+        Plan(
+            plan_id="demo-every-second",
+            name="demo.tick",
+            params={"plan": "every second"},
+            timing=PlanTiming(schedule=EverySchedule(interval=timedelta(seconds=1), start=start), repeat=3),
+        ),
+        Plan(
+            plan_id="demo-cron",
+            name="demo.tick",
+            params={"plan": "cron * * * * * *"},
+            timing=PlanTiming(schedule=CronSchedule(expression="* * * * * *"), repeat=2),
+        ),
+    ]
+
+
+def _plan_check(runs: list[TaskInfo], plans: list[PlanInfo]) -> Check:
+    by_plan = Counter(t.key.split(":")[1] for t in runs if t.status is TaskStatus.SUCCEEDED)
+    wanted = {"demo-every-second": 3, "demo-cron": 2}
+    ok = dict(by_plan) == wanted and all(p.state == "ended" for p in plans)
+    return Check(
+        "plans",
+        ok,
+        ", ".join(f"{plan} fired {by_plan.get(plan, 0)}/{n}" for plan, n in wanted.items())
+        + "; "
+        + ", ".join(f"{p.plan_id} {p.state}" for p in plans),
+    )
 
 
 def _ping_counter(pings: Counter[str], worker_id: str) -> Callable[[str, dict[str, Any]], None]:

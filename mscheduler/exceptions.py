@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 
@@ -21,6 +22,14 @@ class UnknownTask(MSchedulerError, LookupError):
         self.key = key
 
 
+class UnknownPlan(MSchedulerError, LookupError):
+    """No plan with that id exists."""
+
+    def __init__(self, plan_id: str) -> None:
+        super().__init__(f"no plan with id {plan_id!r}")
+        self.plan_id = plan_id
+
+
 class TaskFailed(MSchedulerError):
     """The awaited task ended failed (retries used); ``error`` holds the last attempt's error."""
 
@@ -29,6 +38,42 @@ class TaskFailed(MSchedulerError):
         super().__init__(f"task {key!r} failed: {reason}")
         self.key = key
         self.error = error
+
+
+class TaskExpired(MSchedulerError):
+    """The awaited task ended ``expired``: its deadline passed before it started."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"task {key!r} expired: its deadline passed before it started")
+        self.key = key
+
+
+class HandlerSignal(MSchedulerError):
+    """A handler raises a subclass to steer its task (not an error of mscheduler's)."""
+
+
+class Retry(HandlerSignal):
+    """Fail this attempt and retry after ``after`` (counted against the budget)."""
+
+    def __init__(self, after: timedelta | float, reason: str = "") -> None:
+        self.after = after if isinstance(after, timedelta) else timedelta(seconds=after)
+        if self.after < timedelta(0):
+            raise InvalidInput("Retry(after=...) must not be negative")
+        super().__init__(reason or f"retry in {self.after}")
+
+
+class Snooze(HandlerSignal):
+    """Put the task back for ``after`` without counting a failure (the work is not ready)."""
+
+    def __init__(self, after: timedelta | float, reason: str = "") -> None:
+        self.after = after if isinstance(after, timedelta) else timedelta(seconds=after)
+        if self.after < timedelta(0):
+            raise InvalidInput("Snooze(after=...) must not be negative")
+        super().__init__(reason or f"snoozed for {self.after}")
+
+
+class Fail(HandlerSignal):
+    """Fail the task for good: no more retries, whatever the budget."""
 
 
 class LeaseLost(MSchedulerError):

@@ -37,18 +37,24 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from mscheduler.drivers.base import (
+    AdvancePlansParams,
     ChangeEvent,
     ClaimedTask,
     ClaimParams,
     Driver,
+    DuePlansParams,
     ExpireParams,
     FinishParams,
     InsertParams,
+    InsertPlanParams,
     ListParams,
     PingParams,
     PingResult,
+    PlanListParams,
+    RunOutcome,
     StreamPosition,
     UpdateOptionParams,
+    UpdatePlanParams,
     Wakeup,
     WakeupParams,
     WorkerInfo,
@@ -68,6 +74,7 @@ OPERATIONS = (
     "ping",
     "finish",
     "expire_leases",
+    "expire_deadlines",
     "find_wakeups",
     "watch",
     "get_task",
@@ -79,6 +86,14 @@ OPERATIONS = (
     "request_worker_stop",
     "unregister_worker",
     "list_workers",
+    "insert_plan",
+    "get_plan",
+    "list_plans",
+    "update_plan",
+    "delete_plan",
+    "find_due_plans",
+    "advance_plans",
+    "get_run_outcomes",
 )
 
 BEFORE = "before"  # the call failed before reaching the store: nothing was applied
@@ -337,6 +352,9 @@ class FaultyDriver:
     async def expire_leases(self, params: ExpireParams) -> int:
         return await self._invoke("expire_leases", lambda: self.inner.expire_leases(params), params)
 
+    async def expire_deadlines(self, params: ExpireParams) -> int:
+        return await self._invoke("expire_deadlines", lambda: self.inner.expire_deadlines(params), params)
+
     async def find_wakeups(self, params: WakeupParams) -> list[Wakeup]:
         return await self._invoke("find_wakeups", lambda: self.inner.find_wakeups(params), params)
 
@@ -421,6 +439,30 @@ class FaultyDriver:
 
     async def list_workers(self) -> list[dict[str, Any]]:
         return await self._invoke("list_workers", self.inner.list_workers)
+
+    async def insert_plan(self, params: InsertPlanParams) -> bool:
+        return await self._invoke("insert_plan", lambda: self.inner.insert_plan(params), params)
+
+    async def get_plan(self, plan_id: str) -> dict[str, Any] | None:
+        return await self._invoke("get_plan", lambda: self.inner.get_plan(plan_id), plan_id)
+
+    async def list_plans(self, params: PlanListParams) -> list[dict[str, Any]]:
+        return await self._invoke("list_plans", lambda: self.inner.list_plans(params), params)
+
+    async def update_plan(self, params: UpdatePlanParams) -> bool:
+        return await self._invoke("update_plan", lambda: self.inner.update_plan(params), params)
+
+    async def delete_plan(self, plan_id: str) -> bool:
+        return await self._invoke("delete_plan", lambda: self.inner.delete_plan(plan_id), plan_id)
+
+    async def find_due_plans(self, params: DuePlansParams) -> list[dict[str, Any]]:
+        return await self._invoke("find_due_plans", lambda: self.inner.find_due_plans(params), params)
+
+    async def advance_plans(self, params: AdvancePlansParams) -> int:
+        return await self._invoke("advance_plans", lambda: self.inner.advance_plans(params), params)
+
+    async def get_run_outcomes(self, keys: Sequence[str]) -> dict[str, RunOutcome]:
+        return await self._invoke("get_run_outcomes", lambda: self.inner.get_run_outcomes(keys), keys)
 
 
 async def crash_consumer(consumer: Consumer, *, patience: float = 5.0) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mscheduler.exceptions import InvalidInput
+from mscheduler.retry import AnyRetryPolicy, FixedRetry, RetryPolicy
 
 KEY_MAX_LEN = 512
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,199}$")
@@ -35,9 +36,10 @@ class TaskStatus(StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    EXPIRED = "expired"  # its deadline passed before it (re)started: never run late
 
 
-TERMINAL_STATUSES = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED})
+TERMINAL_STATUSES = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.EXPIRED})
 
 
 class AttemptStatus(StrEnum):
@@ -50,6 +52,7 @@ class AttemptStatus(StrEnum):
     RELEASED = "released"  # graceful stop gave the slot back; does not count
     REVOKED = "revoked"  # the worker was removed from specific_worker_ids; does not count
     REJECTED = "rejected"  # invalid params: the task fails at once, no retries
+    SNOOZED = "snoozed"  # the handler raised Snooze: tried again later, not counted
 
 
 FAILURE_ATTEMPT_STATUSES = frozenset({AttemptStatus.FAILED, AttemptStatus.LOST, AttemptStatus.REJECTED})
@@ -110,9 +113,53 @@ class TaskOption(_UserInput):
     specific_worker_ids: tuple[str, ...] = Field((), max_length=1000, description="[] = any worker")
     ping_interval: timedelta = Field(timedelta(seconds=10), description="how often a runner pings")
     worker_timeout: timedelta = Field(timedelta(seconds=30), description="lease length after a ping")
-    max_unexpected_retries: int = Field(3, ge=0, le=1_000_000, description="failures tolerated")
+    max_unexpected_retries: int | None = Field(
+        3, ge=0, le=1_000_000, description="failures tolerated (None: unlimited, with a retry policy)"
+    )
     retry_delay: timedelta = Field(timedelta(seconds=10), description="wait after a failure")
+    retry: AnyRetryPolicy | None = Field(
+        None,
+        description="a retry policy (mscheduler.retry); None: fixed retry_delay x max_unexpected_retries",
+    )
     run_at: datetime | None = Field(None, description="not claimed before this time (UTC)")
+    deadline: datetime | None = Field(None, description="not started after this time: it ends expired")
+    run_timeout: timedelta | None = Field(
+        None, description="an attempt running longer is cancelled and fails"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _budget_from_policy(cls, data: Any) -> Any:
+        """With a retry policy, ``max_unexpected_retries`` is its budget (set it, or leave it)."""
+        if isinstance(data, Mapping) and data.get("retry") is not None:
+            policy = data["retry"]
+            if not isinstance(policy, RetryPolicy):
+                from mscheduler.retry import parse_retry_policy
+
+                policy = parse_retry_policy(policy)
+            data = dict(data)
+            data["retry"] = policy
+            given = data.get("max_unexpected_retries", policy.retry_budget)
+            if given != policy.retry_budget:
+                raise ValueError(
+                    f"max_unexpected_retries ({given}) differs from the retry policy's budget "
+                    f"({policy.retry_budget}): set the budget in the policy"
+                )
+            data["max_unexpected_retries"] = policy.retry_budget
+        elif (
+            isinstance(data, Mapping)
+            and "max_unexpected_retries" in data
+            and data["max_unexpected_retries"] is None
+        ):
+            raise ValueError("max_unexpected_retries: None (unlimited) needs a retry policy (retry=...)")
+        return data
+
+    @property
+    def retry_policy(self) -> AnyRetryPolicy:
+        """The policy in force: ``retry``, or fixed ``retry_delay`` x ``max_unexpected_retries``."""
+        if self.retry is not None:
+            return self.retry
+        return FixedRetry(delay=self.retry_delay, max_retries=self.max_unexpected_retries)
 
     @field_validator("specific_worker_ids")
     @classmethod
@@ -129,11 +176,18 @@ class TaskOption(_UserInput):
             raise ValueError("must be between 0 and 366 days")
         return value
 
-    @field_validator("run_at")
+    @field_validator("run_timeout")
+    @classmethod
+    def _check_run_timeout(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and not timedelta(milliseconds=1) <= value <= timedelta(days=366):
+            raise ValueError("run_timeout must be between 1 ms and 366 days")
+        return value
+
+    @field_validator("run_at", "deadline")
     @classmethod
     def _check_run_at(cls, value: datetime | None) -> datetime | None:
         if value is not None and value.tzinfo is None:
-            raise ValueError("run_at must be timezone-aware (e.g. datetime.now(UTC))")
+            raise ValueError("must be timezone-aware (e.g. datetime.now(UTC))")
         return _utc_ms(value) if value is not None else None
 
     @model_validator(mode="after")
@@ -151,6 +205,7 @@ class TaskOption(_UserInput):
         return self
 
     def to_storage(self, default_run_at: datetime) -> dict[str, Any]:
+        policy = self.retry_policy
         return {
             "priority": self.priority,
             "concurrent_worker_cnt": self.concurrent_worker_cnt,
@@ -160,6 +215,11 @@ class TaskOption(_UserInput):
             "max_unexpected_retries": self.max_unexpected_retries,
             "retry_delay_ms": _ms(self.retry_delay),
             "run_at": self.run_at if self.run_at is not None else default_run_at,
+            "retry": policy.to_storage() if self.retry is not None else None,
+            # the policy's delays (no jitter) for the bulk lease-expiry pass, which cannot run it
+            "lost_retry_delays_ms": lost_retry_delays_ms(policy),
+            "deadline": self.deadline,
+            "run_timeout_ms": _ms(self.run_timeout) if self.run_timeout is not None else None,
         }
 
     @classmethod
@@ -173,6 +233,9 @@ class TaskOption(_UserInput):
             max_unexpected_retries=doc["max_unexpected_retries"],
             retry_delay=timedelta(milliseconds=doc["retry_delay_ms"]),
             run_at=doc.get("run_at"),
+            retry=RetryPolicy.from_storage(doc["retry"]) if doc.get("retry") else None,
+            deadline=doc.get("deadline"),
+            run_timeout=timedelta(milliseconds=doc["run_timeout_ms"]) if doc.get("run_timeout_ms") else None,
         )
 
 
@@ -187,12 +250,40 @@ class OptionChange(_UserInput):
     worker_timeout: timedelta | None = None
     max_unexpected_retries: int | None = Field(None, ge=0, le=1_000_000)
     retry_delay: timedelta | None = None
+    retry: AnyRetryPolicy | None = None
     run_at: datetime | None = None
+    deadline: datetime | None = None
+    run_timeout: timedelta | None = None
 
     def apply(self, current: TaskOption) -> TaskOption:
         """Return the merged option, validated as a whole (raises ``InvalidInput``)."""
         merged = current.model_dump() | self.model_dump(exclude_none=True)
+        if self.retry is not None:
+            merged["retry"] = self.retry
+            merged.pop("max_unexpected_retries", None)  # the new policy's budget
+            if self.max_unexpected_retries is not None:
+                merged["max_unexpected_retries"] = self.max_unexpected_retries
+        elif current.retry is not None:
+            merged["retry"] = current.retry
+            if self.max_unexpected_retries is not None or self.retry_delay is not None:
+                merged.pop("retry")  # back to the fixed shorthand
+                merged.setdefault("max_unexpected_retries", current.max_unexpected_retries)
         return TaskOption(**merged)
+
+
+LOST_RETRY_TABLE = 32
+
+
+def lost_retry_delays_ms(policy: RetryPolicy) -> list[int]:
+    """The policy's delays after failures 1..32 (the last repeats), for the lease-expiry pass: a
+    bulk update that cannot run Python applies ``delays[min(fail_cnt, 31)]``. Jitter is left out;
+    a ``per_day`` policy's jump to the next day is replaced by its delay (the consumer applies the
+    day rule to failures it sees; a lost lease that lands on a new day retries within the day)."""
+    table = policy.delay_table_ms(LOST_RETRY_TABLE)
+    out: list[int] = []
+    for delay in table:
+        out.append(delay if delay is not None else (out[-1] if out else 0))
+    return out
 
 
 def validate_key(key: object) -> str:
@@ -308,6 +399,7 @@ class WorkerState(BaseModel):
     retry_at: datetime | None = None
     result: Any = None
     error: ErrorInfo | None = None
+    final: bool = False  # a failure that ended the task (the handler raised Fail)
 
 
 class TaskInfo(BaseModel):
@@ -331,6 +423,22 @@ class TaskInfo(BaseModel):
     @property
     def results(self) -> list[Any]:
         return [w.result for w in self.worker_states if w.status is AttemptStatus.SUCCEEDED]
+
+    @property
+    def attempts(self) -> int:
+        """Attempts that ran and count (released, revoked and snoozed ones are not counted)."""
+        uncounted = {AttemptStatus.RELEASED, AttemptStatus.REVOKED, AttemptStatus.SNOOZED}
+        return sum(w.status not in uncounted for w in self.worker_states)
+
+    @property
+    def max_attempts(self) -> int | None:
+        """Runs the retry policy allows a single-slot task (None: unlimited)."""
+        return self.option.retry_policy.max_attempts
+
+    @property
+    def next_due(self) -> datetime | None:
+        """When it may be claimed next (None: running, finished or out of budget)."""
+        return self.claim_at
 
     @property
     def last_error(self) -> ErrorInfo | None:

@@ -9,16 +9,28 @@ restart, ...) and plans join here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from mscheduler.clock import Clock, ServerClock
-from mscheduler.drivers.base import Driver, ListParams
-from mscheduler.exceptions import InvalidInput, UnknownTask
+from mscheduler.drivers.base import Driver, InsertPlanParams, ListParams, PlanListParams, UpdatePlanParams
+from mscheduler.exceptions import InvalidInput, StorageError, UnknownPlan, UnknownTask
 from mscheduler.model import TaskInfo, TaskStatus, validate_key, validate_name
+from mscheduler.plans import (
+    Plan,
+    PlanInfo,
+    PlanState,
+    checked_plan_id,
+    option_to_storage,
+    plan_state,
+    refire_time,
+)
+from mscheduler.schedule import to_storage_dict
 
 LIST_LIMIT_MAX = 1000
+PLAN_CHANGE_TRIES = 10  # compare-and-set tries of a plan change racing planners
 # A worker whose last heartbeat is older than this is reported as not live.
 WORKER_LIVENESS = timedelta(seconds=30)
 
@@ -52,6 +64,7 @@ class Operations:
         self.driver = driver
         self.clock = clock if isinstance(clock, ServerClock) else ServerClock(clock)
         self._synced = False
+        self._plans_set_up = False
 
     async def _now(self) -> datetime:
         if not self._synced:
@@ -123,6 +136,130 @@ class Operations:
         """How many tasks are in each status (statuses with none are 0)."""
         counts = await self.driver.count_by_status()
         return {s.value: counts.get(s.value, 0) for s in TaskStatus}
+
+    # -- plans --------------------------------------------------------------------------------
+
+    async def add_plan(self, plan: Plan) -> PlanInfo:
+        """Create a plan; raises ``InvalidInput`` (nothing written) if its id is taken."""
+        if not isinstance(plan, Plan):
+            raise InvalidInput(f"add_plan() takes a Plan, got {type(plan).__name__}")
+        if not self._plans_set_up:  # the plans' indexes, before the first plan (as a publisher does)
+            await self.driver.setup()
+            self._plans_set_up = True
+        now = await self._now()
+        doc = plan.to_storage(now)
+        if not await self.driver.insert_plan(InsertPlanParams(doc, now)):
+            raise InvalidInput(f"plan_id: a plan with id {plan.plan_id!r} exists already")
+        return PlanInfo.from_storage(doc)
+
+    async def get_plan(self, plan_id: str) -> PlanInfo:
+        """The plan, with its last run's current status; raises ``UnknownPlan``."""
+        plan_id = checked_plan_id(plan_id)
+        doc = await self.driver.get_plan(plan_id)
+        if doc is None:
+            raise UnknownPlan(plan_id)
+        key = doc.get("last_run_key")
+        if key is not None and not doc.get("last_run_seen", True):
+            outcome = (await self.driver.get_run_outcomes([key])).get(key)
+            doc["last_run_status"] = outcome.status if outcome is not None else "missing"
+        return PlanInfo.from_storage(doc)
+
+    async def list_plans(
+        self, *, state: str | None = None, limit: int = 100, skip: int = 0
+    ) -> list[PlanInfo]:
+        """Plans oldest first, optionally of one state (served by an index)."""
+        if state is not None:
+            try:
+                state = PlanState(state).value
+            except ValueError:
+                choices = ", ".join(s.value for s in PlanState)
+                raise InvalidInput(f"state: unknown plan state {state!r} (one of {choices})") from None
+        if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
+            raise InvalidInput(f"limit: must be an integer from 1 to {LIST_LIMIT_MAX}")
+        if not isinstance(skip, int) or skip < 0:
+            raise InvalidInput("skip: must be a non-negative integer")
+        docs = await self.driver.list_plans(PlanListParams(state=state, limit=limit, skip=skip))
+        return [PlanInfo.from_storage(doc) for doc in docs]
+
+    async def suspend_plan(self, plan_id: str) -> PlanInfo:
+        """Suspend a plan: no occurrence is materialised until ``resume_plan``."""
+        return await self._change_plan(plan_id, lambda doc, now: {"suspended": True})
+
+    async def resume_plan(self, plan_id: str) -> PlanInfo:
+        """Resume a suspended plan, or one parked in the error state (its failure streak is reset).
+        Occurrences that fell due meanwhile follow the plan's catch-up policy, as after an outage."""
+        return await self._change_plan(
+            plan_id, lambda doc, now: {"suspended": False, "error": False, "consecutive_failures": 0}
+        )
+
+    async def skip_plan(self, plan_id: str, n: int = 1) -> PlanInfo:
+        """Skip the plan's next ``n`` occurrences (sets the count: 0 cancels earlier skips)."""
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 10**9:
+            raise InvalidInput("n: must be an integer from 0 to 1,000,000,000")
+        return await self._change_plan(plan_id, lambda doc, now: {"skip_next": n})
+
+    async def edit_plan(self, plan_id: str, **changes: Any) -> PlanInfo:
+        """Change a plan's definition: ``name``, ``params``, ``option``, ``timing``,
+        ``allow_overlap``, ``max_consecutive_failures``. A new timing recomputes the next fire
+        time from now; counters are kept. Validated as a whole (``InvalidInput``, nothing written)."""
+        for field in ("plan_id", "suspended"):
+            if field in changes:
+                hint = "remove and re-add it" if field == "plan_id" else "use suspend_plan / resume_plan"
+                raise InvalidInput(f"{field}: cannot be edited ({hint})")
+
+        def change(doc: dict[str, Any], now: datetime) -> dict[str, Any]:
+            current = PlanInfo.from_storage(doc).as_plan()
+            edited = Plan(**(current.model_dump() | changes))
+            fields: dict[str, Any] = {
+                "task": {
+                    "name": edited.name,
+                    "params": edited.params,
+                    "option": option_to_storage(edited.option),
+                },
+                "timing": to_storage_dict(edited.timing),
+                "allow_overlap": edited.allow_overlap,
+                "max_consecutive_failures": edited.max_consecutive_failures,
+            }
+            if "timing" in changes and not doc["awaiting"]:
+                fields["next_fire_time"] = refire_time(edited.timing, now)
+            return fields
+
+        return await self._change_plan(plan_id, change)
+
+    async def remove_plan(self, plan_id: str) -> None:
+        """Delete a plan (tasks it already made stay); raises ``UnknownPlan``."""
+        plan_id = checked_plan_id(plan_id)
+        if not await self.driver.delete_plan(plan_id):
+            raise UnknownPlan(plan_id)
+
+    async def _change_plan(
+        self, plan_id: str, change: Callable[[dict[str, Any], datetime], dict[str, Any]]
+    ) -> PlanInfo:
+        """Read, change, compare-and-set on the version (again if a planner wrote meanwhile)."""
+        plan_id = checked_plan_id(plan_id)
+        for _ in range(PLAN_CHANGE_TRIES):
+            doc = await self.driver.get_plan(plan_id)
+            if doc is None:
+                raise UnknownPlan(plan_id)
+            now = await self._now()
+            fields = change(doc, now)
+            merged = doc | fields
+            state = plan_state(
+                suspended=merged["suspended"],
+                error=merged["error"],
+                awaiting=merged["awaiting"],
+                next_fire_time=merged["next_fire_time"],
+            )
+            if state is PlanState.ACTIVE:
+                due = merged["next_fire_time"]
+            elif state is PlanState.AWAITING_COMPLETION:
+                due = now  # look at its run at the next pass
+            else:
+                due = None
+            fields |= {"state": state.value, "due_time": due, "version": doc["version"] + 1}
+            if await self.driver.update_plan(UpdatePlanParams(plan_id, doc["version"], fields, now)):
+                return PlanInfo.from_storage(doc | fields | {"update_time": now})
+        raise StorageError(f"plan {plan_id!r} kept changing under {PLAN_CHANGE_TRIES} tries; try again")
 
 
 def _checked(validate: Any, value: object, field: str) -> Any:

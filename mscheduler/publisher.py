@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from mscheduler.clock import Clock, SystemClock
 from mscheduler.drivers.base import Driver, InsertParams, NewTask, UpdateOptionParams, encoded_size
-from mscheduler.exceptions import InvalidInput, MSchedulerError, TaskFailed, UnknownTask
+from mscheduler.exceptions import InvalidInput, MSchedulerError, TaskExpired, TaskFailed, UnknownTask
 from mscheduler.model import OptionChange, Task, TaskInfo, TaskOption, TaskStatus, validate_key
 
 SEND_MANY_BATCH = 1000
@@ -152,6 +152,8 @@ class Publisher:
             if info.status is TaskStatus.SUCCEEDED:
                 results = info.results
                 return results[0] if info.option.concurrent_worker_cnt == 1 else results
+            if info.status is TaskStatus.EXPIRED:
+                raise TaskExpired(key)
             if info.status is TaskStatus.FAILED:
                 error = info.last_error
                 raise TaskFailed(key, error.model_dump() if error else None)

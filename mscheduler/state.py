@@ -7,11 +7,14 @@ as an update pipeline, and the conformance suite checks that both agree.
 * ``running_cnt`` / ``success_cnt`` / ``fail_cnt``: entries running / succeeded / failed, lost
   or rejected; ``rejected_cnt``: entries rejected (invalid params), which use up the budget.
 * ``free_slots``: ``concurrent_worker_cnt - running - succeeded`` (never below 0).
-* ``exhausted``: ``fail_cnt > max_unexpected_retries`` or a rejected entry — the budget is used —
-  or ``state.broken`` is set (the task's document could not be written; the reason is there).
+* ``exhausted``: ``fail_cnt > max_unexpected_retries`` (None: unlimited), a rejected entry or a
+  final one (the handler raised ``Fail``) — the budget is used — or ``state.broken`` is set (the
+  task's document could not be written; the reason is there).
+* ``expired``: ``state.expired_at`` is set (the deadline passed before it started): status
+  ``expired`` once nothing runs, never claimable.
 * ``status``: succeeded (enough successes) > failed (budget used, nothing running) > running >
   pending.
-* ``retry_at``: the latest ``retry_at`` of a failed entry (a failure's time + retry delay).
+* ``retry_at``: the latest ``retry_at`` of a failed or snoozed entry (when it may run again).
 * ``claim_at``: when a free slot may be claimed, ``max(run_at, retry_at)``; ``None`` when no slot
   is free or the task is terminal or exhausted. The claim query is served by an index on it.
 * ``targeted``: the task names specific workers (those are claimed first by them).
@@ -32,6 +35,7 @@ from mscheduler.model import AttemptStatus, TaskStatus
 RUNNING = AttemptStatus.RUNNING.value
 SUCCEEDED = AttemptStatus.SUCCEEDED.value
 REJECTED = AttemptStatus.REJECTED.value
+SNOOZED = AttemptStatus.SNOOZED.value
 FAILURES = (AttemptStatus.FAILED.value, AttemptStatus.LOST.value, REJECTED)
 
 DERIVED_FIELDS = (
@@ -61,10 +65,15 @@ def claimer_tokens(names: list[str] | tuple[str, ...], worker_id: str) -> list[s
 
 
 def derive(
-    name: str, option: dict[str, Any], worker_states: list[dict[str, Any]], broken: bool = False
+    name: str,
+    option: dict[str, Any],
+    worker_states: list[dict[str, Any]],
+    broken: bool = False,
+    expired: bool = False,
 ) -> dict[str, Any]:
-    """The derived fields of a task; ``broken``: ``state.broken`` is set (a document error)."""
-    running = success = failures = rejected = 0
+    """The derived fields of a task; ``broken``: ``state.broken`` is set (a document error);
+    ``expired``: ``state.expired_at`` is set (its deadline passed before it started)."""
+    running = success = failures = rejected = final = 0
     retry_at: datetime | None = None
     busy_workers: set[str] = set()
     for entry in worker_states:
@@ -75,25 +84,30 @@ def derive(
         elif status == SUCCEEDED:
             success += 1
             busy_workers.add(entry["worker_id"])
-        elif status in FAILURES:
-            failures += 1
-            rejected += status == REJECTED
+        elif status in FAILURES or status == SNOOZED:
+            if status != SNOOZED:
+                failures += 1
+                rejected += status == REJECTED
+                final += entry.get("final") is True
             entry_retry = entry.get("retry_at")
             if entry_retry is not None and (retry_at is None or entry_retry > retry_at):
                 retry_at = entry_retry
     cnt = option["concurrent_worker_cnt"]
     free = max(cnt - running - success, 0)
-    exhausted = failures > option["max_unexpected_retries"] or rejected > 0 or broken
+    budget = option["max_unexpected_retries"]  # None: unlimited
+    exhausted = (budget is not None and failures > budget) or rejected > 0 or final > 0 or broken
     if success >= cnt:
         status_value = TaskStatus.SUCCEEDED.value
     elif exhausted and running == 0:
         status_value = TaskStatus.FAILED.value
+    elif expired and running == 0:
+        status_value = TaskStatus.EXPIRED.value
     elif running > 0:
         status_value = TaskStatus.RUNNING.value
     else:
         status_value = TaskStatus.PENDING.value
     claim_at: datetime | None
-    if success >= cnt or exhausted or free == 0:
+    if success >= cnt or exhausted or expired or free == 0:
         claim_at = None
     else:
         run_at = option["run_at"]

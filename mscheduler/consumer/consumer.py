@@ -15,12 +15,13 @@ import asyncio
 import inspect
 import logging
 import os
+import random
 import secrets
 import socket
 import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ValidationError
@@ -38,8 +39,17 @@ from mscheduler.drivers.base import (
     WorkerInfo,
     encoded_size,
 )
-from mscheduler.exceptions import ConsumerStopped, InvalidInput, MSchedulerError, StorageError
+from mscheduler.exceptions import (
+    ConsumerStopped,
+    Fail,
+    InvalidInput,
+    MSchedulerError,
+    Retry,
+    Snooze,
+    StorageError,
+)
 from mscheduler.model import AttemptStatus, TaskOption, check_params, validate_name
+from mscheduler.planner import Planner
 
 log = logging.getLogger("mscheduler.consumer")
 
@@ -49,6 +59,10 @@ TRACEBACK_LIMIT = 8000
 LEASE_SAFETY_MARGIN = timedelta(milliseconds=500)
 DEFAULT_MAX_RESULT_BYTES = 512 * 1024
 ERROR_BACKOFF = 5.0  # seconds a side task waits after a storage error no retry fixed
+
+
+class RunTimedOut(Exception):
+    """An attempt ran longer than its task's ``run_timeout``: it fails and is retried by policy."""
 
 
 def _silence(future: asyncio.Future[Any]) -> None:
@@ -146,6 +160,10 @@ class Consumer:
     :param stream_poll_interval: seconds between polls while a change stream is healthy.
     :param max_result_bytes: the largest result a handler may return (its BSON size); a larger
         one fails the task at once, without retries (a result is deterministic), with the reason.
+    :param planner: run a planner as a side task (on by default): it turns due occurrences of
+        recurring plans into tasks. Any number of consumers (and ``mscheduler planner``) may run
+        one at once; none is special (see docs/plans.md). ``planner=False`` turns it off.
+    :param planner_interval: seconds between the planner's passes.
     :param grace_period: on graceful stop, how long running handlers may take to finish before
         they are cancelled and their leases released.
     :param claim_lease: an optional cap on the first lease of a claim. The first lease is the
@@ -167,6 +185,8 @@ class Consumer:
         max_claim_batch: int = 64,
         wakeup_queue_size: int = 10_000,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        planner: bool = True,
+        planner_interval: float = 1.0,
         clock: Clock | None = None,
         host: str | None = None,
     ) -> None:
@@ -194,6 +214,11 @@ class Consumer:
         self.max_claim_batch = max_claim_batch
         self.wakeup_queue_size = wakeup_queue_size
         self.max_result_bytes = max_result_bytes
+        if planner and not 0 < planner_interval <= 3600:
+            raise InvalidInput("planner_interval must be more than 0 and at most 3600 seconds")
+        self.planner_enabled = planner
+        self.planner_interval = planner_interval
+        self.planner: Planner | None = None
         self.clock = ServerClock(clock) if not isinstance(clock, ServerClock) else clock
         self._handlers: dict[str, _Registered] = {}
         self._listeners: list[Listener] = []
@@ -212,6 +237,7 @@ class Consumer:
         self._hurry = asyncio.Event()  # a second stop(grace=0): stop waiting for anything
         self.error: BaseException | None = None
         self.stop_reason: str | None = None  # why it stopped (or is stopping): see ``state``
+        self.rng = random.Random()  # retry jitter; tests may seed or replace it
         self.discovery: Discovery | None = None
         self.stats = {"claimed": 0, "succeeded": 0, "failed": 0, "lost": 0, "released": 0, "rejected": 0}
 
@@ -311,6 +337,7 @@ class Consumer:
             ("pinger", self._run_pinger()),
             ("finisher", self._run_finisher()),
             ("heartbeat", self._run_heartbeat()),
+            *((("planner", self._run_planner()),) if self.planner_enabled else ()),
         ):
             task = asyncio.create_task(coro, name=f"mscheduler:{self.worker_id}:{name}")
             task.add_done_callback(self._side_task_done)
@@ -378,6 +405,8 @@ class Consumer:
             return
         deadline = self.clock.monotonic() + grace
         self._side["claimer"].cancel()
+        if self.planner is not None:
+            self.planner.stop()
         await self._release_claim_in_flight(deadline)
         handler_tasks = [r.task for r in self._running.values() if r.task is not None and not r.task.done()]
         if handler_tasks:
@@ -568,6 +597,8 @@ class Consumer:
         result: Any = None
         error: dict[str, Any] | None = None
         retry_at = None
+        final = False
+        run_timeout = running.option.get("run_timeout_ms")
         try:
             try:
                 args = self._arguments(registered, claimed, running)
@@ -575,9 +606,28 @@ class Consumer:
                 outcome = AttemptStatus.REJECTED.value
                 error = {"type": "InvalidParams", "message": str(exc), "traceback": None}
             else:
-                result = await registered.fn(*args)
+                try:
+                    async with asyncio.timeout(run_timeout / 1000 if run_timeout else None) as deadline:
+                        result = await registered.fn(*args)
+                except TimeoutError as exc:
+                    if deadline.expired() and running.cancel_reason is None:
+                        message = f"the attempt ran longer than its run_timeout ({run_timeout} ms)"
+                        raise RunTimedOut(message) from exc
+                    raise
                 result, error = self._storable_result(result)
                 outcome = AttemptStatus.SUCCEEDED.value if error is None else AttemptStatus.REJECTED.value
+        except Snooze as exc:
+            outcome = AttemptStatus.SNOOZED.value
+            error = {"type": "Snooze", "message": str(exc), "traceback": None}
+            retry_at = self.clock.now() + exc.after
+        except Retry as exc:
+            outcome = AttemptStatus.FAILED.value
+            error = _error_info(exc) | {"type": "Retry"}
+            retry_at = self.clock.now() + exc.after
+        except Fail as exc:
+            outcome = AttemptStatus.FAILED.value
+            error = _error_info(exc) | {"type": "Fail"}
+            final = True
         except asyncio.CancelledError:
             reason = running.cancel_reason
             if reason is None:  # cancelled from outside our bookkeeping: treat as a release
@@ -588,7 +638,7 @@ class Consumer:
         except Exception as exc:
             outcome = AttemptStatus.FAILED.value
             error = _error_info(exc)
-            retry_at = self.clock.now() + timedelta(milliseconds=running.option["retry_delay_ms"])
+            retry_at = self._retry_at(running)
         finally:
             running.handler_done = True
             self._handlers_active -= 1
@@ -597,7 +647,7 @@ class Consumer:
         if outcome is not None:
             now = self.clock.now()
             params = FinishParams(
-                claimed.key, self.worker_id, claimed.attempt, now, outcome, result, error, retry_at
+                claimed.key, self.worker_id, claimed.attempt, now, outcome, result, error, retry_at, final
             )
             try:
                 accepted = await self._submit(params)
@@ -616,6 +666,14 @@ class Consumer:
         self._emit(
             "finished", {"key": claimed.key, "attempt": claimed.attempt, "outcome": stat, "error": error}
         )
+
+    def _retry_at(self, running: _Running) -> datetime:
+        """When a failed attempt's task may run again, by its retry policy (mscheduler.retry). A
+        policy whose budget is used says None: the derived state fails the task then anyway."""
+        now = self.clock.now()
+        policy = TaskOption.from_storage(running.option).retry_policy
+        when = policy.next_retry([*running.claimed.failure_times, now], now, self.rng)
+        return when if when is not None else now
 
     def _storable_result(self, result: Any) -> tuple[Any, dict[str, Any] | None]:
         """The result as stored, or (None, the reason it cannot be): a pydantic model is dumped
@@ -658,8 +716,12 @@ class Consumer:
         if stat not in (AttemptStatus.FAILED.value, AttemptStatus.REJECTED.value) or error is None:
             return
         claimed = running.claimed
-        budget = int(running.option["max_unexpected_retries"])
-        final = stat == AttemptStatus.REJECTED.value or claimed.fail_cnt + 1 > budget
+        budget = running.option["max_unexpected_retries"]  # None: unlimited
+        final = (
+            stat == AttemptStatus.REJECTED.value
+            or error["type"] == "Fail"
+            or (budget is not None and claimed.fail_cnt + 1 > budget)
+        )
         fields = self._fields(
             running,
             outcome=stat,
@@ -865,6 +927,12 @@ class Consumer:
             )
             self._emit(reason, {"key": running.claimed.key, "attempt": running.claimed.attempt})
         running.cancel(reason)
+
+    # -- planner --------------------------------------------------------------------------------
+
+    async def _run_planner(self) -> None:
+        self.planner = Planner(self.driver, clock=self.clock, interval=self.planner_interval)
+        await self.planner.run()
 
     # -- storage errors -------------------------------------------------------------------------
 

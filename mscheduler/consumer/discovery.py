@@ -158,6 +158,9 @@ class Discovery:
         expired = await self.driver.expire_leases(ExpireParams(now))
         if expired:
             self._emit("leases_expired", {"count": expired})
+        past_deadline = await self.driver.expire_deadlines(ExpireParams(now))
+        if past_deadline:
+            self._emit("deadlines_expired", {"count": past_deadline})
         limit = self.batch_size
         wakeups = await self.driver.find_wakeups(WakeupParams(self.worker_id, self.names, now, limit))
         self.queue.overflowed = False

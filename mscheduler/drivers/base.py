@@ -71,6 +71,7 @@ class ClaimedTask:
     attempt_no: int  # 1-based position among this task's entries
     ping_expire_time: datetime
     fail_cnt: int = 0  # failures counted against the budget before this attempt
+    failure_times: tuple[datetime, ...] = ()  # when those failures happened, oldest first
 
 
 @dataclass(slots=True, frozen=True)
@@ -97,7 +98,8 @@ class FinishParams:
     outcome: str  # an AttemptStatus value other than running / lost
     result: Any = None
     error: dict[str, Any] | None = None
-    retry_at: datetime | None = None  # for failures: when the task may be retried
+    retry_at: datetime | None = None  # for failures and snoozes: when the task may run again
+    final: bool = False  # a failure that ends the task (the handler raised Fail)
 
 
 @dataclass(slots=True, frozen=True)
@@ -168,6 +170,66 @@ class ListParams:
 
 
 @dataclass(slots=True, frozen=True)
+class InsertPlanParams:
+    """A new plan's stored document (``Plan.to_storage``); an existing ``plan_id`` is not replaced."""
+
+    plan: Mapping[str, Any]
+    now: datetime
+
+
+@dataclass(slots=True, frozen=True)
+class PlanListParams:
+    state: str | None = None
+    limit: int = 100
+    skip: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class UpdatePlanParams:
+    """Set ``fields`` of a plan if its stored ``version`` is still ``version`` (compare-and-set);
+    ``fields`` holds the new ``version`` too."""
+
+    plan_id: str
+    version: int
+    fields: Mapping[str, Any]
+    now: datetime
+
+
+@dataclass(slots=True, frozen=True)
+class DuePlansParams:
+    """Plans a planner should look at: active or awaiting completion, ``due_time <= now``."""
+
+    now: datetime
+    limit: int = 500
+
+
+@dataclass(slots=True, frozen=True)
+class PlanAdvance:
+    """One compare-and-set of a planner: matches ``plan_id``, the ``version`` and the
+    ``next_fire_time`` it read; sets ``fields`` (new progress and version)."""
+
+    plan_id: str
+    version: int
+    next_fire_time: datetime | None
+    fields: Mapping[str, Any]
+
+
+@dataclass(slots=True, frozen=True)
+class AdvancePlansParams:
+    advances: Sequence[PlanAdvance]
+    now: datetime
+
+
+@dataclass(slots=True, frozen=True)
+class RunOutcome:
+    """What a planner needs of a plan's run task: its status and when its last attempt ended."""
+
+    key: str
+    status: str
+    end_time: datetime | None
+
+
+@dataclass(slots=True, frozen=True)
 class WorkerInfo:
     worker_id: str
     host: str
@@ -206,6 +268,10 @@ class Driver(Protocol):
         """Mark expired running entries lost; returns how many tasks changed."""
         ...
 
+    async def expire_deadlines(self, params: ExpireParams) -> int:
+        """Mark pending tasks whose deadline passed ``expired``; returns how many."""
+        ...
+
     async def find_wakeups(self, params: WakeupParams) -> list[Wakeup]: ...
 
     def watch(
@@ -232,6 +298,36 @@ class Driver(Protocol):
     async def unregister_worker(self, worker_id: str, now: datetime) -> None: ...
 
     async def list_workers(self) -> list[dict[str, Any]]: ...
+
+    # -- plans (mscheduler.plans; their own collection) ----------------------------------------
+
+    async def insert_plan(self, params: InsertPlanParams) -> bool:
+        """False (nothing written) if a plan with that id exists."""
+        ...
+
+    async def get_plan(self, plan_id: str) -> dict[str, Any] | None: ...
+
+    async def list_plans(self, params: PlanListParams) -> list[dict[str, Any]]:
+        """Plans in creation order (then id), optionally of one state."""
+        ...
+
+    async def update_plan(self, params: UpdatePlanParams) -> bool:
+        """Compare-and-set on ``version``; False if the plan is gone or changed meanwhile."""
+        ...
+
+    async def delete_plan(self, plan_id: str) -> bool: ...
+
+    async def find_due_plans(self, params: DuePlansParams) -> list[dict[str, Any]]:
+        """Up to ``limit`` plans a planner should look at now, earliest ``due_time`` first."""
+        ...
+
+    async def advance_plans(self, params: AdvancePlansParams) -> int:
+        """Apply the compare-and-sets (one bulk write); returns how many matched."""
+        ...
+
+    async def get_run_outcomes(self, keys: Sequence[str]) -> dict[str, RunOutcome]:
+        """Status and last end time of these tasks (one read); missing keys are left out."""
+        ...
 
 
 def new_task_document(task: NewTask, now: datetime) -> dict[str, Any]:
@@ -269,6 +365,7 @@ def new_entry(params: ClaimParams, attempt: str, expire: datetime) -> dict[str, 
         "retry_at": None,
         "result": None,
         "error": None,
+        "final": False,  # True: the handler said Fail, no more retries
     }
 
 
@@ -284,7 +381,25 @@ ENTRY_FIELDS = (
     "retry_at",
     "result",
     "error",
+    "final",
 )
+
+
+FAILURE_STATUSES = ("failed", "lost", "rejected")
+
+
+def failure_times(worker_states: Sequence[Mapping[str, Any]]) -> tuple[datetime, ...]:
+    """When the counted failures of a task happened, oldest first (for retry policies)."""
+    return tuple(
+        sorted(e["end_time"] for e in worker_states if e["status"] in FAILURE_STATUSES and e.get("end_time"))
+    )
+
+
+def lost_retry_at(option: Mapping[str, Any], fail_cnt: int, now: datetime) -> datetime:
+    """When a task whose lease was just lost may run again: the policy's delay for failure
+    ``fail_cnt + 1`` from ``option.lost_retry_delays_ms`` (see model.lost_retry_delays_ms)."""
+    delays = option.get("lost_retry_delays_ms") or [0]
+    return now + timedelta(milliseconds=delays[min(fail_cnt, len(delays) - 1)])
 
 
 def encoded_size(value: Any) -> int:

@@ -38,10 +38,13 @@ from mscheduler.drivers.base import (
     WorkerInfo,
     allowed,
     event_for,
+    failure_times,
     first_lease_end,
+    lost_retry_at,
     new_entry,
     new_task_document,
 )
+from mscheduler.drivers.memory_plans import MemoryPlans
 from mscheduler.exceptions import InvalidInput
 from mscheduler.state import claimer_tokens, derive
 
@@ -52,7 +55,7 @@ def _copy(value: Any) -> Any:
     return value if isinstance(value, _SCALARS) else copy.deepcopy(value)
 
 
-class MemoryDriver:
+class MemoryDriver(MemoryPlans):
     """Tasks and workers in dictionaries and heaps; the same rules as ``MongoDriver``."""
 
     def __init__(self, clock: Clock | None = None) -> None:
@@ -63,9 +66,11 @@ class MemoryDriver:
         self._future: dict[str, list[tuple[datetime, int, str, int]]] = {}
         self._ready: dict[str, list[tuple[int, int, datetime, int, str, int]]] = {}
         self.examined = 0
+        self._deadlines: list[tuple[datetime, int, str]] = []
         self._leases: list[tuple[datetime, int, str, str]] = []
         self._workers: dict[str, dict[str, Any]] = {}
         self._subscribers: list[tuple[frozenset[str], asyncio.Queue[ChangeEvent]]] = []
+        self._init_plans()
 
     # -- indexing -----------------------------------------------------------------------------
 
@@ -73,7 +78,13 @@ class MemoryDriver:
         """Recompute derived state, re-index and announce a changed task."""
         state = doc["state"]
         state.update(
-            derive(doc["name"], doc["option"], state["worker_states"], state.get("broken") is not None)
+            derive(
+                doc["name"],
+                doc["option"],
+                state["worker_states"],
+                state.get("broken") is not None,
+                state.get("expired_at") is not None,
+            )
         )
         state["update_time"] = now
         key = doc["key"]
@@ -83,6 +94,9 @@ class MemoryDriver:
             item = (state["claim_at"], next(self._seq), key, version)
             for token in state["claimers"]:
                 heapq.heappush(self._future.setdefault(token, []), item)
+            deadline = doc["option"].get("deadline")
+            if deadline is not None:
+                heapq.heappush(self._deadlines, (deadline, next(self._seq), key))
         if self._subscribers:
             event = event_for(doc)
             for names, queue in self._subscribers:
@@ -153,6 +167,9 @@ class MemoryDriver:
             return False
         if params.exclude_keys and doc["key"] in params.exclude_keys:
             return False
+        deadline = doc["option"].get("deadline")
+        if deadline is not None and deadline <= params.now:
+            return False
         for entry in state["worker_states"]:
             if entry["worker_id"] == params.worker_id and entry["status"] in ("running", "succeeded"):
                 return False
@@ -194,6 +211,7 @@ class MemoryDriver:
                     attempt_no=len(doc["state"]["worker_states"]),
                     ping_expire_time=expire,
                     fail_cnt=doc["state"]["fail_cnt"],
+                    failure_times=failure_times(doc["state"]["worker_states"]),
                 )
             )
             attempt = next(attempts, None)
@@ -241,6 +259,7 @@ class MemoryDriver:
                 result=_copy(item.result),
                 error=_copy(item.error),
                 retry_at=item.retry_at,
+                final=item.final,
             )
             self._write(doc, item.now)
             accepted.append(True)
@@ -269,7 +288,7 @@ class MemoryDriver:
                     entry.update(
                         status="lost",
                         end_time=now,
-                        retry_at=now,
+                        retry_at=lost_retry_at(doc["option"], doc["state"]["fail_cnt"], now),
                         error={
                             "type": "LeaseExpired",
                             "message": "the lease expired (no ping)",
@@ -280,6 +299,22 @@ class MemoryDriver:
             if changed:
                 expired += 1  # tasks changed, as MongoDB's update_many counts them
                 self._write(doc, now)
+        return expired
+
+    async def expire_deadlines(self, params: ExpireParams) -> int:
+        now = params.now
+        expired = 0
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, key = heapq.heappop(self._deadlines)
+            doc = self._tasks.get(key)
+            if doc is None or doc["state"]["status"] != "pending":
+                continue
+            deadline = doc["option"].get("deadline")
+            if deadline is None or deadline > now:
+                continue  # changed since (a later deadline has its own heap entry)
+            doc["state"]["expired_at"] = now
+            self._write(doc, now)
+            expired += 1
         return expired
 
     async def find_wakeups(self, params: WakeupParams) -> list[Wakeup]:

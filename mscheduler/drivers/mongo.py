@@ -23,24 +23,18 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 import random
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from datetime import datetime, timedelta
+from typing import Any
 
 from bson.errors import InvalidDocument
 from pymongo import ReadPreference, ReturnDocument, UpdateOne, WriteConcern
 from pymongo.errors import (
-    AutoReconnect,
     BulkWriteError,
-    ConnectionFailure,
     DuplicateKeyError,
-    ExecutionTimeout,
-    NetworkTimeout,
-    NotPrimaryError,
     OperationFailure,
     PyMongoError,
     WriteConcernError,
@@ -48,7 +42,6 @@ from pymongo.errors import (
 from pymongo.read_concern import ReadConcern
 
 from mscheduler.drivers.base import (
-    ENTRY_FIELDS,
     ChangeEvent,
     ChangeStreamUnsupported,
     ClaimedTask,
@@ -59,283 +52,71 @@ from mscheduler.drivers.base import (
     ListParams,
     PingParams,
     PingResult,
-    ResumeTokenLost,
     StreamPosition,
     UpdateOptionParams,
     Wakeup,
     WakeupParams,
     WorkerInfo,
     allowed,
-    event_for,
+    failure_times,
     first_lease_end,
+    lost_retry_at,
     new_entry,
     new_task_document,
 )
+from mscheduler.drivers.mongo_common import (  # noqa: F401  (re-exported for tests and the CLI)
+    _FAILURE_STATUSES,
+    ALL_STATUSES,
+    ATTEMPT_INDEX,
+    BUSY,
+    CHANGE_STREAM_TOKEN_LOST_CODES,
+    CHANGE_STREAM_UNSUPPORTED_CODES,
+    CLAIM_INDEX,
+    CONFIG_CODES,
+    CREATED_INDEX,
+    DEADLINE_INDEX,
+    DOCUMENT_CODES,
+    FINISHED,
+    INDEX_NAMES,
+    INDEXES,
+    KEY_INDEX,
+    LEASES_INDEX,
+    MAJORITY_WTIMEOUT_MS,
+    NAME_INDEX,
+    PROBE,
+    RETRYABLE_WRITE_CONCERN_CODES,
+    STATUS_INDEX,
+    TASKS,
+    TRANSIENT_CODES,
+    TRANSIENT_ERRORS,
+    WAKEUP_INDEX,
+    WORKERS,
+    WS,
+    T,
+    _async_with_options,
+    _claimers,
+    _count,
+    _derive_stages,
+    _has_label,
+    _in,
+    _is_transient,
+    _lit,
+    _out,
+    _rebuild_entries,
+    _resolve,
+    _translate,
+    _write_concern_codes,
+    change_event,
+    log,
+    watch_error,
+    watch_pipeline,
+)
+from mscheduler.drivers.mongo_plans import MongoPlans, plans_collection
 from mscheduler.exceptions import StorageError
-from mscheduler.model import TaskStatus
-from mscheduler.state import ANYONE, claimer_tokens
-
-log = logging.getLogger("mscheduler.mongo")
-
-T = TypeVar("T")
-
-TASKS = "mscheduler_tasks"
-WORKERS = "mscheduler_workers"
-PROBE = "mscheduler_probe"
-
-WS = "state.worker_states"
-TRANSIENT_ERRORS = (AutoReconnect, ConnectionFailure, NetworkTimeout, NotPrimaryError, ExecutionTimeout)
-# Server codes that a retry may fix: interrupted / shutting down / not primary / write conflict.
-TRANSIENT_CODES = frozenset({6, 7, 89, 91, 112, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436})
-# Write-concern errors worth retrying: the retryable-writes list (the write may not have been
-# applied on a majority because the node stepped down or shut down).
-RETRYABLE_WRITE_CONCERN_CODES = frozenset({6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436})
-# Configuration errors no retry fixes: unauthorized, auth failed, unknown / unsatisfiable write
-# concern, invalid options. A consumer stops on them with the reason at ERROR.
-CONFIG_CODES = frozenset({13, 18, 79, 100, 8000})
-# One document cannot be written: too large (BSONObjectTooLarge, the result of an update too
-# large), or a value BSON cannot hold.
-DOCUMENT_CODES = frozenset({10334, 17419, 17420})
-# The server or the fake cannot watch at all (standalone: 40573; $changeStream unknown: 40415;
-# command not supported: 115; change streams disabled on a serverless tier: 376). 303 is not
-# here: it is a connection error (a transient one).
-CHANGE_STREAM_UNSUPPORTED_CODES = frozenset({40573, 40415, 115, 376})
-# The stored resume token can no longer be used: start afresh without it and poll once.
-CHANGE_STREAM_TOKEN_LOST_CODES = frozenset({286, 280, 260, 9})
-MAJORITY_WTIMEOUT_MS = 10_000
-
-# Every query names the index that serves its filter and sort (``hint``); see docs/design.md.
-CLAIM_INDEX = "claimers_claim"
-WAKEUP_INDEX = "claimers_wakeup"
-LEASES_INDEX = "leases"
-KEY_INDEX = "key"
-ATTEMPT_INDEX = "attempt"
-STATUS_INDEX = "list_status"
-NAME_INDEX = "list_name"
-CREATED_INDEX = "list_created"
-INDEXES: list[tuple[Any, dict[str, Any]]] = [
-    ("key", {"unique": True, "name": KEY_INDEX}),
-    # claim: equality on who may claim (this worker's or anyone's token, per name), then the
-    # claim order; claim_at bounds the due range. Tasks aimed at others are outside the ranges.
-    (
-        [("state.claimers", 1), ("option.priority", -1), ("state.targeted", -1), ("state.claim_at", 1)],
-        {"name": CLAIM_INDEX},
-    ),
-    # wake-ups: the same equality, then due time (merged across tokens: no in-memory sort)
-    ([("state.claimers", 1), ("state.claim_at", 1)], {"name": WAKEUP_INDEX}),
-    ([(f"{WS}.status", 1), (f"{WS}.ping_expire_time", 1)], {"name": LEASES_INDEX}),
-    (f"{WS}.attempt", {"name": ATTEMPT_INDEX}),
-    # admin reads: list by status / by name (+ status) / all, newest page by cursor; counts
-    ([("state.status", 1), ("state.create_time", 1), ("key", 1)], {"name": STATUS_INDEX}),
-    ([("name", 1), ("state.status", 1), ("state.create_time", 1), ("key", 1)], {"name": NAME_INDEX}),
-    ([("state.create_time", 1), ("key", 1)], {"name": CREATED_INDEX}),
-]
-INDEX_NAMES = tuple(options["name"] for _, options in INDEXES)
+from mscheduler.state import claimer_tokens
 
 
-# -- datetimes: naive UTC on the wire (mongomock compares naive), aware UTC everywhere else ----
-
-
-def _out(value: Any) -> Any:
-    """Convert aware datetimes to naive UTC, recursively, for filters and updates."""
-    if isinstance(value, datetime):
-        return value.astimezone(UTC).replace(tzinfo=None) if value.tzinfo else value
-    if isinstance(value, dict):
-        return {k: _out(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_out(v) for v in value]
-    return value
-
-
-def _in(value: Any) -> Any:
-    """Make every datetime read from the database aware (UTC)."""
-    if isinstance(value, datetime):
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-    if isinstance(value, dict):
-        return {k: _in(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_in(v) for v in value]
-    return value
-
-
-def _lit(value: Any) -> dict[str, Any]:
-    return {"$literal": _out(value)}
-
-
-# -- pipeline pieces ------------------------------------------------------------------------------
-
-
-def _count(statuses: Sequence[str]) -> dict[str, Any]:
-    cond = (
-        {"$eq": ["$$e.status", statuses[0]]}
-        if len(statuses) == 1
-        else {"$in": ["$$e.status", list(statuses)]}
-    )
-    return {"$size": {"$filter": {"input": f"${WS}", "as": "e", "cond": cond}}}
-
-
-_FAILURE_STATUSES = ["failed", "lost", "rejected"]
-
-
-def _derive_stages(now: datetime) -> list[dict[str, Any]]:
-    """``mscheduler.state.derive`` as update-pipeline stages."""
-    cnt = "$option.concurrent_worker_cnt"
-    finished = {"$gte": ["$state.success_cnt", cnt]}
-    exhausted = {
-        "$or": [
-            {"$gt": ["$state.fail_cnt", "$option.max_unexpected_retries"]},
-            {"$gt": ["$state.rejected_cnt", 0]},
-            {"$ne": [{"$ifNull": ["$state.broken", None]}, None]},
-        ]
-    }
-    busy = {"$add": ["$state.running_cnt", "$state.success_cnt"]}
-    return [
-        {
-            "$set": {
-                "state.running_cnt": _count(["running"]),
-                "state.success_cnt": _count(["succeeded"]),
-                "state.fail_cnt": _count(_FAILURE_STATUSES),
-                "state.rejected_cnt": _count(["rejected"]),
-                # Only failures set the retry time (as in derive): first the failures' retry_at
-                # (null for other entries), reduced by the next stage's $max over a field path,
-                # the form mongomock evaluates too.
-                "state.retry_at": {
-                    "$map": {
-                        "input": f"${WS}",
-                        "as": "e",
-                        "in": {"$cond": [{"$in": ["$$e.status", _FAILURE_STATUSES]}, "$$e.retry_at", None]},
-                    }
-                },
-                "state.targeted": {"$gt": [{"$size": "$option.specific_worker_ids"}, 0]},
-                "state.update_time": _lit(now),
-            }
-        },
-        {"$set": {"state.retry_at": {"$max": "$state.retry_at"}}},
-        {
-            "$set": {
-                "state.free_slots": {"$max": [0, {"$subtract": [cnt, busy]}]},
-                "state.status": {
-                    "$switch": {
-                        "branches": [
-                            {"case": finished, "then": "succeeded"},
-                            {
-                                "case": {"$and": [exhausted, {"$eq": ["$state.running_cnt", 0]}]},
-                                "then": "failed",
-                            },
-                            {"case": {"$gt": ["$state.running_cnt", 0]}, "then": "running"},
-                        ],
-                        "default": "pending",
-                    }
-                },
-                "state.claim_at": {
-                    "$cond": [
-                        {"$or": [finished, exhausted, {"$gte": [busy, cnt]}]},
-                        None,
-                        {"$max": ["$option.run_at", "$state.retry_at"]},
-                    ]
-                },
-            }
-        },
-        {"$set": {"state.claimers": _claimers()}},
-    ]
-
-
-def _claimers() -> dict[str, Any]:
-    """``state.claimers`` (see mscheduler.state): ``name|worker`` per allowed worker that holds no
-    running or succeeded entry, ``name|*`` for untargeted tasks, [] when not claimable. A $filter
-    with ``$in``, not ``$setDifference``, which mongomock lacks."""
-    busy_workers = {
-        "$map": {
-            "input": {"$filter": {"input": f"${WS}", "as": "e", "cond": {"$in": ["$$e.status", BUSY]}}},
-            "as": "e",
-            "in": "$$e.worker_id",
-        }
-    }
-    allowed_now = {
-        "$filter": {
-            "input": "$option.specific_worker_ids",
-            "as": "w",
-            "cond": {"$eq": [{"$in": ["$$w", busy_workers]}, False]},
-        }
-    }
-    who = {"$cond": ["$state.targeted", allowed_now, [ANYONE]]}
-    return {
-        "$cond": [
-            {"$eq": [{"$ifNull": ["$state.claim_at", None]}, None]},
-            [],
-            {"$map": {"input": who, "as": "w", "in": {"$concat": ["$name", "|", "$$w"]}}},
-        ]
-    }
-
-
-BUSY = ["running", "succeeded"]
-FINISHED = ("succeeded", "failed")
-ALL_STATUSES = [status.value for status in TaskStatus]
-
-
-def _rebuild_entries(match: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    """A ``$set`` of worker_states where entries matching ``match`` get ``changes`` (literals)."""
-    rebuilt = {f: (_lit(changes[f]) if f in changes else f"$$e.{f}") for f in ENTRY_FIELDS}
-    return {"$set": {WS: {"$map": {"input": f"${WS}", "as": "e", "in": {"$cond": [match, rebuilt, "$$e"]}}}}}
-
-
-def _has_label(exc: BaseException, label: str) -> bool:
-    return bool(getattr(exc, "has_error_label", lambda _: False)(label))
-
-
-def _is_transient(exc: PyMongoError) -> bool:
-    if isinstance(exc, TRANSIENT_ERRORS):
-        return True
-    if isinstance(exc, WriteConcernError):
-        # Only the retryable codes: 64 (wtimeout) means applied on the primary but not yet on a
-        # majority (retrying would wait again); 79 / 100 are configuration errors.
-        return exc.code in RETRYABLE_WRITE_CONCERN_CODES or _has_label(exc, "RetryableWriteError")
-    if isinstance(exc, OperationFailure) and exc.code in TRANSIENT_CODES:
-        return True
-    return _has_label(exc, "RetryableWriteError")
-
-
-def _write_concern_codes(exc: BaseException) -> set[int]:
-    if isinstance(exc, WriteConcernError):
-        return {exc.code} if exc.code is not None else set()
-    if isinstance(exc, BulkWriteError):
-        return {e.get("code") for e in exc.details.get("writeConcernErrors", []) if e.get("code")}
-    return set()
-
-
-def _translate(what: str, exc: Exception) -> StorageError:
-    """A driver error as a StorageError, classified (see StorageError)."""
-    if isinstance(exc, InvalidDocument):  # DocumentTooLarge and unencodable values: not PyMongoErrors
-        return StorageError(f"{what} failed: {exc}", document=True)
-    code = getattr(exc, "code", None)
-    if isinstance(exc, BulkWriteError):
-        codes = {e.get("code") for e in exc.details.get("writeErrors", [])}
-        if codes and codes <= DOCUMENT_CODES:
-            return StorageError(f"{what} failed: {exc}", document=True)
-    if code in CONFIG_CODES or _write_concern_codes(exc) & CONFIG_CODES:
-        return StorageError(f"{what} failed (configuration): {exc}", config=True)
-    if code in DOCUMENT_CODES:
-        return StorageError(f"{what} failed: {exc}", document=True)
-    transient = isinstance(exc, PyMongoError) and _is_transient(exc)
-    return StorageError(f"{what} failed: {exc}", transient=transient)
-
-
-def _async_with_options(collection: Any, **options: Any) -> Any:
-    """``collection.with_options(...)``, unless that loses the async API (mongomock-motor hands
-    back a plain mongomock collection): the fake has one node, so the options change nothing."""
-    try:
-        other = collection.with_options(**options)
-    except (TypeError, NotImplementedError):
-        return collection
-    return other if inspect.iscoroutinefunction(getattr(other, "find_one", None)) else collection
-
-
-async def _resolve(value: Any) -> Any:
-    """PyMongo async returns coroutines where Motor returns cursors: accept both."""
-    return await value if inspect.isawaitable(value) else value
-
-
-class MongoDriver:
+class MongoDriver(MongoPlans):
     """The task store on MongoDB.
 
     :param database: an async database (``AsyncMongoClient()[name]``; Motor or mongomock-motor
@@ -369,6 +150,9 @@ class MongoDriver:
             workers = workers.with_options(write_concern=concern)
         self.tasks = tasks
         self.workers = workers
+        self.plans = plans_collection(
+            database, prefix, WriteConcern(w="majority", wtimeout=majority_timeout_ms) if majority else None
+        )
         # Scheduler read-backs (claim recovery, ping and finish outcomes) go to the primary
         # whatever the client's read preference; the claim recovery also reads majority-
         # committed data, so that a claim it finds cannot be rolled back.
@@ -385,6 +169,7 @@ class MongoDriver:
         # Capabilities, probed in setup(): real servers have both; mongomock has neither.
         self.date_arithmetic = True  # $add of a date and milliseconds in an update pipeline
         self.update_hints = True  # ``hint`` on update commands
+        self._probed = False  # setup() probes; operations that depend on it probe if it did not
 
     # -- plumbing ---------------------------------------------------------------------------------
 
@@ -455,6 +240,7 @@ class MongoDriver:
                 await self.tasks.create_index(keys, **options)
 
         await self._call("create indexes", create)
+        await self._call("create plan indexes", self._create_plan_indexes)
         await self._probe_capabilities()
 
     async def _probe_capabilities(self) -> None:
@@ -489,8 +275,13 @@ class MongoDriver:
                 raise
             # no write access to a scratch collection: assume a real server
             log.warning("could not probe the server's capabilities (%s); assuming a real server", exc)
+        self._probed = True
         if not self.date_arithmetic:
             log.debug("no date arithmetic in update pipelines (a fake?): first leases fixed up after claims")
+
+    async def _capabilities(self) -> None:
+        if not self._probed:
+            await self._probe_capabilities()
 
     def _hint(self, name: str) -> dict[str, Any]:
         """``hint=name`` for an update command, where the backend takes one."""
@@ -505,6 +296,7 @@ class MongoDriver:
         """Drop this scheduler's collections (the demo cleans up with it)."""
         await self._call("drop tasks", self.tasks.drop)
         await self._call("drop workers", self.workers.drop)
+        await self._call("drop plans", self.plans.drop)
         await self._call("drop probe", self.probe.drop)
 
     async def index_names(self) -> list[str]:
@@ -657,6 +449,8 @@ class MongoDriver:
         filter_: dict[str, Any] = {
             "state.claimers": {"$in": claimer_tokens(list(params.names), params.worker_id)},
             "state.claim_at": {"$lte": now},
+            # not started after its deadline (the deadline pass marks such tasks expired)
+            "$or": [{"option.deadline": None}, {"option.deadline": {"$gt": now}}],
             "$nor": [
                 {
                     WS: {
@@ -737,6 +531,7 @@ class MongoDriver:
             attempt_no=position + 1,
             ping_expire_time=expire,
             fail_cnt=doc["state"]["fail_cnt"],
+            failure_times=failure_times(entries),
         )
 
     async def _fix_first_lease(self, params: ClaimParams, doc: dict[str, Any], attempt: str) -> datetime:
@@ -778,6 +573,7 @@ class MongoDriver:
 
     async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
         """Up to ``len(params.attempts)`` claims, sent concurrently (one round trip each)."""
+        await self._capabilities()
         if len(params.attempts) == 1:
             one = await self._claim_one(params, params.attempts[0])
             return [one] if one is not None else []
@@ -795,6 +591,7 @@ class MongoDriver:
         return claimed
 
     async def ping(self, params: PingParams) -> PingResult:
+        await self._capabilities()
         now = _out(params.now)
         every_key: dict[str, str] = {}
         for expire, attempts in params.groups.items():
@@ -907,6 +704,7 @@ class MongoDriver:
             "result": item.result,
             "error": item.error,
             "retry_at": item.retry_at,
+            "final": item.final,
         }
         return filter_, [_rebuild_entries(match, changes), *_derive_stages(item.now)]
 
@@ -996,6 +794,7 @@ class MongoDriver:
         return bool(single.matched_count)
 
     async def expire_leases(self, params: ExpireParams) -> int:
+        await self._capabilities()
         now = _out(params.now)
         filter_ = {WS: {"$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}}}
         match = {"$and": [{"$eq": ["$$e.status", "running"]}, {"$lte": ["$$e.ping_expire_time", _lit(now)]}]}
@@ -1005,12 +804,62 @@ class MongoDriver:
             "retry_at": params.now,
             "error": {"type": "LeaseExpired", "message": "the lease expired (no ping)", "traceback": None},
         }
-        pipeline = [_rebuild_entries(match, changes), *_derive_stages(params.now)]
+        if not self.date_arithmetic:
+            return await self._expire_leases_one_by_one(params, filter_, match, changes)
+        # the retry policy's delay for this failure (lost_retry_at in drivers/base.py):
+        # delays[min(fail_cnt, len - 1)] after now, fail_cnt counted before this pass
+        delays = {"$ifNull": ["$option.lost_retry_delays_ms", [0]]}
+        index = {"$min": ["$state.fail_cnt", {"$subtract": [{"$size": delays}, 1]}]}
+        expressions = {"retry_at": {"$add": [_lit(params.now), {"$arrayElemAt": [delays, index]}]}}
+        pipeline = [_rebuild_entries(match, changes, expressions), *_derive_stages(params.now)]
 
         async def expire() -> Any:
             return await self.tasks.update_many(filter_, pipeline, **self._hint(LEASES_INDEX))
 
         result = await self._call("expire leases", expire)
+        return int(result.modified_count)
+
+    async def _expire_leases_one_by_one(
+        self, params: ExpireParams, filter_: dict[str, Any], match: dict[str, Any], changes: dict[str, Any]
+    ) -> int:
+        """Where the backend cannot add a duration to a date in a pipeline (mongomock): read the
+        tasks with expired leases, then one fenced update each with the retry time computed here
+        (the same filter again, so a lease renewed in between is left alone)."""
+
+        async def read() -> list[dict[str, Any]]:
+            cursor = self.tasks_primary.find(
+                filter_, {"key": 1, "option.lost_retry_delays_ms": 1, "state.fail_cnt": 1}
+            )
+            return [doc async for doc in cursor]
+
+        expired = 0
+        for doc in await self._call("expire leases (read)", read):
+            retry_at = lost_retry_at(doc.get("option", {}), doc["state"]["fail_cnt"], params.now)
+            pipeline = [
+                _rebuild_entries(match, changes | {"retry_at": retry_at}),
+                *_derive_stages(params.now),
+            ]
+            one = {"key": doc["key"], **filter_}
+
+            async def update(one: dict[str, Any] = one, pipeline: list[dict[str, Any]] = pipeline) -> Any:
+                return await self.tasks.update_one(one, pipeline)
+
+            self.fixups += 1
+            result = await self._call("expire leases", update)
+            expired += int(result.modified_count)
+        return expired
+
+    async def expire_deadlines(self, params: ExpireParams) -> int:
+        """Tasks whose deadline passed while they waited become ``expired`` (never run late)."""
+        await self._capabilities()
+        now = _out(params.now)
+        filter_ = {"option.deadline": {"$lte": now}, "state.status": "pending"}
+        pipeline = [{"$set": {"state.expired_at": _lit(params.now)}}, *_derive_stages(params.now)]
+
+        async def expire() -> Any:
+            return await self.tasks.update_many(filter_, pipeline, **self._hint(DEADLINE_INDEX))
+
+        result = await self._call("expire deadlines", expire)
         return int(result.modified_count)
 
     # -- discovery ------------------------------------------------------------------------------
@@ -1039,91 +888,9 @@ class MongoDriver:
         return wakeups
 
     def _watch_pipeline(self, names: Sequence[str]) -> list[dict[str, Any]]:
-        """Inserts of these names, and updates whose ``state.claimers`` changed to include one of
-        these names' tokens (the task became claimable, or its claimers changed), matched on the
-        updated fields: no ``fullDocument: updateLookup`` (a document fetch per update per
-        watching consumer, every ping included). Pings change neither field and are not sent.
+        return watch_pipeline(names)
 
-        Updated fields are keyed by dotted paths ("state.claimers", or "state.claimers.1" when
-        the server reports array elements), so they are read through ``$objectToArray``."""
-        updated = {"$objectToArray": {"$ifNull": ["$updateDescription.updatedFields", {}]}}
-
-        def values_of(cond: dict[str, Any]) -> dict[str, Any]:
-            fields = {"$filter": {"input": updated, "as": "f", "cond": cond}}
-            return {"$map": {"input": fields, "as": "f", "in": "$$f.v"}}
-
-        # the whole array ("state.claimers") and / or its elements ("state.claimers.0", ...)
-        whole = {"$ifNull": [{"$arrayElemAt": [values_of({"$eq": ["$$f.k", "state.claimers"]}), 0]}, []]}
-        elements = values_of({"$regexMatch": {"input": "$$f.k", "regex": r"^state\.claimers\.[0-9]+$"}})
-        tokens = {"$concatArrays": [whole, elements]}
-        claim_at = {"$arrayElemAt": [values_of({"$eq": ["$$f.k", "state.claim_at"]}), 0]}
-        token_names = {
-            "$map": {
-                "input": "$ms.claimers",
-                "as": "t",
-                # claimers are strings written by the derive stages ($split of null is null)
-                "in": {"$arrayElemAt": [{"$split": ["$$t", "|"]}, 0]},
-            }
-        }
-        return [
-            {
-                "$addFields": {
-                    "ms.claimers": tokens,
-                    "ms.claim_at": claim_at,
-                    "ms.partial": {"$gt": [{"$size": elements}, 0]},
-                }
-            },
-            {"$addFields": {"ms.names": token_names}},
-            {
-                "$match": {
-                    "$or": [
-                        {
-                            "operationType": {"$in": ["insert", "replace"]},
-                            "fullDocument.name": {"$in": list(names)},
-                        },
-                        {"operationType": "update", "ms.names": {"$in": list(names)}},
-                    ]
-                }
-            },
-            {
-                "$project": {
-                    "operationType": 1,
-                    "documentKey": 1,
-                    "ms": 1,
-                    "fullDocument.key": 1,
-                    "fullDocument.name": 1,
-                    "fullDocument.option.specific_worker_ids": 1,
-                    "fullDocument.state.claim_at": 1,
-                    "fullDocument.state.claimers": 1,
-                    "fullDocument.state.worker_states.status": 1,
-                    "fullDocument.state.worker_states.ping_expire_time": 1,
-                }
-            },
-        ]
-
-    @staticmethod
-    def _event(change: dict[str, Any], token: Any) -> ChangeEvent | None:
-        """A change as a ChangeEvent; None for what cannot be read (a document of another shape)."""
-        try:
-            if change["operationType"] == "update":
-                key = change["documentKey"]["_id"]
-                claimers = tuple(str(t) for t in change["ms"]["claimers"])
-                if not isinstance(key, str) or not claimers:
-                    return None
-                claim_at = change["ms"].get("claim_at")
-                return ChangeEvent(
-                    key=key,
-                    name=claimers[0].split("|", 1)[0],
-                    claim_at=_in(claim_at) if isinstance(claim_at, datetime) else None,
-                    lease_expiry=None,
-                    specific_worker_ids=(),
-                    token=token,
-                    claimers=claimers,
-                    claimers_complete=not change["ms"].get("partial", False),
-                )
-            return event_for(_in(change["fullDocument"]), token=token)
-        except (KeyError, TypeError, AttributeError, IndexError):
-            return None
+    _event = staticmethod(change_event)
 
     async def watch(
         self, names: Sequence[str], resume_token: Any = None
@@ -1144,11 +911,11 @@ class MongoDriver:
         if resume_token is not None:
             kwargs["resume_after"] = resume_token
         try:
-            stream = await _resolve(watch(self._watch_pipeline(names), **kwargs))
+            stream = await _resolve(watch(watch_pipeline(names), **kwargs))
         except NotImplementedError as exc:
             raise ChangeStreamUnsupported(str(exc) or "watch() is not implemented") from exc
         except OperationFailure as exc:
-            raise self._watch_error(exc, resume_token) from exc
+            raise watch_error(exc, resume_token) from exc
         except PyMongoError as exc:
             raise StorageError(f"watch failed: {exc}", transient=_is_transient(exc)) from exc
         try:
@@ -1157,7 +924,7 @@ class MongoDriver:
                 try:
                     change = await stream.try_next()
                 except OperationFailure as exc:
-                    raise self._watch_error(exc, position) from exc
+                    raise watch_error(exc, position) from exc
                 except PyMongoError as exc:
                     raise StorageError(f"change stream broke: {exc}", transient=True) from exc
                 token = stream.resume_token
@@ -1169,22 +936,12 @@ class MongoDriver:
                         yield StreamPosition(token)
                     continue
                 position = token
-                event = self._event(change, token)
+                event = change_event(change, token)
                 yield event if event is not None else StreamPosition(token)
         finally:
             close = getattr(stream, "close", None)
             if close is not None:
                 await _resolve(close())
-
-    @staticmethod
-    def _watch_error(exc: OperationFailure, token: Any) -> Exception:
-        if exc.code in CHANGE_STREAM_UNSUPPORTED_CODES or "replica set" in str(exc).lower():
-            return ChangeStreamUnsupported(str(exc))
-        if token is not None and (exc.code in CHANGE_STREAM_TOKEN_LOST_CODES or not _is_transient(exc)):
-            # history lost, or a token the server cannot parse (50811, 40647, 40649, ...): any
-            # refusal of a given token that a retry will not fix means "start afresh"
-            return ResumeTokenLost(str(exc))
-        return StorageError(f"change stream failed: {exc}", transient=_is_transient(exc) or exc.code == 303)
 
     # -- reading and admin ----------------------------------------------------------------------
 

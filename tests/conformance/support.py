@@ -90,7 +90,10 @@ class Store:
         return self.now + timedelta(seconds=seconds)
 
     def task(self, key: str, name: str = NAME, params: Any = None, **option: Any) -> NewTask:
-        # params validated as Task does it (the Publisher only hands validated params over)
+        # params validated as Task does it (the Publisher only hands validated params over).
+        # retry_delay 0 unless a test says otherwise: a lost lease is then claimable at once (lost
+        # leases wait the retry policy's delay, like failures; tests of that set it).
+        option.setdefault("retry_delay", timedelta(0))
         return NewTask(key, name, check_params(params), stored_option(self.now, **option))
 
     def token(self, worker: str) -> str:

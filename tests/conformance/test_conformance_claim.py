@@ -13,7 +13,7 @@ async def test_a_claim_returns_the_task_and_stores_a_running_entry(store: Store)
     assert claimed.key == "a"
     assert claimed.name == NAME
     assert claimed.params == {"n": 7}
-    assert claimed.option == stored_option(store.now, priority=3)
+    assert claimed.option == stored_option(store.now, priority=3, retry_delay=timedelta(0))
     assert claimed.attempt == "w1#1"
     assert claimed.attempt_no == 1
     assert claimed.ping_expire_time == store.now + LEASE
@@ -31,6 +31,7 @@ async def test_a_claim_returns_the_task_and_stores_a_running_entry(store: Store)
             "retry_at": None,
             "result": None,
             "error": None,
+            "final": False,
         }
     ]
     assert (state["status"], state["running_cnt"], state["free_slots"], state["claim_at"]) == (

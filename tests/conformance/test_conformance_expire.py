@@ -10,7 +10,7 @@ LEASE_EXPIRED = {"type": "LeaseExpired", "message": "the lease expired (no ping)
 
 
 async def test_an_expired_lease_is_marked_lost(store: Store) -> None:
-    await store.add("a", max_unexpected_retries=3)
+    await store.add("a", max_unexpected_retries=3, retry_delay=timedelta(seconds=10))
     claimed = await store.claim_one("w1")
     assert claimed is not None
     store.advance(LEASE.total_seconds() - 0.001)
@@ -22,7 +22,8 @@ async def test_an_expired_lease_is_marked_lost(store: Store) -> None:
     assert entry["status"] == "lost"
     assert entry["error"] == LEASE_EXPIRED
     assert entry["end_time"] == store.now
-    assert entry["retry_at"] == store.now
+    # a lost lease waits the retry policy's delay, like a failure (here retry_delay, 10 s)
+    assert entry["retry_at"] == store.now + timedelta(seconds=10)
     state = await store.state("a")
     assert (state["status"], state["fail_cnt"], state["running_cnt"], state["free_slots"]) == (
         "pending",
@@ -30,7 +31,7 @@ async def test_an_expired_lease_is_marked_lost(store: Store) -> None:
         0,
         1,
     )
-    assert state["claim_at"] == store.now
+    assert state["claim_at"] == store.now + timedelta(seconds=10)
     assert state["update_time"] == store.now
     assert await store.expire() == 0  # nothing left to expire
 

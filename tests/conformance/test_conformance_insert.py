@@ -15,7 +15,7 @@ async def test_a_new_task_is_pending_and_due_at_once(store: Store) -> None:
     assert doc["key"] == "a"
     assert doc["name"] == NAME
     assert doc["params"] == {"n": 1, "tags": ["x", "y"]}
-    assert doc["option"] == stored_option(store.now)
+    assert doc["option"] == stored_option(store.now, retry_delay=timedelta(0))
     state = doc["state"]
     assert state["status"] == "pending"
     assert state["worker_states"] == []

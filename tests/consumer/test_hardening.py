@@ -478,7 +478,13 @@ async def test_operations_list_workers_and_stop_one_remotely(harness: Harness) -
 
 async def test_operations_list_and_count_tasks(harness: Harness) -> None:
     operations = Operations(harness.driver, clock=harness.clock)
-    assert await operations.count_by_status() == {"pending": 0, "running": 0, "succeeded": 0, "failed": 0}
+    assert await operations.count_by_status() == {
+        "pending": 0,
+        "running": 0,
+        "succeeded": 0,
+        "failed": 0,
+        "expired": 0,
+    }
     await harness.publisher.send_many([Task("x1", "x"), Task("x2", "x"), Task("y1", "y")])
     consumer = harness.consumer("w1", {"y": _ok})
     await harness.start(consumer)
@@ -494,7 +500,13 @@ async def test_operations_list_and_count_tasks(harness: Harness) -> None:
     assert [t.key for t in await operations.list_tasks(status="succeeded")] == ["y1"]
     assert [t.key for t in await operations.list_tasks(limit=2)] == ["x1", "x2"]
     assert [t.key for t in await operations.list_tasks(skip=2)] == ["y1"]
-    assert await operations.count_by_status() == {"pending": 2, "running": 0, "succeeded": 1, "failed": 0}
+    assert await operations.count_by_status() == {
+        "pending": 2,
+        "running": 0,
+        "succeeded": 1,
+        "failed": 0,
+        "expired": 0,
+    }
     assert (await operations.get_task("y1")).results == ["ok"]
     with pytest.raises(UnknownTask):
         await operations.get_task("nope")

@@ -23,7 +23,10 @@ from tests.scenarios.harness import ServerTime, advance, advance_until, running_
 
 HOUR = timedelta(hours=1)
 WORKER_TIMEOUT = timedelta(seconds=5)
-OPTION = TaskOption(ping_interval=timedelta(seconds=1), worker_timeout=WORKER_TIMEOUT)
+# retry_delay 0: a lost lease is retried at once (lost leases wait the retry policy's delay too)
+OPTION = TaskOption(
+    ping_interval=timedelta(seconds=1), worker_timeout=WORKER_TIMEOUT, retry_delay=timedelta(0)
+)
 
 
 class Scene:

@@ -330,7 +330,13 @@ async def test_a_permanent_error_stops_a_consumer_loudly_not_half_alive() -> Non
 async def test_consumer_on_a_flaky_collection_records_each_outcome_once() -> None:
     driver, flaky = await flaky_driver()
     await publish(
-        driver, "t1", "t2", "t3", worker_timeout=timedelta(seconds=5), ping_interval=timedelta(seconds=1)
+        # leases long enough that fake time racing ahead during the fault storm cannot end one
+        driver,
+        "t1",
+        "t2",
+        "t3",
+        worker_timeout=timedelta(seconds=60),
+        ping_interval=timedelta(seconds=1),
     )
     clock = FakeClock(NOW)
     consumer = Consumer(driver, worker_id="w", clock=clock, poll_interval=1.0, concurrency=1)

@@ -17,7 +17,10 @@ from tests.helpers import Recorder
 from tests.scenarios.harness import advance, advance_until, running_entries, settle
 
 WORKER_TIMEOUT = timedelta(seconds=5)
-OPTION = TaskOption(ping_interval=timedelta(seconds=1), worker_timeout=WORKER_TIMEOUT)
+# retry_delay 0: a lost lease is retried at once (lost leases wait the retry policy's delay too)
+OPTION = TaskOption(
+    ping_interval=timedelta(seconds=1), worker_timeout=WORKER_TIMEOUT, retry_delay=timedelta(0)
+)
 POLL = 1.0
 STEP = 0.25
 

@@ -274,6 +274,10 @@ def test_option_storage_round_trip() -> None:
         "max_unexpected_retries": 0,
         "retry_delay_ms": 60000,
         "run_at": T0,
+        "retry": None,  # the fixed shorthand: retry_delay x max_unexpected_retries
+        "lost_retry_delays_ms": [60000] * 32,
+        "deadline": None,
+        "run_timeout_ms": None,
     }
     assert TaskOption.from_storage(stored) == option
 

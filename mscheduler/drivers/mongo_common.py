@@ -1,0 +1,412 @@
+"""Module-level pieces of the Mongo driver: constants, index definitions, error classification,
+datetime conversion and the pipeline stages shared by its operations (derived state, claimers,
+the change-stream filter). ``mscheduler.drivers.mongo`` holds the ``MongoDriver`` class that uses
+them; both are the only modules that know the storage layout."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from bson.errors import InvalidDocument
+from pymongo.errors import (
+    AutoReconnect,
+    BulkWriteError,
+    ConnectionFailure,
+    ExecutionTimeout,
+    NetworkTimeout,
+    NotPrimaryError,
+    OperationFailure,
+    PyMongoError,
+    WriteConcernError,
+)
+
+from mscheduler.drivers.base import (
+    ENTRY_FIELDS,
+    ChangeEvent,
+    ChangeStreamUnsupported,
+    ResumeTokenLost,
+    event_for,
+)
+from mscheduler.exceptions import StorageError
+from mscheduler.model import TaskStatus
+from mscheduler.state import ANYONE
+
+log = logging.getLogger("mscheduler.mongo")
+
+T = TypeVar("T")
+
+TASKS = "mscheduler_tasks"
+WORKERS = "mscheduler_workers"
+PROBE = "mscheduler_probe"
+
+WS = "state.worker_states"
+TRANSIENT_ERRORS = (AutoReconnect, ConnectionFailure, NetworkTimeout, NotPrimaryError, ExecutionTimeout)
+# Server codes that a retry may fix: interrupted / shutting down / not primary / write conflict.
+TRANSIENT_CODES = frozenset({6, 7, 89, 91, 112, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436})
+# Write-concern errors worth retrying: the retryable-writes list (the write may not have been
+# applied on a majority because the node stepped down or shut down).
+RETRYABLE_WRITE_CONCERN_CODES = frozenset({6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436})
+# Configuration errors no retry fixes: unauthorized, auth failed, unknown / unsatisfiable write
+# concern, invalid options. A consumer stops on them with the reason at ERROR.
+CONFIG_CODES = frozenset({13, 18, 79, 100, 8000})
+# One document cannot be written: too large (BSONObjectTooLarge, the result of an update too
+# large), or a value BSON cannot hold.
+DOCUMENT_CODES = frozenset({10334, 17419, 17420})
+# The server or the fake cannot watch at all (standalone: 40573; $changeStream unknown: 40415;
+# command not supported: 115; change streams disabled on a serverless tier: 376). 303 is not
+# here: it is a connection error (a transient one).
+CHANGE_STREAM_UNSUPPORTED_CODES = frozenset({40573, 40415, 115, 376})
+# The stored resume token can no longer be used: start afresh without it and poll once.
+CHANGE_STREAM_TOKEN_LOST_CODES = frozenset({286, 280, 260, 9})
+MAJORITY_WTIMEOUT_MS = 10_000
+
+# Every query names the index that serves its filter and sort (``hint``); see docs/design.md.
+CLAIM_INDEX = "claimers_claim"
+WAKEUP_INDEX = "claimers_wakeup"
+LEASES_INDEX = "leases"
+KEY_INDEX = "key"
+ATTEMPT_INDEX = "attempt"
+STATUS_INDEX = "list_status"
+NAME_INDEX = "list_name"
+CREATED_INDEX = "list_created"
+DEADLINE_INDEX = "deadline"
+INDEXES: list[tuple[Any, dict[str, Any]]] = [
+    ("key", {"unique": True, "name": KEY_INDEX}),
+    # claim: equality on who may claim (this worker's or anyone's token, per name), then the
+    # claim order; claim_at bounds the due range. Tasks aimed at others are outside the ranges.
+    (
+        [("state.claimers", 1), ("option.priority", -1), ("state.targeted", -1), ("state.claim_at", 1)],
+        {"name": CLAIM_INDEX},
+    ),
+    # wake-ups: the same equality, then due time (merged across tokens: no in-memory sort)
+    ([("state.claimers", 1), ("state.claim_at", 1)], {"name": WAKEUP_INDEX}),
+    ([(f"{WS}.status", 1), (f"{WS}.ping_expire_time", 1)], {"name": LEASES_INDEX}),
+    (f"{WS}.attempt", {"name": ATTEMPT_INDEX}),
+    # admin reads: list by status / by name (+ status) / all, newest page by cursor; counts
+    ([("state.status", 1), ("state.create_time", 1), ("key", 1)], {"name": STATUS_INDEX}),
+    ([("name", 1), ("state.status", 1), ("state.create_time", 1), ("key", 1)], {"name": NAME_INDEX}),
+    ([("state.create_time", 1), ("key", 1)], {"name": CREATED_INDEX}),
+    # the deadline pass: tasks whose deadline is past (null deadlines sort below every date)
+    ([("option.deadline", 1), ("state.status", 1)], {"name": DEADLINE_INDEX}),
+]
+INDEX_NAMES = tuple(options["name"] for _, options in INDEXES)
+
+
+# -- datetimes: naive UTC on the wire (mongomock compares naive), aware UTC everywhere else ----
+
+
+def _out(value: Any) -> Any:
+    """Convert aware datetimes to naive UTC, recursively, for filters and updates."""
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).replace(tzinfo=None) if value.tzinfo else value
+    if isinstance(value, dict):
+        return {k: _out(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_out(v) for v in value]
+    return value
+
+
+def _in(value: Any) -> Any:
+    """Make every datetime read from the database aware (UTC)."""
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    if isinstance(value, dict):
+        return {k: _in(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_in(v) for v in value]
+    return value
+
+
+def _lit(value: Any) -> dict[str, Any]:
+    return {"$literal": _out(value)}
+
+
+# -- pipeline pieces ------------------------------------------------------------------------------
+
+
+def _count(statuses: Sequence[str]) -> dict[str, Any]:
+    cond = (
+        {"$eq": ["$$e.status", statuses[0]]}
+        if len(statuses) == 1
+        else {"$in": ["$$e.status", list(statuses)]}
+    )
+    return {"$size": {"$filter": {"input": f"${WS}", "as": "e", "cond": cond}}}
+
+
+_FAILURE_STATUSES = ["failed", "lost", "rejected"]
+_RETRY_STATUSES = [*_FAILURE_STATUSES, "snoozed"]  # entries whose retry_at sets the task's
+
+
+def _derive_stages(now: datetime) -> list[dict[str, Any]]:
+    """``mscheduler.state.derive`` as update-pipeline stages."""
+    cnt = "$option.concurrent_worker_cnt"
+    finished = {"$gte": ["$state.success_cnt", cnt]}
+    budget = "$option.max_unexpected_retries"  # null: unlimited ($gt would say any count > null)
+    final_entries = {"$filter": {"input": f"${WS}", "as": "e", "cond": {"$eq": ["$$e.final", True]}}}
+    exhausted = {
+        "$or": [
+            {"$and": [{"$ne": [budget, None]}, {"$gt": ["$state.fail_cnt", budget]}]},
+            {"$gt": ["$state.rejected_cnt", 0]},
+            {"$gt": [{"$size": final_entries}, 0]},
+            {"$ne": [{"$ifNull": ["$state.broken", None]}, None]},
+        ]
+    }
+    expired = {"$ne": [{"$ifNull": ["$state.expired_at", None]}, None]}
+    busy = {"$add": ["$state.running_cnt", "$state.success_cnt"]}
+    return [
+        {
+            "$set": {
+                "state.running_cnt": _count(["running"]),
+                "state.success_cnt": _count(["succeeded"]),
+                "state.fail_cnt": _count(_FAILURE_STATUSES),
+                "state.rejected_cnt": _count(["rejected"]),
+                # Only failures set the retry time (as in derive): first the failures' retry_at
+                # (null for other entries), reduced by the next stage's $max over a field path,
+                # the form mongomock evaluates too.
+                "state.retry_at": {
+                    "$map": {
+                        "input": f"${WS}",
+                        "as": "e",
+                        "in": {"$cond": [{"$in": ["$$e.status", _RETRY_STATUSES]}, "$$e.retry_at", None]},
+                    }
+                },
+                "state.targeted": {"$gt": [{"$size": "$option.specific_worker_ids"}, 0]},
+                "state.update_time": _lit(now),
+            }
+        },
+        {"$set": {"state.retry_at": {"$max": "$state.retry_at"}}},
+        {
+            "$set": {
+                "state.free_slots": {"$max": [0, {"$subtract": [cnt, busy]}]},
+                "state.status": {
+                    "$switch": {
+                        "branches": [
+                            {"case": finished, "then": "succeeded"},
+                            {
+                                "case": {"$and": [exhausted, {"$eq": ["$state.running_cnt", 0]}]},
+                                "then": "failed",
+                            },
+                            {
+                                "case": {"$and": [expired, {"$eq": ["$state.running_cnt", 0]}]},
+                                "then": "expired",
+                            },
+                            {"case": {"$gt": ["$state.running_cnt", 0]}, "then": "running"},
+                        ],
+                        "default": "pending",
+                    }
+                },
+                "state.claim_at": {
+                    "$cond": [
+                        {"$or": [finished, exhausted, expired, {"$gte": [busy, cnt]}]},
+                        None,
+                        {"$max": ["$option.run_at", "$state.retry_at"]},
+                    ]
+                },
+            }
+        },
+        {"$set": {"state.claimers": _claimers()}},
+    ]
+
+
+def _claimers() -> dict[str, Any]:
+    """``state.claimers`` (see mscheduler.state): ``name|worker`` per allowed worker that holds no
+    running or succeeded entry, ``name|*`` for untargeted tasks, [] when not claimable. A $filter
+    with ``$in``, not ``$setDifference``, which mongomock lacks."""
+    busy_workers = {
+        "$map": {
+            "input": {"$filter": {"input": f"${WS}", "as": "e", "cond": {"$in": ["$$e.status", BUSY]}}},
+            "as": "e",
+            "in": "$$e.worker_id",
+        }
+    }
+    allowed_now = {
+        "$filter": {
+            "input": "$option.specific_worker_ids",
+            "as": "w",
+            "cond": {"$eq": [{"$in": ["$$w", busy_workers]}, False]},
+        }
+    }
+    who = {"$cond": ["$state.targeted", allowed_now, [ANYONE]]}
+    return {
+        "$cond": [
+            {"$eq": [{"$ifNull": ["$state.claim_at", None]}, None]},
+            [],
+            {"$map": {"input": who, "as": "w", "in": {"$concat": ["$name", "|", "$$w"]}}},
+        ]
+    }
+
+
+BUSY = ["running", "succeeded"]
+FINISHED = ("succeeded", "failed")
+ALL_STATUSES = [status.value for status in TaskStatus]
+
+
+def _rebuild_entries(
+    match: dict[str, Any], changes: dict[str, Any], expressions: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A ``$set`` of worker_states where entries matching ``match`` get ``changes`` (literals) and
+    ``expressions`` (evaluated; our own, never user data)."""
+    expressions = expressions or {}
+    rebuilt = {
+        f: expressions[f] if f in expressions else (_lit(changes[f]) if f in changes else f"$$e.{f}")
+        for f in ENTRY_FIELDS
+    }
+    return {"$set": {WS: {"$map": {"input": f"${WS}", "as": "e", "in": {"$cond": [match, rebuilt, "$$e"]}}}}}
+
+
+def _has_label(exc: BaseException, label: str) -> bool:
+    return bool(getattr(exc, "has_error_label", lambda _: False)(label))
+
+
+def _is_transient(exc: PyMongoError) -> bool:
+    if isinstance(exc, TRANSIENT_ERRORS):
+        return True
+    if isinstance(exc, WriteConcernError):
+        # Only the retryable codes: 64 (wtimeout) means applied on the primary but not yet on a
+        # majority (retrying would wait again); 79 / 100 are configuration errors.
+        return exc.code in RETRYABLE_WRITE_CONCERN_CODES or _has_label(exc, "RetryableWriteError")
+    if isinstance(exc, OperationFailure) and exc.code in TRANSIENT_CODES:
+        return True
+    return _has_label(exc, "RetryableWriteError")
+
+
+def _write_concern_codes(exc: BaseException) -> set[int]:
+    if isinstance(exc, WriteConcernError):
+        return {exc.code} if exc.code is not None else set()
+    if isinstance(exc, BulkWriteError):
+        return {e.get("code") for e in exc.details.get("writeConcernErrors", []) if e.get("code")}
+    return set()
+
+
+def _translate(what: str, exc: Exception) -> StorageError:
+    """A driver error as a StorageError, classified (see StorageError)."""
+    if isinstance(exc, InvalidDocument):  # DocumentTooLarge and unencodable values: not PyMongoErrors
+        return StorageError(f"{what} failed: {exc}", document=True)
+    code = getattr(exc, "code", None)
+    if isinstance(exc, BulkWriteError):
+        codes = {e.get("code") for e in exc.details.get("writeErrors", [])}
+        if codes and codes <= DOCUMENT_CODES:
+            return StorageError(f"{what} failed: {exc}", document=True)
+    if code in CONFIG_CODES or _write_concern_codes(exc) & CONFIG_CODES:
+        return StorageError(f"{what} failed (configuration): {exc}", config=True)
+    if code in DOCUMENT_CODES:
+        return StorageError(f"{what} failed: {exc}", document=True)
+    transient = isinstance(exc, PyMongoError) and _is_transient(exc)
+    return StorageError(f"{what} failed: {exc}", transient=transient)
+
+
+def _async_with_options(collection: Any, **options: Any) -> Any:
+    """``collection.with_options(...)``, unless that loses the async API (mongomock-motor hands
+    back a plain mongomock collection): the fake has one node, so the options change nothing."""
+    try:
+        other = collection.with_options(**options)
+    except (TypeError, NotImplementedError):
+        return collection
+    return other if inspect.iscoroutinefunction(getattr(other, "find_one", None)) else collection
+
+
+async def _resolve(value: Any) -> Any:
+    """PyMongo async returns coroutines where Motor returns cursors: accept both."""
+    return await value if inspect.isawaitable(value) else value
+
+
+def watch_pipeline(names: Sequence[str]) -> list[dict[str, Any]]:
+    """Inserts of these names, and updates whose ``state.claimers`` changed to include one of
+    these names' tokens (the task became claimable, or its claimers changed), matched on the
+    updated fields: no ``fullDocument: updateLookup`` (a document fetch per update per
+    watching consumer, every ping included). Pings change neither field and are not sent.
+
+    Updated fields are keyed by dotted paths ("state.claimers", or "state.claimers.1" when
+    the server reports array elements), so they are read through ``$objectToArray``."""
+    updated = {"$objectToArray": {"$ifNull": ["$updateDescription.updatedFields", {}]}}
+
+    def values_of(cond: dict[str, Any]) -> dict[str, Any]:
+        fields = {"$filter": {"input": updated, "as": "f", "cond": cond}}
+        return {"$map": {"input": fields, "as": "f", "in": "$$f.v"}}
+
+    # the whole array ("state.claimers") and / or its elements ("state.claimers.0", ...)
+    whole = {"$ifNull": [{"$arrayElemAt": [values_of({"$eq": ["$$f.k", "state.claimers"]}), 0]}, []]}
+    elements = values_of({"$regexMatch": {"input": "$$f.k", "regex": r"^state\.claimers\.[0-9]+$"}})
+    tokens = {"$concatArrays": [whole, elements]}
+    claim_at = {"$arrayElemAt": [values_of({"$eq": ["$$f.k", "state.claim_at"]}), 0]}
+    token_names = {
+        "$map": {
+            "input": "$ms.claimers",
+            "as": "t",
+            # claimers are strings written by the derive stages ($split of null is null)
+            "in": {"$arrayElemAt": [{"$split": ["$$t", "|"]}, 0]},
+        }
+    }
+    return [
+        {
+            "$addFields": {
+                "ms.claimers": tokens,
+                "ms.claim_at": claim_at,
+                "ms.partial": {"$gt": [{"$size": elements}, 0]},
+            }
+        },
+        {"$addFields": {"ms.names": token_names}},
+        {
+            "$match": {
+                "$or": [
+                    {
+                        "operationType": {"$in": ["insert", "replace"]},
+                        "fullDocument.name": {"$in": list(names)},
+                    },
+                    {"operationType": "update", "ms.names": {"$in": list(names)}},
+                ]
+            }
+        },
+        {
+            "$project": {
+                "operationType": 1,
+                "documentKey": 1,
+                "ms": 1,
+                "fullDocument.key": 1,
+                "fullDocument.name": 1,
+                "fullDocument.option.specific_worker_ids": 1,
+                "fullDocument.state.claim_at": 1,
+                "fullDocument.state.claimers": 1,
+                "fullDocument.state.worker_states.status": 1,
+                "fullDocument.state.worker_states.ping_expire_time": 1,
+            }
+        },
+    ]
+
+
+def change_event(change: dict[str, Any], token: Any) -> ChangeEvent | None:
+    """A change as a ChangeEvent; None for what cannot be read (a document of another shape)."""
+    try:
+        if change["operationType"] == "update":
+            key = change["documentKey"]["_id"]
+            claimers = tuple(str(t) for t in change["ms"]["claimers"])
+            if not isinstance(key, str) or not claimers:
+                return None
+            claim_at = change["ms"].get("claim_at")
+            return ChangeEvent(
+                key=key,
+                name=claimers[0].split("|", 1)[0],
+                claim_at=_in(claim_at) if isinstance(claim_at, datetime) else None,
+                lease_expiry=None,
+                specific_worker_ids=(),
+                token=token,
+                claimers=claimers,
+                claimers_complete=not change["ms"].get("partial", False),
+            )
+        return event_for(_in(change["fullDocument"]), token=token)
+    except (KeyError, TypeError, AttributeError, IndexError):
+        return None
+
+
+def watch_error(exc: OperationFailure, token: Any) -> Exception:
+    if exc.code in CHANGE_STREAM_UNSUPPORTED_CODES or "replica set" in str(exc).lower():
+        return ChangeStreamUnsupported(str(exc))
+    if token is not None and (exc.code in CHANGE_STREAM_TOKEN_LOST_CODES or not _is_transient(exc)):
+        # history lost, or a token the server cannot parse (50811, 40647, 40649, ...): any
+        # refusal of a given token that a retry will not fix means "start afresh"
+        return ResumeTokenLost(str(exc))
+    return StorageError(f"change stream failed: {exc}", transient=_is_transient(exc) or exc.code == 303)
