@@ -36,10 +36,27 @@ from mscheduler.testing import mongomock_database
 
 SEND_BATCH = 100
 TIME_DRIVEN = frozenset(
-    {"expire leases", "find wake-ups", "ping", "ping read", "worker heartbeat", "hello", "server time"}
+    {
+        "expire leases",
+        "expire deadlines",
+        "find wake-ups",
+        "ping",
+        "ping read",
+        "worker heartbeat",
+        "hello",
+        "server time",
+        "find due plans",  # the consumer's planner, once per planner_interval
+    }
 )
 ONE_OFF = frozenset(
-    {"create indexes", "probe date arithmetic", "probe update hints", "register worker", "unregister worker"}
+    {
+        "create indexes",
+        "create plan indexes",
+        "probe date arithmetic",
+        "probe update hints",
+        "register worker",
+        "unregister worker",
+    }
 )
 # Commands only the fake needs: mongomock cannot add a duration to a date inside the claim, so the
 # driver corrects each first lease with a second write. A real server never sends it; it is
