@@ -48,6 +48,26 @@ class TaskExpired(MSchedulerError):
         self.key = key
 
 
+class TaskCancelled(MSchedulerError):
+    """The awaited task was cancelled by an operator (``reason`` says why)."""
+
+    def __init__(self, key: str, reason: str = "") -> None:
+        super().__init__(f"task {key!r} was cancelled" + (f": {reason}" if reason else ""))
+        self.key = key
+        self.reason = reason
+
+
+class TransitionRefused(MSchedulerError):
+    """An operation on a task that its current status does not allow; nothing was changed."""
+
+    def __init__(self, key: str, operation: str, status: str, rule: str) -> None:
+        super().__init__(f"cannot {operation} task {key!r}: it is {status} ({rule})")
+        self.key = key
+        self.operation = operation
+        self.status = status
+        self.rule = rule
+
+
 class HandlerSignal(MSchedulerError):
     """A handler raises a subclass to steer its task (not an error of mscheduler's)."""
 

@@ -41,6 +41,7 @@ from mscheduler.drivers.base import (
     ChangeEvent,
     ClaimedTask,
     ClaimParams,
+    ControlParams,
     Driver,
     DuePlansParams,
     ExpireParams,
@@ -414,6 +415,9 @@ class FaultyDriver:
 
     async def update_option(self, params: UpdateOptionParams) -> bool:
         return await self._invoke("update_option", lambda: self.inner.update_option(params), params)
+
+    async def control_task(self, params: ControlParams) -> bool:
+        return await self._invoke("control_task", lambda: self.inner.control_task(params), params)
 
     async def register_worker(self, info: WorkerInfo) -> None:
         await self._invoke("register_worker", lambda: self.inner.register_worker(info), info)

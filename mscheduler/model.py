@@ -37,9 +37,12 @@ class TaskStatus(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     EXPIRED = "expired"  # its deadline passed before it (re)started: never run late
+    CANCELLED = "cancelled"  # an operator cancelled it (``Operations.cancel``)
 
 
-TERMINAL_STATUSES = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.EXPIRED})
+TERMINAL_STATUSES = frozenset(
+    {TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.EXPIRED, TaskStatus.CANCELLED}
+)
 
 
 class AttemptStatus(StrEnum):
@@ -283,6 +286,10 @@ def lost_retry_delays_ms(policy: RetryPolicy) -> list[int]:
     out: list[int] = []
     for delay in table:
         out.append(delay if delay is not None else (out[-1] if out else 0))
+    # the last value repeats for every later failure, so a constant tail is stored once (a fixed
+    # policy stores one number): every task document carries this table
+    while len(out) > 1 and out[-1] == out[-2]:
+        out.pop()
     return out
 
 
@@ -419,6 +426,9 @@ class TaskInfo(BaseModel):
     worker_states: list[WorkerState]
     # set when the task's document itself could not be written (too large): it failed for good
     broken: ErrorInfo | None = None
+    # operator control: paused (not claimed until resumed), cancelled ({reason, time})
+    paused: bool = False
+    cancelled: dict[str, Any] | None = None
 
     @property
     def results(self) -> list[Any]:
@@ -466,4 +476,6 @@ class TaskInfo(BaseModel):
             running_cnt=state["running_cnt"],
             worker_states=[WorkerState.model_validate(w) for w in state["worker_states"]],
             broken=ErrorInfo.model_validate(state["broken"]) if state.get("broken") else None,
+            paused=bool(state.get("paused")),
+            cancelled=dict(state["cancelled"]) if state.get("cancelled") else None,
         )

@@ -3,8 +3,9 @@ dashboard call to look at and steer the scheduler. No rule and no query is writt
 operation validates its input, takes the time from the server-corrected clock, and calls one
 named driver operation.
 
-Today: workers (list, remote stop) and tasks (get, list, count). Task control (pause, cancel,
-restart, ...) and plans join here.
+Workers (list, remote stop), tasks (get, list, count; cancel, pause, resume, remove, restart) and
+plans. Each task control is one compare-and-set in the store on the task's status: it is applied
+whole or refused (``TransitionRefused``, nothing changed).
 """
 
 from __future__ import annotations
@@ -15,8 +16,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from mscheduler.clock import Clock, ServerClock
-from mscheduler.drivers.base import Driver, InsertPlanParams, ListParams, PlanListParams, UpdatePlanParams
-from mscheduler.exceptions import InvalidInput, StorageError, UnknownPlan, UnknownTask
+from mscheduler.drivers.base import (
+    ControlParams,
+    Driver,
+    InsertPlanParams,
+    ListParams,
+    PlanListParams,
+    UpdatePlanParams,
+)
+from mscheduler.exceptions import InvalidInput, StorageError, TransitionRefused, UnknownPlan, UnknownTask
 from mscheduler.model import TaskInfo, TaskStatus, validate_key, validate_name
 from mscheduler.plans import (
     Plan,
@@ -31,6 +39,14 @@ from mscheduler.schedule import to_storage_dict
 
 LIST_LIMIT_MAX = 1000
 PLAN_CHANGE_TRIES = 10  # compare-and-set tries of a plan change racing planners
+CONTROL_TRIES = 10  # a task control refused, but the task's status allows it on re-read: again
+REASON_MAX = 2000
+
+_PENDING, _RUNNING = TaskStatus.PENDING.value, TaskStatus.RUNNING.value
+_SUCCEEDED, _FAILED = TaskStatus.SUCCEEDED.value, TaskStatus.FAILED.value
+_EXPIRED, _CANCELLED = TaskStatus.EXPIRED.value, TaskStatus.CANCELLED.value
+_UNFINISHED = (_PENDING, _RUNNING)
+_NOT_RUNNING = tuple(s.value for s in TaskStatus if s is not TaskStatus.RUNNING)
 # A worker whose last heartbeat is older than this is reported as not live.
 WORKER_LIVENESS = timedelta(seconds=30)
 
@@ -136,6 +152,79 @@ class Operations:
         """How many tasks are in each status (statuses with none are 0)."""
         counts = await self.driver.count_by_status()
         return {s.value: counts.get(s.value, 0) for s in TaskStatus}
+
+    # -- task control -------------------------------------------------------------------------
+
+    async def cancel(self, key: str, reason: str = "") -> TaskInfo:
+        """End a pending or running task as ``cancelled`` (terminal). A running handler is
+        cancelled at its next ping and its outcome is refused; ``wait`` raises ``TaskCancelled``.
+        Refused on a finished task (succeeded, failed, expired, cancelled)."""
+        if not isinstance(reason, str) or len(reason) > REASON_MAX:
+            raise InvalidInput(f"reason: must be a string of at most {REASON_MAX} characters")
+        rule = "only a pending or running task can be cancelled"
+        return await self._change(key, "cancel", _UNFINISHED, rule, reason=reason)
+
+    async def pause(self, key: str) -> TaskInfo:
+        """Stop claims of a pending or running task until ``resume`` (a running attempt runs on);
+        its status stays. Refused on a finished task."""
+        return await self._change(key, "pause", _UNFINISHED, "a finished task cannot be paused")
+
+    async def resume(self, key: str) -> TaskInfo:
+        """Make a paused task claimable again. Refused on a finished task."""
+        return await self._change(key, "resume", _UNFINISHED, "a finished task cannot be resumed")
+
+    async def remove(self, key: str, *, force: bool = False) -> None:
+        """Delete a task that is not running; a running one only with ``force=True`` (it is
+        cancelled first, so its handler stops at its next ping)."""
+        if force:
+            try:
+                await self._control(key, "cancel", (_RUNNING,), "", reason="removed")
+            except TransitionRefused:
+                pass  # not running (any more): removed below as it is
+        rule = "a running task is removed only with force=True (it is cancelled first)"
+        await self._control(key, "remove", _NOT_RUNNING, rule)
+
+    async def restart(self, key: str, *, force: bool = False) -> TaskInfo:
+        """Run a failed, cancelled or expired task again (a succeeded one only with
+        ``force=True``; a pending or running one never): its attempts are kept in
+        ``state.history`` as an earlier generation and the retry budget starts afresh. A
+        deadline already past is dropped (it would expire the task again at once)."""
+        statuses = (_FAILED, _CANCELLED, _EXPIRED, *((_SUCCEEDED,) if force else ()))
+        rule = "only a failed, cancelled or expired task can be restarted" + (
+            "" if force else " (a succeeded one with force=True)"
+        )
+        return await self._change(key, "restart", statuses, rule)
+
+    async def _change(
+        self, key: str, action: str, statuses: tuple[str, ...], rule: str, *, reason: str = ""
+    ) -> TaskInfo:
+        """``_control`` of an action that keeps the task: the task as it is after the change."""
+        info = await self._control(key, action, statuses, rule, reason=reason)
+        assert info is not None
+        return info
+
+    async def _control(
+        self, key: str, action: str, statuses: tuple[str, ...], rule: str, *, reason: str = ""
+    ) -> TaskInfo | None:
+        """One compare-and-set of ``action`` while the task's status is one of ``statuses``;
+        ``UnknownTask`` / ``TransitionRefused`` (with ``rule``) when it does not apply."""
+        key = _checked(validate_key, key, "key")
+        for _ in range(CONTROL_TRIES):
+            now = await self._now()
+            if await self.driver.control_task(ControlParams(key, action, statuses, now, reason)):
+                if action == "remove":
+                    return None
+                doc = await self.driver.get_task(key)
+                if doc is None:  # removed meanwhile
+                    raise UnknownTask(key)
+                return TaskInfo.from_storage(doc)
+            doc = await self.driver.get_task(key)
+            if doc is None:
+                raise UnknownTask(key)
+            status = doc["state"]["status"]
+            if status not in statuses:
+                raise TransitionRefused(key, action, status, rule)
+        raise StorageError(f"task {key!r} kept changing under {CONTROL_TRIES} tries; try again")
 
     # -- plans --------------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from mscheduler.drivers.base import (
     RunOutcome,
 )
 from mscheduler.exceptions import InvalidInput, MSchedulerError, StorageError
-from mscheduler.model import TaskOption, TaskStatus
+from mscheduler.model import TERMINAL_STATUSES, TaskOption, TaskStatus
 from mscheduler.plans import PlanState, occurrence_key, plan_state, timing_from_storage
 from mscheduler.schedule import PlanProgress, next_fire_after_completion, plan_step, utc_ms
 
@@ -47,7 +47,7 @@ DEFAULT_INTERVAL = 1.0
 DEFAULT_RECHECK = 5.0
 # Batches one run_once reads at most (a full batch means more may be due).
 MAX_ROUNDS = 100
-_TERMINAL = frozenset(s.value for s in (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.EXPIRED))
+_TERMINAL = frozenset(s.value for s in TERMINAL_STATUSES)
 _UNFINISHED = frozenset((TaskStatus.PENDING.value, TaskStatus.RUNNING.value))
 
 

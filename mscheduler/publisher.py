@@ -11,7 +11,14 @@ from pydantic import ValidationError
 
 from mscheduler.clock import Clock, SystemClock
 from mscheduler.drivers.base import Driver, InsertParams, NewTask, UpdateOptionParams, encoded_size
-from mscheduler.exceptions import InvalidInput, MSchedulerError, TaskExpired, TaskFailed, UnknownTask
+from mscheduler.exceptions import (
+    InvalidInput,
+    MSchedulerError,
+    TaskCancelled,
+    TaskExpired,
+    TaskFailed,
+    UnknownTask,
+)
 from mscheduler.model import OptionChange, Task, TaskInfo, TaskOption, TaskStatus, validate_key
 
 SEND_MANY_BATCH = 1000
@@ -140,7 +147,8 @@ class Publisher:
         poll_interval: float = 0.05,
         max_poll_interval: float = 1.0,
     ) -> Any:
-        """Wait until the task ends; return its result or raise ``TaskFailed`` (SPEC F11).
+        """Wait until the task ends; return its result or raise ``TaskFailed`` (SPEC F11),
+        ``TaskExpired`` or ``TaskCancelled``.
 
         With ``concurrent_worker_cnt`` > 1 the result is the list of every worker's result.
         Raises ``TimeoutError`` after ``timeout`` seconds (None waits for ever).
@@ -154,6 +162,8 @@ class Publisher:
                 return results[0] if info.option.concurrent_worker_cnt == 1 else results
             if info.status is TaskStatus.EXPIRED:
                 raise TaskExpired(key)
+            if info.status is TaskStatus.CANCELLED:
+                raise TaskCancelled(key, str((info.cancelled or {}).get("reason") or ""))
             if info.status is TaskStatus.FAILED:
                 error = info.last_error
                 raise TaskFailed(key, error.model_dump() if error else None)

@@ -12,7 +12,10 @@ as an update pipeline, and the conformance suite checks that both agree.
   task's document could not be written; the reason is there).
 * ``expired``: ``state.expired_at`` is set (the deadline passed before it started): status
   ``expired`` once nothing runs, never claimable.
-* ``status``: succeeded (enough successes) > failed (budget used, nothing running) > running >
+* ``cancelled``: ``state.cancelled`` ({reason, time}) is set by an operator: status
+  ``cancelled`` at once (even while entries run: their finishes are fenced out), never claimable.
+* ``paused``: ``state.paused`` is true: not claimable (``claim_at`` None); the status stays.
+* ``status``: cancelled > succeeded (enough successes) > failed (budget used, nothing running) > running >
   pending.
 * ``retry_at``: the latest ``retry_at`` of a failed or snoozed entry (when it may run again).
 * ``claim_at``: when a free slot may be claimed, ``max(run_at, retry_at)``; ``None`` when no slot
@@ -70,9 +73,12 @@ def derive(
     worker_states: list[dict[str, Any]],
     broken: bool = False,
     expired: bool = False,
+    cancelled: bool = False,
+    paused: bool = False,
 ) -> dict[str, Any]:
     """The derived fields of a task; ``broken``: ``state.broken`` is set (a document error);
-    ``expired``: ``state.expired_at`` is set (its deadline passed before it started)."""
+    ``expired``: ``state.expired_at`` is set (its deadline passed before it started);
+    ``cancelled``: ``state.cancelled`` is set; ``paused``: ``state.paused`` is true."""
     running = success = failures = rejected = final = 0
     retry_at: datetime | None = None
     busy_workers: set[str] = set()
@@ -96,7 +102,9 @@ def derive(
     free = max(cnt - running - success, 0)
     budget = option["max_unexpected_retries"]  # None: unlimited
     exhausted = (budget is not None and failures > budget) or rejected > 0 or final > 0 or broken
-    if success >= cnt:
+    if cancelled:
+        status_value = TaskStatus.CANCELLED.value
+    elif success >= cnt:
         status_value = TaskStatus.SUCCEEDED.value
     elif exhausted and running == 0:
         status_value = TaskStatus.FAILED.value
@@ -107,7 +115,7 @@ def derive(
     else:
         status_value = TaskStatus.PENDING.value
     claim_at: datetime | None
-    if success >= cnt or exhausted or expired or free == 0:
+    if success >= cnt or exhausted or expired or cancelled or paused or free == 0:
         claim_at = None
     else:
         run_at = option["run_at"]

@@ -19,6 +19,7 @@ import random
 import secrets
 import socket
 import traceback
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -58,6 +59,9 @@ Listener = Callable[[str, dict[str, Any]], None]
 TRACEBACK_LIMIT = 8000
 LEASE_SAFETY_MARGIN = timedelta(milliseconds=500)
 DEFAULT_MAX_RESULT_BYTES = 512 * 1024
+# Keys of untargeted fan-out tasks this worker ran, sent with each claim so that the store skips
+# them on the claim index's keys; older ones fall back to the claim filter's check of the entries.
+RAN_FANOUT_KEPT = 256
 ERROR_BACKOFF = 5.0  # seconds a side task waits after a storage error no retry fixed
 
 
@@ -97,7 +101,7 @@ class _Running:
     option: dict[str, Any]
     expire: Any  # lease end as last confirmed by the store
     task: asyncio.Task[None] | None = None
-    cancel_reason: str | None = None  # "lost", "revoked", "released"
+    cancel_reason: str | None = None  # "lost", "revoked", "released", "cancelled"
     handler_done: bool = False
 
     @property
@@ -223,6 +227,8 @@ class Consumer:
         self._handlers: dict[str, _Registered] = {}
         self._listeners: list[Listener] = []
         self._running: dict[str, _Running] = {}
+        # untargeted fan-out tasks this worker succeeded on, newest last (see RAN_FANOUT_KEPT)
+        self._ran_fanout: OrderedDict[str, None] = OrderedDict()
         self._handlers_active = 0
         self._slot_freed = asyncio.Event()
         self._pending: list[_Pending] = []
@@ -526,8 +532,10 @@ class Consumer:
                 max_lease=self.claim_lease,
                 host=self.host,
                 pid=self.pid,
-                # an attempt whose outcome is still being written (or a stuck one) keeps its key
-                exclude_keys=list(self._running),
+                # an attempt whose outcome is still being written (or a stuck one) keeps its key;
+                # untargeted fan-out tasks this worker already ran are excluded by key (filtered
+                # on the claim index's keys, so the store does not fetch them to reject them)
+                exclude_keys=[*self._running, *self._ran_fanout],
             )
             # Shielded: a stop that cancels the claimer mid-claim must not orphan tasks the
             # store has already given us; stop() waits for the call and releases them.
@@ -632,7 +640,8 @@ class Consumer:
             reason = running.cancel_reason
             if reason is None:  # cancelled from outside our bookkeeping: treat as a release
                 reason = "released"
-            outcome = None if reason == "lost" else reason
+            # lost: not ours any more; cancelled: the task ended (its finish would be refused)
+            outcome = None if reason in ("lost", "cancelled") else reason
             if outcome is not None:
                 error = {"type": "Cancelled", "message": f"attempt {reason}", "traceback": None}
         except Exception as exc:
@@ -661,6 +670,12 @@ class Consumer:
         if self._running.get(claimed.key) is running:
             del self._running[claimed.key]
         stat = outcome if accepted and outcome is not None else "lost"
+        option = running.option
+        if stat == AttemptStatus.SUCCEEDED.value and option["concurrent_worker_cnt"] > 1:
+            if not option["specific_worker_ids"]:  # targeted ones leave our claimer token anyway
+                self._ran_fanout[claimed.key] = None
+                if len(self._ran_fanout) > RAN_FANOUT_KEPT:
+                    self._ran_fanout.popitem(last=False)
         self.stats[stat] = self.stats.get(stat, 0) + 1
         self._log_outcome(running, stat, error)
         self._emit(
@@ -879,8 +894,16 @@ class Consumer:
             self._lose(snapshot[key], "lost")
         for key in result.revoked:
             self._lose(snapshot[key], "revoked")
+        for key in result.cancelled:
+            self._lose(snapshot[key], "cancelled")
         self._emit(
-            "ping", {"alive": len(result.alive), "lost": len(result.lost), "revoked": len(result.revoked)}
+            "ping",
+            {
+                "alive": len(result.alive),
+                "lost": len(result.lost),
+                "revoked": len(result.revoked),
+                "cancelled": len(result.cancelled),
+            },
         )
 
     async def _ping_within_leases(self, params: PingParams, snapshot: dict[str, _Running]) -> PingResult:
@@ -922,7 +945,10 @@ class Consumer:
             log.warning(
                 "task %s: lease %s; cancelling its handler",
                 running.claimed.key,
-                "lost" if reason == "lost" else "revoked (this worker is no longer allowed)",
+                {
+                    "lost": "lost",
+                    "cancelled": "of a cancelled task",
+                }.get(reason, "revoked (this worker is no longer allowed)"),
                 extra=self._fields(running, reason=reason),
             )
             self._emit(reason, {"key": running.claimed.key, "attempt": running.claimed.attempt})

@@ -87,6 +87,7 @@ class PingResult:
     alive: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> current option
     lost: list[str] = field(default_factory=list)  # entry gone, finished or expired
     revoked: list[str] = field(default_factory=list)  # still ours, but no longer allowed
+    cancelled: list[str] = field(default_factory=list)  # still ours, but the task was cancelled
 
 
 @dataclass(slots=True, frozen=True)
@@ -159,6 +160,24 @@ class UpdateOptionParams:
     key: str
     option: dict[str, Any]  # full storage form after the change
     now: datetime
+
+
+@dataclass(slots=True, frozen=True)
+class ControlParams:
+    """An operator's change of one task, a compare-and-set on its status: applied only while
+    ``state.status`` is one of ``statuses``. ``action``: ``cancel`` (sets ``state.cancelled`` to
+    {reason, time}), ``pause`` / ``resume`` (sets ``state.paused``), ``remove`` (deletes the
+    document), ``restart`` (moves the attempt entries to ``state.history``, clears cancelled /
+    expired / broken / paused: a new generation with a fresh budget)."""
+
+    key: str
+    action: str
+    statuses: Sequence[str]
+    now: datetime
+    reason: str = ""
+
+
+CONTROL_ACTIONS = ("cancel", "pause", "resume", "remove", "restart")
 
 
 @dataclass(slots=True, frozen=True)
@@ -286,6 +305,11 @@ class Driver(Protocol):
     async def list_tasks(self, params: ListParams) -> list[dict[str, Any]]: ...
 
     async def count_by_status(self) -> dict[str, int]: ...
+
+    async def control_task(self, params: ControlParams) -> bool:
+        """One atomic operator change (see ControlParams); False when no task with that key is
+        in one of the allowed statuses (nothing changed)."""
+        ...
 
     async def update_option(self, params: UpdateOptionParams) -> bool: ...
 

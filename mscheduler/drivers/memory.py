@@ -26,6 +26,7 @@ from mscheduler.drivers.base import (
     ChangeEvent,
     ClaimedTask,
     ClaimParams,
+    ControlParams,
     ExpireParams,
     FinishParams,
     InsertParams,
@@ -84,6 +85,8 @@ class MemoryDriver(MemoryPlans):
                 state["worker_states"],
                 state.get("broken") is not None,
                 state.get("expired_at") is not None,
+                state.get("cancelled") is not None,
+                state.get("paused") is True,
             )
         )
         state["update_time"] = now
@@ -178,6 +181,7 @@ class MemoryDriver(MemoryPlans):
     async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
         tokens = claimer_tokens(list(params.names), params.worker_id)
         self._promote(params.now, tokens)
+        excluded = set(params.exclude_keys)
         claimed: list[ClaimedTask] = []
         skipped: list[tuple[str, tuple[int, int, datetime, int, str, int]]] = []
         attempts = iter(params.attempts)
@@ -192,6 +196,9 @@ class MemoryDriver(MemoryPlans):
             if best is None:
                 break
             heapq.heappop(self._ready[best_token])
+            if excluded and best[4] in excluded:  # on the index key, as MongoDB does: not examined
+                skipped.append((best_token, best))
+                continue
             doc = self._tasks[best[4]]
             if not self._eligible(doc, params):
                 skipped.append((best_token, best))
@@ -237,6 +244,8 @@ class MemoryDriver(MemoryPlans):
                 entry = self._running_entry(doc, params.worker_id, attempt)
                 if doc is None or entry is None or entry["ping_expire_time"] <= params.now:
                     result.lost.append(key)
+                elif doc["state"].get("cancelled") is not None:
+                    result.cancelled.append(key)
                 elif not allowed(doc["option"], params.worker_id):
                     result.revoked.append(key)
                 else:
@@ -252,6 +261,9 @@ class MemoryDriver(MemoryPlans):
             entry = self._running_entry(doc, item.worker_id, item.attempt)
             if doc is None or entry is None or entry["ping_expire_time"] <= item.now:
                 accepted.append(self._already_finished(doc, item))
+                continue
+            if doc["state"].get("cancelled") is not None:  # fenced out by the cancel
+                accepted.append(False)
                 continue
             entry.update(
                 status=item.outcome,
@@ -383,6 +395,40 @@ class MemoryDriver(MemoryPlans):
         if doc is None:
             return False
         doc["option"] = dict(params.option)
+        self._write(doc, params.now)
+        return True
+
+    async def control_task(self, params: ControlParams) -> bool:
+        doc = self._tasks.get(params.key)
+        if doc is None or doc["state"]["status"] not in params.statuses:
+            return False
+        state = doc["state"]
+        if params.action == "remove":
+            del self._tasks[params.key]
+            self._version[params.key] = self._version.get(params.key, 0) + 1  # drops heap entries
+            return True
+        if params.action == "cancel":
+            state["cancelled"] = {"reason": params.reason, "time": params.now}
+        elif params.action in ("pause", "resume"):
+            state["paused"] = params.action == "pause"
+        elif params.action == "restart":
+            generation = state.get("generation", 0)
+            history = state.setdefault("history", [])
+            history.append(
+                {
+                    "generation": generation,
+                    "restart_time": params.now,
+                    "worker_states": state["worker_states"],
+                }
+            )
+            state.update(
+                generation=generation + 1, worker_states=[], cancelled=None, expired_at=None, broken=None
+            )
+            deadline = doc["option"].get("deadline")
+            if deadline is not None and deadline <= params.now:
+                doc["option"] = doc["option"] | {"deadline": None}
+        else:
+            raise InvalidInput(f"unknown control action {params.action!r}")
         self._write(doc, params.now)
         return True
 

@@ -46,6 +46,7 @@ from mscheduler.drivers.base import (
     ChangeStreamUnsupported,
     ClaimedTask,
     ClaimParams,
+    ControlParams,
     ExpireParams,
     FinishParams,
     InsertParams,
@@ -112,7 +113,7 @@ from mscheduler.drivers.mongo_common import (  # noqa: F401  (re-exported for te
     watch_pipeline,
 )
 from mscheduler.drivers.mongo_plans import MongoPlans, plans_collection
-from mscheduler.exceptions import StorageError
+from mscheduler.exceptions import InvalidInput, StorageError
 from mscheduler.state import claimer_tokens
 
 
@@ -610,6 +611,7 @@ class MongoDriver(MongoPlans):
                     {"option.specific_worker_ids": {"$size": 0}},
                     {"option.specific_worker_ids": params.worker_id},
                 ],
+                "state.cancelled": None,  # a cancelled task's leases are not extended
             }
             # A $map, not the positional "$": when a filter matches two arrays (here also
             # specific_worker_ids) "$" may resolve to the other array's index (SERVER-5247).
@@ -643,7 +645,7 @@ class MongoDriver(MongoPlans):
                 {"key": {"$in": list(every_key)}},
                 # The whole array: MongoDB refuses an $elemMatch projection on a nested field
                 # (error 31275) and mongomock returns nothing for it; the entry is picked below.
-                {"key": 1, "option": 1, WS: 1},
+                {"key": 1, "option": 1, WS: 1, "state.cancelled": 1},
             )
             return [_in(doc) async for doc in cursor]
 
@@ -665,6 +667,8 @@ class MongoDriver(MongoPlans):
             )
             if doc is None or entry is None:
                 result.lost.append(key)
+            elif doc["state"].get("cancelled") is not None and entry["ping_expire_time"] > params.now:
+                result.cancelled.append(key)
             elif entry["ping_expire_time"] == expires[key] and allowed(doc["option"], params.worker_id):
                 # extended (or already at the asked expiry: a ping in the same millisecond as
                 # the claim); a revoked entry is never extended, whatever its expiry says
@@ -690,6 +694,7 @@ class MongoDriver(MongoPlans):
                     "ping_expire_time": {"$gt": now},
                 }
             },
+            "state.cancelled": None,  # a cancel wins over a later finish (and the other way round)
         }
         match = {
             "$and": [
@@ -994,6 +999,48 @@ class MongoDriver(MongoPlans):
             return await self.tasks.update_one({"key": params.key}, pipeline)
 
         result = await self._call("update option", update)
+        return bool(result.matched_count)
+
+    async def control_task(self, params: ControlParams) -> bool:
+        # The filter is the compare-and-set: the key in one of the allowed statuses.
+        filter_ = {"key": params.key, "state.status": {"$in": list(params.statuses)}}
+        if params.action == "remove":
+            deleted = await self._call("remove task", lambda: self.tasks.delete_one(filter_))
+            return bool(deleted.deleted_count)
+        now = _lit(params.now)
+        change: dict[str, Any]
+        if params.action == "cancel":
+            change = {"state.cancelled": _lit({"reason": params.reason, "time": params.now})}
+        elif params.action in ("pause", "resume"):
+            change = {"state.paused": _lit(params.action == "pause")}
+        elif params.action == "restart":
+            generation = {"$ifNull": ["$state.generation", 0]}
+            record = {"generation": generation, "restart_time": now, "worker_states": f"${WS}"}
+            change = {
+                # [record] as a $map over one element: an array literal's field paths are not
+                # evaluated by mongomock
+                "state.history": {
+                    "$concatArrays": [
+                        {"$ifNull": ["$state.history", []]},
+                        {"$map": {"input": _lit([0]), "as": "x", "in": record}},
+                    ]
+                },
+                "state.generation": {"$add": [generation, 1]},
+                WS: _lit([]),
+                "state.cancelled": None,
+                "state.expired_at": None,
+                "state.broken": None,
+                # a deadline already past would expire the new generation at once
+                "option.deadline": {"$cond": [{"$lte": ["$option.deadline", now]}, None, "$option.deadline"]},
+            }
+        else:
+            raise InvalidInput(f"unknown control action {params.action!r}")
+        pipeline = [{"$set": change}, *_derive_stages(params.now)]
+
+        async def update() -> Any:
+            return await self.tasks.update_one(filter_, pipeline)
+
+        result = await self._call(f"{params.action} task", update)
         return bool(result.matched_count)
 
     # -- workers ----------------------------------------------------------------------------------

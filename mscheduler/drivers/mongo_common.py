@@ -79,7 +79,15 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
     # claim: equality on who may claim (this worker's or anyone's token, per name), then the
     # claim order; claim_at bounds the due range. Tasks aimed at others are outside the ranges.
     (
-        [("state.claimers", 1), ("option.priority", -1), ("state.targeted", -1), ("state.claim_at", 1)],
+        # key last: the claim's ``key $nin exclude_keys`` is checked on the index keys, so tasks
+        # this worker holds or already ran (fan-out) are skipped without fetching them
+        [
+            ("state.claimers", 1),
+            ("option.priority", -1),
+            ("state.targeted", -1),
+            ("state.claim_at", 1),
+            ("key", 1),
+        ],
         {"name": CLAIM_INDEX},
     ),
     # wake-ups: the same equality, then due time (merged across tokens: no in-memory sort)
@@ -156,6 +164,8 @@ def _derive_stages(now: datetime) -> list[dict[str, Any]]:
         ]
     }
     expired = {"$ne": [{"$ifNull": ["$state.expired_at", None]}, None]}
+    cancelled = {"$ne": [{"$ifNull": ["$state.cancelled", None]}, None]}
+    paused = {"$eq": [{"$ifNull": ["$state.paused", False]}, True]}
     busy = {"$add": ["$state.running_cnt", "$state.success_cnt"]}
     return [
         {
@@ -185,6 +195,7 @@ def _derive_stages(now: datetime) -> list[dict[str, Any]]:
                 "state.status": {
                     "$switch": {
                         "branches": [
+                            {"case": cancelled, "then": "cancelled"},
                             {"case": finished, "then": "succeeded"},
                             {
                                 "case": {"$and": [exhausted, {"$eq": ["$state.running_cnt", 0]}]},
@@ -201,7 +212,7 @@ def _derive_stages(now: datetime) -> list[dict[str, Any]]:
                 },
                 "state.claim_at": {
                     "$cond": [
-                        {"$or": [finished, exhausted, expired, {"$gte": [busy, cnt]}]},
+                        {"$or": [finished, exhausted, expired, cancelled, paused, {"$gte": [busy, cnt]}]},
                         None,
                         {"$max": ["$option.run_at", "$state.retry_at"]},
                     ]

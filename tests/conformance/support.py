@@ -50,6 +50,9 @@ def assert_derived(doc: Mapping[str, Any]) -> None:
         dict(doc["option"]),
         list(doc["state"]["worker_states"]),
         doc["state"].get("broken") is not None,
+        doc["state"].get("expired_at") is not None,
+        doc["state"].get("cancelled") is not None,
+        doc["state"].get("paused") is True,
     )
     assert derived_of(doc) == expected, f"derived state drifted for {doc['key']!r}"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from mscheduler.drivers.base import ClaimParams, InsertParams, NewTask, WakeupParams
@@ -86,3 +87,58 @@ async def test_a_claim_examines_no_task_aimed_at_other_workers() -> None:
     wakeups = await driver.find_wakeups(WakeupParams("w1", [NAME], now, limit=100))
     assert [w for w in wakeups if w.kind == "claim"] == []
     assert driver.examined == 0
+
+
+async def test_fan_out_tasks_this_worker_ran_are_skipped_by_key_without_being_examined() -> None:
+    """An untargeted fan-out task keeps ``name|*`` while a slot is free, even for the worker that
+    ran it; the consumer sends the keys of those it ran (exclude_keys), which the store checks on
+    the claim index's keys: they are not fetched (examined) by later claims."""
+    from datetime import UTC, datetime
+
+    from mscheduler.drivers.base import FinishParams
+
+    driver = MemoryDriver()
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    fan = TaskOption(concurrent_worker_cnt=2, priority=5).to_storage(now)
+    await driver.insert_tasks(InsertParams([NewTask(f"fan{i}", NAME, None, fan) for i in range(300)], now))
+    ran = []
+    for i in range(300):
+        (claimed,) = await driver.claim(ClaimParams("w1", [NAME], now, [f"r{i}"]))
+        ran.append(claimed)
+    done = [FinishParams(c.key, "w1", c.attempt, now, "succeeded") for c in ran]
+    assert all(await driver.finish(done))
+    anyone = TaskOption().to_storage(now)
+    await driver.insert_tasks(InsertParams([NewTask(f"free{i}", NAME, None, anyone) for i in range(3)], now))
+    ran_keys = [c.key for c in ran]
+    driver.examined = 0
+    (claimed,) = await driver.claim(ClaimParams("w1", [NAME], now, ["x1"], exclude_keys=ran_keys))
+    assert claimed.key.startswith("free") and driver.examined == 1
+    driver.examined = 0
+    (claimed,) = await driver.claim(ClaimParams("w1", [NAME], now, ["x2"]))  # without the keys
+    assert claimed.key.startswith("free") and driver.examined == 301  # the residual check, each
+
+
+async def test_a_consumer_remembers_the_fan_out_tasks_it_ran() -> None:
+    from mscheduler import Consumer, FakeClock, Publisher, Task
+
+    clock = FakeClock()
+    driver = MemoryDriver(clock=clock)
+    consumer = Consumer(driver, worker_id="w1", clock=clock, planner=False)
+    finished = []
+    consumer.add_listener(lambda event, data: finished.append(data["key"]) if event == "finished" else None)
+
+    async def work(params: object) -> str:
+        return "ok"
+
+    consumer.register(NAME, work)
+    await Publisher(driver, clock=clock).send_many(
+        [Task(f"fan{i}", NAME, option=TaskOption(concurrent_worker_cnt=2)) for i in range(5)]
+        + [Task("solo", NAME)]
+    )
+    async with consumer:
+        for _ in range(200):
+            if len(finished) >= 6:
+                break
+            await asyncio.sleep(0)
+            clock.advance(0.05)
+    assert sorted(consumer._ran_fanout) == [f"fan{i}" for i in range(5)]

@@ -484,6 +484,7 @@ async def test_operations_list_and_count_tasks(harness: Harness) -> None:
         "succeeded": 0,
         "failed": 0,
         "expired": 0,
+        "cancelled": 0,
     }
     await harness.publisher.send_many([Task("x1", "x"), Task("x2", "x"), Task("y1", "y")])
     consumer = harness.consumer("w1", {"y": _ok})
@@ -506,6 +507,7 @@ async def test_operations_list_and_count_tasks(harness: Harness) -> None:
         "succeeded": 1,
         "failed": 0,
         "expired": 0,
+        "cancelled": 0,
     }
     assert (await operations.get_task("y1")).results == ["ok"]
     with pytest.raises(UnknownTask):

@@ -275,7 +275,7 @@ def test_option_storage_round_trip() -> None:
         "retry_delay_ms": 60000,
         "run_at": T0,
         "retry": None,  # the fixed shorthand: retry_delay x max_unexpected_retries
-        "lost_retry_delays_ms": [60000] * 32,
+        "lost_retry_delays_ms": [60000],  # a constant tail is stored once
         "deadline": None,
         "run_timeout_ms": None,
     }
