@@ -17,9 +17,18 @@ import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from mscheduler.exceptions import InvalidInput
 from mscheduler.retry import AnyRetryPolicy, FixedRetry, RetryPolicy
@@ -346,14 +355,26 @@ def check_params(value: Any, depth: int = 0, *, path: str = "params") -> Any:
     raise ValueError(f"value of type {type(value).__name__} at {path} cannot be stored")
 
 
+def _params_value(value: Any) -> Any:
+    """Params as stored: a pydantic model is dumped to JSON-like data, then checked."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
+    return check_params(value)
+
+
+# The fields a task template shares with a plan's (mscheduler.plans.Plan): one rule each.
+TaskName = Annotated[str, AfterValidator(validate_name)]
+Params = Annotated[Any, BeforeValidator(_params_value)]
+
+
 class Task(_UserInput):
     """What a publisher sends: ``Task(key, name, params, option=TaskOption(...))``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     key: str
-    name: str
-    params: Any = None
+    name: TaskName
+    params: Params = None
     option: TaskOption = TaskOption()
 
     def __init__(self, key: str, name: str, params: Any = None, **data: Any) -> None:
@@ -370,18 +391,6 @@ class Task(_UserInput):
     @classmethod
     def _key(cls, value: str) -> str:
         return validate_key(value)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return validate_name(value)
-
-    @field_validator("params", mode="before")
-    @classmethod
-    def _params(cls, value: Any) -> Any:
-        if isinstance(value, BaseModel):
-            value = value.model_dump(mode="json")
-        return check_params(value)
 
 
 class ErrorInfo(BaseModel):

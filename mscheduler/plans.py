@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mscheduler.exceptions import InvalidInput
-from mscheduler.model import TaskOption, check_params, validate_name
+from mscheduler.model import Params, TaskName, TaskOption
 from mscheduler.schedule import (
     AtSchedule,
     FrozenModel,
@@ -118,8 +118,8 @@ class Plan(FrozenModel):
     what: ClassVar[str] = "plan"
 
     plan_id: str
-    name: str
-    params: Any = None
+    name: TaskName
+    params: Params = None
     option: TaskOption = TaskOption()
     timing: PlanTiming
     suspended: bool = False
@@ -130,18 +130,6 @@ class Plan(FrozenModel):
     @classmethod
     def _check_plan_id(cls, value: str) -> str:
         return validate_plan_id(value)
-
-    @field_validator("name")
-    @classmethod
-    def _check_name(cls, value: str) -> str:
-        return validate_name(value)
-
-    @field_validator("params", mode="before")
-    @classmethod
-    def _check_params(cls, value: Any) -> Any:
-        if isinstance(value, BaseModel):
-            value = value.model_dump(mode="json")
-        return check_params(value)
 
     @field_validator("option")
     @classmethod

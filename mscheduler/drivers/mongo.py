@@ -109,6 +109,7 @@ from mscheduler.drivers.mongo_common import (  # noqa: F401  (re-exported for te
     _write_concern_codes,
     change_event,
     log,
+    read_page,
     watch_error,
     watch_pipeline,
 )
@@ -967,17 +968,10 @@ class MongoDriver(MongoPlans):
             filter_.setdefault("state.status", {"$in": ALL_STATUSES})
             index = NAME_INDEX
 
-        async def read() -> list[dict[str, Any]]:
-            cursor = (
-                self.tasks.find(filter_, {"_id": 0})
-                .sort([("state.create_time", 1), ("key", 1)])
-                .skip(params.skip)
-                .limit(params.limit)
-                .hint(index)
-            )
-            return [_in(doc) async for doc in cursor]
-
-        return await self._call("list tasks", read)
+        order = [("state.create_time", 1), ("key", 1)]
+        return await self._call(
+            "list tasks", lambda: read_page(self.tasks, filter_, order, params.skip, params.limit, index)
+        )
 
     async def count_by_status(self) -> dict[str, int]:
         # Covered by the status index: keys only, no document is fetched.

@@ -320,6 +320,14 @@ def _async_with_options(collection: Any, **options: Any) -> Any:
     return other if inspect.iscoroutinefunction(getattr(other, "find_one", None)) else collection
 
 
+async def read_page(
+    collection: Any, filter_: dict[str, Any], sort: list[tuple[str, int]], skip: int, limit: int, index: str
+) -> list[dict[str, Any]]:
+    """One page of documents (no ``_id``), in ``sort`` order, read through the named index."""
+    cursor = collection.find(filter_, {"_id": 0}).sort(sort).skip(skip).limit(limit).hint(index)
+    return [_in(doc) async for doc in cursor]
+
+
 async def _resolve(value: Any) -> Any:
     """PyMongo async returns coroutines where Motor returns cursors: accept both."""
     return await value if inspect.isawaitable(value) else value

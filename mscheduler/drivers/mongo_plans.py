@@ -32,7 +32,14 @@ from mscheduler.drivers.base import (
     RunOutcome,
     UpdatePlanParams,
 )
-from mscheduler.drivers.mongo_common import CONFIG_CODES, KEY_INDEX, _in, _out, _write_concern_codes
+from mscheduler.drivers.mongo_common import (
+    CONFIG_CODES,
+    KEY_INDEX,
+    _in,
+    _out,
+    _write_concern_codes,
+    read_page,
+)
 from mscheduler.plans import PLANNER_STATES
 
 T = TypeVar("T")
@@ -106,17 +113,10 @@ class MongoPlans:
             filter_["state"] = params.state
             index = PLANS_LIST_INDEX
 
-        async def read() -> list[dict[str, Any]]:
-            cursor = (
-                self.plans.find(filter_, {"_id": 0})
-                .sort([("create_time", 1), ("plan_id", 1)])
-                .skip(params.skip)
-                .limit(params.limit)
-                .hint(index)
-            )
-            return [_in(doc) async for doc in cursor]
-
-        return await self._call("list plans", read)
+        order = [("create_time", 1), ("plan_id", 1)]
+        return await self._call(
+            "list plans", lambda: read_page(self.plans, filter_, order, params.skip, params.limit, index)
+        )
 
     async def update_plan(self, params: UpdatePlanParams) -> bool:
         update = {"$set": _out({**params.fields, "update_time": params.now})}
