@@ -12,6 +12,7 @@ Storage shape (both drivers keep it; the Mongo driver is the only place that que
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -217,7 +218,8 @@ class TaskOption(_UserInput):
         return self
 
     def to_storage(self, default_run_at: datetime) -> dict[str, Any]:
-        policy = self.retry_policy
+        # the shorthand's table is its one delay (see lost_retry_delays_ms), without building a policy
+        lost_delays = lost_retry_delays_ms(self.retry) if self.retry is not None else [_ms(self.retry_delay)]
         return {
             "priority": self.priority,
             "concurrent_worker_cnt": self.concurrent_worker_cnt,
@@ -227,9 +229,9 @@ class TaskOption(_UserInput):
             "max_unexpected_retries": self.max_unexpected_retries,
             "retry_delay_ms": _ms(self.retry_delay),
             "run_at": self.run_at if self.run_at is not None else default_run_at,
-            "retry": policy.to_storage() if self.retry is not None else None,
+            "retry": self.retry.to_storage() if self.retry is not None else None,
             # the policy's delays (no jitter) for the bulk lease-expiry pass, which cannot run it
-            "lost_retry_delays_ms": lost_retry_delays_ms(policy),
+            "lost_retry_delays_ms": lost_delays,
             "deadline": self.deadline,
             "run_timeout_ms": _ms(self.run_timeout) if self.run_timeout is not None else None,
         }
@@ -287,6 +289,11 @@ LOST_RETRY_TABLE = 32
 
 
 def lost_retry_delays_ms(policy: RetryPolicy) -> list[int]:
+    return list(_lost_retry_table(policy))
+
+
+@functools.lru_cache(maxsize=256)
+def _lost_retry_table(policy: RetryPolicy) -> tuple[int, ...]:
     """The policy's delays after failures 1..32 (the last repeats), for the lease-expiry pass: a
     bulk update that cannot run Python applies ``delays[min(fail_cnt, 31)]``. Jitter is left out;
     a ``per_day`` policy's jump to the next day is replaced by its delay (the consumer applies the
@@ -299,7 +306,7 @@ def lost_retry_delays_ms(policy: RetryPolicy) -> list[int]:
     # policy stores one number): every task document carries this table
     while len(out) > 1 and out[-1] == out[-2]:
         out.pop()
-    return out
+    return tuple(out)
 
 
 def validate_key(key: object) -> str:

@@ -614,14 +614,17 @@ class Consumer:
                 outcome = AttemptStatus.REJECTED.value
                 error = {"type": "InvalidParams", "message": str(exc), "traceback": None}
             else:
-                try:
-                    async with asyncio.timeout(run_timeout / 1000 if run_timeout else None) as deadline:
-                        result = await registered.fn(*args)
-                except TimeoutError as exc:
-                    if deadline.expired() and running.cancel_reason is None:
-                        message = f"the attempt ran longer than its run_timeout ({run_timeout} ms)"
-                        raise RunTimedOut(message) from exc
-                    raise
+                if not run_timeout:
+                    result = await registered.fn(*args)
+                else:
+                    try:
+                        async with asyncio.timeout(run_timeout / 1000) as deadline:
+                            result = await registered.fn(*args)
+                    except TimeoutError as exc:
+                        if deadline.expired() and running.cancel_reason is None:
+                            message = f"the attempt ran longer than its run_timeout ({run_timeout} ms)"
+                            raise RunTimedOut(message) from exc
+                        raise
                 result, error = self._storable_result(result)
                 outcome = AttemptStatus.SUCCEEDED.value if error is None else AttemptStatus.REJECTED.value
         except Snooze as exc:
@@ -704,7 +707,7 @@ class Consumer:
                 "message": f"the handler's result cannot be stored: {exc}",
                 "traceback": None,
             }
-        size = encoded_size(result)
+        size = 0 if result is None else encoded_size(result)
         if size > self.max_result_bytes:
             return None, {
                 "type": "ResultTooLarge",

@@ -218,7 +218,9 @@ class MemoryDriver(MemoryPlans):
                     attempt_no=len(doc["state"]["worker_states"]),
                     ping_expire_time=expire,
                     fail_cnt=doc["state"]["fail_cnt"],
-                    failure_times=failure_times(doc["state"]["worker_states"]),
+                    failure_times=failure_times(doc["state"]["worker_states"])
+                    if doc["state"]["fail_cnt"]
+                    else (),
                 )
             )
             attempt = next(attempts, None)

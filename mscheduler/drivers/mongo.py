@@ -533,7 +533,7 @@ class MongoDriver(MongoPlans):
             attempt_no=position + 1,
             ping_expire_time=expire,
             fail_cnt=doc["state"]["fail_cnt"],
-            failure_times=failure_times(entries),
+            failure_times=failure_times(entries) if doc["state"]["fail_cnt"] else (),
         )
 
     async def _fix_first_lease(self, params: ClaimParams, doc: dict[str, Any], attempt: str) -> datetime:
