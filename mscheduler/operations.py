@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from pydantic import ValidationError
+
 from mscheduler.clock import Clock, ServerClock
 from mscheduler.drivers.base import (
     ControlParams,
@@ -22,10 +24,11 @@ from mscheduler.drivers.base import (
     InsertPlanParams,
     ListParams,
     PlanListParams,
+    UpdateOptionParams,
     UpdatePlanParams,
 )
 from mscheduler.exceptions import InvalidInput, StorageError, TransitionRefused, UnknownPlan, UnknownTask
-from mscheduler.model import TaskInfo, TaskStatus, validate_key, validate_name
+from mscheduler.model import OptionChange, TaskInfo, TaskOption, TaskStatus, validate_key, validate_name
 from mscheduler.plans import (
     Plan,
     PlanInfo,
@@ -195,6 +198,16 @@ class Operations:
         )
         return await self._change(key, "restart", statuses, rule)
 
+    async def edit(self, key: str, change: OptionChange) -> TaskOption:
+        """Change a pending or running task's options (F26: due time, priority, retry budget or
+        policy, targeting, ...) under the live-option rules of ``change_option``. Refused on a
+        finished task (restart it instead)."""
+        info = await self.get_task(key)
+        if info.status.value not in _UNFINISHED:
+            rule = "only a pending or running task can be edited (restart a finished one)"
+            raise TransitionRefused(key, "edit", info.status.value, rule)
+        return await change_option(self.driver, key, change, await self._now())
+
     async def _change(
         self, key: str, action: str, statuses: tuple[str, ...], rule: str, *, reason: str = ""
     ) -> TaskInfo:
@@ -349,6 +362,27 @@ class Operations:
             if await self.driver.update_plan(UpdatePlanParams(plan_id, doc["version"], fields, now)):
                 return PlanInfo.from_storage(doc | fields | {"update_time": now})
         raise StorageError(f"plan {plan_id!r} kept changing under {PLAN_CHANGE_TRIES} tries; try again")
+
+
+async def change_option(driver: Driver, key: str, change: OptionChange, now: datetime) -> TaskOption:
+    """The live option change (SPEC F8), the one definition ``Publisher.update_option`` and
+    ``Operations.edit`` share: merged and validated as a whole, then one pipeline update that
+    re-derives the state. Removing a running worker from ``specific_worker_ids`` stops it at its
+    next ping; a new ``ping_interval`` applies from the next ping; the rest from the next claim."""
+    doc = await driver.get_task(_checked(validate_key, key, "key"))
+    if doc is None:
+        raise UnknownTask(key)
+    info = TaskInfo.from_storage(doc)
+    if not isinstance(change, OptionChange):
+        raise InvalidInput(f"change: an OptionChange, got {type(change).__name__}")
+    try:
+        option = change.apply(info.option)
+    except (InvalidInput, ValidationError) as exc:
+        raise InvalidInput(f"invalid option change for {key!r}: {exc}") from exc
+    stored = option.to_storage(info.create_time)
+    if not await driver.update_option(UpdateOptionParams(key, stored, now)):
+        raise UnknownTask(key)
+    return option
 
 
 def _checked(validate: Any, value: object, field: str) -> Any:

@@ -7,10 +7,8 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
-from pydantic import ValidationError
-
 from mscheduler.clock import Clock, SystemClock
-from mscheduler.drivers.base import Driver, InsertParams, NewTask, UpdateOptionParams, encoded_size
+from mscheduler.drivers.base import Driver, InsertParams, NewTask, encoded_size
 from mscheduler.exceptions import (
     InvalidInput,
     MSchedulerError,
@@ -20,6 +18,7 @@ from mscheduler.exceptions import (
     UnknownTask,
 )
 from mscheduler.model import OptionChange, Task, TaskInfo, TaskOption, TaskStatus, validate_key
+from mscheduler.operations import change_option
 
 SEND_MANY_BATCH = 1000
 DEFAULT_MAX_PARAMS_BYTES = 512 * 1024
@@ -183,15 +182,7 @@ class Publisher:
         Removing a running worker from ``specific_worker_ids`` stops it at its next ping; a new
         ``ping_interval`` applies from the next ping; the rest applies to the next claim.
         """
-        info = await self.get(key)
-        try:
-            option = change.apply(info.option)
-        except (InvalidInput, ValidationError) as exc:
-            raise InvalidInput(f"invalid option change for {key!r}: {exc}") from exc
-        stored = option.to_storage(info.create_time)
-        if not await self.driver.update_option(UpdateOptionParams(key, stored, self.clock.now())):
-            raise UnknownTask(key)
-        return option
+        return await change_option(self.driver, key, change, self.clock.now())
 
 
 def _key(key: str) -> str:
