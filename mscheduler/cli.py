@@ -871,3 +871,8 @@ def check(
 def main() -> None:
     """Console-script entry point (``mscheduler``, ``python -m mscheduler``)."""
     app(prog_name="mscheduler")
+
+
+# -- operator commands (mscheduler.cli_ops: tasks, plans, workers, stats) -------------------------
+
+from mscheduler import cli_ops  # noqa: E402, F401  (imported last: it registers its commands on app)

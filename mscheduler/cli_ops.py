@@ -1,0 +1,549 @@
+"""Operator commands of ``mscheduler``: ``tasks``, ``plans``, ``workers`` and ``stats``.
+
+Thin on purpose: each command connects (as ``check`` does), calls one ``Operations`` method and
+prints what it returned (a Rich table, or JSON with ``--json``). No query and no rule lives here;
+every refusal comes from ``Operations`` and is printed as one line.
+
+Exit codes: 0 done; 1 refused or not found (``TransitionRefused``, ``UnknownTask``,
+``UnknownPlan``, no running worker with that id); 2 bad input or usage (``InvalidInput``, a
+malformed URI, a bad option); 3 storage unreachable or failing (``StorageError``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from mscheduler.cli import (
+    URI_TIMEOUT_HINT,
+    CliError,
+    TimeoutMs,
+    _database,
+    _fail,
+    _one_line,
+    app,
+    ensure_reachable,
+    mongo_client,
+    out,
+    redact,
+)
+from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.exceptions import (
+    InvalidInput,
+    MSchedulerError,
+    StorageError,
+    TransitionRefused,
+    UnknownPlan,
+    UnknownTask,
+)
+from mscheduler.model import TaskInfo
+from mscheduler.operations import Operations
+from mscheduler.plans import PlanInfo
+
+EXIT_REFUSED, EXIT_USAGE, EXIT_STORAGE = 1, 2, 3
+T = TypeVar("T")
+
+# A hidden testing hook: when set, commands use the Operations it returns instead of connecting
+# (tests set it with monkeypatch; it is not part of the command line).
+operations_override: Callable[[], Operations] | None = None
+
+
+def _typer(name: str, help: str) -> typer.Typer:
+    return typer.Typer(
+        name=name,
+        help=help,
+        add_completion=False,
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+    )
+
+
+EXITS = "Exits 1 if refused or not found, 2 on bad input, 3 if MongoDB fails."
+tasks_app = _typer("tasks", f"List, show and steer tasks. {EXITS}")
+plans_app = _typer("plans", f"List, show and steer recurring plans. {EXITS}")
+workers_app = _typer("workers", f"List registered workers; ask one to stop. {EXITS}")
+
+
+# -- connecting -----------------------------------------------------------------------------------
+
+UriOpt = Annotated[
+    str,
+    typer.Option(
+        "--mongodb-uri",
+        envvar="MSCHEDULER_MONGODB_URI",
+        metavar="URI",
+        help="The scheduler's MongoDB server.",
+    ),
+]
+DatabaseOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--database",
+        envvar="MSCHEDULER_DATABASE",
+        metavar="NAME",
+        help="Database (default: the URI's, else mscheduler).",
+    ),
+]
+PrefixOpt = Annotated[
+    str, typer.Option("--prefix", metavar="PREFIX", help="Collection prefix (MongoDriver(prefix=...)).")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+@dataclass(slots=True, frozen=True)
+class Connection:
+    uri: str
+    database: str | None = None
+    prefix: str = ""
+    server_selection_timeout_ms: int | None = None
+
+
+@asynccontextmanager
+async def connect(conn: Connection) -> AsyncIterator[Operations]:
+    """``Operations`` on the server, failing fast (exit 3) when it cannot be reached."""
+    if operations_override is not None:
+        yield operations_override()
+        return
+    client = mongo_client(conn.uri, conn.server_selection_timeout_ms)
+    try:
+        try:
+            await ensure_reachable(client, redact(conn.uri), hint=URI_TIMEOUT_HINT)
+        except CliError as exc:
+            raise CliError(str(exc), exit_code=EXIT_STORAGE) from exc
+        db = _database(client, conn.database, "mscheduler")
+        yield Operations(MongoDriver(db, prefix=conn.prefix))
+    finally:
+        await client.close()
+
+
+def refusal(exc: MSchedulerError) -> CliError:
+    """The one-line error and exit code of a refusal from ``Operations``."""
+    message = _one_line(str(exc), limit=300)
+    if isinstance(exc, InvalidInput):
+        return CliError(message, exit_code=EXIT_USAGE)
+    if isinstance(exc, StorageError):
+        return CliError(f"storage error: {message}", exit_code=EXIT_STORAGE)
+    if isinstance(exc, (UnknownTask, UnknownPlan, TransitionRefused)):
+        return CliError(message, exit_code=EXIT_REFUSED)
+    return CliError(message, exit_code=EXIT_REFUSED)
+
+
+def run(conn: Connection, body: Callable[[Operations], Awaitable[T]]) -> T:
+    """Connect, call ``body`` with the operations, and turn every refusal into one line."""
+
+    async def go() -> T:
+        async with connect(conn) as ops:
+            return await body(ops)
+
+    try:
+        return asyncio.run(go())
+    except CliError as exc:
+        raise _fail(exc) from None
+    except MSchedulerError as exc:
+        raise _fail(refusal(exc)) from None
+
+
+def _conn(uri: str, database: str | None, prefix: str, timeout_ms: int | None) -> Connection:
+    return Connection(uri, database, prefix, timeout_ms)
+
+
+# -- printing -------------------------------------------------------------------------------------
+
+
+def _when(value: datetime | None) -> str:
+    return "" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def print_json(value: Any) -> None:
+    out.print_json(json.dumps(value, default=str))
+
+
+def task_rows(tasks: list[TaskInfo]) -> Table:
+    table = Table(title=f"tasks ({len(tasks)})")
+    for column in ("key", "name", "status", "attempts", "paused", "updated", "last error"):
+        table.add_column(column)
+    for t in tasks:
+        error = t.last_error
+        table.add_row(
+            t.key,
+            t.name,
+            t.status.value,
+            str(t.attempts),
+            "yes" if t.paused else "",
+            _when(t.update_time),
+            f"{error.type}: {error.message}" if error else "",
+        )
+    return table
+
+
+def task_detail(t: TaskInfo) -> list[Table]:
+    head = Table(title=f"task {t.key}", show_header=False)
+    head.add_column("field")
+    head.add_column("value")
+    for field, value in (
+        ("name", t.name),
+        ("status", t.status.value + (" (paused)" if t.paused else "")),
+        ("created", _when(t.create_time)),
+        ("updated", _when(t.update_time)),
+        ("next due", _when(t.next_due)),
+        ("attempts", f"{t.attempts} (succeeded {t.success_cnt}, failed {t.fail_cnt})"),
+        ("running", str(t.running_cnt)),
+        ("cancelled", (t.cancelled or {}).get("reason", "") if t.cancelled else ""),
+    ):
+        head.add_row(field, value)
+    timeline = Table(title="attempts")
+    for column in ("#", "worker", "status", "start", "end", "error"):
+        timeline.add_column(column)
+    for n, w in enumerate(t.worker_states, 1):
+        error = f"{w.error.type}: {w.error.message}" if w.error else ""
+        timeline.add_row(str(n), w.worker_id, w.status.value, _when(w.start_time), _when(w.end_time), error)
+    return [head, timeline]
+
+
+def plan_rows(plans: list[PlanInfo]) -> Table:
+    table = Table(title=f"plans ({len(plans)})")
+    for column in ("plan id", "name", "state", "next fire", "runs", "last run"):
+        table.add_column(column)
+    for p in plans:
+        table.add_row(
+            p.plan_id,
+            p.name,
+            p.state.value,
+            _when(p.next_fire_time),
+            str(p.runs_made),
+            p.last_run_status or "",
+        )
+    return table
+
+
+def plan_detail(p: PlanInfo) -> Table:
+    table = Table(title=f"plan {p.plan_id}", show_header=False)
+    table.add_column("field")
+    table.add_column("value")
+    for field, value in (
+        ("name", p.name),
+        ("state", p.state.value),
+        ("next fire", _when(p.next_fire_time)),
+        ("runs made", str(p.runs_made)),
+        ("skipped", str(p.skipped_cnt)),
+        ("skip next", str(p.skip_next)),
+        ("last run", p.last_run_key or ""),
+        ("last run status", p.last_run_status or ""),
+        ("failures in a row", str(p.consecutive_failures)),
+        ("created", _when(p.create_time)),
+        ("updated", _when(p.update_time)),
+    ):
+        table.add_row(field, value)
+    return table
+
+
+def _done(message: str) -> None:
+    out.print(Text(message))
+
+
+# -- tasks ----------------------------------------------------------------------------------------
+
+KeyArg = Annotated[str, typer.Argument(metavar="KEY", hidden=True)]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Allow it on a task the rule protects.")]
+
+
+@tasks_app.command("ls", short_help="List tasks, oldest first.")
+def tasks_ls(
+    status: Annotated[str | None, typer.Option(metavar="STATUS", help="Only this status.")] = None,
+    name: Annotated[str | None, typer.Option(metavar="NAME", help="Only this task name.")] = None,
+    limit: Annotated[int, typer.Option(metavar="N", help="At most N tasks (1-1000).")] = 50,
+    skip: Annotated[int, typer.Option(metavar="N", help="Skip the first N tasks.")] = 0,
+    as_json: JsonOpt = False,
+    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
+    database: DatabaseOpt = None,
+    prefix: PrefixOpt = "",
+    server_selection_timeout_ms: TimeoutMs = None,
+) -> None:
+    """List tasks oldest first, filtered by status and / or name."""
+    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
+    tasks = run(conn, lambda ops: ops.list_tasks(status=status, name=name, limit=limit, skip=skip))
+    if as_json:
+        print_json([t.model_dump(mode="json") for t in tasks])
+    else:
+        out.print(task_rows(tasks))
+
+
+@tasks_app.command("show", short_help="Show a task and its attempts.")
+def tasks_show(
+    key: KeyArg,
+    as_json: JsonOpt = False,
+    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
+    database: DatabaseOpt = None,
+    prefix: PrefixOpt = "",
+    server_selection_timeout_ms: TimeoutMs = None,
+) -> None:
+    """Show task KEY: status, counters, attempts (worker, status, start, end, error)."""
+    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
+    info = run(conn, lambda ops: ops.get_task(key))
+    if as_json:
+        print_json(info.model_dump(mode="json"))
+    else:
+        for table in task_detail(info):
+            out.print(table)
+
+
+@tasks_app.command("cancel", short_help="Cancel a pending or running task.")
+def tasks_cancel(
+    key: KeyArg,
+    reason: Annotated[str, typer.Option(metavar="TEXT", help="Why (kept on the task).")] = "",
+    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
+    database: DatabaseOpt = None,
+    prefix: PrefixOpt = "",
+    server_selection_timeout_ms: TimeoutMs = None,
+) -> None:
+    """Cancel task KEY if pending or running (a running handler stops at its next ping)."""
+    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
+    info = run(conn, lambda ops: ops.cancel(key, reason))
+    _done(f"cancelled task {info.key!r} (now {info.status.value})")
+
+
+@tasks_app.command("pause", short_help="Stop claims of a task until resumed.")
+def tasks_pause(
+    key: KeyArg,
+    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
+    database: DatabaseOpt = None,
+    prefix: PrefixOpt = "",
+    server_selection_timeout_ms: TimeoutMs = None,
+) -> None:
+    """Stop claims of task KEY (pending or running) until it is resumed."""
+    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
+    info = run(conn, lambda ops: ops.pause(key))
+    _done(f"paused task {info.key!r} ({info.status.value})")
+
+
+@tasks_app.command("resume", short_help="Make a paused task claimable again.")
+def tasks_resume(
+    key: KeyArg,
+    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
+    database: DatabaseOpt = None,
+    prefix: PrefixOpt = "",
+    server_selection_timeout_ms: TimeoutMs = None,
+) -> None:
+    """Make the paused task KEY claimable again."""
+    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
+    info = run(conn, lambda ops: ops.resume(key))
+    _done(f"resumed task {info.key!r} ({info.status.value})")
+
+
+@tasks_app.command("restart", short_help="Run a failed, cancelled or expired task again.")
+def tasks_restart(
+    key: KeyArg,
+    force: ForceOpt = False,
+    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
+    database: DatabaseOpt = None,
+    prefix: PrefixOpt = "",
+    server_selection_timeout_ms: TimeoutMs = None,
+) -> None:
+    """Run task KEY again if failed, cancelled or expired (succeeded: with --force)."""
+    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
+    info = run(conn, lambda ops: ops.restart(key, force=force))
+    _done(f"restarted task {info.key!r} (now {info.status.value})")
+
+
+@tasks_app.command("remove", short_help="Delete a task that is not running.")
+def tasks_remove(
+    key: KeyArg,
+    force: ForceOpt = False,
+    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
+    database: DatabaseOpt = None,
+    prefix: PrefixOpt = "",
+    server_selection_timeout_ms: TimeoutMs = None,
+) -> None:
+    """Delete task KEY unless running (a running one with --force: cancelled first)."""
+    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
+    run(conn, lambda ops: ops.remove(key, force=force))
+    _done(f"removed task {key!r}")
+
+
+# -- plans ----------------------------------------------------------------------------------------
+
+PlanArg = Annotated[str, typer.Argument(metavar="ID", hidden=True)]
+
+
+@plans_app.command("ls", short_help="List plans, oldest first.")
+def plans_ls(
+    state: Annotated[str | None, typer.Option(metavar="STATE", help="Only this plan state.")] = None,
+    as_json: JsonOpt = False,
+    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
+    database: DatabaseOpt = None,
+    prefix: PrefixOpt = "",
+    server_selection_timeout_ms: TimeoutMs = None,
+) -> None:
+    """List plans oldest first, optionally of one state."""
+    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
+    plans = run(conn, lambda ops: ops.list_plans(state=state))
+    if as_json:
+        print_json([p.model_dump(mode="json") for p in plans])
+    else:
+        out.print(plan_rows(plans))
+
+
+@plans_app.command("show", short_help="Show a plan.")
+def plans_show(
+    plan_id: PlanArg,
+    as_json: JsonOpt = False,
+    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
+    database: DatabaseOpt = None,
+    prefix: PrefixOpt = "",
+    server_selection_timeout_ms: TimeoutMs = None,
+) -> None:
+    """Show plan ID: state, next fire time, counters and its last run."""
+    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
+    info = run(conn, lambda ops: ops.get_plan(plan_id))
+    if as_json:
+        print_json(info.model_dump(mode="json"))
+    else:
+        out.print(plan_detail(info))
+
+
+@plans_app.command("suspend", short_help="Suspend a plan.")
+def plans_suspend(
+    plan_id: PlanArg,
+    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
+    database: DatabaseOpt = None,
+    prefix: PrefixOpt = "",
+    server_selection_timeout_ms: TimeoutMs = None,
+) -> None:
+    """Suspend plan ID: no occurrence is made until it is resumed."""
+    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
+    info = run(conn, lambda ops: ops.suspend_plan(plan_id))
+    _done(f"suspended plan {info.plan_id!r} ({info.state.value})")
+
+
+@plans_app.command("resume", short_help="Resume a suspended or failing plan.")
+def plans_resume(
+    plan_id: PlanArg,
+    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
+    database: DatabaseOpt = None,
+    prefix: PrefixOpt = "",
+    server_selection_timeout_ms: TimeoutMs = None,
+) -> None:
+    """Resume plan ID if suspended or parked in the error state."""
+    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
+    info = run(conn, lambda ops: ops.resume_plan(plan_id))
+    _done(f"resumed plan {info.plan_id!r} ({info.state.value})")
+
+
+@plans_app.command("skip", short_help="Skip a plan's next N occurrences.")
+def plans_skip(
+    plan_id: PlanArg,
+    n: Annotated[int, typer.Argument(metavar="N", hidden=True)] = 1,
+    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
+    database: DatabaseOpt = None,
+    prefix: PrefixOpt = "",
+    server_selection_timeout_ms: TimeoutMs = None,
+) -> None:
+    """Skip the next N occurrences of plan ID (default 1; sets the count: 0 cancels skips)."""
+    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
+    info = run(conn, lambda ops: ops.skip_plan(plan_id, n))
+    _done(f"plan {info.plan_id!r} skips its next {info.skip_next} occurrence(s)")
+
+
+@plans_app.command("remove", short_help="Delete a plan (its tasks stay).")
+def plans_remove(
+    plan_id: PlanArg,
+    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
+    database: DatabaseOpt = None,
+    prefix: PrefixOpt = "",
+    server_selection_timeout_ms: TimeoutMs = None,
+) -> None:
+    """Delete plan ID; the tasks it already made stay."""
+    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
+    run(conn, lambda ops: ops.remove_plan(plan_id))
+    _done(f"removed plan {plan_id!r}")
+
+
+# -- workers --------------------------------------------------------------------------------------
+
+
+@workers_app.command("ls", short_help="List registered workers.")
+def workers_ls(
+    as_json: JsonOpt = False,
+    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
+    database: DatabaseOpt = None,
+    prefix: PrefixOpt = "",
+    server_selection_timeout_ms: TimeoutMs = None,
+) -> None:
+    """List registered workers, oldest first, with whether each is live."""
+    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
+    workers = run(conn, lambda ops: ops.list_workers())
+    if as_json:
+        print_json([asdict(w) for w in workers])
+        return
+    table = Table(title=f"workers ({len(workers)})")
+    for column in ("worker id", "host", "pid", "names", "slots", "running", "live", "stop", "last seen"):
+        table.add_column(column)
+    for w in workers:
+        table.add_row(
+            w.worker_id,
+            w.host,
+            str(w.pid),
+            ", ".join(w.names),
+            str(w.concurrency),
+            str(w.running_cnt),
+            "yes" if w.live else "no",
+            "requested" if w.stop_requested else "",
+            _when(w.last_seen),
+        )
+    out.print(table)
+
+
+@workers_app.command("stop", short_help="Ask a running worker to stop gracefully.")
+def workers_stop(
+    worker_id: Annotated[str, typer.Argument(metavar="WORKER_ID", hidden=True)],
+    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
+    database: DatabaseOpt = None,
+    prefix: PrefixOpt = "",
+    server_selection_timeout_ms: TimeoutMs = None,
+) -> None:
+    """Ask the running worker WORKER_ID to stop gracefully (at its next heartbeat)."""
+    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
+    if not run(conn, lambda ops: ops.request_worker_stop(worker_id)):
+        raise _fail(CliError(f"no running worker with id {worker_id!r}", exit_code=EXIT_REFUSED))
+    _done(f"asked worker {worker_id!r} to stop")
+
+
+# -- stats ----------------------------------------------------------------------------------------
+
+
+def stats(
+    as_json: JsonOpt = False,
+    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
+    database: DatabaseOpt = None,
+    prefix: PrefixOpt = "",
+    server_selection_timeout_ms: TimeoutMs = None,
+) -> None:
+    """Count tasks by status."""
+    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
+    counts = run(conn, lambda ops: ops.count_by_status())
+    if as_json:
+        print_json(counts)
+        return
+    table = Table(title="tasks by status")
+    table.add_column("status")
+    table.add_column("count", justify="right")
+    for status, n in counts.items():
+        table.add_row(status, str(n))
+    table.add_row(Text("total", style="bold"), Text(str(sum(counts.values())), style="bold"))
+    out.print(table)
+
+
+app.add_typer(tasks_app)
+app.add_typer(plans_app)
+app.add_typer(workers_app)
+app.command(short_help="Count tasks by status.")(stats)

@@ -1,0 +1,232 @@
+"""The operator commands (``tasks``, ``plans``, ``workers``, ``stats``) on an in-process store:
+tables and ``--json``, one-line refusals with their exit codes, operator injection refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from mscheduler import Consumer, Fail, MemoryDriver, Operations, Publisher, Task, TaskStatus, cli_ops
+from mscheduler.cli import app
+from mscheduler.drivers.base import WorkerInfo
+from mscheduler.plans import Plan
+from mscheduler.schedule import EverySchedule, PlanTiming
+from tests.acceptance.support import command, run
+
+URI = {"MSCHEDULER_MONGODB_URI": "mongodb://unused.invalid/"}
+
+
+async def _seed(driver: MemoryDriver) -> None:
+    publisher = Publisher(driver)
+    for key in ("a-1", "a-2", "a-3"):
+        assert await publisher.send(Task(key, "job.a", {"n": key}))
+    assert await publisher.send(Task("boom-1", "job.boom", {}))
+    consumer = Consumer(driver, worker_id="w-boom", concurrency=1)
+
+    async def boom(params: Any) -> None:
+        raise Fail("bad input")
+
+    consumer.register("job.boom", boom)
+    async with consumer:
+        for _ in range(400):
+            info = await publisher.get("boom-1")
+            if info is not None and info.status is TaskStatus.FAILED:
+                break
+            await asyncio.sleep(0.01)
+    now = datetime.now(UTC)
+    await driver.register_worker(WorkerInfo("w-live", "host-1", 42, ("job.a",), 4, now))
+    ops = Operations(driver)
+    await ops.add_plan(
+        Plan(
+            plan_id="nightly",
+            name="job.a",
+            timing=PlanTiming(schedule=EverySchedule(interval=3600, start=now)),
+        )
+    )
+
+
+@pytest.fixture
+def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[MemoryDriver]:
+    driver = MemoryDriver()
+    asyncio.run(_seed(driver))
+    monkeypatch.setattr(cli_ops, "operations_override", lambda: Operations(driver))
+    yield driver
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    result = CliRunner(env={**URI, "COLUMNS": "200", "NO_COLOR": "1"}).invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+def status_of(driver: MemoryDriver, key: str) -> str | None:
+    info = asyncio.run(Operations(driver).get_task(key)) if key in _keys(driver) else None
+    return None if info is None else info.status.value
+
+
+def _keys(driver: MemoryDriver) -> set[str]:
+    return {t.key for t in asyncio.run(Operations(driver).list_tasks(limit=1000))}
+
+
+def test_tasks_ls_table_filters_and_json(store: MemoryDriver) -> None:
+    code, out, err = cli("tasks", "ls")
+    assert code == 0, err
+    assert "tasks (4)" in out and "a-1" in out and "boom-1" in out and "Fail: bad input" in out
+    code, out, err = cli("tasks", "ls", "--status", "failed", "--json")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert [r["key"] for r in rows] == ["boom-1"] and rows[0]["status"] == "failed"
+    code, out, _ = cli("tasks", "ls", "--name", "job.a", "--limit", "2", "--skip", "1", "--json")
+    assert code == 0 and [r["key"] for r in json.loads(out)] == ["a-2", "a-3"]
+
+
+def test_tasks_show_prints_the_attempt_timeline(store: MemoryDriver) -> None:
+    code, out, err = cli("tasks", "show", "boom-1")
+    assert code == 0, err
+    assert "task boom-1" in out and "w-boom" in out and "Fail: bad input" in out
+    code, out, _ = cli("tasks", "show", "boom-1", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["key"] == "boom-1"
+    assert doc["worker_states"][0]["worker_id"] == "w-boom"
+    assert doc["worker_states"][0]["error"]["message"] == "bad input"
+
+
+def test_task_controls(store: MemoryDriver) -> None:
+    assert cli("tasks", "pause", "a-1")[:2] == (0, "paused task 'a-1' (pending)\n")
+    assert cli("tasks", "resume", "a-1")[0] == 0
+    code, out, _ = cli("tasks", "cancel", "a-1", "--reason", "not needed")
+    assert code == 0 and "cancelled task 'a-1' (now cancelled)" in out
+    assert status_of(store, "a-1") == "cancelled"
+    code, out, _ = cli("tasks", "restart", "a-1")
+    assert code == 0 and "(now pending)" in out
+    assert cli("tasks", "restart", "boom-1")[0] == 0
+    assert cli("tasks", "remove", "a-2") == (0, "removed task 'a-2'\n", "")
+    assert "a-2" not in _keys(store)
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["tasks", "show", "nope"], 1, "error: no task with key 'nope'"),
+        (["tasks", "cancel", "boom-1"], 1, "error: cannot cancel task 'boom-1': it is failed"),
+        (["tasks", "restart", "a-1"], 1, "error: cannot restart task 'a-1': it is pending"),
+        (["tasks", "ls", "--status", "lost"], 2, "error: status: unknown status 'lost'"),
+        (["tasks", "ls", "--limit", "0"], 2, "error: limit: must be an integer from 1 to 1000"),
+        (["tasks", "ls", "--name", "bad name!"], 2, "error: name: invalid task name"),
+        (["plans", "show", "nope"], 1, "error: no plan with id 'nope'"),
+        (["plans", "suspend", "$where"], 2, "error: plan_id: plan_id must not contain NUL"),
+        (["plans", "skip", "--", "nightly", "-1"], 2, "error: n: must be an integer from 0"),
+        (["plans", "ls", "--state", "bogus"], 2, "error: state: unknown plan state 'bogus'"),
+        (["workers", "stop", "nobody"], 1, "error: no running worker with id 'nobody'"),
+        (["workers", "stop", "$ne"], 2, "error: invalid worker id '$ne'"),
+    ],
+)
+def test_refusals_are_one_line_with_their_exit_code(
+    store: MemoryDriver, args: list[str], code: int, message: str
+) -> None:
+    got, out, err = cli(*args)
+    assert got == code, (out, err)
+    assert err.startswith(message), err
+    assert err.count("\n") == 1 and "Traceback" not in out + err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["tasks", "ls", "--status", '{"$gt": ""}'],
+        ["tasks", "ls", "--name", '{"$gt": ""}'],
+        ["tasks", "cancel", '{"$gt": ""}'],
+        ["tasks", "remove", '{"$gt": ""}', "--force"],
+        ["plans", "remove", '{"$gt": ""}'],
+        ["workers", "stop", '{"$gt": ""}'],
+    ],
+)
+def test_operator_injection_is_refused_and_changes_nothing(store: MemoryDriver, args: list[str]) -> None:
+    before = asyncio.run(Operations(store).count_by_status())
+    code, out, err = cli(*args)
+    assert code in (1, 2), (out, err)
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert asyncio.run(Operations(store).count_by_status()) == before
+    assert len(asyncio.run(Operations(store).list_plans())) == 1
+
+
+def test_plans_commands(store: MemoryDriver) -> None:
+    code, out, _ = cli("plans", "ls")
+    assert code == 0 and "nightly" in out and "active" in out
+    assert cli("plans", "suspend", "nightly")[1] == "suspended plan 'nightly' (suspended)\n"
+    code, out, _ = cli("plans", "ls", "--state", "suspended", "--json")
+    assert code == 0 and [p["plan_id"] for p in json.loads(out)] == ["nightly"]
+    assert cli("plans", "resume", "nightly")[1] == "resumed plan 'nightly' (active)\n"
+    assert cli("plans", "skip", "nightly", "3")[1] == "plan 'nightly' skips its next 3 occurrence(s)\n"
+    code, out, _ = cli("plans", "show", "nightly", "--json")
+    assert code == 0 and json.loads(out)["skip_next"] == 3
+    assert "plan nightly" in cli("plans", "show", "nightly")[1]
+    assert cli("plans", "remove", "nightly") == (0, "removed plan 'nightly'\n", "")
+    assert cli("plans", "ls", "--json")[1].strip() == "[]"
+
+
+def test_workers_and_stats(store: MemoryDriver) -> None:
+    code, out, _ = cli("workers", "ls")
+    assert code == 0 and "w-live" in out and "host-1" in out
+    code, out, _ = cli("workers", "ls", "--json")
+    workers = {w["worker_id"]: w for w in json.loads(out)}
+    assert workers["w-live"]["live"] is True and workers["w-boom"]["live"] is False
+    assert cli("workers", "stop", "w-live") == (0, "asked worker 'w-live' to stop\n", "")
+    assert json.loads(cli("workers", "ls", "--json")[1])[1]["stop_requested"] is True
+    code, out, _ = cli("stats", "--json")
+    assert code == 0 and json.loads(out) == {
+        "pending": 3,
+        "running": 0,
+        "succeeded": 0,
+        "failed": 1,
+        "expired": 0,
+        "cancelled": 0,
+    }
+    code, out, _ = cli("stats")
+    assert code == 0 and "total" in out and "4" in out
+
+
+def test_a_missing_uri_is_a_usage_error() -> None:
+    result = CliRunner(env={"MSCHEDULER_MONGODB_URI": None}).invoke(app, ["stats"])
+    assert result.exit_code == 2
+    assert "--mongodb-uri" in result.stderr
+
+
+def test_an_unreachable_server_exits_3_in_one_line() -> None:
+    uri = "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=200"
+    code, out, err, seconds = run([*command(), "tasks", "ls", "--mongodb-uri", uri])
+    assert code == 3, (out, err)
+    assert err.startswith("error: cannot reach MongoDB at mongodb://127.0.0.1:1/"), err
+    assert err.count("\n") == 1 and "Traceback" not in out + err
+    assert seconds < 8
+    code, _, err, _ = run([*command(), "stats"], MSCHEDULER_MONGODB_URI="http://x")
+    assert code == 2 and "invalid MongoDB URI" in err
+
+
+COMMANDS = [
+    ["tasks"],
+    *(["tasks", c] for c in ("ls", "show", "cancel", "pause", "resume", "restart", "remove")),
+    ["plans"],
+    *(["plans", c] for c in ("ls", "show", "suspend", "resume", "skip", "remove")),
+    ["workers"],
+    ["workers", "ls"],
+    ["workers", "stop"],
+    ["stats"],
+]
+
+
+@pytest.mark.parametrize("subcommand", COMMANDS, ids=" ".join)
+def test_every_new_help_fits_80_columns(subcommand: list[str]) -> None:
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(app, [*subcommand, "--help"], terminal_width=80)
+    assert result.exit_code == 0, result.output
+    too_long = [line for line in result.stdout.splitlines() if len(line) > 80]
+    assert not too_long, "\n".join(too_long)
+    for unreadable in ("<str>", "<int range>", "…", "--no-json", "--no-force"):
+        assert unreadable not in result.stdout, result.stdout
