@@ -259,12 +259,12 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="Allow it on a task the 
 
 @tasks_app.command("ls", short_help="List tasks, oldest first.")
 def tasks_ls(
+    mongodb_uri: UriOpt,
     status: Annotated[str | None, typer.Option(metavar="STATUS", help="Only this status.")] = None,
     name: Annotated[str | None, typer.Option(metavar="NAME", help="Only this task name.")] = None,
     limit: Annotated[int, typer.Option(metavar="N", help="At most N tasks (1-1000).")] = 50,
     skip: Annotated[int, typer.Option(metavar="N", help="Skip the first N tasks.")] = 0,
     as_json: JsonOpt = False,
-    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
@@ -281,8 +281,8 @@ def tasks_ls(
 @tasks_app.command("show", short_help="Show a task and its attempts.")
 def tasks_show(
     key: KeyArg,
+    mongodb_uri: UriOpt,
     as_json: JsonOpt = False,
-    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
@@ -300,8 +300,8 @@ def tasks_show(
 @tasks_app.command("cancel", short_help="Cancel a pending or running task.")
 def tasks_cancel(
     key: KeyArg,
+    mongodb_uri: UriOpt,
     reason: Annotated[str, typer.Option(metavar="TEXT", help="Why (kept on the task).")] = "",
-    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
@@ -315,7 +315,7 @@ def tasks_cancel(
 @tasks_app.command("pause", short_help="Stop claims of a task until resumed.")
 def tasks_pause(
     key: KeyArg,
-    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
+    mongodb_uri: UriOpt,
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
@@ -329,7 +329,7 @@ def tasks_pause(
 @tasks_app.command("resume", short_help="Make a paused task claimable again.")
 def tasks_resume(
     key: KeyArg,
-    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
+    mongodb_uri: UriOpt,
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
@@ -343,8 +343,8 @@ def tasks_resume(
 @tasks_app.command("restart", short_help="Run a failed, cancelled or expired task again.")
 def tasks_restart(
     key: KeyArg,
+    mongodb_uri: UriOpt,
     force: ForceOpt = False,
-    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
@@ -358,8 +358,8 @@ def tasks_restart(
 @tasks_app.command("remove", short_help="Delete a task that is not running.")
 def tasks_remove(
     key: KeyArg,
+    mongodb_uri: UriOpt,
     force: ForceOpt = False,
-    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
@@ -377,9 +377,9 @@ PlanArg = Annotated[str, typer.Argument(metavar="ID", hidden=True)]
 
 @plans_app.command("ls", short_help="List plans, oldest first.")
 def plans_ls(
+    mongodb_uri: UriOpt,
     state: Annotated[str | None, typer.Option(metavar="STATE", help="Only this plan state.")] = None,
     as_json: JsonOpt = False,
-    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
@@ -396,8 +396,8 @@ def plans_ls(
 @plans_app.command("show", short_help="Show a plan.")
 def plans_show(
     plan_id: PlanArg,
+    mongodb_uri: UriOpt,
     as_json: JsonOpt = False,
-    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
@@ -414,7 +414,7 @@ def plans_show(
 @plans_app.command("suspend", short_help="Suspend a plan.")
 def plans_suspend(
     plan_id: PlanArg,
-    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
+    mongodb_uri: UriOpt,
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
@@ -428,7 +428,7 @@ def plans_suspend(
 @plans_app.command("resume", short_help="Resume a suspended or failing plan.")
 def plans_resume(
     plan_id: PlanArg,
-    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
+    mongodb_uri: UriOpt,
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
@@ -442,8 +442,8 @@ def plans_resume(
 @plans_app.command("skip", short_help="Skip a plan's next N occurrences.")
 def plans_skip(
     plan_id: PlanArg,
+    mongodb_uri: UriOpt,
     n: Annotated[int, typer.Argument(metavar="N", hidden=True)] = 1,
-    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
@@ -457,7 +457,7 @@ def plans_skip(
 @plans_app.command("remove", short_help="Delete a plan (its tasks stay).")
 def plans_remove(
     plan_id: PlanArg,
-    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
+    mongodb_uri: UriOpt,
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
@@ -473,8 +473,8 @@ def plans_remove(
 
 @workers_app.command("ls", short_help="List registered workers.")
 def workers_ls(
+    mongodb_uri: UriOpt,
     as_json: JsonOpt = False,
-    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
@@ -505,8 +505,8 @@ def workers_ls(
 
 @workers_app.command("stop", short_help="Ask a running worker to stop gracefully.")
 def workers_stop(
+    mongodb_uri: UriOpt,
     worker_id: Annotated[str, typer.Argument(metavar="WORKER_ID", hidden=True)],
-    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
@@ -522,8 +522,8 @@ def workers_stop(
 
 
 def stats(
+    mongodb_uri: UriOpt,
     as_json: JsonOpt = False,
-    mongodb_uri: UriOpt = ...,  # type: ignore[assignment]
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
