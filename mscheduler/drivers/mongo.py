@@ -46,18 +46,14 @@ from mscheduler.drivers.base import (
     ChangeStreamUnsupported,
     ClaimedTask,
     ClaimParams,
-    ControlParams,
     ExpireParams,
     FinishParams,
     InsertParams,
-    ListParams,
     PingParams,
     PingResult,
     StreamPosition,
-    UpdateOptionParams,
     Wakeup,
     WakeupParams,
-    WorkerInfo,
     allowed,
     failure_times,
     first_lease_end,
@@ -114,11 +110,13 @@ from mscheduler.drivers.mongo_common import (  # noqa: F401  (re-exported for te
     watch_pipeline,
 )
 from mscheduler.drivers.mongo_plans import MongoPlans, plans_collection
-from mscheduler.exceptions import InvalidInput, StorageError
+from mscheduler.drivers.mongo_queries import MongoTaskQueries
+from mscheduler.drivers.mongo_workers import MongoWorkers
+from mscheduler.exceptions import StorageError
 from mscheduler.state import claimer_tokens
 
 
-class MongoDriver(MongoPlans):
+class MongoDriver(MongoTaskQueries, MongoPlans, MongoWorkers):
     """The task store on MongoDB.
 
     :param database: an async database (``AsyncMongoClient()[name]``; Motor or mongomock-motor
@@ -948,150 +946,3 @@ class MongoDriver(MongoPlans):
             close = getattr(stream, "close", None)
             if close is not None:
                 await _resolve(close())
-
-    # -- reading and admin ----------------------------------------------------------------------
-
-    async def get_task(self, key: str) -> dict[str, Any] | None:
-        doc = await self._call("get task", lambda: self.tasks.find_one({"key": key}, {"_id": 0}))
-        return _in(doc) if doc is not None else None
-
-    async def list_tasks(self, params: ListParams) -> list[dict[str, Any]]:
-        # Each filter has an index that also gives the order (create_time, key): by status, by
-        # name (with every status listed, so the per-status ranges merge in order), or all.
-        filter_: dict[str, Any] = {}
-        index = CREATED_INDEX
-        if params.status is not None:
-            filter_["state.status"] = params.status
-            index = STATUS_INDEX
-        if params.name is not None:
-            filter_["name"] = params.name
-            filter_.setdefault("state.status", {"$in": ALL_STATUSES})
-            index = NAME_INDEX
-
-        order = [("state.create_time", 1), ("key", 1)]
-        return await self._call(
-            "list tasks", lambda: read_page(self.tasks, filter_, order, params.skip, params.limit, index)
-        )
-
-    async def count_by_status(self) -> dict[str, int]:
-        # Covered by the status index: keys only, no document is fetched.
-        pipeline = [
-            {"$match": {"state.status": {"$in": ALL_STATUSES}}},
-            {"$group": {"_id": "$state.status", "n": {"$sum": 1}}},
-        ]
-
-        async def read() -> dict[str, int]:
-            cursor = await _resolve(self.tasks.aggregate(pipeline, hint=STATUS_INDEX))
-            return {doc["_id"]: doc["n"] async for doc in cursor}
-
-        return await self._call("count by status", read)
-
-    async def update_option(self, params: UpdateOptionParams) -> bool:
-        pipeline = [{"$set": {"option": _lit(params.option)}}, *_derive_stages(params.now)]
-
-        async def update() -> Any:
-            return await self.tasks.update_one({"key": params.key}, pipeline)
-
-        result = await self._call("update option", update)
-        return bool(result.matched_count)
-
-    async def control_task(self, params: ControlParams) -> bool:
-        # The filter is the compare-and-set: the key in one of the allowed statuses.
-        filter_ = {"key": params.key, "state.status": {"$in": list(params.statuses)}}
-        if params.action == "remove":
-            deleted = await self._call("remove task", lambda: self.tasks.delete_one(filter_))
-            return bool(deleted.deleted_count)
-        now = _lit(params.now)
-        change: dict[str, Any]
-        if params.action == "cancel":
-            change = {"state.cancelled": _lit({"reason": params.reason, "time": params.now})}
-        elif params.action in ("pause", "resume"):
-            change = {"state.paused": _lit(params.action == "pause")}
-        elif params.action == "restart":
-            generation = {"$ifNull": ["$state.generation", 0]}
-            record = {"generation": generation, "restart_time": now, "worker_states": f"${WS}"}
-            change = {
-                # [record] as a $map over one element: an array literal's field paths are not
-                # evaluated by mongomock
-                "state.history": {
-                    "$concatArrays": [
-                        {"$ifNull": ["$state.history", []]},
-                        {"$map": {"input": _lit([0]), "as": "x", "in": record}},
-                    ]
-                },
-                "state.generation": {"$add": [generation, 1]},
-                WS: _lit([]),
-                "state.cancelled": None,
-                "state.expired_at": None,
-                "state.broken": None,
-                # a deadline already past would expire the new generation at once
-                "option.deadline": {"$cond": [{"$lte": ["$option.deadline", now]}, None, "$option.deadline"]},
-            }
-        else:
-            raise InvalidInput(f"unknown control action {params.action!r}")
-        pipeline = [{"$set": change}, *_derive_stages(params.now)]
-
-        async def update() -> Any:
-            return await self.tasks.update_one(filter_, pipeline)
-
-        result = await self._call(f"{params.action} task", update)
-        return bool(result.matched_count)
-
-    # -- workers ----------------------------------------------------------------------------------
-
-    async def register_worker(self, info: WorkerInfo) -> None:
-        doc = _out(
-            {
-                "host": info.host,
-                "pid": info.pid,
-                "names": list(info.names),
-                "concurrency": info.concurrency,
-                "start_time": info.start_time,
-                "last_seen": info.start_time,
-                "running_cnt": 0,
-                "stop_requested": False,
-                "stop_time": None,
-            }
-        )
-        await self._call(
-            "register worker",
-            lambda: self.workers.update_one({"_id": info.worker_id}, {"$set": doc}, upsert=True),
-        )
-
-    async def heartbeat_worker(self, worker_id: str, now: datetime, running_cnt: int) -> bool:
-        doc = await self._call(
-            "worker heartbeat",
-            lambda: self.workers.find_one_and_update(
-                {"_id": worker_id},
-                {"$set": {"last_seen": _out(now), "running_cnt": running_cnt}},
-                projection={"stop_requested": 1},
-                return_document=ReturnDocument.AFTER,
-            ),
-        )
-        return bool(doc and doc.get("stop_requested"))
-
-    async def request_worker_stop(self, worker_id: str, now: datetime) -> bool:
-        result = await self._call(
-            "request worker stop",
-            lambda: self.workers.update_one(
-                {"_id": worker_id, "stop_time": None},
-                {"$set": {"stop_requested": True, "stop_request_time": _out(now)}},
-            ),
-        )
-        return bool(result.matched_count)
-
-    async def unregister_worker(self, worker_id: str, now: datetime) -> None:
-        await self._call(
-            "unregister worker",
-            lambda: self.workers.update_one(
-                {"_id": worker_id},
-                {"$set": {"stop_time": _out(now), "last_seen": _out(now), "running_cnt": 0}},
-            ),
-        )
-
-    async def list_workers(self) -> list[dict[str, Any]]:
-        async def read() -> list[dict[str, Any]]:
-            cursor = self.workers.find({}).sort("start_time", 1)
-            return [_in({"worker_id": doc.pop("_id"), **doc}) async for doc in cursor]
-
-        return await self._call("list workers", read)
