@@ -5,7 +5,9 @@ recorded success. Also reported: this process's peak RSS, throughput per tenth o
 when claims do not slow down as the store grows: run it with ``--tasks 100000``), and with
 ``--tracemalloc`` the peak of Python allocations (that run is slower; its rate is not the figure).
 
-    python -m benchmarks.burn_down [--tasks 10000] [--concurrency 30] [--tracemalloc]
+    python -m benchmarks.burn_down [--tasks 10000] [--concurrency 30] [--tracemalloc] [--events]
+
+``--events`` runs it with the event log on (``MemoryDriver(events=True)``).
 """
 
 from __future__ import annotations
@@ -19,14 +21,16 @@ from benchmarks.common import burn_down, emit, peak_rss_mib
 from mscheduler.drivers.memory import MemoryDriver
 
 
-async def main(tasks: int, concurrency: int, trace: bool) -> None:
+async def main(tasks: int, concurrency: int, trace: bool, events: bool = False) -> None:
     gc.collect()
     rss_before = peak_rss_mib()
     if trace:
         tracemalloc.start()
-    run, consumer = await burn_down(MemoryDriver(), tasks=tasks, concurrency=concurrency)
+    driver = MemoryDriver(events=events)
+    run, consumer = await burn_down(driver, tasks=tasks, concurrency=concurrency)
     result = {
         "benchmark": "burn_down",
+        "events": events,
         "tasks": tasks,
         "concurrency": concurrency,
         "tasks_per_s": round(run.rate),
@@ -36,6 +40,9 @@ async def main(tasks: int, concurrency: int, trace: bool) -> None:
         "rss_before_mib": round(rss_before, 1),
         "stats": consumer.stats,
     }
+    if events:
+        result["events_stored"] = len(driver._events)
+        result["event_flushes"] = consumer.events.flushes if consumer.events is not None else 0
     if trace:
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
@@ -50,8 +57,9 @@ def cli() -> None:
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=30)
     parser.add_argument("--tracemalloc", action="store_true", help="also trace Python allocations (slower)")
+    parser.add_argument("--events", action="store_true", help="with the event log on")
     args = parser.parse_args()
-    asyncio.run(main(args.tasks, args.concurrency, args.tracemalloc))
+    asyncio.run(main(args.tasks, args.concurrency, args.tracemalloc, args.events))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,10 @@ real server would, so their share here overstates the real one (see README) — 
 (the publisher's index check on its first send), and fake-only ones (``fix first lease``: see
 ``FAKE_ONLY``), reported apart.
 
-    python -m benchmarks.commands_per_task [--tasks 1000] [--mode backlog|trickle]
+    python -m benchmarks.commands_per_task [--tasks 1000] [--mode backlog|trickle] [--events]
+
+``--events``: with the event log on (``MongoDriver(events=True)``); the event inserts count as
+per-task commands, the expiry passes' reads for events as time-driven ones.
 """
 
 from __future__ import annotations
@@ -47,12 +50,15 @@ TIME_DRIVEN = frozenset(
         "hello",
         "server time",
         "find due plans",  # the consumer's planner, once per planner_interval
+        "expire leases (read for events)",  # with --events: the lease pass reads first
+        "expire deadlines (read for events)",
     }
 )
 ONE_OFF = frozenset(
     {
         "create indexes",
         "create plan indexes",
+        "create event indexes",
         "probe date arithmetic",
         "probe update hints",
         "register worker",
@@ -77,8 +83,8 @@ class CountingMongoDriver(MongoDriver):
         return await super()._call(what, *args, **kwargs)
 
 
-async def main(tasks: int, mode: str, concurrency: int) -> None:
-    driver = CountingMongoDriver(mongomock_database())
+async def main(tasks: int, mode: str, concurrency: int, events: bool = False) -> None:
+    driver = CountingMongoDriver(mongomock_database(), events=events)
     publisher = Publisher(driver)
     consumer = Consumer(driver, concurrency=concurrency)
     consumer.register(TASK_NAME, noop_handler)
@@ -123,6 +129,7 @@ async def main(tasks: int, mode: str, concurrency: int) -> None:
         {
             "benchmark": "commands_per_task",
             "mode": mode,
+            "events": events,
             "tasks": tasks,
             "concurrency": concurrency,
             "send_batch": SEND_BATCH,
@@ -144,8 +151,9 @@ def cli() -> None:
     parser.add_argument("--tasks", type=int, default=1000, help="keep it small: mongomock is O(n) per op")
     parser.add_argument("--mode", choices=["backlog", "trickle"], default="backlog")
     parser.add_argument("--concurrency", type=int, default=30)
+    parser.add_argument("--events", action="store_true", help="with the event log on")
     args = parser.parse_args()
-    asyncio.run(main(args.tasks, args.mode, args.concurrency))
+    asyncio.run(main(args.tasks, args.mode, args.concurrency, args.events))
 
 
 if __name__ == "__main__":

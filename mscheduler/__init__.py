@@ -4,6 +4,7 @@ from mscheduler.clock import FakeClock
 from mscheduler.consumer import Consumer, TaskContext
 from mscheduler.drivers import Driver, MemoryDriver, MongoDriver
 from mscheduler.drivers.base import ListParams
+from mscheduler.events import Event, EventKind, Events
 from mscheduler.exceptions import (
     ConsumerStopped,
     Fail,
@@ -23,6 +24,7 @@ from mscheduler.exceptions import (
 )
 from mscheduler.model import (
     AttemptStatus,
+    Child,
     ErrorInfo,
     OptionChange,
     Task,
@@ -40,10 +42,14 @@ from mscheduler.schedule import CatchUp, PlanTiming
 __all__ = [
     "AttemptStatus",
     "CatchUp",
+    "Child",
     "Consumer",
     "ConsumerStopped",
     "Driver",
     "ErrorInfo",
+    "Event",
+    "EventKind",
+    "Events",
     "Fail",
     "FakeClock",
     "HandlerSignal",

@@ -457,12 +457,28 @@ async def ensure_consumers_reach_mongodb(consumers: list[Consumer], timeout_ms: 
         )
 
 
+def _worker_metrics(consumers: list[Consumer], port: int, say: Say) -> Any:
+    """``--metrics-port``: serve the consumers' metrics (mscheduler.metrics) before they start."""
+    try:
+        from mscheduler.metrics import serve_worker_metrics
+    except ImportError as exc:
+        hint = "--metrics-port needs prometheus-client: pip install 'mscheduler[metrics]'"
+        raise CliError(hint, exit_code=2) from exc
+    try:
+        metrics, bound = serve_worker_metrics(consumers, port)
+    except OSError as exc:
+        raise CliError(f"cannot serve metrics on port {port}: {exc.strerror or exc}") from exc
+    say(f"mscheduler worker: metrics on http://0.0.0.0:{bound}/metrics", metrics_port=bound)
+    return metrics
+
+
 async def run_workers(
     spec: str,
     *,
     grace: float | None = None,
     server_selection_timeout_ms: int = DEFAULT_SERVER_SELECTION_MS,
     say: Say = plain_say,
+    metrics_port: int | None = None,
 ) -> int:
     """Run the consumers named by ``spec`` until SIGINT / SIGTERM; a second signal stops at once.
 
@@ -470,6 +486,7 @@ async def run_workers(
     """
     consumers = await resolve_consumers(import_target(spec), spec)
     await ensure_consumers_reach_mongodb(consumers, server_selection_timeout_ms)
+    metrics = _worker_metrics(consumers, metrics_port, say) if metrics_port is not None else None
     started: list[Consumer] = []
     try:
         for consumer in consumers:
@@ -477,6 +494,8 @@ async def run_workers(
             started.append(consumer)
     except MSchedulerError as exc:
         await asyncio.gather(*(c.stop(grace=0) for c in started), return_exceptions=True)
+        if metrics is not None:
+            metrics.close()
         raise CliError(f"consumer {consumer.worker_id} could not start: {_one_line(str(exc), 300)}") from exc
 
     loop = asyncio.get_running_loop()
@@ -532,6 +551,8 @@ async def run_workers(
     finally:
         for signum in handled:
             loop.remove_signal_handler(signum)
+        if metrics is not None:
+            metrics.close()
     failed = [c for c in consumers if c.error is not None]
     for c in failed:
         say(f"consumer {c.worker_id} failed: {c.error!r}", level=logging.ERROR, worker_id=c.worker_id)
@@ -567,6 +588,15 @@ def worker(
             help="How long start-up waits for the consumers' MongoDB server.",
         ),
     ] = DEFAULT_SERVER_SELECTION_MS,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            metavar="PORT",
+            min=0,
+            max=65535,
+            help="Serve Prometheus metrics at :PORT/metrics (needs mscheduler[metrics]).",
+        ),
+    ] = None,
 ) -> None:
     """Run consumers from your module until SIGINT / SIGTERM (a second signal stops at once).
 
@@ -581,7 +611,13 @@ def worker(
     say = log_say if log_format is LogFormat.JSON else plain_say
     try:
         code = asyncio.run(
-            run_workers(target, grace=grace, server_selection_timeout_ms=server_selection_timeout_ms, say=say)
+            run_workers(
+                target,
+                grace=grace,
+                server_selection_timeout_ms=server_selection_timeout_ms,
+                say=say,
+                metrics_port=metrics_port,
+            )
         )
     except CliError as exc:
         if log_format is LogFormat.JSON:

@@ -16,7 +16,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -32,10 +32,12 @@ from mscheduler.cli import (
     _one_line,
     app,
     ensure_reachable,
+    err,
     mongo_client,
     out,
     redact,
 )
+from mscheduler.cli_stats import stats_renderables
 from mscheduler.drivers.mongo import MongoDriver
 from mscheduler.exceptions import (
     InvalidInput,
@@ -257,25 +259,76 @@ KeyArg = Annotated[str, typer.Argument(metavar="KEY", hidden=True)]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Allow it on a task the rule protects.")]
 
 
+def _instant(value: str | None, option: str) -> datetime | None:
+    """An ISO-8601 time with its offset (``2030-01-01T00:00:00Z``) from a command-line option."""
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.tzinfo is None:
+        message = f"{option}: an ISO-8601 time with its offset, e.g. 2030-01-01T00:00:00Z"
+        raise _fail(CliError(message, exit_code=EXIT_USAGE))
+    return parsed
+
+
 @tasks_app.command("ls", short_help="List tasks, oldest first.")
 def tasks_ls(
     mongodb_uri: UriOpt,
     status: Annotated[str | None, typer.Option(metavar="STATUS", help="Only this status.")] = None,
     name: Annotated[str | None, typer.Option(metavar="NAME", help="Only this task name.")] = None,
+    key_prefix: Annotated[
+        str | None, typer.Option(metavar="PREFIX", help="Only keys starting so (listed in key order).")
+    ] = None,
+    worker: Annotated[
+        str | None, typer.Option(metavar="WORKER_ID", help="Only tasks with an attempt of this worker.")
+    ] = None,
+    created_from: Annotated[
+        str | None, typer.Option(metavar="TIME", help="Created at or after (ISO-8601 with offset).")
+    ] = None,
+    created_to: Annotated[
+        str | None, typer.Option(metavar="TIME", help="Created before (ISO-8601 with offset).")
+    ] = None,
+    cursor: Annotated[
+        str | None, typer.Option(metavar="CURSOR", help="Go on from a previous page (same filters).")
+    ] = None,
     limit: Annotated[int, typer.Option(metavar="N", help="At most N tasks (1-1000).")] = 50,
-    skip: Annotated[int, typer.Option(metavar="N", help="Skip the first N tasks.")] = 0,
+    skip: Annotated[
+        int, typer.Option(metavar="N", help="Skip the first N tasks (deprecated: use --cursor).")
+    ] = 0,
     as_json: JsonOpt = False,
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
-    """List tasks oldest first, filtered by status and / or name."""
+    """List tasks oldest first (with --key-prefix: in key order), filtered by status, name, key
+    prefix, worker and creation time. When more tasks follow, the next page's --cursor is
+    printed after the table (with --json: on stderr, stdout stays a JSON list)."""
     conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
-    tasks = run(conn, lambda ops: ops.list_tasks(status=status, name=name, limit=limit, skip=skip))
+    since, until = _instant(created_from, "--created-from"), _instant(created_to, "--created-to")
+    page = run(
+        conn,
+        lambda ops: ops.page_tasks(
+            status=status,
+            name=name,
+            key_prefix=key_prefix,
+            worker_id=worker,
+            created_from=since,
+            created_to=until,
+            cursor=cursor,
+            limit=limit,
+            skip=skip,
+        ),
+    )
     if as_json:
-        print_json([t.model_dump(mode="json") for t in tasks])
+        print_json([t.model_dump(mode="json") for t in page.tasks])
+        if page.next_cursor is not None:
+            err.print(f"next_cursor: {page.next_cursor}")
     else:
-        out.print(task_rows(tasks))
+        out.print(task_rows(page.tasks))
+        if page.next_cursor is not None:
+            out.print(Text(f"more: --cursor {page.next_cursor}"))
 
 
 @tasks_app.command("show", short_help="Show a task and its attempts.")
@@ -524,26 +577,29 @@ def workers_stop(
 def stats(
     mongodb_uri: UriOpt,
     as_json: JsonOpt = False,
+    window: Annotated[
+        int, typer.Option(metavar="MINUTES", help="Window of rates and durations (1-10080).")
+    ] = 60,
+    name: Annotated[list[str] | None, typer.Option(metavar="NAME", help="Only this task name.")] = None,
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
-    """Count tasks by status."""
+    """Task statistics: counts by status and name, first- and second-attempt success rates,
+    duration p50 / p95, the oldest due pending task, throughput over the last hour."""
     conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
-    counts = run(conn, lambda ops: ops.count_by_status())
+    result = run(conn, lambda ops: ops.stats(window=timedelta(minutes=window), names=name or None))
     if as_json:
-        print_json(counts)
+        print_json(result.model_dump(mode="json"))
         return
-    table = Table(title="tasks by status")
-    table.add_column("status")
-    table.add_column("count", justify="right")
-    for status, n in counts.items():
-        table.add_row(status, str(n))
-    table.add_row(Text("total", style="bold"), Text(str(sum(counts.values())), style="bold"))
-    out.print(table)
+    for shown in stats_renderables(result):
+        out.print(shown)
 
 
 app.add_typer(tasks_app)
 app.add_typer(plans_app)
 app.add_typer(workers_app)
-app.command(short_help="Count tasks by status.")(stats)
+app.command(short_help="Task statistics: counts, success rates, durations.")(stats)
+
+# `mscheduler web` (mscheduler.cli_web) shares these options; imported last for that reason
+from mscheduler import cli_web  # noqa: E402, F401

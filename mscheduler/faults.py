@@ -46,6 +46,7 @@ from mscheduler.drivers.base import (
     DuePlansParams,
     ExpireParams,
     FinishParams,
+    InsertEventsParams,
     InsertParams,
     InsertPlanParams,
     ListParams,
@@ -95,6 +96,7 @@ OPERATIONS = (
     "find_due_plans",
     "advance_plans",
     "get_run_outcomes",
+    "insert_events",
 )
 
 BEFORE = "before"  # the call failed before reaching the store: nothing was applied
@@ -467,6 +469,9 @@ class FaultyDriver:
 
     async def get_run_outcomes(self, keys: Sequence[str]) -> dict[str, RunOutcome]:
         return await self._invoke("get_run_outcomes", lambda: self.inner.get_run_outcomes(keys), keys)
+
+    async def insert_events(self, params: InsertEventsParams) -> int:
+        return await self._invoke("insert_events", lambda: self.inner.insert_events(params), params)
 
 
 async def crash_consumer(consumer: Consumer, *, patience: float = 5.0) -> None:

@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -373,6 +373,39 @@ def _params_value(value: Any) -> Any:
 TaskName = Annotated[str, AfterValidator(validate_name)]
 Params = Annotated[Any, BeforeValidator(_params_value)]
 
+MAX_CHILDREN = 100
+CHILD_KEY_SEPARATOR = "/"
+
+
+def child_key(parent_key: str, name: str) -> str:
+    """A child task's key: ``<parent key>/<child name>`` (names hold no '/', so it is unique)."""
+    return f"{parent_key}{CHILD_KEY_SEPARATOR}{name}"
+
+
+class Child(_UserInput):
+    """One named step of a task with children (SPEC F15): ``name`` is the handler that runs it.
+
+    ``params``: the child's own params (None: the parent's). ``option``: a ``TaskOption`` used as
+    the child's, or an ``OptionChange`` applied to the parent's (None: the parent's option).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: TaskName
+    params: Params = None
+    option: TaskOption | OptionChange | None = None
+
+    def __init__(self, name: str, **data: Any) -> None:
+        super().__init__(name=name, **data)
+
+    def option_for(self, parent: TaskOption) -> TaskOption:
+        """The child's option, given the parent's."""
+        if self.option is None:
+            return parent
+        if isinstance(self.option, OptionChange):
+            return self.option.apply(parent)
+        return self.option
+
 
 class Task(_UserInput):
     """What a publisher sends: ``Task(key, name, params, option=TaskOption(...))``."""
@@ -383,9 +416,37 @@ class Task(_UserInput):
     name: TaskName
     params: Params = None
     option: TaskOption = TaskOption()
+    # named steps, each run by the handler of its name (mscheduler.children): in order, or at once
+    children: tuple[Child, ...] | None = Field(None, min_length=1, max_length=MAX_CHILDREN)
+    children_mode: Literal["sequential", "parallel"] | None = None
+    # "params": not created while a live (pending or running) task has the same name and params
+    # (SPEC F16; the hash is mscheduler.unique.params_hash), reported like an existing key
+    unique_by: Literal["key", "params"] = "key"
 
     def __init__(self, key: str, name: str, params: Any = None, **data: Any) -> None:
         super().__init__(key=key, name=name, params=params, **data)
+
+    @field_validator("children", mode="before")
+    @classmethod
+    def _children(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+            raise ValueError("children must be a list of names or Child objects")
+        return tuple(Child(c) if isinstance(c, str) else c for c in value)
+
+    @model_validator(mode="after")
+    def _check_children(self) -> Task:
+        if self.children_mode is not None and not self.children:
+            raise ValueError("children_mode needs children")
+        names = [c.name for c in self.children or ()]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"children: duplicate child names {twice}")
+        for name in names:
+            if len(child_key(self.key, name)) > KEY_MAX_LEN:
+                raise ValueError(f"children: the key of child {name!r} would be longer than {KEY_MAX_LEN}")
+        return self
 
     @classmethod
     def _describe(cls, data: Mapping[str, Any]) -> str:
@@ -425,6 +486,36 @@ class WorkerState(BaseModel):
     final: bool = False  # a failure that ended the task (the handler raised Fail)
 
 
+class ChildInfo(BaseModel):
+    """One child of a parent task, as the parent's summary has it (``TaskInfo.children``)."""
+
+    name: str
+    key: str
+    status: TaskStatus
+
+
+class CheckpointInfo(BaseModel):
+    """What a handler last saved with ``ctx.checkpoint`` (SPEC F22): the next attempt starts
+    from ``data``. ``seq`` numbers the saves of that attempt."""
+
+    data: Any = None
+    time: datetime
+    worker_id: str
+    attempt: str
+    seq: int
+
+
+class ProgressInfo(BaseModel):
+    """How far the last attempt said it was (``ctx.progress``)."""
+
+    fraction: float
+    message: str | None = None
+    time: datetime
+    worker_id: str
+    attempt: str
+    seq: int
+
+
 class TaskInfo(BaseModel):
     """A task as stored, for reading (API, CLI, tests)."""
 
@@ -445,6 +536,20 @@ class TaskInfo(BaseModel):
     # operator control: paused (not claimed until resumed), cancelled ({reason, time})
     paused: bool = False
     cancelled: dict[str, Any] | None = None
+    # when it became terminal (retention counts from it; None while pending or running), and
+    # its params hash when it was sent with unique_by="params"
+    finish_time: datetime | None = None
+    unique_hash: str | None = None
+    # long tasks: the last checkpoint and progress a handler recorded (a restart clears both)
+    checkpoint: CheckpointInfo | None = None
+    progress: ProgressInfo | None = None
+    # child tasks: a parent's children (in order) and mode; a child's parent key, whether it
+    # waits for the child before it; a status an operator set by hand {status, reason, by, time}
+    children: list[ChildInfo] | None = None
+    children_mode: str | None = None
+    parent: str | None = None
+    blocked: bool = False
+    marked: dict[str, Any] | None = None
 
     @property
     def results(self) -> list[Any]:
@@ -494,4 +599,13 @@ class TaskInfo(BaseModel):
             broken=ErrorInfo.model_validate(state["broken"]) if state.get("broken") else None,
             paused=bool(state.get("paused")),
             cancelled=dict(state["cancelled"]) if state.get("cancelled") else None,
+            finish_time=state.get("finish_time"),
+            unique_hash=doc.get("unique_hash"),
+            checkpoint=CheckpointInfo.model_validate(saved) if (saved := state.get("checkpoint")) else None,
+            progress=ProgressInfo.model_validate(state["progress"]) if state.get("progress") else None,
+            children=[ChildInfo.model_validate(c) for c in kids] if (kids := state.get("children")) else None,
+            children_mode=doc["children"]["mode"] if doc.get("children") else None,
+            parent=doc.get("parent"),
+            blocked=state.get("blocked") is True,
+            marked=dict(state["marked"]) if state.get("marked") else None,
         )

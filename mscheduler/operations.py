@@ -10,7 +10,8 @@ whole or refused (``TransitionRefused``, nothing changed).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,13 +23,17 @@ from mscheduler.drivers.base import (
     ControlParams,
     Driver,
     InsertPlanParams,
-    ListParams,
+    MarkParams,
     PlanListParams,
+    StatsParams,
+    SyncParentsParams,
+    UniqueParamsTaken,
     UpdateOptionParams,
     UpdatePlanParams,
 )
 from mscheduler.exceptions import InvalidInput, StorageError, TransitionRefused, UnknownPlan, UnknownTask
-from mscheduler.model import OptionChange, TaskInfo, TaskOption, TaskStatus, validate_key, validate_name
+from mscheduler.listing import LIST_LIMIT_MAX, TaskPage, list_params, task_page
+from mscheduler.model import OptionChange, TaskInfo, TaskOption, TaskStatus, validate_key
 from mscheduler.plans import (
     Plan,
     PlanInfo,
@@ -39,8 +44,12 @@ from mscheduler.plans import (
     refire_time,
 )
 from mscheduler.schedule import to_storage_dict
+from mscheduler.stats import DEFAULT_WINDOW as DEFAULT_STATS_WINDOW
+from mscheduler.stats import TaskStats
+from mscheduler.stats import checked_input as checked_stats_input
 
-LIST_LIMIT_MAX = 1000
+MANY_MAX = 1000  # keys of one get_tasks / restart_many call
+MANY_AT_ONCE = 16  # restarts of restart_many in flight at once
 PLAN_CHANGE_TRIES = 10  # compare-and-set tries of a plan change racing planners
 CONTROL_TRIES = 10  # a task control refused, but the task's status allows it on re-read: again
 REASON_MAX = 2000
@@ -50,8 +59,40 @@ _SUCCEEDED, _FAILED = TaskStatus.SUCCEEDED.value, TaskStatus.FAILED.value
 _EXPIRED, _CANCELLED = TaskStatus.EXPIRED.value, TaskStatus.CANCELLED.value
 _UNFINISHED = (_PENDING, _RUNNING)
 _NOT_RUNNING = tuple(s.value for s in TaskStatus if s is not TaskStatus.RUNNING)
+# Statuses an operator may set by hand (set_status): from which statuses, and the rule.
+MARKABLE = {
+    _SUCCEEDED: (
+        (_PENDING, _FAILED, _CANCELLED, _EXPIRED),
+        "only a task that is not running and has not succeeded can be set succeeded",
+    ),
+    _FAILED: ((_PENDING,), "only a pending task (nothing running) can be set failed"),
+}
+# A control of a parent applied to its children: the children's statuses it applies to.
+FAMILY_ACTIONS = {
+    "cancel": _UNFINISHED,
+    "pause": _UNFINISHED,
+    "resume": _UNFINISHED,
+    "restart": (_FAILED, _CANCELLED, _EXPIRED),
+}
 # A worker whose last heartbeat is older than this is reported as not live.
 WORKER_LIVENESS = timedelta(seconds=30)
+
+
+@dataclass(slots=True, frozen=True)
+class RestartOutcome:
+    """What ``Operations.restart_many`` did to one key: ``outcome`` is ``restarted`` (``task``:
+    the task after it), ``refused`` (``status`` and ``rule`` say why; nothing changed) or
+    ``unknown`` (no such task)."""
+
+    key: str
+    outcome: str
+    task: TaskInfo | None = None
+    status: str | None = None
+    rule: str | None = None
+
+    @property
+    def restarted(self) -> bool:
+        return self.outcome == "restarted"
 
 
 @dataclass(slots=True, frozen=True)
@@ -132,45 +173,117 @@ class Operations:
             raise UnknownTask(key)
         return TaskInfo.from_storage(doc)
 
+    async def get_tasks(self, keys: Sequence[str]) -> dict[str, TaskInfo]:
+        """Many tasks in one read (SPEC F18), keyed by key in the order given; unknown keys are
+        left out. At most ``MANY_MAX`` distinct keys; a bad key is ``InvalidInput``."""
+        checked = _checked_keys(keys)
+        docs = {doc["key"]: doc for doc in await self.driver.get_tasks(checked)} if checked else {}
+        return {key: TaskInfo.from_storage(docs[key]) for key in checked if key in docs}
+
+    async def page_tasks(
+        self,
+        *,
+        status: str | None = None,
+        name: str | None = None,
+        key_prefix: str | None = None,
+        worker_id: str | None = None,
+        created_from: datetime | None = None,
+        created_to: datetime | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+        skip: int = 0,
+    ) -> TaskPage:
+        """One page of tasks oldest first (with ``key_prefix``: in key order), filtered by status,
+        name, key prefix, worker (an entry of that worker) and creation time ``[from, to)``; each
+        combination is one bounded index range (docs/design.md). Pass ``next_cursor`` back as
+        ``cursor`` with the same filters for the next page; ``skip`` still works but reads every
+        skipped task (deprecated). Every value is checked (``InvalidInput``, nothing queried)."""
+        params = list_params(
+            status=status,
+            name=name,
+            key_prefix=key_prefix,
+            worker_id=worker_id,
+            created_from=created_from,
+            created_to=created_to,
+            cursor=cursor,
+            limit=limit,
+            skip=skip,
+        )
+        return task_page(params, await self.driver.list_tasks(params))
+
     async def list_tasks(
-        self, *, status: str | None = None, name: str | None = None, limit: int = 100, skip: int = 0
+        self,
+        *,
+        status: str | None = None,
+        name: str | None = None,
+        key_prefix: str | None = None,
+        worker_id: str | None = None,
+        created_from: datetime | None = None,
+        created_to: datetime | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+        skip: int = 0,
     ) -> list[TaskInfo]:
-        """Tasks oldest first, filtered by status and / or name (each served by an index)."""
-        if status is not None:
-            try:
-                status = TaskStatus(status).value
-            except ValueError:
-                choices = ", ".join(s.value for s in TaskStatus)
-                raise InvalidInput(f"status: unknown status {status!r} (one of {choices})") from None
-        if name is not None:
-            name = _checked(validate_name, name, "name")
-        if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
-            raise InvalidInput(f"limit: must be an integer from 1 to {LIST_LIMIT_MAX}")
-        if not isinstance(skip, int) or skip < 0:
-            raise InvalidInput("skip: must be a non-negative integer")
-        docs = await self.driver.list_tasks(ListParams(status=status, name=name, limit=limit, skip=skip))
-        return [TaskInfo.from_storage(doc) for doc in docs]
+        """The tasks of ``page_tasks`` (without the next cursor)."""
+        page = await self.page_tasks(
+            status=status,
+            name=name,
+            key_prefix=key_prefix,
+            worker_id=worker_id,
+            created_from=created_from,
+            created_to=created_to,
+            cursor=cursor,
+            limit=limit,
+            skip=skip,
+        )
+        return page.tasks
 
     async def count_by_status(self) -> dict[str, int]:
         """How many tasks are in each status (statuses with none are 0)."""
         counts = await self.driver.count_by_status()
         return {s.value: counts.get(s.value, 0) for s in TaskStatus}
 
+    async def stats(
+        self,
+        *,
+        window: timedelta | float | None = DEFAULT_STATS_WINDOW,
+        names: Sequence[str] | None = None,
+        statuses: Sequence[str] | None = None,
+    ) -> TaskStats:
+        """Statistics (SPEC F27; definitions in ``mscheduler.stats``): counts by status and name,
+        the oldest due pending task's age, and over the ``window`` (a timedelta or seconds, 1
+        minute to 7 days) first- and second-attempt success rates, duration p50 / p95 per name,
+        and the last hour's throughput per minute. ``window=None``: counts and ages only (one
+        aggregation, what the metrics' gauges read). ``names`` / ``statuses``: only these."""
+        checked_window, checked_names, checked_statuses = checked_stats_input(window, names, statuses)
+        params = StatsParams(await self._now(), checked_window, checked_names, checked_statuses)
+        return await self.driver.task_stats(params)
+
     # -- task control -------------------------------------------------------------------------
 
     async def cancel(self, key: str, reason: str = "") -> TaskInfo:
         """End a pending or running task as ``cancelled`` (terminal). A running handler is
-        cancelled at its next ping and its outcome is refused; ``wait`` raises ``TaskCancelled``.
-        Refused on a finished task (succeeded, failed, expired, cancelled)."""
+        cancelled as soon as its consumer hears of it (the change stream; without one, its next
+        ping) and its outcome is refused; ``wait`` raises ``TaskCancelled``. Refused on a
+        finished task (succeeded, failed, expired, cancelled)."""
         if not isinstance(reason, str) or len(reason) > REASON_MAX:
             raise InvalidInput(f"reason: must be a string of at most {REASON_MAX} characters")
         rule = "only a pending or running task can be cancelled"
         return await self._change(key, "cancel", _UNFINISHED, rule, reason=reason)
 
-    async def pause(self, key: str) -> TaskInfo:
-        """Stop claims of a pending or running task until ``resume`` (a running attempt runs on);
-        its status stays. Refused on a finished task."""
-        return await self._change(key, "pause", _UNFINISHED, "a finished task cannot be paused")
+    async def pause(self, key: str, *, stop_running: bool = False) -> TaskInfo:
+        """Stop claims of a pending or running task until ``resume``; refused on a finished task.
+
+        By default a running attempt runs on and the status stays. With ``stop_running=True`` the
+        same write also ends the running attempts as ``released`` (error type ``Paused``; not
+        counted against the retry budget) and the task becomes pending: their handlers are
+        cancelled as soon as their consumers hear of it (change stream, else the next ping),
+        their later writes are refused, and ``resume`` lets the task run again, from its last
+        checkpoint, with its budget intact."""
+        if not isinstance(stop_running, bool):
+            raise InvalidInput("stop_running: must be True or False")
+        rule = "a finished task cannot be paused"
+        return await self._change(key, "pause", _UNFINISHED, rule, stop_running=stop_running)
 
     async def resume(self, key: str) -> TaskInfo:
         """Make a paused task claimable again. Refused on a finished task."""
@@ -178,7 +291,15 @@ class Operations:
 
     async def remove(self, key: str, *, force: bool = False) -> None:
         """Delete a task that is not running; a running one only with ``force=True`` (it is
-        cancelled first, so its handler stops at its next ping)."""
+        cancelled first, so its handler is stopped as by ``cancel``). A task with children is removed
+        with its children (children first, each under the same rule); a child only with its
+        parent."""
+        doc = await self.driver.get_task(_checked(validate_key, key, "key"))
+        if doc is not None and doc.get("parent") is not None:
+            rule = f"a child task is removed with its parent ({doc['parent']!r})"
+            raise TransitionRefused(key, "remove", doc["state"]["status"], rule)
+        for child in (doc or {}).get("children", {}).get("keys", []):
+            await self._remove_child(child, force)
         if force:
             try:
                 await self._control(key, "cancel", (_RUNNING,), "", reason="removed")
@@ -196,7 +317,37 @@ class Operations:
         rule = "only a failed, cancelled or expired task can be restarted" + (
             "" if force else " (a succeeded one with force=True)"
         )
-        return await self._change(key, "restart", statuses, rule)
+        if force and (info := await self.get_task(key)).children is not None:
+            rule = "a task with children is not restarted with force: restart_child(..., force=True)"
+            raise TransitionRefused(key, "restart", info.status.value, rule)
+        try:
+            return await self._change(key, "restart", statuses, rule)
+        except UniqueParamsTaken as exc:  # unique_by="params": one live task per params hash
+            held = f"live task {exc.holder!r}" if exc.holder else "a live task"
+            status = (await self.get_task(key)).status.value
+            raise TransitionRefused(key, "restart", status, f"{held} has the same params") from None
+
+    async def restart_many(self, keys: Sequence[str], *, force: bool = False) -> dict[str, RestartOutcome]:
+        """``restart`` of each key (SPEC F18: re-run many lost or failed tasks), each its own
+        compare-and-set under the same rules, a few at a time; the outcome per key, in the order
+        given: restarted, refused (with the status and the rule) or unknown. Keys are validated
+        first: bad input (``InvalidInput``) restarts nothing. ``Publisher.send_many(...,
+        reset_finished=True)`` is the other way to run tasks again: it re-creates missing keys and
+        resets succeeded / failed ones with new params, keeping no history."""
+        checked = _checked_keys(keys)
+        outcomes: dict[str, RestartOutcome] = {}
+
+        async def one(key: str) -> None:
+            try:
+                outcomes[key] = RestartOutcome(key, "restarted", task=await self.restart(key, force=force))
+            except TransitionRefused as exc:
+                outcomes[key] = RestartOutcome(key, "refused", status=exc.status, rule=exc.rule)
+            except UnknownTask:
+                outcomes[key] = RestartOutcome(key, "unknown")
+
+        for start in range(0, len(checked), MANY_AT_ONCE):
+            await asyncio.gather(*(one(key) for key in checked[start : start + MANY_AT_ONCE]))
+        return {key: outcomes[key] for key in checked}
 
     async def edit(self, key: str, change: OptionChange) -> TaskOption:
         """Change a pending or running task's options (F26: due time, priority, retry budget or
@@ -208,23 +359,128 @@ class Operations:
             raise TransitionRefused(key, "edit", info.status.value, rule)
         return await change_option(self.driver, key, change, await self._now())
 
+    # -- child tasks (mscheduler.children) ------------------------------------------------------
+
+    async def set_status(self, key: str, status: str, *, reason: str = "", by: str = "operator") -> TaskInfo:
+        """Set a task's status by hand (SPEC F18): ``succeeded`` (a step done by hand: the task
+        is pending, failed, cancelled or expired, nothing running) or ``failed`` (a pending task,
+        nothing running). Recorded as ``state.marked`` {status, reason, by, time}; the task is
+        not claimed again until a restart (which clears it). A child's parent is synced. A task
+        with children takes its status from them: refused (set its children's)."""
+        if status not in MARKABLE:
+            raise InvalidInput(f"status: one of {', '.join(MARKABLE)}, got {status!r}")
+        _check_text(reason, "reason", REASON_MAX)
+        _check_text(by, "by", 200)
+        key = _checked(validate_key, key, "key")
+        statuses, rule = MARKABLE[status]
+        for _ in range(CONTROL_TRIES):
+            params = MarkParams(key, status, statuses, await self._now(), reason, by)
+            if await self.driver.mark_task(params):
+                return await self._follow_family(await self.get_task(key), "mark")
+            info = await self.get_task(key)
+            if info.children is not None:
+                rule = "a task with children takes its status from them (set a child's status)"
+                raise TransitionRefused(key, f"set status {status}", info.status.value, rule)
+            if info.status.value not in statuses or info.running_cnt:
+                raise TransitionRefused(key, f"set status {status}", info.status.value, rule)
+        raise StorageError(f"task {key!r} kept changing under {CONTROL_TRIES} tries; try again")
+
+    async def set_child_status(
+        self, key: str, child: str, status: str, *, reason: str = "", by: str = "operator"
+    ) -> TaskInfo:
+        """Set the status of the child ``child`` of task ``key`` (SPEC F18): ``succeeded`` or
+        ``failed`` by hand (``set_status``), ``cancelled`` (``cancel``) or ``pending``
+        (``restart``: a failed, cancelled or expired child runs again). The parent is synced:
+        marking a sequential step done starts the next one. Returns the child."""
+        if status == _CANCELLED:
+            return await self.cancel(await self._child_key(key, child), reason)
+        if status == _PENDING:
+            return await self.restart(await self._child_key(key, child))
+        if status not in MARKABLE:
+            choices = ", ".join((*MARKABLE, _CANCELLED, _PENDING))
+            raise InvalidInput(f"status: one of {choices}, got {status!r}")
+        return await self.set_status(await self._child_key(key, child), status, reason=reason, by=by)
+
+    async def restart_child(self, key: str, child: str, *, force: bool = False) -> TaskInfo:
+        """Run the child ``child`` of task ``key`` again under the rules of ``restart`` (a
+        failed, cancelled or expired child; a succeeded one with ``force=True``); the parent is
+        synced, so a parent failed by that child is pending or running again. Returns the child."""
+        return await self.restart(await self._child_key(key, child), force=force)
+
+    async def _child_key(self, key: str, child: str) -> str:
+        info = await self.get_task(key)
+        if info.children is None:
+            raise InvalidInput(f"task {key!r} has no children")
+        for entry in info.children:
+            if entry.name == child:
+                return entry.key
+        names = ", ".join(repr(c.name) for c in info.children)
+        raise InvalidInput(f"task {key!r} has no child named {child!r} (its children: {names})")
+
+    async def _follow_family(
+        self, info: TaskInfo, action: str, *, reason: str = "", stop_running: bool = False
+    ) -> TaskInfo:
+        """After a change of one task: a child's parent is synced; a cancel, pause, resume or
+        restart of a parent is applied to those of its children it applies to (each its own
+        compare-and-set), then the parent is synced (docs/design.md, "Child tasks")."""
+        if info.parent is not None:
+            await self.driver.sync_parents(SyncParentsParams([info.parent], await self._now()))
+            return info
+        if info.children is None or action not in FAMILY_ACTIONS:
+            return info
+        for child in info.children:
+            try:
+                statuses = FAMILY_ACTIONS[action]
+                await self._control(child.key, action, statuses, "", reason=reason, stop_running=stop_running)
+            except (TransitionRefused, UnknownTask):
+                pass  # not in a status the action applies to (or gone): left as it is
+        await self.driver.sync_parents(SyncParentsParams([info.key], await self._now()))
+        return await self.get_task(info.key)
+
+    async def _remove_child(self, key: str, force: bool) -> None:
+        if force:
+            try:
+                await self._control(key, "cancel", (_RUNNING,), "", reason="removed")
+            except (TransitionRefused, UnknownTask):
+                pass
+        rule = "a task with a running child is removed only with force=True"
+        try:
+            await self._control(key, "remove", _NOT_RUNNING, rule)
+        except UnknownTask:
+            pass
+
     async def _change(
-        self, key: str, action: str, statuses: tuple[str, ...], rule: str, *, reason: str = ""
+        self,
+        key: str,
+        action: str,
+        statuses: tuple[str, ...],
+        rule: str,
+        *,
+        reason: str = "",
+        stop_running: bool = False,
     ) -> TaskInfo:
         """``_control`` of an action that keeps the task: the task as it is after the change."""
-        info = await self._control(key, action, statuses, rule, reason=reason)
+        info = await self._control(key, action, statuses, rule, reason=reason, stop_running=stop_running)
         assert info is not None
-        return info
+        return await self._follow_family(info, action, reason=reason, stop_running=stop_running)
 
     async def _control(
-        self, key: str, action: str, statuses: tuple[str, ...], rule: str, *, reason: str = ""
+        self,
+        key: str,
+        action: str,
+        statuses: tuple[str, ...],
+        rule: str,
+        *,
+        reason: str = "",
+        stop_running: bool = False,
     ) -> TaskInfo | None:
         """One compare-and-set of ``action`` while the task's status is one of ``statuses``;
         ``UnknownTask`` / ``TransitionRefused`` (with ``rule``) when it does not apply."""
         key = _checked(validate_key, key, "key")
         for _ in range(CONTROL_TRIES):
             now = await self._now()
-            if await self.driver.control_task(ControlParams(key, action, statuses, now, reason)):
+            params = ControlParams(key, action, statuses, now, reason, stop_running)
+            if await self.driver.control_task(params):
                 if action == "remove":
                     return None
                 doc = await self.driver.get_task(key)
@@ -385,8 +641,23 @@ async def change_option(driver: Driver, key: str, change: OptionChange, now: dat
     return option
 
 
+def _checked_keys(keys: object) -> list[str]:
+    """Distinct valid keys, in the order given (at most ``MANY_MAX``); else ``InvalidInput``."""
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
+        raise InvalidInput(f"keys: a list of task keys, got {type(keys).__name__}")
+    checked = list(dict.fromkeys(_checked(validate_key, key, f"keys[{i}]") for i, key in enumerate(keys)))
+    if len(checked) > MANY_MAX:
+        raise InvalidInput(f"keys: at most {MANY_MAX} keys at once, got {len(checked)}")
+    return checked
+
+
 def _checked(validate: Any, value: object, field: str) -> Any:
     try:
         return validate(value)
     except ValueError as exc:
         raise InvalidInput(f"{field}: {exc}") from exc
+
+
+def _check_text(value: object, field: str, limit: int) -> None:
+    if not isinstance(value, str) or len(value) > limit:
+        raise InvalidInput(f"{field}: must be a string of at most {limit} characters")

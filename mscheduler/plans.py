@@ -76,6 +76,16 @@ def occurrence_key(plan_id: str, fire_time: datetime) -> str:
     return f"plan:{plan_id}:{when.strftime('%Y-%m-%dT%H:%M:%S')}.{when.microsecond // 1000:03d}Z"
 
 
+_OCCURRENCE_SUFFIX = len(":2000-01-01T00:00:00.000Z")
+
+
+def plan_of_key(key: str) -> str | None:
+    """The plan id of an occurrence task's key (``occurrence_key``'s inverse), else None."""
+    if key.startswith("plan:") and len(key) > 5 + _OCCURRENCE_SUFFIX and key[-_OCCURRENCE_SUFFIX] == ":":
+        return key[5:-_OCCURRENCE_SUFFIX]
+    return None
+
+
 def plan_state(*, suspended: bool, error: bool, awaiting: bool, next_fire_time: datetime | None) -> PlanState:
     """The state a plan's flags give (ended wins over error, error over suspended)."""
     if next_fire_time is None and not awaiting:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
+from mscheduler.children import child_names, expand
 from mscheduler.clock import Clock, SystemClock
 from mscheduler.drivers.base import Driver, InsertParams, NewTask, encoded_size
 from mscheduler.exceptions import (
@@ -19,6 +20,8 @@ from mscheduler.exceptions import (
 )
 from mscheduler.model import OptionChange, Task, TaskInfo, TaskOption, TaskStatus, validate_key
 from mscheduler.operations import change_option
+from mscheduler.state import CHILD_ENDED_BADLY
+from mscheduler.unique import params_hash
 
 SEND_MANY_BATCH = 1000
 DEFAULT_MAX_PARAMS_BYTES = 512 * 1024
@@ -48,6 +51,17 @@ class Publisher:
         self.max_params_bytes = max_params_bytes
         self._set_up = False
         self._names_checked: set[str] = set()
+        self._listeners: list[Callable[[str, dict[str, Any]], None]] = []
+
+    def add_listener(self, listener: Callable[[str, dict[str, Any]], None]) -> None:
+        """Call ``listener("sent", {"key", "name", "created"})`` for each task ``send`` or
+        ``send_many`` stored or found existing (``created`` False), synchronously (metrics)."""
+        self._listeners.append(listener)
+
+    def _emit_sent(self, tasks: list[Task], created: list[bool]) -> None:
+        for listener in self._listeners:
+            for task, new in zip(tasks, created, strict=True):
+                listener("sent", {"key": task.key, "name": task.name, "created": new})
 
     async def _setup(self) -> None:
         """Create the indexes before the first insert: uniqueness by key needs the unique index,
@@ -65,7 +79,9 @@ class Publisher:
                 f"task {task.key!r}: params are {size} bytes, more than max_params_bytes "
                 f"({self.max_params_bytes}); store large data elsewhere and send a reference"
             )
-        return NewTask(task.key, task.name, task.params, task.option.to_storage(self.clock.now()))
+        unique_hash = params_hash(task.name, task.params) if task.unique_by == "params" else None
+        option = task.option.to_storage(self.clock.now())
+        return NewTask(task.key, task.name, task.params, option, unique_hash=unique_hash)
 
     async def _live_handlers(self) -> set[str]:
         """Task names that a live registered consumer handles."""
@@ -98,14 +114,33 @@ class Publisher:
         """Publish ``task`` unless its key exists (SPEC F1); True if this call created (or reset) it.
 
         A task that exists is left alone, running or not; with ``reset_finished=True`` a task that
-        ended (succeeded or failed) is reset to pending with the new params and options. Pass a
+        ended (succeeded or failed) is reset to pending with the new params and options. A task
+        sent with ``unique_by="params"`` is not created (False) while a pending or running task
+        has the same name and params (SPEC F16), nor reset then. Pass a
         PyMongo ``session`` to insert inside your own transaction (SPEC F20).
         """
-        params = InsertParams([self._prepare(task)], self.clock.now(), reset_finished, session)
+        params = InsertParams(self._family(task, reset_finished), self.clock.now(), reset_finished, session)
         await self._setup()
         created = (await self.driver.insert_tasks(params))[0]
-        await self._warn_if_unhandled([task.name])
+        self._emit_sent([task], [created])
+        await self._warn_if_unhandled(child_names(task))
         return created
+
+    def _family(self, task: Task, reset_finished: bool) -> list[NewTask]:
+        """The documents a task is stored as: itself, or with children the parent first, then
+        its children (mscheduler.children), inserted in one command."""
+        if not isinstance(task, Task) or not task.children:
+            return [self._prepare(task)]
+        if reset_finished:
+            raise InvalidInput(
+                f"task {task.key!r}: reset_finished does not apply to a task with children "
+                "(restart it with Operations.restart)"
+            )
+        if getattr(task, "unique_by", "key") != "key":
+            raise InvalidInput(
+                f"task {task.key!r}: unique_by='params' does not apply to a task with children"
+            )
+        return expand(task, self._prepare)
 
     async def send_many(
         self, tasks: Iterable[Task], *, reset_finished: bool = False, session: Any = None
@@ -115,8 +150,8 @@ class Publisher:
         for i, task in enumerate(tasks):
             if not isinstance(task, Task):
                 raise InvalidInput(f"send_many() takes Tasks, got {type(task).__name__} at index {i}")
-        prepared = [self._prepare(t) for t in tasks]
-        keys = [t.key for t in prepared]
+        families = [self._family(t, reset_finished) for t in tasks]
+        keys = [t.key for family in families for t in family]
         seen: set[str] = set()
         for key in keys:
             if key in seen:
@@ -124,11 +159,16 @@ class Publisher:
             seen.add(key)
         created: list[bool] = []
         await self._setup()
-        for start in range(0, len(prepared), SEND_MANY_BATCH):
-            batch = prepared[start : start + SEND_MANY_BATCH]
-            params = InsertParams(batch, self.clock.now(), reset_finished, session)
-            created.extend(await self.driver.insert_tasks(params))
-        await self._warn_if_unhandled({t.name for t in prepared})
+        for batch in _batches(families):
+            docs = [t for family in batch for t in family]
+            params = InsertParams(docs, self.clock.now(), reset_finished, session)
+            results = await self.driver.insert_tasks(params)
+            first = 0
+            for family in batch:  # a task with children: whether its parent was created
+                created.append(results[first])
+                first += len(family)
+        self._emit_sent(tasks, created)
+        await self._warn_if_unhandled({n for t in tasks for n in child_names(t)})
         return created
 
     async def get(self, key: str) -> TaskInfo:
@@ -149,16 +189,19 @@ class Publisher:
         """Wait until the task ends; return its result or raise ``TaskFailed`` (SPEC F11),
         ``TaskExpired`` or ``TaskCancelled``.
 
-        With ``concurrent_worker_cnt`` > 1 the result is the list of every worker's result.
+        With ``concurrent_worker_cnt`` > 1 the result is the list of every worker's result. A
+        task with children returns ``{child name: its result}``, or raises ``TaskFailed`` with the
+        error of the child that failed.
         Raises ``TimeoutError`` after ``timeout`` seconds (None waits for ever).
         """
         started = self.clock.monotonic()
         interval = poll_interval
         while True:
             info = await self.get(key)
+            if info.children is not None and info.status in (TaskStatus.SUCCEEDED, TaskStatus.FAILED):
+                return await self._family_outcome(info)
             if info.status is TaskStatus.SUCCEEDED:
-                results = info.results
-                return results[0] if info.option.concurrent_worker_cnt == 1 else results
+                return _result(info)
             if info.status is TaskStatus.EXPIRED:
                 raise TaskExpired(key)
             if info.status is TaskStatus.CANCELLED:
@@ -176,6 +219,19 @@ class Publisher:
             await self.clock.sleep(sleep)
             interval = min(interval * 1.5, max_poll_interval)
 
+    async def _family_outcome(self, info: TaskInfo) -> Any:
+        """A finished parent's result (its children's, by name) or its failure (the first child
+        that ended without success, with that child's error)."""
+        children = [await self.get(child.key) for child in info.children or ()]
+        if info.status is TaskStatus.SUCCEEDED:
+            return {c.name: _result(c) for c in children}
+        bad = next((c for c in children if c.status.value in CHILD_ENDED_BADLY), None)
+        if bad is None:  # the summary said failed, the children say otherwise now: a restart
+            raise TaskFailed(info.key, None)
+        error = bad.last_error.model_dump() if bad.last_error else {"type": bad.status.value, "message": ""}
+        error["message"] = f"child {bad.name!r} ({bad.key}) {bad.status.value}: {error['message']}"
+        raise TaskFailed(info.key, error)
+
     async def update_option(self, key: str, change: OptionChange) -> TaskOption:
         """Change a task's options while it may be running (SPEC F8); returns the new options.
 
@@ -183,6 +239,28 @@ class Publisher:
         ``ping_interval`` applies from the next ping; the rest applies to the next claim.
         """
         return await change_option(self.driver, key, change, self.clock.now())
+
+
+def _result(info: TaskInfo) -> Any:
+    """A succeeded task's result: every worker's with ``concurrent_worker_cnt`` > 1, else the one
+    (None for a task set succeeded by hand)."""
+    if info.option.concurrent_worker_cnt > 1:
+        return info.results
+    return info.results[0] if info.results else None
+
+
+def _batches(families: list[list[NewTask]]) -> list[list[list[NewTask]]]:
+    """Families grouped into insert commands of about ``SEND_MANY_BATCH`` documents; a family
+    (a parent and its children) is never split between two commands."""
+    batches: list[list[list[NewTask]]] = []
+    size = SEND_MANY_BATCH
+    for family in families:
+        if size + len(family) > SEND_MANY_BATCH:
+            batches.append([])
+            size = 0
+        batches[-1].append(family)
+        size += len(family)
+    return batches
 
 
 def _key(key: str) -> str:

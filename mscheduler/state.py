@@ -30,6 +30,7 @@ as an update pipeline, and the conformance suite checks that both agree.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -75,10 +76,20 @@ def derive(
     expired: bool = False,
     cancelled: bool = False,
     paused: bool = False,
+    *,
+    blocked: bool = False,
+    marked: str | None = None,
+    children: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The derived fields of a task; ``broken``: ``state.broken`` is set (a document error);
     ``expired``: ``state.expired_at`` is set (its deadline passed before it started);
-    ``cancelled``: ``state.cancelled`` is set; ``paused``: ``state.paused`` is true."""
+    ``cancelled``: ``state.cancelled`` is set; ``paused``: ``state.paused`` is true.
+
+    Child tasks (``mscheduler.children``, see ``family_inputs``): ``blocked``: a sequential child
+    waiting for the one before it (not claimable, pending); ``marked``: the status an operator
+    set by hand (``state.marked.status``: wins over everything, never claimable); ``children``:
+    the statuses of a parent's children (``state.children``): a parent is never claimed, its
+    status follows from them (``family_status``)."""
     running = success = failures = rejected = final = 0
     retry_at: datetime | None = None
     busy_workers: set[str] = set()
@@ -102,8 +113,12 @@ def derive(
     free = max(cnt - running - success, 0)
     budget = option["max_unexpected_retries"]  # None: unlimited
     exhausted = (budget is not None and failures > budget) or rejected > 0 or final > 0 or broken
-    if cancelled:
+    if marked is not None:
+        status_value = marked
+    elif cancelled:
         status_value = TaskStatus.CANCELLED.value
+    elif children is not None:
+        status_value = family_status(children)
     elif success >= cnt:
         status_value = TaskStatus.SUCCEEDED.value
     elif exhausted and running == 0:
@@ -116,6 +131,8 @@ def derive(
         status_value = TaskStatus.PENDING.value
     claim_at: datetime | None
     if success >= cnt or exhausted or expired or cancelled or paused or free == 0:
+        claim_at = None
+    elif blocked or marked is not None or children is not None:
         claim_at = None
     else:
         run_at = option["run_at"]
@@ -141,7 +158,62 @@ def derive(
     }
 
 
+CHILD_ENDED_BADLY = (TaskStatus.FAILED.value, TaskStatus.EXPIRED.value, TaskStatus.CANCELLED.value)
+
+
+def family_status(children: Sequence[str]) -> str:
+    """A parent's status from its children's: succeeded when all have; running while one runs;
+    failed when one ended without success (failed, expired, cancelled) and none runs (the core's
+    rule: a task fails only once nothing runs); else pending."""
+    if all(c == SUCCEEDED for c in children):
+        return TaskStatus.SUCCEEDED.value
+    if any(c == RUNNING for c in children):
+        return TaskStatus.RUNNING.value
+    if any(c in CHILD_ENDED_BADLY for c in children):
+        return TaskStatus.FAILED.value
+    return TaskStatus.PENDING.value
+
+
+def family_inputs(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The child-task inputs of ``derive`` read from a stored ``state`` (keyword arguments)."""
+    marked = state.get("marked")
+    children = state.get("children")
+    return {
+        "blocked": state.get("blocked") is True,
+        "marked": marked["status"] if marked else None,
+        "children": [c["status"] for c in children] if children is not None else None,
+    }
+
+
 def lease_expiry(worker_states: list[dict[str, Any]]) -> datetime | None:
     """The earliest ping_expire_time among running entries: when a takeover may happen."""
     times = [e["ping_expire_time"] for e in worker_states if e["status"] == RUNNING]
     return min(times) if times else None
+
+
+# -- lifecycle fields (retention, uniqueness by params) --------------------------------------------
+
+TERMINAL = (
+    TaskStatus.SUCCEEDED.value,
+    TaskStatus.FAILED.value,
+    TaskStatus.EXPIRED.value,
+    TaskStatus.CANCELLED.value,
+)
+LIVE = (TaskStatus.PENDING.value, TaskStatus.RUNNING.value)
+
+
+def lifecycle(
+    status: str, finish_time: datetime | None, unique_hash: str | None, now: datetime
+) -> dict[str, Any]:
+    """``state.finish_time`` and ``state.unique_live``, set by every write after ``derive``.
+
+    * ``finish_time``: when the task became terminal (succeeded, failed, expired, cancelled): the
+      write's ``now`` the first time, kept by later writes; None while it is pending or running
+      (a restart or a reset clears it). Retention counts from it.
+    * ``unique_live``: the task's ``unique_hash`` (``unique_by="params"``) while it is pending or
+      running, else None: a unique partial index over it lets one live task hold a params hash.
+    """
+    return {
+        "finish_time": (finish_time or now) if status in TERMINAL else None,
+        "unique_live": unique_hash if status in LIVE else None,
+    }

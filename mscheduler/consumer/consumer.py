@@ -20,16 +20,21 @@ import secrets
 import socket
 import traceback
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ValidationError
 
+from mscheduler.children import ChildSync
 from mscheduler.clock import Clock, ServerClock
 from mscheduler.consumer.discovery import CLAIM, LEASE, Discovery
+from mscheduler.consumer.reports import DEFAULT_MAX_CHECKPOINT_BYTES, AttemptReports
 from mscheduler.drivers.base import (
+    DEFAULT_MAX_ENTRIES,
+    AttemptReport,
+    ChangeEvent,
     ClaimedTask,
     ClaimParams,
     Driver,
@@ -40,6 +45,7 @@ from mscheduler.drivers.base import (
     WorkerInfo,
     encoded_size,
 )
+from mscheduler.events import EventKind, EventRecorder, outcome_detail, outcome_kind
 from mscheduler.exceptions import (
     ConsumerStopped,
     Fail,
@@ -51,6 +57,7 @@ from mscheduler.exceptions import (
 )
 from mscheduler.model import AttemptStatus, TaskOption, check_params, validate_name
 from mscheduler.planner import Planner
+from mscheduler.retention import Retention, RetentionService
 
 log = logging.getLogger("mscheduler.consumer")
 
@@ -77,7 +84,11 @@ def _silence(future: asyncio.Future[Any]) -> None:
 
 @dataclass(slots=True)
 class TaskContext:
-    """What a handler may want to know about the attempt it runs."""
+    """What a handler may want to know about the attempt it runs, and how it saves its way.
+
+    ``checkpoint_data``: what an earlier attempt of this task saved with ``checkpoint`` (None if
+    nothing was saved): a handler resumes from it after a crash, a takeover, a retry or a pause.
+    """
 
     key: str
     name: str
@@ -85,6 +96,26 @@ class TaskContext:
     attempt_no: int
     worker_id: str
     option: TaskOption
+    checkpoint_data: Any = None
+    _reports: AttemptReports | None = field(default=None, repr=False, compare=False)
+
+    async def checkpoint(self, data: Any) -> None:
+        """Save ``data`` (JSON-like, at most ``Consumer(max_checkpoint_bytes=...)``) on the task,
+        for the next attempt's ``checkpoint_data``; returns once it is stored. It rides the
+        pinger's write (checkpoints of many handlers in one command). Raises ``InvalidInput``
+        for data that cannot be stored and ``LeaseLost`` if this attempt no longer holds the
+        task (lost, cancelled, paused): then nothing was saved."""
+        if self._reports is None:
+            raise InvalidInput("this TaskContext is not attached to a running attempt")
+        await self._reports.save_checkpoint(data)
+
+    def progress(self, fraction: float, message: str | None = None) -> None:
+        """Record how far the attempt is (``0 <= fraction <= 1``, an optional message); written
+        with the next ping or checkpoint, shown as ``TaskInfo.progress``. Only the newest value
+        is written; one still unwritten when the attempt ends is dropped."""
+        if self._reports is None:
+            raise InvalidInput("this TaskContext is not attached to a running attempt")
+        self._reports.set_progress(fraction, message)
 
 
 @dataclass(slots=True)
@@ -101,8 +132,10 @@ class _Running:
     option: dict[str, Any]
     expire: Any  # lease end as last confirmed by the store
     task: asyncio.Task[None] | None = None
-    cancel_reason: str | None = None  # "lost", "revoked", "released", "cancelled"
+    cancel_reason: str | None = None  # "lost", "revoked", "released", "cancelled", "paused"
     handler_done: bool = False
+    reports: AttemptReports | None = None  # checkpoint / progress waiting for the next ping
+    started: float = 0.0  # the clock's monotonic time at the claim (the 'finished' duration)
 
     @property
     def trust_until(self) -> Any:
@@ -122,6 +155,8 @@ class _Running:
         if self.task is None or self.task.done() or self.handler_done or self.cancel_reason is not None:
             return
         self.cancel_reason = reason
+        if self.reports is not None:
+            self.reports.close(reason)
         self.task.cancel()
 
 
@@ -164,10 +199,21 @@ class Consumer:
     :param stream_poll_interval: seconds between polls while a change stream is healthy.
     :param max_result_bytes: the largest result a handler may return (its BSON size); a larger
         one fails the task at once, without retries (a result is deterministic), with the reason.
+    :param max_checkpoint_bytes: the largest checkpoint a handler may save (``ctx.checkpoint``,
+        its BSON size); a larger one raises ``InvalidInput`` in the handler, nothing is saved.
     :param planner: run a planner as a side task (on by default): it turns due occurrences of
         recurring plans into tasks. Any number of consumers (and ``mscheduler planner``) may run
         one at once; none is special (see docs/plans.md). ``planner=False`` turns it off.
     :param planner_interval: seconds between the planner's passes.
+    :param retention: run the retention service as a side task (``mscheduler.retention``):
+        finished tasks are removed after these periods. None (the default): this consumer
+        removes nothing. Any number of consumers may run one; give them the same periods.
+    :param retention_interval: seconds between the retention passes.
+    :param children_interval: seconds between passes of the child-task reconciler, which syncs
+        parents whose summary lags their children (``mscheduler.children``); a child's claim or
+        finish by this consumer is followed by its parent's sync at once.
+    :param max_attempt_entries: attempt entries a task keeps; a claim beyond it drops the task's
+        oldest entries that do not count (released, revoked, snoozed).
     :param grace_period: on graceful stop, how long running handlers may take to finish before
         they are cancelled and their leases released.
     :param claim_lease: an optional cap on the first lease of a claim. The first lease is the
@@ -189,8 +235,13 @@ class Consumer:
         max_claim_batch: int = 64,
         wakeup_queue_size: int = 10_000,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
         planner: bool = True,
         planner_interval: float = 1.0,
+        retention: Retention | None = None,
+        retention_interval: float = 60.0,
+        children_interval: float = 10.0,
+        max_attempt_entries: int = DEFAULT_MAX_ENTRIES,
         clock: Clock | None = None,
         host: str | None = None,
     ) -> None:
@@ -202,6 +253,9 @@ class Consumer:
             raise InvalidInput("grace_period must be >= 0 and claim_lease positive")
         if not 1 <= max_result_bytes <= 15 * 1024 * 1024:
             raise InvalidInput("max_result_bytes must be between 1 byte and 15 MiB")
+        if not 1 <= max_checkpoint_bytes <= 15 * 1024 * 1024:
+            raise InvalidInput("max_checkpoint_bytes must be between 1 byte and 15 MiB")
+        self.max_checkpoint_bytes = max_checkpoint_bytes
         self.driver = driver
         self.host = host or socket.gethostname()
         self.pid = os.getpid()
@@ -223,6 +277,20 @@ class Consumer:
         self.planner_enabled = planner
         self.planner_interval = planner_interval
         self.planner: Planner | None = None
+        if not 0 < children_interval <= 3600:
+            raise InvalidInput("children_interval must be more than 0 and at most 3600 seconds")
+        self.children_interval = children_interval
+        self.child_sync: ChildSync | None = None
+        if retention is not None and not isinstance(retention, Retention):
+            raise InvalidInput(f"retention: a Retention or None, got {type(retention).__name__}")
+        if not 0 < retention_interval <= 86_400:
+            raise InvalidInput("retention_interval must be more than 0 and at most 86,400 seconds")
+        if not isinstance(max_attempt_entries, int) or not 1 <= max_attempt_entries <= 10_000:
+            raise InvalidInput("max_attempt_entries must be an integer from 1 to 10,000")
+        self.retention = retention
+        self.retention_interval = retention_interval
+        self.retention_service: RetentionService | None = None
+        self.max_attempt_entries = max_attempt_entries
         self.clock = ServerClock(clock) if not isinstance(clock, ServerClock) else clock
         self._handlers: dict[str, _Registered] = {}
         self._listeners: list[Listener] = []
@@ -234,6 +302,7 @@ class Consumer:
         self._pending: list[_Pending] = []
         self._pending_added = asyncio.Event()
         self._ping_wake = asyncio.Event()
+        self._ping_now = asyncio.Event()  # a checkpoint waits, or a stop needs the store's word
         self._side: dict[str, asyncio.Task[None]] = {}
         self._stopping = False
         self._stopped = asyncio.Event()
@@ -246,6 +315,8 @@ class Consumer:
         self.rng = random.Random()  # retry jitter; tests may seed or replace it
         self.discovery: Discovery | None = None
         self.stats = {"claimed": 0, "succeeded": 0, "failed": 0, "lost": 0, "released": 0, "rejected": 0}
+        # the buffer of claim and outcome events, when the store records events (mscheduler.events)
+        self.events: EventRecorder | None = None
 
     # -- registration -------------------------------------------------------------------------
 
@@ -319,6 +390,7 @@ class Consumer:
         await self.driver.register_worker(
             WorkerInfo(self.worker_id, self.host, self.pid, names, self.concurrency, now)
         )
+        self.child_sync = ChildSync(self.driver, clock=self.clock, interval=self.children_interval)
         self.discovery = Discovery(
             self.driver,
             self.clock,
@@ -329,6 +401,7 @@ class Consumer:
             batch_size=min(max(self.concurrency * 4, 100), self.wakeup_queue_size),
             max_size=self.wakeup_queue_size,
             on_event=self._emit,
+            on_stop=self._stop_requested,
         )
         try:
             await self.discovery.poll_once()
@@ -336,6 +409,8 @@ class Consumer:
             if not exc.transient:
                 raise
             log.warning("first poll failed (%s); the poller tries again", exc)
+        if getattr(self.driver, "record_events", False):
+            self.events = EventRecorder(self.driver, self.clock)
         for name, coro in (
             ("watcher", self.discovery.run_watcher()),
             ("poller", self.discovery.run_poller()),
@@ -343,7 +418,10 @@ class Consumer:
             ("pinger", self._run_pinger()),
             ("finisher", self._run_finisher()),
             ("heartbeat", self._run_heartbeat()),
+            *((("events", self._run_events()),) if self.events is not None else ()),
             *((("planner", self._run_planner()),) if self.planner_enabled else ()),
+            ("children", self.child_sync.run()),
+            *((("retention", self._run_retention()),) if self.retention is not None else ()),
         ):
             task = asyncio.create_task(coro, name=f"mscheduler:{self.worker_id}:{name}")
             task.add_done_callback(self._side_task_done)
@@ -413,6 +491,8 @@ class Consumer:
         self._side["claimer"].cancel()
         if self.planner is not None:
             self.planner.stop()
+        if self.retention_service is not None:
+            self.retention_service.stop()
         await self._release_claim_in_flight(deadline)
         handler_tasks = [r.task for r in self._running.values() if r.task is not None and not r.task.done()]
         if handler_tasks:
@@ -422,10 +502,12 @@ class Consumer:
         if remaining:
             await asyncio.wait(remaining)
         await self._drain_finisher()
+        await self._flush_child_sync()
         for name, task in self._side.items():
             if name != "claimer" and not task.done():
                 task.cancel()
         await asyncio.gather(*self._side.values(), return_exceptions=True)
+        await self._flush_events()
         try:
             await self.driver.unregister_worker(self.worker_id, self.clock.now())
         except MSchedulerError as exc:
@@ -536,6 +618,7 @@ class Consumer:
                 # untargeted fan-out tasks this worker already ran are excluded by key (filtered
                 # on the claim index's keys, so the store does not fetch them to reject them)
                 exclude_keys=[*self._running, *self._ran_fanout],
+                max_entries=self.max_attempt_entries,
             )
             # Shielded: a stop that cancels the claimer mid-claim must not orphan tasks the
             # store has already given us; stop() waits for the call and releases them.
@@ -589,12 +672,28 @@ class Consumer:
 
     def _start(self, claimed: ClaimedTask) -> None:
         running = _Running(claimed, claimed.option, claimed.ping_expire_time)
+        running.reports = AttemptReports(self._ping_now.set, self.max_checkpoint_bytes)
         self._running[claimed.key] = running
         self._handlers_active += 1
         self.stats["claimed"] += 1
         running.task = asyncio.create_task(self._execute(running), name=f"mscheduler:task:{claimed.key}")
         self._ping_wake.set()
-        self._emit("claimed", {"key": claimed.key, "attempt": claimed.attempt, "worker_id": self.worker_id})
+        self._sync_parents_of([claimed.key])
+        running.started = self.clock.monotonic()
+        due = claimed.due_time
+        wait = max(0.0, (self.clock.now() - due).total_seconds()) if due is not None else None
+        self._emit(
+            "claimed",
+            {
+                "key": claimed.key,
+                "attempt": claimed.attempt,
+                "worker_id": self.worker_id,
+                "name": claimed.name,
+                "queue_wait": wait,
+            },
+        )
+        if self.events is not None:  # buffered: no write on the claim path
+            self._record_event(running, EventKind.CLAIMED)
 
     # -- running a handler ------------------------------------------------------------------------
 
@@ -644,7 +743,8 @@ class Consumer:
             if reason is None:  # cancelled from outside our bookkeeping: treat as a release
                 reason = "released"
             # lost: not ours any more; cancelled: the task ended (its finish would be refused)
-            outcome = None if reason in ("lost", "cancelled") else reason
+            # paused: the store released the entry already (the pause's own write)
+            outcome = None if reason in ("lost", "cancelled", "paused") else reason
             if outcome is not None:
                 error = {"type": "Cancelled", "message": f"attempt {reason}", "traceback": None}
         except Exception as exc:
@@ -673,6 +773,8 @@ class Consumer:
         if self._running.get(claimed.key) is running:
             del self._running[claimed.key]
         stat = outcome if accepted and outcome is not None else "lost"
+        if running.cancel_reason == "paused":  # released by the pause: not a lost lease
+            stat = AttemptStatus.RELEASED.value
         option = running.option
         if stat == AttemptStatus.SUCCEEDED.value and option["concurrent_worker_cnt"] > 1:
             if not option["specific_worker_ids"]:  # targeted ones leave our claimer token anyway
@@ -680,9 +782,21 @@ class Consumer:
                 if len(self._ran_fanout) > RAN_FANOUT_KEPT:
                     self._ran_fanout.popitem(last=False)
         self.stats[stat] = self.stats.get(stat, 0) + 1
+        if self.events is not None and accepted:
+            kind = outcome_kind(stat, self._fails_for_good(running, stat, error))
+            if kind is not None:
+                self._record_event(running, kind, outcome_detail(error, retry_at))
         self._log_outcome(running, stat, error)
         self._emit(
-            "finished", {"key": claimed.key, "attempt": claimed.attempt, "outcome": stat, "error": error}
+            "finished",
+            {
+                "key": claimed.key,
+                "attempt": claimed.attempt,
+                "outcome": stat,
+                "error": error,
+                "name": claimed.name,
+                "duration": self.clock.monotonic() - running.started,
+            },
         )
 
     def _retry_at(self, running: _Running) -> datetime:
@@ -735,11 +849,7 @@ class Consumer:
             return
         claimed = running.claimed
         budget = running.option["max_unexpected_retries"]  # None: unlimited
-        final = (
-            stat == AttemptStatus.REJECTED.value
-            or error["type"] == "Fail"
-            or (budget is not None and claimed.fail_cnt + 1 > budget)
-        )
+        final = self._fails_for_good(running, stat, error)
         fields = self._fields(
             running,
             outcome=stat,
@@ -787,6 +897,8 @@ class Consumer:
                     claimed.attempt_no,
                     self.worker_id,
                     TaskOption.from_storage(running.option),
+                    claimed.checkpoint,
+                    running.reports,
                 )
             )
         return args
@@ -830,6 +942,7 @@ class Consumer:
             await self._storage_trouble("writing outcomes", exc)
             await self.clock.sleep(self.poll_interval)
             return
+        self._sync_parents_of(p.params.key for p, ok in zip(batch, accepted, strict=True) if ok)
         for p, ok in zip(batch, accepted, strict=True):
             if not p.future.done():
                 p.future.set_result(ok)
@@ -865,14 +978,32 @@ class Consumer:
             ends = [r.trust_until for r in self._running.values() if r.trusted]
             if ends:
                 sleep = min(sleep, max((min(ends) - self.clock.now()).total_seconds(), 0.0))
-            await self.clock.sleep(sleep)
+            if await self._sleep_or_ping_now(sleep):
+                # A checkpoint (or a stop to confirm) asked for it: let the other handlers that
+                # are ready run first, so that what they save goes in the same write.
+                await asyncio.sleep(0)
             if self._running:
                 # A ping that succeeds proves the lease is still ours, even after a long stall;
                 # one that fails or hangs past a lease's trust limit gives that lease up.
                 await self.ping_once()
 
+    async def _sleep_or_ping_now(self, seconds: float) -> bool:
+        """Sleep ``seconds`` on the consumer's clock, or less if a ping is asked for (True)."""
+        if self._ping_now.is_set():
+            return True
+        waiter = asyncio.ensure_future(self._ping_now.wait())
+        sleeper = asyncio.ensure_future(self.clock.sleep(seconds))
+        try:
+            await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            sleeper.cancel()
+        return self._ping_now.is_set()
+
     async def ping_once(self) -> None:
-        """Renew every running attempt's lease in one write per lease length (SPEC G2)."""
+        """Renew every running attempt's lease in one write per lease length (SPEC G2), with the
+        checkpoints and progress the handlers saved since the last ping (same write)."""
+        self._ping_now.clear()  # what is asked from here on goes with the next ping
         now = self.clock.now()
         groups: dict[Any, dict[str, str]] = {}
         # Handlers given up on (lost, revoked, released) are not kept alive; a handler that
@@ -880,15 +1011,25 @@ class Consumer:
         snapshot = {key: r for key, r in self._running.items() if r.cancel_reason is None}
         if not snapshot:
             return
+        reports: dict[str, AttemptReport] = {}
         for key, running in snapshot.items():
             expire = now + timedelta(milliseconds=running.option["worker_timeout_ms"])
             groups.setdefault(expire, {})[key] = running.claimed.attempt
+            report = running.reports.take() if running.reports is not None else None
+            if report is not None:
+                reports[key] = report
         try:
-            result = await self._ping_within_leases(PingParams(self.worker_id, now, groups), snapshot)
+            params = PingParams(self.worker_id, now, groups, reports)
+            result = await self._ping_within_leases(params, snapshot)
         except StorageError as exc:
+            for key in reports:
+                self._report_outcome(snapshot[key], landed=False)
             self._expire_locally(snapshot)
             await self._storage_trouble("ping", exc, back_off=False)
             return
+        recorded = set(result.recorded)
+        for key in reports:
+            self._report_outcome(snapshot[key], landed=key in recorded)
         for key, option in result.alive.items():
             running = snapshot[key]
             running.option = option
@@ -899,6 +1040,8 @@ class Consumer:
             self._lose(snapshot[key], "revoked")
         for key in result.cancelled:
             self._lose(snapshot[key], "cancelled")
+        for key in result.paused:
+            self._lose(snapshot[key], "paused")
         self._emit(
             "ping",
             {
@@ -906,8 +1049,32 @@ class Consumer:
                 "lost": len(result.lost),
                 "revoked": len(result.revoked),
                 "cancelled": len(result.cancelled),
+                "paused": len(result.paused),
+                "recorded": len(recorded),
             },
         )
+
+    @staticmethod
+    def _report_outcome(running: _Running, *, landed: bool) -> None:
+        if running.reports is None:
+            return
+        if landed:
+            running.reports.landed()
+        else:  # sent again with the next ping (a lost lease closes the reports in _lose)
+            running.reports.not_landed()
+
+    def _stop_requested(self, event: ChangeEvent) -> None:
+        """A change event says an operator stopped a task's running attempts (cancel, or pause
+        with ``stop_running``): if one is ours, stop its handler now rather than at its next
+        ping. The store has applied the change already (its later writes are fenced out)."""
+        running = self._running.get(event.key)
+        if running is None or not running.trusted:
+            return
+        if event.stop_attempts is None or event.stop not in ("cancel", "pause"):
+            self._ping_now.set()  # the event does not say whose attempts: ask the store
+            return
+        if running.claimed.attempt in event.stop_attempts:
+            self._lose(running, "cancelled" if event.stop == "cancel" else "paused")
 
     async def _ping_within_leases(self, params: PingParams, snapshot: dict[str, _Running]) -> PingResult:
         """Send the ping, but stop trusting each lease at its known end while the reply is late.
@@ -944,7 +1111,14 @@ class Consumer:
                 self._lose(running, "lost")
 
     def _lose(self, running: _Running, reason: str) -> None:
-        if running.cancel_reason is None and not running.handler_done:
+        if running.cancel_reason is None and not running.handler_done and reason == "paused":
+            log.info(
+                "task %s: stopped by a pause (attempt released, not counted); cancelling its handler",
+                running.claimed.key,
+                extra=self._fields(running, reason=reason),
+            )
+            self._emit(reason, {"key": running.claimed.key, "attempt": running.claimed.attempt})
+        elif running.cancel_reason is None and not running.handler_done:
             log.warning(
                 "task %s: lease %s; cancelling its handler",
                 running.claimed.key,
@@ -955,13 +1129,74 @@ class Consumer:
                 extra=self._fields(running, reason=reason),
             )
             self._emit(reason, {"key": running.claimed.key, "attempt": running.claimed.attempt})
+            if reason == "lost" and self.events is not None:
+                self._record_event(running, EventKind.LEASE_LOST, {"by": "ping"})
         running.cancel(reason)
+
+    # -- events ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _fails_for_good(running: _Running, stat: str, error: dict[str, Any] | None) -> bool:
+        """Does this outcome end the task as failed (rejected, Fail, or the budget used)?"""
+        if stat not in (AttemptStatus.FAILED.value, AttemptStatus.REJECTED.value) or error is None:
+            return False
+        budget = running.option["max_unexpected_retries"]  # None: unlimited
+        return (
+            stat == AttemptStatus.REJECTED.value
+            or error["type"] == "Fail"
+            or (budget is not None and running.claimed.fail_cnt + 1 > budget)
+        )
+
+    def _record_event(self, running: _Running, kind: EventKind, detail: dict[str, Any] | None = None) -> None:
+        assert self.events is not None
+        claimed = running.claimed
+        self.events.attempt_event(
+            kind, claimed.key, claimed.name, claimed.attempt, claimed.attempt_no, self.worker_id, detail
+        )
+
+    async def _run_events(self) -> None:
+        assert self.events is not None
+        await self.events.run()
+
+    async def _flush_events(self) -> None:
+        """At stop: write what is buffered (once; what the store refuses now is lost)."""
+        if self.events is None or not len(self.events):
+            return
+        try:
+            if not await self.events.flush():
+                log.warning("%d events not written at stop (the store did not take them)", len(self.events))
+        except MSchedulerError as exc:
+            log.warning("could not write events at stop: %s", exc)
+
+    # -- child tasks ----------------------------------------------------------------------------
+
+    def _sync_parents_of(self, keys: Iterable[str]) -> None:
+        """A child's claim or finish was accepted: its parent is synced next (the follow-up in
+        another document; the reconciler repairs it if this consumer dies first)."""
+        parents = [r.claimed.parent for key in keys if (r := self._running.get(key)) and r.claimed.parent]
+        if parents and self.child_sync is not None:
+            self.child_sync.request(parents)
+
+    async def _flush_child_sync(self) -> None:
+        if self.child_sync is None:
+            return
+        self.child_sync.stop()
+        try:
+            await self.child_sync.flush()
+        except MSchedulerError as exc:  # the reconciler of another consumer repairs it
+            log.warning("could not sync the parents of child tasks while stopping: %s", exc)
 
     # -- planner --------------------------------------------------------------------------------
 
     async def _run_planner(self) -> None:
         self.planner = Planner(self.driver, clock=self.clock, interval=self.planner_interval)
         await self.planner.run()
+
+    async def _run_retention(self) -> None:
+        self.retention_service = RetentionService(
+            self.driver, self.retention, clock=self.clock, interval=self.retention_interval
+        )
+        await self.retention_service.run()
 
     # -- storage errors -------------------------------------------------------------------------
 

@@ -108,6 +108,7 @@ class Discovery:
         batch_size: int,
         max_size: int,
         on_event: Callable[[str, dict[str, Any]], None],
+        on_stop: Callable[[ChangeEvent], None] | None = None,
     ) -> None:
         self.driver = driver
         self.clock = clock
@@ -123,12 +124,15 @@ class Discovery:
         self.page_full = False  # the last poll found as many claimable tasks as it asked for
         self._poll_now = asyncio.Event()
         self._emit = on_event
+        self._on_stop = on_stop  # told of events that stop running attempts (ChangeEvent.stop)
 
     def push_wakeups(self, wakeups: Sequence[Wakeup]) -> None:
         for w in wakeups:
             self.queue.push(w.key, w.time, w.kind)
 
     def on_change(self, event: ChangeEvent) -> None:
+        if event.stop is not None and self._on_stop is not None:
+            self._on_stop(event)
         if event.claimers is not None:
             mine = {claimer_token(event.name, self.worker_id), claimer_token(event.name, ANYONE)}
             if not mine.intersection(event.claimers):

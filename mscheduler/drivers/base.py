@@ -20,12 +20,14 @@ Rules every driver keeps:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
-from mscheduler.state import derive
+from mscheduler.state import derive, family_inputs, lifecycle
+from mscheduler.stats import TaskStats
 
 
 @dataclass(slots=True, frozen=True)
@@ -36,6 +38,18 @@ class NewTask:
     name: str
     params: Any
     option: dict[str, Any]  # storage form, see TaskOption.to_storage
+    # ``Task(unique_by="params")``: the hash of name + params (mscheduler.unique.params_hash); no
+    # second live task with the same hash is created
+    unique_hash: str | None = None
+    # Child tasks (mscheduler.children): a parent's definition {mode, names, keys}; a child's
+    # parent key and position, and whether it waits for the child before it (sequential mode).
+    children: Mapping[str, Any] | None = None
+    parent: str | None = None
+    position: int | None = None
+    blocked: bool = False
+
+
+DEFAULT_MAX_ENTRIES = 100
 
 
 @dataclass(slots=True, frozen=True)
@@ -59,6 +73,9 @@ class ClaimParams:
     pid: int | None = None
     # keys this worker still tracks (running, or outcome not yet written): never claimed again
     exclude_keys: Sequence[str] = ()
+    # entries a task keeps: a claim that appends beyond it drops the oldest entries that do not
+    # count (released, revoked, snoozed; see trim_entries)
+    max_entries: int = DEFAULT_MAX_ENTRIES
 
 
 @dataclass(slots=True, frozen=True)
@@ -72,6 +89,23 @@ class ClaimedTask:
     ping_expire_time: datetime
     fail_cnt: int = 0  # failures counted against the budget before this attempt
     failure_times: tuple[datetime, ...] = ()  # when those failures happened, oldest first
+    checkpoint: Any = None  # ``state.checkpoint.data`` as the claim found it (an earlier attempt's)
+    parent: str | None = None  # a child task's parent key (its finish is followed by a sync)
+    due_time: datetime | None = None  # when it became claimable (see ``due_time``): queue wait
+
+
+@dataclass(slots=True, frozen=True)
+class AttemptReport:
+    """What a handler asked to record with the next ping of its attempt (SPEC F22): a checkpoint
+    (``save_checkpoint``; ``checkpoint`` is its data, None included) and / or its progress
+    (``{"fraction", "message"}``). ``seq`` numbers the reports of one attempt: the stored
+    ``state.checkpoint`` / ``state.progress`` carry it, so a read-back tells whether this one
+    landed."""
+
+    seq: int
+    save_checkpoint: bool = False
+    checkpoint: Any = None
+    progress: Mapping[str, Any] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -80,6 +114,9 @@ class PingParams:
     now: datetime
     # expire time -> {key: attempt}; one write per distinct lease length (usually one)
     groups: Mapping[datetime, Mapping[str, str]]
+    # key -> what to record on the task with this ping (fenced like the ping itself); the ping
+    # stays one write command (a bulk write of per-task updates when there are reports)
+    reports: Mapping[str, AttemptReport] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -88,6 +125,9 @@ class PingResult:
     lost: list[str] = field(default_factory=list)  # entry gone, finished or expired
     revoked: list[str] = field(default_factory=list)  # still ours, but no longer allowed
     cancelled: list[str] = field(default_factory=list)  # still ours, but the task was cancelled
+    # released by an operator's ``pause(stop_running=True)``: stop, write nothing (not a failure)
+    paused: list[str] = field(default_factory=list)
+    recorded: list[str] = field(default_factory=list)  # keys whose report (checkpoint, progress) landed
 
 
 @dataclass(slots=True, frozen=True)
@@ -145,6 +185,11 @@ class ChangeEvent:
     # False when the store reported only the array elements that changed: the listed workers
     # may claim, others may too (so nobody should drop a wake-up because of this event)
     claimers_complete: bool = True
+    # An operator asked the running attempts to stop (``state.stop``): "cancel" or "pause"
+    # ("unknown" when the store did not say which). ``stop_attempts``: the attempt tokens that
+    # were running; None when not known (the consumer running the task then pings at once).
+    stop: str | None = None
+    stop_attempts: tuple[str, ...] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -168,13 +213,20 @@ class ControlParams:
     ``state.status`` is one of ``statuses``. ``action``: ``cancel`` (sets ``state.cancelled`` to
     {reason, time}), ``pause`` / ``resume`` (sets ``state.paused``), ``remove`` (deletes the
     document), ``restart`` (moves the attempt entries to ``state.history``, clears cancelled /
-    expired / broken / paused: a new generation with a fresh budget)."""
+    expired / broken / paused, the checkpoint and progress: a new generation with a fresh budget).
+
+    ``cancel`` and a ``pause`` with ``stop_running`` also set ``state.stop`` to {action, time,
+    attempts} when attempts are running (else null): the change stream passes that field, so the
+    consumers running them stop their handlers at once (``ChangeEvent.stop``)."""
 
     key: str
     action: str
     statuses: Sequence[str]
     now: datetime
     reason: str = ""
+    # pause only: also stop the running attempts, in the same write: their entries become
+    # ``released`` (error type PAUSED, not counted against the budget) and ``state.stop`` is set
+    stop_running: bool = False
 
 
 CONTROL_ACTIONS = ("cancel", "pause", "resume", "remove", "restart")
@@ -182,10 +234,78 @@ CONTROL_ACTIONS = ("cancel", "pause", "resume", "remove", "restart")
 
 @dataclass(slots=True, frozen=True)
 class ListParams:
+    """A page of tasks (validated by ``mscheduler.listing``). Order: ``(state.create_time, key)``;
+    with ``key_prefix``, ``key`` alone (the prefix is a range of the key index). Filters combine
+    with "and". ``worker_id``: tasks with an entry of that worker (current generation).
+    ``created_from`` is inclusive, ``created_to`` exclusive. ``after_key`` (with ``after_time``
+    in creation order) is the sort key of the previous page's last task: the page starts strictly
+    after it (cursor paging: a deep page costs what the first does). ``skip`` is kept for
+    compatibility (it reads and drops ``skip`` entries)."""
+
     status: str | None = None
     name: str | None = None
     limit: int = 100
     skip: int = 0
+    key_prefix: str | None = None
+    worker_id: str | None = None
+    created_from: datetime | None = None
+    created_to: datetime | None = None
+    after_time: datetime | None = None
+    after_key: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class StatsParams:
+    """What ``task_stats`` computes (definitions: ``mscheduler.stats``): counts by name and
+    status with the oldest due pending task per name (one aggregation); with a ``window``, also
+    the tasks finished in it and the last hour's throughput (one more). ``names`` /
+    ``statuses``: only these (None: all)."""
+
+    now: datetime
+    window: timedelta | None = None
+    names: Sequence[str] | None = None
+    statuses: Sequence[str] | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class InsertEventsParams:
+    """Events to store (``mscheduler.drivers.events_common.event_doc``); ``now`` becomes their
+    ``written`` time. Ids already stored are skipped (a retried write is harmless)."""
+
+    events: Sequence[Mapping[str, Any]]
+    now: datetime
+    session: Any = None
+
+
+@dataclass(slots=True, frozen=True)
+class EventQuery:
+    """Which events to read (``list_events``) or follow (``open_event_stream``). Empty sequences
+    mean "any". Reads are in ``(time, id)`` order, or ``(written, id)`` with ``by_written`` (the
+    order a poller follows: ``written_from`` and ``after`` bound it)."""
+
+    keys: Sequence[str] = ()
+    names: Sequence[str] = ()
+    kinds: Sequence[str] = ()
+    plan_ids: Sequence[str] = ()
+    worker_id: str | None = None
+    time_from: datetime | None = None  # event time >= this
+    time_to: datetime | None = None  # event time < this
+    written_from: datetime | None = None
+    after: tuple[datetime, str] | None = None  # (written, id): strictly after this position
+    by_written: bool = False
+    skip: int = 0
+    limit: int = 100
+
+
+class EventStream(Protocol):
+    """An open stream of new events (stored form), in the order they were stored.
+    ``resume_token``: where to reopen from (after the last event read)."""
+
+    resume_token: Any
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]: ...
+
+    async def aclose(self) -> None: ...
 
 
 @dataclass(slots=True, frozen=True)
@@ -258,6 +378,65 @@ class WorkerInfo:
     start_time: datetime
 
 
+@dataclass(slots=True, frozen=True)
+class RetentionParams:
+    """How long finished tasks are kept, per terminal status (None: for ever); see
+    ``mscheduler.retention.Retention``."""
+
+    periods: Mapping[str, timedelta | None]
+
+
+@dataclass(slots=True, frozen=True)
+class PurgeParams:
+    """Delete up to ``limit`` tasks in ``status`` whose ``state.finish_time`` is at or before
+    ``before`` (the oldest first)."""
+
+    status: str
+    before: datetime
+    limit: int = 1000
+
+
+class UniqueParamsTaken(Exception):
+    """A write would make a second live task with the same params hash (``unique_by="params"``):
+    refused, nothing changed. ``holder``: the live task's key, where the store said it."""
+
+    def __init__(self, key: str, holder: str | None = None) -> None:
+        super().__init__(f"task {key!r}: a live task{f' ({holder!r})' if holder else ''} has the same params")
+        self.key = key
+        self.holder = holder
+
+
+@dataclass(slots=True, frozen=True)
+class SyncParentsParams:
+    """Bring these parents' ``state.children`` summaries up to date from their children's
+    documents and unblock the next child of a sequential parent (``mscheduler.children``)."""
+
+    keys: Sequence[str]
+    now: datetime
+
+
+@dataclass(slots=True, frozen=True)
+class OpenParentsParams:
+    """Keys of unfinished parents (pending or running) in key order, strictly after ``after``."""
+
+    after: str | None = None
+    limit: int = 500
+
+
+@dataclass(slots=True, frozen=True)
+class MarkParams:
+    """An operator sets a task's status by hand (``state.marked`` {status, reason, by, time}):
+    a compare-and-set on ``state.status`` being one of ``statuses`` and nothing running; never a
+    parent (its status follows from its children)."""
+
+    key: str
+    status: str
+    statuses: Sequence[str]
+    now: datetime
+    reason: str = ""
+    by: str = ""
+
+
 class ChangeStreamUnsupported(Exception):
     """The backend cannot watch (standalone server, mongomock): the consumer polls instead."""
 
@@ -302,9 +481,25 @@ class Driver(Protocol):
 
     async def get_task(self, key: str) -> dict[str, Any] | None: ...
 
+    async def get_tasks(self, keys: Sequence[str]) -> list[dict[str, Any]]:
+        """The tasks with these keys (one read); missing keys are left out."""
+        ...
+
+    async def ensure_retention(self, params: RetentionParams) -> bool:
+        """Make the store expire finished tasks by itself where it can (TTL indexes on a real
+        server, changed when the periods change); False where it cannot (the retention pass is
+        then the mechanism)."""
+        ...
+
+    async def purge_finished(self, params: PurgeParams) -> int:
+        """Delete finished tasks past their retention (see PurgeParams); returns how many."""
+        ...
+
     async def list_tasks(self, params: ListParams) -> list[dict[str, Any]]: ...
 
     async def count_by_status(self) -> dict[str, int]: ...
+
+    async def task_stats(self, params: StatsParams) -> TaskStats: ...
 
     async def control_task(self, params: ControlParams) -> bool:
         """One atomic operator change (see ControlParams); False when no task with that key is
@@ -353,18 +548,86 @@ class Driver(Protocol):
         """Status and last end time of these tasks (one read); missing keys are left out."""
         ...
 
+    # -- events (mscheduler.events; their own collection) --------------------------------------
+
+    # When True the store keeps an event log (SPEC F34): ``insert_tasks``, ``control_task``,
+    # ``update_option`` and the expiry passes record their events in the same operation, and
+    # consumers buffer theirs (claims, outcomes) for ``insert_events``.
+    record_events: bool
+
+    async def insert_events(self, params: InsertEventsParams) -> int:
+        """Store events (one write); returns how many were new (known ids are skipped)."""
+        ...
+
+    async def list_events(self, query: EventQuery) -> list[dict[str, Any]]: ...
+
+    async def open_event_stream(self, query: EventQuery, resume_token: Any = None) -> EventStream:
+        """Follow newly stored events matching ``query`` (only its filters); the stream is open
+        when this returns. Raises ChangeStreamUnsupported (the caller polls ``list_events``), or
+        ResumeTokenLost."""
+        ...
+
+    # -- child tasks (mscheduler.children) ---------------------------------------------------------
+
+    async def sync_parents(self, params: SyncParentsParams) -> int:
+        """Recompute the parents' summaries from their children (compare-and-set on
+        ``state.children_rev``, re-read and retried when another sync won) and unblock each
+        sequential parent's next child; returns how many parents changed. Idempotent."""
+        ...
+
+    async def find_open_parents(self, params: OpenParentsParams) -> list[str]:
+        """Keys of pending or running parents (what a reconciler pass looks at)."""
+        ...
+
+    async def mark_task(self, params: MarkParams) -> bool:
+        """Set ``state.marked`` (see MarkParams); False when the compare-and-set does not hold."""
+        ...
+
 
 def new_task_document(task: NewTask, now: datetime) -> dict[str, Any]:
     """The stored form of a new task, derived fields included."""
     state: dict[str, Any] = {"create_time": now, "update_time": now, "worker_states": []}
-    state.update(derive(task.name, task.option, []))
+    if task.blocked:
+        state["blocked"] = True
+    if task.children is not None:  # a parent: its children's summary, all pending at first
+        names, keys = task.children["names"], task.children["keys"]
+        state["children"] = [
+            {"name": n, "key": k, "status": "pending"} for n, k in zip(names, keys, strict=True)
+        ]
+        state["children_rev"] = 0
+    state.update(derive(task.name, task.option, [], **family_inputs(state)))
+    state.update(lifecycle(state["status"], None, task.unique_hash, now))
     return {
         "key": task.key,
         "name": task.name,
         "params": task.params,
         "option": dict(task.option),
+        "unique_hash": task.unique_hash,
         "state": state,
-    }
+    } | family_fields(task)
+
+
+def family_fields(task: NewTask) -> dict[str, Any]:
+    """The top-level fields of a parent (``children``) or a child (``parent``, ``position``)."""
+    if task.children is not None:
+        return {"children": dict(task.children)}
+    if task.parent is not None:
+        return {"parent": task.parent, "position": task.position}
+    return {}
+
+
+UNCOUNTED_STATUSES = ("released", "revoked", "snoozed")
+
+
+def trim_entries(worker_states: list[dict[str, Any]], max_entries: int) -> list[dict[str, Any]]:
+    """At most ``max_entries`` entries if dropping the oldest entries that do not count
+    (released, revoked, snoozed) gets there; running, succeeded and failure entries are never
+    dropped (the counts and the retry budget depend on them)."""
+    excess = len(worker_states) - max_entries
+    if excess <= 0:
+        return worker_states
+    drop = {id(e) for e in [e for e in worker_states if e["status"] in UNCOUNTED_STATUSES][:excess]}
+    return [e for e in worker_states if id(e) not in drop]
 
 
 def first_lease_end(params: ClaimParams, option: Mapping[str, Any]) -> datetime:
@@ -410,6 +673,16 @@ ENTRY_FIELDS = (
 
 
 FAILURE_STATUSES = ("failed", "lost", "rejected")
+# ``error.type`` of an entry released by ``pause(stop_running=True)`` (the ping tells it apart)
+PAUSED_ERROR = "Paused"
+
+
+def due_time(doc: Mapping[str, Any]) -> datetime | None:
+    """When a task became claimable: ``max(run_at, state.retry_at)``, its ``claim_at`` before a
+    claim (a claim changes neither: the new entry has no ``retry_at``)."""
+    run_at: datetime | None = doc["option"].get("run_at")
+    retry_at: datetime | None = doc["state"].get("retry_at")
+    return retry_at if run_at is None or (retry_at is not None and retry_at > run_at) else run_at
 
 
 def failure_times(worker_states: Sequence[Mapping[str, Any]]) -> tuple[datetime, ...]:
@@ -438,9 +711,48 @@ def allowed(option: Mapping[str, Any], worker_id: str) -> bool:
     return not ids or worker_id in ids
 
 
+def stop_record(
+    action: str, worker_states: Sequence[Mapping[str, Any]], now: datetime
+) -> dict[str, Any] | None:
+    """``state.stop`` after a cancel or a stopping pause: who was told to stop (None: nobody ran)."""
+    attempts = [e["attempt"] for e in worker_states if e["status"] == "running"]
+    return {"action": action, "time": now, "attempts": attempts} if attempts else None
+
+
+def paused_error() -> dict[str, Any]:
+    """The ``error`` of an entry released by ``pause(stop_running=True)``."""
+    return {"type": PAUSED_ERROR, "message": "attempt stopped by a pause", "traceback": None}
+
+
+def paused_entry(doc: Mapping[str, Any] | None, worker_id: str, attempt: str) -> bool:
+    """This worker's attempt was released by an operator's stopping pause (not a lost lease)."""
+    for entry in doc["state"]["worker_states"] if doc is not None else ():
+        if entry["attempt"] == attempt and entry["worker_id"] == worker_id:
+            error = entry.get("error") or {}
+            return entry["status"] == "released" and error.get("type") == PAUSED_ERROR
+    return False
+
+
+def report_fields(report: AttemptReport, worker_id: str, attempt: str, now: datetime) -> dict[str, Any]:
+    """The ``state`` fields a ping with ``report`` sets: ``checkpoint`` {data, time, worker_id,
+    attempt, seq} and / or ``progress`` {fraction, message, time, worker_id, attempt, seq}. Kept
+    on the task, not in the entry, so that the next attempt finds them."""
+    who = {"time": now, "worker_id": worker_id, "attempt": attempt, "seq": report.seq}
+    fields: dict[str, Any] = {}
+    if report.save_checkpoint:
+        fields["checkpoint"] = {"data": copy.deepcopy(report.checkpoint)} | who
+    if report.progress is not None:
+        fields["progress"] = {
+            "fraction": report.progress["fraction"],
+            "message": report.progress.get("message"),
+        } | who
+    return fields
+
+
 def event_for(doc: Mapping[str, Any], token: Any = None) -> ChangeEvent:
     state = doc["state"]
     running = [e["ping_expire_time"] for e in state["worker_states"] if e["status"] == "running"]
+    stop = state.get("stop")
     return ChangeEvent(
         key=doc["key"],
         name=doc["name"],
@@ -449,4 +761,6 @@ def event_for(doc: Mapping[str, Any], token: Any = None) -> ChangeEvent:
         specific_worker_ids=tuple(doc["option"]["specific_worker_ids"]),
         token=token,
         claimers=tuple(state.get("claimers", ())),
+        stop=stop["action"] if stop else None,
+        stop_attempts=tuple(stop["attempts"]) if stop else None,
     )

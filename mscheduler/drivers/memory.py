@@ -38,16 +38,34 @@ from mscheduler.drivers.base import (
     WakeupParams,
     WorkerInfo,
     allowed,
+    due_time,
     event_for,
     failure_times,
     first_lease_end,
     lost_retry_at,
     new_entry,
     new_task_document,
+    paused_entry,
+    paused_error,
+    report_fields,
+    stop_record,
+    trim_entries,
 )
+from mscheduler.drivers.events_common import (
+    CONTROL_KINDS,
+    DEFAULT_MAX_EVENTS,
+    EventKind,
+    expired_event,
+    lost_lease_event,
+    task_event,
+)
+from mscheduler.drivers.memory_children import MemoryChildren
+from mscheduler.drivers.memory_events import MemoryEvents
+from mscheduler.drivers.memory_maintenance import MemoryMaintenance
 from mscheduler.drivers.memory_plans import MemoryPlans
+from mscheduler.drivers.memory_stats import MemoryStats
 from mscheduler.exceptions import InvalidInput
-from mscheduler.state import claimer_tokens, derive
+from mscheduler.state import claimer_tokens, derive, family_inputs
 
 _SCALARS = (str, int, float, bool, type(None), datetime)
 
@@ -56,10 +74,15 @@ def _copy(value: Any) -> Any:
     return value if isinstance(value, _SCALARS) else copy.deepcopy(value)
 
 
-class MemoryDriver(MemoryPlans):
-    """Tasks and workers in dictionaries and heaps; the same rules as ``MongoDriver``."""
+class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents, MemoryStats):
+    """Tasks and workers in dictionaries and heaps; the same rules as ``MongoDriver``.
 
-    def __init__(self, clock: Clock | None = None) -> None:
+    :param events: keep an event log (``mscheduler.events``): the newest ``max_events``.
+    """
+
+    def __init__(
+        self, clock: Clock | None = None, *, events: bool = False, max_events: int = DEFAULT_MAX_EVENTS
+    ) -> None:
         self.clock: Clock = clock or SystemClock()
         self._tasks: dict[str, dict[str, Any]] = {}
         self._version: dict[str, int] = {}
@@ -72,6 +95,9 @@ class MemoryDriver(MemoryPlans):
         self._workers: dict[str, dict[str, Any]] = {}
         self._subscribers: list[tuple[frozenset[str], asyncio.Queue[ChangeEvent]]] = []
         self._init_plans()
+        self._init_events(events, max_events)
+        self._init_children()
+        self._init_maintenance()
 
     # -- indexing -----------------------------------------------------------------------------
 
@@ -87,9 +113,11 @@ class MemoryDriver(MemoryPlans):
                 state.get("expired_at") is not None,
                 state.get("cancelled") is not None,
                 state.get("paused") is True,
+                **family_inputs(state),
             )
         )
         state["update_time"] = now
+        self._note_lifecycle(doc, now)
         key = doc["key"]
         version = self._version.get(key, 0) + 1
         self._version[key] = version
@@ -146,19 +174,30 @@ class MemoryDriver(MemoryPlans):
         created = []
         for task in params.tasks:
             doc = self._tasks.get(task.key)
-            if doc is None:
+            holder = self._unique_holder(task.unique_hash, task.key)
+            if doc is None and holder is not None:
+                created.append(False)  # a live task has the same params: as if the key existed
+            elif doc is None:
                 doc = new_task_document(task, params.now)
                 self._tasks[task.key] = doc
+                if task.children is not None:
+                    self._parents.add(task.key)
                 self._write(doc, params.now)
                 created.append(True)
-            elif params.reset_finished and doc["state"]["status"] in ("succeeded", "failed"):
+            elif params.reset_finished and doc["state"]["status"] in ("succeeded", "failed") and not holder:
                 doc["params"] = copy.deepcopy(task.params)
+                doc["unique_hash"] = task.unique_hash
                 doc["option"] = dict(task.option)
                 doc["state"]["worker_states"] = []
+                doc["state"].pop("checkpoint", None)  # a fresh run starts from scratch
+                doc["state"].pop("progress", None)
                 self._write(doc, params.now)
                 created.append(True)
             else:
                 created.append(False)
+        if self.record_events:
+            sent = [t for t, c in zip(params.tasks, created, strict=True) if c]
+            self._record([task_event(EventKind.SENT, t.key, t.name, params.now) for t in sent], params.now)
         return created
 
     def _eligible(self, doc: dict[str, Any], params: ClaimParams) -> bool:
@@ -206,6 +245,7 @@ class MemoryDriver(MemoryPlans):
             expire = first_lease_end(params, doc["option"])
             entry = new_entry(params, attempt, expire)
             doc["state"]["worker_states"].append(entry)
+            doc["state"]["worker_states"] = trim_entries(doc["state"]["worker_states"], params.max_entries)
             self._write(doc, params.now)
             heapq.heappush(self._leases, (expire, next(self._seq), doc["key"], attempt))
             claimed.append(
@@ -221,6 +261,9 @@ class MemoryDriver(MemoryPlans):
                     failure_times=failure_times(doc["state"]["worker_states"])
                     if doc["state"]["fail_cnt"]
                     else (),
+                    checkpoint=_copy((doc["state"].get("checkpoint") or {}).get("data")),
+                    parent=doc.get("parent"),
+                    due_time=due_time(doc),
                 )
             )
             attempt = next(attempts, None)
@@ -245,7 +288,10 @@ class MemoryDriver(MemoryPlans):
                 doc = self._tasks.get(key)
                 entry = self._running_entry(doc, params.worker_id, attempt)
                 if doc is None or entry is None or entry["ping_expire_time"] <= params.now:
-                    result.lost.append(key)
+                    if paused_entry(doc, params.worker_id, attempt):
+                        result.paused.append(key)
+                    else:
+                        result.lost.append(key)
                 elif doc["state"].get("cancelled") is not None:
                     result.cancelled.append(key)
                 elif not allowed(doc["option"], params.worker_id):
@@ -254,6 +300,12 @@ class MemoryDriver(MemoryPlans):
                     entry["ping_expire_time"] = expire
                     heapq.heappush(self._leases, (expire, next(self._seq), key, attempt))
                     result.alive[key] = dict(doc["option"])
+                    report = params.reports.get(key)
+                    if report is not None:
+                        # not announced (as a Mongo change stream does not pass it): the
+                        # derived state does not change
+                        doc["state"].update(report_fields(report, params.worker_id, attempt, params.now))
+                        result.recorded.append(key)
         return result
 
     async def finish(self, params: Sequence[FinishParams]) -> list[bool]:
@@ -297,8 +349,11 @@ class MemoryDriver(MemoryPlans):
             if doc is None:
                 continue
             changed = False
-            for entry in doc["state"]["worker_states"]:
+            for position, entry in enumerate(doc["state"]["worker_states"]):
                 if entry["status"] == "running" and entry["ping_expire_time"] <= now:
+                    if self.record_events:
+                        lost = lost_lease_event(key, doc["name"], entry, position + 1, now, "lease pass")
+                        self._record([lost], now)
                     entry.update(
                         status="lost",
                         end_time=now,
@@ -329,6 +384,7 @@ class MemoryDriver(MemoryPlans):
             doc["state"]["expired_at"] = now
             self._write(doc, now)
             expired += 1
+            self._record([expired_event(key, doc["name"], deadline, now)], now)
         return expired
 
     async def find_wakeups(self, params: WakeupParams) -> list[Wakeup]:
@@ -380,13 +436,32 @@ class MemoryDriver(MemoryPlans):
         return copy.deepcopy(doc) if doc is not None else None
 
     async def list_tasks(self, params: ListParams) -> list[dict[str, Any]]:
-        docs = [
-            doc
-            for doc in self._tasks.values()
-            if (params.status is None or doc["state"]["status"] == params.status)
-            and (params.name is None or doc["name"] == params.name)
-        ]
-        docs.sort(key=lambda d: (d["state"]["create_time"], d["key"]))
+        by_key = params.key_prefix is not None  # key order; otherwise (create_time, key)
+
+        def sort_key(doc: dict[str, Any]) -> tuple[Any, ...]:
+            return (doc["key"],) if by_key else (doc["state"]["create_time"], doc["key"])
+
+        after: tuple[Any, ...] | None = None
+        if params.after_key is not None:
+            after = (params.after_key,) if by_key else (params.after_time, params.after_key)
+
+        def wanted(doc: dict[str, Any]) -> bool:
+            state = doc["state"]
+            created = state["create_time"]
+            return (
+                (params.status is None or state["status"] == params.status)
+                and (params.name is None or doc["name"] == params.name)
+                and (params.key_prefix is None or doc["key"].startswith(params.key_prefix))
+                and (
+                    params.worker_id is None
+                    or any(e["worker_id"] == params.worker_id for e in state["worker_states"])
+                )
+                and (params.created_from is None or created >= params.created_from)
+                and (params.created_to is None or created < params.created_to)
+                and (after is None or sort_key(doc) > after)
+            )
+
+        docs = sorted(filter(wanted, self._tasks.values()), key=sort_key)
         return [copy.deepcopy(d) for d in docs[params.skip : params.skip + params.limit]]
 
     async def count_by_status(self) -> dict[str, int]:
@@ -398,6 +473,7 @@ class MemoryDriver(MemoryPlans):
             return False
         doc["option"] = dict(params.option)
         self._write(doc, params.now)
+        self._record([task_event(EventKind.EDITED, params.key, doc["name"], params.now)], params.now)
         return True
 
     async def control_task(self, params: ControlParams) -> bool:
@@ -405,15 +481,30 @@ class MemoryDriver(MemoryPlans):
         if doc is None or doc["state"]["status"] not in params.statuses:
             return False
         state = doc["state"]
+        kind = CONTROL_KINDS.get(params.action)
+        if kind is not None:  # checked below (an unknown action raises): nothing is recorded then
+            detail = {"reason": params.reason} if params.reason else None
+            self._record([task_event(kind, params.key, doc["name"], params.now, detail)], params.now)
         if params.action == "remove":
+            self._forget(doc)
             del self._tasks[params.key]
             self._version[params.key] = self._version.get(params.key, 0) + 1  # drops heap entries
             return True
         if params.action == "cancel":
             state["cancelled"] = {"reason": params.reason, "time": params.now}
+            state["stop"] = stop_record("cancel", state["worker_states"], params.now)
+        elif params.action == "pause" and params.stop_running:
+            state["paused"] = True
+            state["stop"] = stop_record("pause", state["worker_states"], params.now)
+            for entry in state["worker_states"]:
+                if entry["status"] == "running":
+                    entry.update(status="released", end_time=params.now, error=paused_error())
         elif params.action in ("pause", "resume"):
             state["paused"] = params.action == "pause"
+            if params.action == "resume":
+                state["stop"] = None
         elif params.action == "restart":
+            self._check_unique(doc)  # its params are held by another live task: refused
             generation = state.get("generation", 0)
             history = state.setdefault("history", [])
             history.append(
@@ -424,7 +515,16 @@ class MemoryDriver(MemoryPlans):
                 }
             )
             state.update(
-                generation=generation + 1, worker_states=[], cancelled=None, expired_at=None, broken=None
+                generation=generation + 1,
+                worker_states=[],
+                cancelled=None,
+                expired_at=None,
+                broken=None,
+                marked=None,  # a status set by hand (child tasks) ends with the generation
+                paused=False,
+                stop=None,
+                checkpoint=None,  # a fresh generation starts from scratch
+                progress=None,
             )
             deadline = doc["option"].get("deadline")
             if deadline is not None and deadline <= params.now:

@@ -49,18 +49,18 @@ from mscheduler.drivers.base import (
     ExpireParams,
     FinishParams,
     InsertParams,
-    PingParams,
-    PingResult,
     StreamPosition,
     Wakeup,
     WakeupParams,
-    allowed,
+    due_time,
     failure_times,
     first_lease_end,
     lost_retry_at,
     new_entry,
     new_task_document,
 )
+from mscheduler.drivers.events_common import DEFAULT_RETENTION
+from mscheduler.drivers.mongo_children import MongoChildren
 from mscheduler.drivers.mongo_common import (  # noqa: F401  (re-exported for tests and the CLI)
     _FAILURE_STATUSES,
     ALL_STATUSES,
@@ -109,14 +109,27 @@ from mscheduler.drivers.mongo_common import (  # noqa: F401  (re-exported for te
     watch_error,
     watch_pipeline,
 )
+from mscheduler.drivers.mongo_events import MongoEvents
+from mscheduler.drivers.mongo_maintenance import MongoMaintenance
+from mscheduler.drivers.mongo_ping import MongoPing
 from mscheduler.drivers.mongo_plans import MongoPlans, plans_collection
 from mscheduler.drivers.mongo_queries import MongoTaskQueries
+from mscheduler.drivers.mongo_stats import MongoStats
 from mscheduler.drivers.mongo_workers import MongoWorkers
 from mscheduler.exceptions import StorageError
 from mscheduler.state import claimer_tokens
 
 
-class MongoDriver(MongoTaskQueries, MongoPlans, MongoWorkers):
+class MongoDriver(
+    MongoEvents,
+    MongoPing,
+    MongoTaskQueries,
+    MongoPlans,
+    MongoWorkers,
+    MongoMaintenance,
+    MongoChildren,
+    MongoStats,
+):
     """The task store on MongoDB.
 
     :param database: an async database (``AsyncMongoClient()[name]``; Motor or mongomock-motor
@@ -124,6 +137,8 @@ class MongoDriver(MongoTaskQueries, MongoPlans, MongoWorkers):
     :param prefix: collection name prefix, to keep several independent schedulers in one database.
     :param retries: how many times a transient error is retried (with jittered exponential
         backoff) before it surfaces as ``StorageError(transient=True)``.
+    :param events: keep an event log (``mscheduler.events``, collection ``mscheduler_events``),
+        its documents deleted ``event_retention`` after their time (a TTL index).
     """
 
     def __init__(
@@ -136,6 +151,8 @@ class MongoDriver(MongoTaskQueries, MongoPlans, MongoWorkers):
         max_backoff: float = 2.0,
         majority: bool | None = None,
         majority_timeout_ms: int = MAJORITY_WTIMEOUT_MS,
+        events: bool = False,
+        event_retention: timedelta = DEFAULT_RETENTION,
     ) -> None:
         self.database = database
         tasks = database[f"{prefix}{TASKS}"]
@@ -161,6 +178,8 @@ class MongoDriver(MongoTaskQueries, MongoPlans, MongoWorkers):
             tasks, read_preference=ReadPreference.PRIMARY, read_concern=ReadConcern("majority")
         )
         self.probe = database[f"{prefix}{PROBE}"]
+        majority_concern = WriteConcern(w="majority", wtimeout=majority_timeout_ms) if majority else None
+        self._init_events(database, prefix, majority_concern, events, event_retention)
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
@@ -237,10 +256,11 @@ class MongoDriver(MongoTaskQueries, MongoPlans, MongoWorkers):
 
         async def create() -> None:
             for keys, options in INDEXES:
-                await self.tasks.create_index(keys, **options)
+                await self._create_task_index(keys, options)
 
         await self._call("create indexes", create)
         await self._call("create plan indexes", self._create_plan_indexes)
+        await self._create_event_indexes()
         await self._probe_capabilities()
 
     async def _probe_capabilities(self) -> None:
@@ -270,6 +290,7 @@ class MongoDriver(MongoTaskQueries, MongoPlans, MongoWorkers):
         try:
             self.date_arithmetic = await self._call("probe date arithmetic", date_add)
             self.update_hints = await self._call("probe update hints", update_hint)
+            self.slice_expressions = await self._call("probe slice expressions", self._probe_slice)
         except StorageError as exc:
             if exc.config or exc.transient:
                 raise
@@ -298,6 +319,7 @@ class MongoDriver(MongoTaskQueries, MongoPlans, MongoWorkers):
         await self._call("drop workers", self.workers.drop)
         await self._call("drop plans", self.plans.drop)
         await self._call("drop probe", self.probe.drop)
+        await self._call("drop events", self.events.drop)
 
     async def index_names(self) -> list[str]:
         cursor = await _resolve(self.tasks.list_indexes())
@@ -335,7 +357,8 @@ class MongoDriver(MongoTaskQueries, MongoPlans, MongoWorkers):
 
     # -- publish ------------------------------------------------------------------------------------
 
-    async def insert_tasks(self, params: InsertParams) -> list[bool]:
+    async def _insert_tasks_only(self, params: InsertParams) -> list[bool]:
+        """``insert_tasks`` without events (``MongoEvents.insert_tasks`` records them)."""
         created = [False] * len(params.tasks)
         pending = list(range(len(params.tasks)))
         if params.reset_finished:
@@ -385,7 +408,17 @@ class MongoDriver(MongoTaskQueries, MongoPlans, MongoWorkers):
         """Inside the caller's transaction: an existing key must not abort it, as a duplicate key
         error would. An upsert with ``$setOnInsert`` creates the task or leaves it; nothing is
         retried here and PyMongo's errors keep their labels (see ``_call``)."""
-        ops = [UpdateOne({"key": doc["key"]}, {"$setOnInsert": doc}, upsert=True) for doc in docs]
+        # a task unique by params is not inserted while a live task holds its hash either
+        ops = [
+            UpdateOne(
+                {"$or": [{"key": doc["key"]}, {"state.unique_live": doc["unique_hash"]}]}
+                if doc.get("unique_hash")
+                else {"key": doc["key"]},
+                {"$setOnInsert": doc},
+                upsert=True,
+            )
+            for doc in docs
+        ]
 
         async def upsert() -> Any:
             return await self.tasks.bulk_write(ops, ordered=True, session=session)
@@ -405,18 +438,28 @@ class MongoDriver(MongoTaskQueries, MongoPlans, MongoWorkers):
             state["reset_mark"] = mark
             update = {
                 "$set": _out(
-                    {"params": doc["params"], "option": doc["option"]}
+                    {"params": doc["params"], "option": doc["option"], "unique_hash": doc["unique_hash"]}
                     | {f"state.{k}": v for k, v in state.items()}
                 ),
-                "$unset": {"state.broken": ""},
+                # a fresh run starts from scratch: no checkpoint, no progress
+                "$unset": {"state.broken": "", "state.checkpoint": "", "state.progress": ""},
             }
             ops.append(UpdateOne({"key": task.key, "state.status": {"$in": list(FINISHED)}}, update))
 
-        async def write() -> Any:
-            return await self.tasks.bulk_write(ops, ordered=False, session=params.session)
+        async def write() -> int:
+            try:
+                result = await self.tasks.bulk_write(ops, ordered=False, session=params.session)
+            except BulkWriteError as exc:
+                # a reset whose params hash a live task holds is refused by the unique index
+                # ``unique_live``: that task stays as it is (reported not created)
+                if params.session is not None or any(
+                    e.get("code") != 11000 for e in exc.details.get("writeErrors", [])
+                ):
+                    raise
+                return int(exc.details.get("nModified", 0))
+            return int(result.modified_count)
 
-        result = await self._call("reset tasks", write, session=params.session)
-        if not result.modified_count:
+        if not await self._call("reset tasks", write, session=params.session):
             return set()
         keys = [task.key for task in params.tasks]
 
@@ -489,7 +532,8 @@ class MongoDriver(MongoTaskQueries, MongoPlans, MongoWorkers):
 
     async def _claim_one(self, params: ClaimParams, attempt: str) -> ClaimedTask | None:
         entry = self._claim_entry(params, attempt)
-        pipeline = [{"$set": {WS: {"$concatArrays": [f"${WS}", [entry]]}}}, *_derive_stages(params.now)]
+        append = {"$set": {WS: {"$concatArrays": [f"${WS}", [entry]]}}}
+        pipeline = [append, *self._trim_stages(params), *_derive_stages(params.now)]
         filter_ = self._claim_filter(params)
         sort = [("option.priority", -1), ("state.targeted", -1), ("state.claim_at", 1)]
 
@@ -517,6 +561,8 @@ class MongoDriver(MongoTaskQueries, MongoPlans, MongoWorkers):
         if doc is None:
             return None
         doc = _in(doc)
+        if not self.slice_expressions and len(doc["state"]["worker_states"]) > params.max_entries:
+            doc = await self._trim_after_claim(params, doc)
         entries = doc["state"]["worker_states"]
         position = next(i for i, e in enumerate(entries) if e["attempt"] == attempt)
         expire = entries[position]["ping_expire_time"]
@@ -532,6 +578,9 @@ class MongoDriver(MongoTaskQueries, MongoPlans, MongoWorkers):
             ping_expire_time=expire,
             fail_cnt=doc["state"]["fail_cnt"],
             failure_times=failure_times(entries) if doc["state"]["fail_cnt"] else (),
+            checkpoint=(doc["state"].get("checkpoint") or {}).get("data"),
+            parent=doc.get("parent"),
+            due_time=due_time(doc),
         )
 
     async def _fix_first_lease(self, params: ClaimParams, doc: dict[str, Any], attempt: str) -> datetime:
@@ -589,97 +638,6 @@ class MongoDriver(MongoTaskQueries, MongoPlans, MongoWorkers):
             # each costing a retry): hand those over; the next claim meets the error again.
             log.warning("claim: %d of %d attempts failed (%s)", len(errors), len(results), errors[0])
         return claimed
-
-    async def ping(self, params: PingParams) -> PingResult:
-        await self._capabilities()
-        now = _out(params.now)
-        every_key: dict[str, str] = {}
-        for expire, attempts in params.groups.items():
-            every_key.update(attempts)
-            filter_ = {
-                "key": {"$in": list(attempts)},
-                WS: {
-                    "$elemMatch": {
-                        "worker_id": params.worker_id,
-                        "attempt": {"$in": list(attempts.values())},
-                        "status": "running",
-                        "ping_expire_time": {"$gt": now},
-                    }
-                },
-                "$or": [
-                    {"option.specific_worker_ids": {"$size": 0}},
-                    {"option.specific_worker_ids": params.worker_id},
-                ],
-                "state.cancelled": None,  # a cancelled task's leases are not extended
-            }
-            # A $map, not the positional "$": when a filter matches two arrays (here also
-            # specific_worker_ids) "$" may resolve to the other array's index (SERVER-5247).
-            tokens = list(attempts.values())
-            if any(t.startswith("$") for t in tokens):
-                raise StorageError("attempt tokens must not start with '$'")
-            match = {
-                "$and": [
-                    {"$eq": ["$$e.worker_id", _lit(params.worker_id)]},
-                    {"$in": ["$$e.attempt", tokens]},
-                    {"$eq": ["$$e.status", "running"]},
-                    {"$gt": ["$$e.ping_expire_time", _lit(now)]},
-                ]
-            }
-            update = [_rebuild_entries(match, {"ping_expire_time": expire})]
-
-            async def ping_group(
-                filter_: dict[str, Any] = filter_, update: list[dict[str, Any]] = update
-            ) -> Any:
-                return await self.tasks.update_many(filter_, update, **self._hint(KEY_INDEX))
-
-            try:
-                await self._call("ping", ping_group)
-            except StorageError as exc:
-                if not isinstance(exc.__cause__, WriteConcernError) or exc.config:
-                    raise
-                # applied on the primary, not yet on a majority: the read below tells
-
-        async def read() -> list[dict[str, Any]]:
-            cursor = self.tasks_primary.find(
-                {"key": {"$in": list(every_key)}},
-                # The whole array: MongoDB refuses an $elemMatch projection on a nested field
-                # (error 31275) and mongomock returns nothing for it; the entry is picked below.
-                {"key": 1, "option": 1, WS: 1, "state.cancelled": 1},
-            )
-            return [_in(doc) async for doc in cursor]
-
-        docs = {doc["key"]: doc for doc in await self._call("ping read", read)}
-        expires = {key: expire for expire, group in params.groups.items() for key in group}
-        result = PingResult()
-        for key, attempt in every_key.items():
-            doc = docs.get(key)
-            entries = (doc or {}).get("state", {}).get("worker_states", [])
-            entry = next(
-                (
-                    e
-                    for e in entries
-                    if e["worker_id"] == params.worker_id
-                    and e["attempt"] == attempt
-                    and e["status"] == "running"
-                ),
-                None,
-            )
-            if doc is None or entry is None:
-                result.lost.append(key)
-            elif doc["state"].get("cancelled") is not None and entry["ping_expire_time"] > params.now:
-                result.cancelled.append(key)
-            elif entry["ping_expire_time"] == expires[key] and allowed(doc["option"], params.worker_id):
-                # extended (or already at the asked expiry: a ping in the same millisecond as
-                # the claim); a revoked entry is never extended, whatever its expiry says
-                result.alive[key] = doc["option"]
-            elif entry["ping_expire_time"] <= params.now:
-                result.lost.append(key)
-            elif not allowed(doc["option"], params.worker_id):
-                result.revoked.append(key)
-            else:
-                # Still ours and unexpired but not extended: a concurrent change; try next time.
-                result.alive[key] = doc["option"]
-        return result
 
     def _finish_op(self, item: FinishParams) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         now = _out(item.now)
@@ -797,7 +755,8 @@ class MongoDriver(MongoTaskQueries, MongoPlans, MongoWorkers):
             return False
         return bool(single.matched_count)
 
-    async def expire_leases(self, params: ExpireParams) -> int:
+    async def _expire_leases_only(self, params: ExpireParams) -> int:
+        """``expire_leases`` without events (``MongoEvents.expire_leases`` records them)."""
         await self._capabilities()
         now = _out(params.now)
         filter_ = {WS: {"$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}}}
@@ -853,7 +812,7 @@ class MongoDriver(MongoTaskQueries, MongoPlans, MongoWorkers):
             expired += int(result.modified_count)
         return expired
 
-    async def expire_deadlines(self, params: ExpireParams) -> int:
+    async def _expire_deadlines_only(self, params: ExpireParams) -> int:
         """Tasks whose deadline passed while they waited become ``expired`` (never run late)."""
         await self._capabilities()
         now = _out(params.now)

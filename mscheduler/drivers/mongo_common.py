@@ -33,7 +33,7 @@ from mscheduler.drivers.base import (
 )
 from mscheduler.exceptions import StorageError
 from mscheduler.model import TaskStatus
-from mscheduler.state import ANYONE
+from mscheduler.state import ANYONE, CHILD_ENDED_BADLY, LIVE, TERMINAL
 
 log = logging.getLogger("mscheduler.mongo")
 
@@ -73,7 +73,12 @@ ATTEMPT_INDEX = "attempt"
 STATUS_INDEX = "list_status"
 NAME_INDEX = "list_name"
 CREATED_INDEX = "list_created"
+WORKER_INDEX = "list_worker"
 DEADLINE_INDEX = "deadline"
+UNIQUE_LIVE_INDEX = "unique_live"
+PARENTS_INDEX = "parents"
+STATS_COUNTS_INDEX = "stats_counts"
+STATS_FINISHED_INDEX = "stats_finished"
 INDEXES: list[tuple[Any, dict[str, Any]]] = [
     ("key", {"unique": True, "name": KEY_INDEX}),
     # claim: equality on who may claim (this worker's or anyone's token, per name), then the
@@ -98,8 +103,30 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
     ([("state.status", 1), ("state.create_time", 1), ("key", 1)], {"name": STATUS_INDEX}),
     ([("name", 1), ("state.status", 1), ("state.create_time", 1), ("key", 1)], {"name": NAME_INDEX}),
     ([("state.create_time", 1), ("key", 1)], {"name": CREATED_INDEX}),
+    # list by worker: multikey on the entries' worker ids, then the listing order (a task with
+    # several entries of one worker is returned once: the scan de-duplicates)
+    ([(f"{WS}.worker_id", 1), ("state.create_time", 1), ("key", 1)], {"name": WORKER_INDEX}),
     # the deadline pass: tasks whose deadline is past (null deadlines sort below every date)
     ([("option.deadline", 1), ("state.status", 1)], {"name": DEADLINE_INDEX}),
+    # unique_by="params": one live task per params hash (unique_live is null once finished, and
+    # for tasks not unique by params: outside the partial index)
+    (
+        "state.unique_live",
+        {
+            "unique": True,
+            "name": UNIQUE_LIVE_INDEX,
+            "partialFilterExpression": {"state.unique_live": {"$type": "string"}},
+        },
+    ),
+    # child tasks: the reconciler's pass over unfinished parents (parents only: partial)
+    (
+        [("state.status", 1), ("key", 1)],
+        {"name": PARENTS_INDEX, "partialFilterExpression": {"children": {"$exists": True}}},
+    ),
+    # statistics (drivers/mongo_stats.py): counts by name and status with the due pending tasks'
+    # claim_at (covered); the tasks finished in a time window (only those are fetched)
+    ([("name", 1), ("state.status", 1), ("state.claim_at", 1)], {"name": STATS_COUNTS_INDEX}),
+    ([("state.finish_time", 1), ("name", 1)], {"name": STATS_FINISHED_INDEX}),
 ]
 INDEX_NAMES = tuple(options["name"] for _, options in INDEXES)
 
@@ -167,6 +194,10 @@ def _derive_stages(now: datetime) -> list[dict[str, Any]]:
     cancelled = {"$ne": [{"$ifNull": ["$state.cancelled", None]}, None]}
     paused = {"$eq": [{"$ifNull": ["$state.paused", False]}, True]}
     busy = {"$add": ["$state.running_cnt", "$state.success_cnt"]}
+    # child tasks (state.family_status): a blocked child, a status marked by hand, a parent
+    blocked = {"$eq": [{"$ifNull": ["$state.blocked", False]}, True]}
+    marked = {"$ne": [{"$ifNull": ["$state.marked", None]}, None]}
+    parent = {"$ne": [{"$ifNull": ["$state.children", None]}, None]}
     return [
         {
             "$set": {
@@ -195,7 +226,9 @@ def _derive_stages(now: datetime) -> list[dict[str, Any]]:
                 "state.status": {
                     "$switch": {
                         "branches": [
+                            {"case": marked, "then": "$state.marked.status"},
                             {"case": cancelled, "then": "cancelled"},
+                            {"case": parent, "then": _family_status()},
                             {"case": finished, "then": "succeeded"},
                             {
                                 "case": {"$and": [exhausted, {"$eq": ["$state.running_cnt", 0]}]},
@@ -212,7 +245,19 @@ def _derive_stages(now: datetime) -> list[dict[str, Any]]:
                 },
                 "state.claim_at": {
                     "$cond": [
-                        {"$or": [finished, exhausted, expired, cancelled, paused, {"$gte": [busy, cnt]}]},
+                        {
+                            "$or": [
+                                finished,
+                                exhausted,
+                                expired,
+                                cancelled,
+                                paused,
+                                {"$gte": [busy, cnt]},
+                                blocked,
+                                marked,
+                                parent,
+                            ]
+                        },
                         None,
                         {"$max": ["$option.run_at", "$state.retry_at"]},
                     ]
@@ -220,7 +265,49 @@ def _derive_stages(now: datetime) -> list[dict[str, Any]]:
             }
         },
         {"$set": {"state.claimers": _claimers()}},
+        _lifecycle_stage(now),
     ]
+
+
+def _lifecycle_stage(now: datetime) -> dict[str, Any]:
+    """``mscheduler.state.lifecycle`` as a stage: ``finish_time`` (the write's ``now`` when the
+    task first becomes terminal, kept after; null while live) and ``unique_live`` (the params
+    hash while live, for the unique partial index ``unique_live``)."""
+    return {
+        "$set": {
+            "state.finish_time": {
+                "$cond": [
+                    {"$in": ["$state.status", list(TERMINAL)]},
+                    {"$ifNull": ["$state.finish_time", _lit(now)]},
+                    None,
+                ]
+            },
+            "state.unique_live": {
+                "$cond": [{"$in": ["$state.status", list(LIVE)]}, {"$ifNull": ["$unique_hash", None]}, None]
+            },
+        }
+    }
+
+
+def _family_status() -> dict[str, Any]:
+    """``mscheduler.state.family_status`` over ``state.children`` (a parent's summary)."""
+
+    def children_in(statuses: Sequence[str]) -> dict[str, Any]:
+        cond = {"$in": ["$$c.status", list(statuses)]}
+        children = {"$ifNull": ["$state.children", []]}
+        return {"$size": {"$filter": {"input": children, "as": "c", "cond": cond}}}
+
+    not_succeeded = [s.value for s in TaskStatus if s is not TaskStatus.SUCCEEDED]
+    return {
+        "$switch": {
+            "branches": [
+                {"case": {"$eq": [children_in(not_succeeded), 0]}, "then": "succeeded"},
+                {"case": {"$gt": [children_in(["running"]), 0]}, "then": "running"},
+                {"case": {"$gt": [children_in(CHILD_ENDED_BADLY), 0]}, "then": "failed"},
+            ],
+            "default": "pending",
+        }
+    }
 
 
 def _claimers() -> dict[str, Any]:
@@ -333,11 +420,28 @@ async def _resolve(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
+def stop_expression(action: str, now: datetime) -> dict[str, Any]:
+    """``drivers.base.stop_record`` as a pipeline expression, over the entries before the change:
+    {action, time, attempts of the running entries}, or null when nothing runs."""
+    running = {"$filter": {"input": f"${WS}", "as": "e", "cond": {"$eq": ["$$e.status", "running"]}}}
+    attempts = {"$map": {"input": running, "as": "e", "in": "$$e.attempt"}}
+    record = {"action": _lit(action), "time": _lit(now), "attempts": attempts}
+    return {"$cond": [{"$gt": [{"$size": attempts}, 0]}, record, None]}
+
+
+STOP_ACTIONS = ["cancel", "pause"]
+
+
 def watch_pipeline(names: Sequence[str]) -> list[dict[str, Any]]:
     """Inserts of these names, and updates whose ``state.claimers`` changed to include one of
     these names' tokens (the task became claimable, or its claimers changed), matched on the
     updated fields: no ``fullDocument: updateLookup`` (a document fetch per update per
     watching consumer, every ping included). Pings change neither field and are not sent.
+
+    Also updates that set ``state.stop`` (a cancel or a stopping pause of a task with running
+    attempts; see ``stop_expression``), whatever the name (the field does not say it): the
+    consumer running one of those attempts stops its handler at once. Cancels of tasks that run
+    nothing leave ``state.stop`` null and are not sent.
 
     Updated fields are keyed by dotted paths ("state.claimers", or "state.claimers.1" when
     the server reports array elements), so they are read through ``$objectToArray``."""
@@ -352,6 +456,10 @@ def watch_pipeline(names: Sequence[str]) -> list[dict[str, Any]]:
     elements = values_of({"$regexMatch": {"input": "$$f.k", "regex": r"^state\.claimers\.[0-9]+$"}})
     tokens = {"$concatArrays": [whole, elements]}
     claim_at = {"$arrayElemAt": [values_of({"$eq": ["$$f.k", "state.claim_at"]}), 0]}
+    stop = {"$arrayElemAt": [values_of({"$eq": ["$$f.k", "state.stop"]}), 0]}
+    # a server may report an object that changed by its fields ("state.stop.time"): a stop
+    # whose attempts are not known (the consumer asks the store by pinging)
+    stop_fields = values_of({"$regexMatch": {"input": "$$f.k", "regex": r"^state\.stop\."}})
     token_names = {
         "$map": {
             "input": "$ms.claimers",
@@ -366,6 +474,8 @@ def watch_pipeline(names: Sequence[str]) -> list[dict[str, Any]]:
                 "ms.claimers": tokens,
                 "ms.claim_at": claim_at,
                 "ms.partial": {"$gt": [{"$size": elements}, 0]},
+                "ms.stop": stop,
+                "ms.stop_partial": {"$gt": [{"$size": stop_fields}, 0]},
             }
         },
         {"$addFields": {"ms.names": token_names}},
@@ -377,6 +487,8 @@ def watch_pipeline(names: Sequence[str]) -> list[dict[str, Any]]:
                         "fullDocument.name": {"$in": list(names)},
                     },
                     {"operationType": "update", "ms.names": {"$in": list(names)}},
+                    {"operationType": "update", "ms.stop.action": {"$in": STOP_ACTIONS}},
+                    {"operationType": "update", "ms.stop_partial": True},
                 ]
             }
         },
@@ -403,22 +515,37 @@ def change_event(change: dict[str, Any], token: Any) -> ChangeEvent | None:
         if change["operationType"] == "update":
             key = change["documentKey"]["_id"]
             claimers = tuple(str(t) for t in change["ms"]["claimers"])
-            if not isinstance(key, str) or not claimers:
+            stop, stop_attempts = _stop_of(change["ms"])
+            if not isinstance(key, str) or not (claimers or stop):
                 return None
             claim_at = change["ms"].get("claim_at")
             return ChangeEvent(
                 key=key,
-                name=claimers[0].split("|", 1)[0],
+                # a stop alone does not name the task's name (the consumer looks it up by key)
+                name=claimers[0].split("|", 1)[0] if claimers else "",
                 claim_at=_in(claim_at) if isinstance(claim_at, datetime) else None,
                 lease_expiry=None,
                 specific_worker_ids=(),
                 token=token,
                 claimers=claimers,
                 claimers_complete=not change["ms"].get("partial", False),
+                stop=stop,
+                stop_attempts=stop_attempts,
             )
         return event_for(_in(change["fullDocument"]), token=token)
     except (KeyError, TypeError, AttributeError, IndexError):
         return None
+
+
+def _stop_of(ms: dict[str, Any]) -> tuple[str | None, tuple[str, ...] | None]:
+    """The stop request an update carries: (action, attempts); ("unknown", None) when the server
+    reported it field by field; (None, None) when there is none."""
+    stop = ms.get("stop")
+    if isinstance(stop, dict) and stop.get("action") in STOP_ACTIONS:
+        return str(stop["action"]), tuple(str(a) for a in stop.get("attempts") or ())
+    if ms.get("stop_partial"):
+        return "unknown", None
+    return None, None
 
 
 def watch_error(exc: OperationFailure, token: Any) -> Exception:

@@ -4,24 +4,105 @@ restart). The claim path lives in ``mongo.py``."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from mscheduler.drivers.base import ControlParams, ListParams, UpdateOptionParams
+from pymongo.errors import DuplicateKeyError
+
+from mscheduler.drivers.base import (
+    ControlParams,
+    ListParams,
+    UniqueParamsTaken,
+    UpdateOptionParams,
+    paused_error,
+)
 from mscheduler.drivers.mongo_common import (
     ALL_STATUSES,
     CREATED_INDEX,
+    KEY_INDEX,
     NAME_INDEX,
     STATUS_INDEX,
+    WORKER_INDEX,
     WS,
     T,
     _derive_stages,
     _in,
     _lit,
+    _out,
+    _rebuild_entries,
     _resolve,
     read_page,
+    stop_expression,
 )
 from mscheduler.exceptions import InvalidInput
+
+
+def list_query(params: ListParams) -> tuple[dict[str, Any], list[tuple[str, int]], str]:
+    """The filter, sort and index of a task listing (docs/design.md, "Listing tasks").
+
+    One index serves each listing as a bounded range in its order: ``key_prefix`` is a range of
+    the ``key`` index (key order); otherwise the order is (create_time, key) and the index is
+    the worker index (``worker_id``), the name index (``name``, with every status listed when no
+    status is given, so the per-status ranges merge in order), the status index, or the created
+    index. The created range and the cursor bound ``state.create_time`` inside that index;
+    filters the chosen index does not hold are checked on the documents it yields."""
+    filter_: dict[str, Any] = {}
+    if params.key_prefix is not None:
+        key_range: dict[str, Any] = {"$gte": params.key_prefix}
+        end = prefix_end(params.key_prefix)
+        if end is not None:
+            key_range["$lt"] = end
+        if params.after_key is not None:
+            key_range["$gt"] = params.after_key
+        filter_["key"] = key_range
+        order, index = [("key", 1)], KEY_INDEX
+    else:
+        order = [("state.create_time", 1), ("key", 1)]
+        index = CREATED_INDEX
+        if params.worker_id is not None:
+            index = WORKER_INDEX
+        elif params.name is not None:
+            index = NAME_INDEX
+        elif params.status is not None:
+            index = STATUS_INDEX
+    if params.worker_id is not None:
+        filter_[f"{WS}.worker_id"] = params.worker_id
+    if params.name is not None:
+        filter_["name"] = params.name
+    if params.status is not None:
+        filter_["state.status"] = params.status
+    elif index == NAME_INDEX:
+        filter_["state.status"] = {"$in": ALL_STATUSES}
+    created: dict[str, Any] = {}
+    lower = params.created_from
+    if params.key_prefix is None and params.after_time is not None:
+        lower = params.after_time if lower is None else max(lower, params.after_time)
+        # the cursor: later, or as late and after the key (only ties are filtered here)
+        filter_["$or"] = [
+            {"state.create_time": {"$gt": params.after_time}},
+            {"key": {"$gt": params.after_key}},
+        ]
+    if lower is not None:
+        created["$gte"] = lower
+    if params.created_to is not None:
+        created["$lt"] = params.created_to
+    if created:
+        filter_["state.create_time"] = created
+    return _out(filter_), order, index
+
+
+def prefix_end(prefix: str) -> str | None:
+    """The least string above every string starting with ``prefix`` (None: there is none). The
+    server compares strings by UTF-8 bytes, which is code point order; surrogates cannot be
+    stored, so the successor of U+D7FF is U+E000."""
+    chars = list(prefix)
+    while chars:
+        code = ord(chars.pop()) + 1
+        if code == 0xD800:
+            code = 0xE000
+        if code <= 0x10FFFF:
+            return "".join(chars) + chr(code)
+    return None
 
 
 class MongoTaskQueries:
@@ -44,20 +125,15 @@ class MongoTaskQueries:
         doc = await self._call("get task", lambda: self.tasks.find_one({"key": key}, {"_id": 0}))
         return _in(doc) if doc is not None else None
 
-    async def list_tasks(self, params: ListParams) -> list[dict[str, Any]]:
-        # Each filter has an index that also gives the order (create_time, key): by status, by
-        # name (with every status listed, so the per-status ranges merge in order), or all.
-        filter_: dict[str, Any] = {}
-        index = CREATED_INDEX
-        if params.status is not None:
-            filter_["state.status"] = params.status
-            index = STATUS_INDEX
-        if params.name is not None:
-            filter_["name"] = params.name
-            filter_.setdefault("state.status", {"$in": ALL_STATUSES})
-            index = NAME_INDEX
+    async def get_tasks(self, keys: Sequence[str]) -> list[dict[str, Any]]:
+        async def read() -> list[dict[str, Any]]:
+            cursor = self.tasks.find({"key": {"$in": list(dict.fromkeys(keys))}}, {"_id": 0}).hint(KEY_INDEX)
+            return [_in(doc) async for doc in cursor]
 
-        order = [("state.create_time", 1), ("key", 1)]
+        return await self._call("get tasks", read)
+
+    async def list_tasks(self, params: ListParams) -> list[dict[str, Any]]:
+        filter_, order, index = list_query(params)
         return await self._call(
             "list tasks", lambda: read_page(self.tasks, filter_, order, params.skip, params.limit, index)
         )
@@ -92,10 +168,22 @@ class MongoTaskQueries:
             return bool(deleted.deleted_count)
         now = _lit(params.now)
         change: dict[str, Any]
+        stages: list[dict[str, Any]] = []
         if params.action == "cancel":
-            change = {"state.cancelled": _lit({"reason": params.reason, "time": params.now})}
+            change = {
+                "state.cancelled": _lit({"reason": params.reason, "time": params.now}),
+                "state.stop": stop_expression("cancel", params.now),
+            }
+        elif params.action == "pause" and params.stop_running:
+            # one write: paused, the running attempts told to stop (state.stop, for the change
+            # stream) and released (not counted: the budget is intact for the resume)
+            change = {"state.paused": True, "state.stop": stop_expression("pause", params.now)}
+            released = {"status": "released", "end_time": params.now, "error": paused_error()}
+            stages = [_rebuild_entries({"$eq": ["$$e.status", "running"]}, released)]
         elif params.action in ("pause", "resume"):
             change = {"state.paused": _lit(params.action == "pause")}
+            if params.action == "resume":
+                change["state.stop"] = None
         elif params.action == "restart":
             generation = {"$ifNull": ["$state.generation", 0]}
             record = {"generation": generation, "restart_time": now, "worker_states": f"${WS}"}
@@ -113,15 +201,36 @@ class MongoTaskQueries:
                 "state.cancelled": None,
                 "state.expired_at": None,
                 "state.broken": None,
+                "state.marked": None,  # a status set by hand (child tasks) ends with the generation
+                "state.paused": False,
+                "state.stop": None,
+                # a fresh generation starts from scratch
+                "state.checkpoint": None,
+                "state.progress": None,
                 # a deadline already past would expire the new generation at once
                 "option.deadline": {"$cond": [{"$lte": ["$option.deadline", now]}, None, "$option.deadline"]},
             }
         else:
             raise InvalidInput(f"unknown control action {params.action!r}")
-        pipeline = [{"$set": change}, *_derive_stages(params.now)]
+        pipeline = [{"$set": change}, *stages, *_derive_stages(params.now)]
 
         async def update() -> Any:
             return await self.tasks.update_one(filter_, pipeline)
 
-        result = await self._call(f"{params.action} task", update)
+        try:
+            result = await self._call(f"{params.action} task", update)
+        except DuplicateKeyError as exc:  # the unique index unique_live: a restart's params are taken
+            raise UniqueParamsTaken(params.key, await self._unique_holder_of(params.key)) from exc
         return bool(result.matched_count)
+
+    async def _unique_holder_of(self, key: str) -> str | None:
+        """The key of the live task holding the params hash of task ``key`` (None: none now)."""
+
+        async def read() -> str | None:
+            doc = await self.tasks.find_one({"key": key}, {"unique_hash": 1})
+            if doc is None or not doc.get("unique_hash"):
+                return None
+            holder = await self.tasks.find_one({"state.unique_live": doc["unique_hash"]}, {"key": 1})
+            return str(holder["key"]) if holder is not None else None
+
+        return await self._call("find the holder of a params hash", read)

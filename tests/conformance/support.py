@@ -28,7 +28,7 @@ from mscheduler.drivers.base import (
     UpdateOptionParams,
 )
 from mscheduler.model import TaskOption, check_params
-from mscheduler.state import DERIVED_FIELDS, derive
+from mscheduler.state import DERIVED_FIELDS, LIVE, TERMINAL, derive, family_inputs
 
 NAME = "job"
 LEASE = timedelta(seconds=30)
@@ -53,8 +53,15 @@ def assert_derived(doc: Mapping[str, Any]) -> None:
         doc["state"].get("expired_at") is not None,
         doc["state"].get("cancelled") is not None,
         doc["state"].get("paused") is True,
+        **family_inputs(doc["state"]),
     )
     assert derived_of(doc) == expected, f"derived state drifted for {doc['key']!r}"
+    # the lifecycle fields (mscheduler.state.lifecycle): finish time iff terminal, the params
+    # hash held iff live
+    state = doc["state"]
+    assert (state.get("finish_time") is not None) == (state["status"] in TERMINAL), doc["key"]
+    live = state["status"] in LIVE
+    assert state.get("unique_live") == (doc.get("unique_hash") if live else None), doc["key"]
 
 
 def naive_datetimes(value: Any, path: str = "") -> list[str]:

@@ -6,13 +6,16 @@ Each operation is one compare-and-set on the task's status: it is applied, or re
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from mscheduler import Operations, TaskStatus, TransitionRefused, UnknownTask
-from mscheduler.drivers.base import ExpireParams
+from mscheduler import AttemptStatus, Operations, TaskInfo, TaskStatus, TransitionRefused, UnknownTask
+from mscheduler.drivers.base import ControlParams, ExpireParams, paused_error
 from tests.conformance.support import Store
 
 STATUSES = ["pending", "running", "succeeded", "failed", "expired", "cancelled"]
@@ -47,6 +50,7 @@ def operations(store: Store) -> Operations:
 ALLOWED: dict[str, set[str]] = {
     "cancel": {"pending", "running"},
     "pause": {"pending", "running"},
+    "pause_stop": {"pending", "running"},
     "resume": {"pending", "running"},
     "remove": {"pending", "succeeded", "failed", "expired", "cancelled"},
     "remove_force": set(STATUSES),
@@ -59,6 +63,7 @@ def call(ops: Operations, operation: str, key: str) -> Awaitable[Any]:
     calls: dict[str, Callable[[], Awaitable[Any]]] = {
         "cancel": lambda: ops.cancel(key, "because"),
         "pause": lambda: ops.pause(key),
+        "pause_stop": lambda: ops.pause(key, stop_running=True),
         "resume": lambda: ops.resume(key),
         "remove": lambda: ops.remove(key),
         "remove_force": lambda: ops.remove(key, force=True),
@@ -92,11 +97,32 @@ async def test_operation_by_status(store: Store, status: str, operation: str) ->
         assert await store.driver.get_task("t") is None
         return
     state = await store.state("t")
+    before_entries = before["state"]["worker_states"]
+    running = [e["attempt"] for e in before_entries if e["status"] == "running"]
     if operation == "cancel":
         assert state["status"] == "cancelled"
         assert state["cancelled"]["reason"] == "because"
         assert state["claim_at"] is None and state["claimers"] == []
-        assert len(state["worker_states"]) == len(before["state"]["worker_states"])  # entries kept
+        assert state["worker_states"] == before_entries  # entries kept (fenced by the flag)
+        # the running attempts are told to stop (the change stream passes state.stop)
+        expected_stop = {"action": "cancel", "time": store.now, "attempts": running} if running else None
+        assert state.get("stop") == expected_stop
+    elif operation == "pause_stop":
+        # one write: paused, the running attempt released (not counted), told to stop
+        assert state["paused"] is True
+        assert state["status"] == "pending" and state["claim_at"] is None and state["claimers"] == []
+        assert state["fail_cnt"] == before["state"]["fail_cnt"] and state["running_cnt"] == 0
+        assert [e["status"] for e in state["worker_states"]] == ["released"] * len(running)
+        for entry in state["worker_states"]:
+            assert entry["end_time"] == store.now
+            assert entry["error"] == paused_error()
+        expected_stop = {"action": "pause", "time": store.now, "attempts": running} if running else None
+        assert state.get("stop") == expected_stop
+        resumed = await ops.resume("t")
+        assert resumed.status is TaskStatus.PENDING and resumed.fail_cnt == 0
+        assert (await store.state("t")).get("stop") is None
+        again = await store.claim_one("w2")  # claimable again, the budget (0 retries) intact
+        assert again is not None and again.fail_cnt == 0
     elif operation in ("pause", "resume"):
         assert state["status"] == status
         assert state["paused"] is (operation == "pause")
@@ -204,3 +230,120 @@ async def test_remove_force_cancels_a_running_task_first(store: Store) -> None:
     assert await store.add("t")  # the key can be used again
     store.advance(1)
     assert await store.claim_one("w2") is not None
+
+
+async def test_pause_stop_fences_the_running_attempt_and_keeps_the_budget(store: Store) -> None:
+    ops = operations(store)
+    await store.add("t", max_unexpected_retries=0)
+    claimed = await store.claim_one("w1")
+    assert claimed is not None
+    info = await ops.pause("t", stop_running=True)
+    assert info.status is TaskStatus.PENDING and info.paused
+    assert [w.status for w in info.worker_states] == [AttemptStatus.RELEASED]
+    result = await store.ping("w1", {"t": claimed.attempt})
+    assert result.paused == ["t"] and not result.lost and not result.alive and not result.cancelled
+    assert not await store.done(claimed, "w1")  # its late finish is refused
+    assert await store.claim_one("w2") is None  # paused
+    await ops.resume("t")
+    again = await store.claim_one("w2")
+    assert again is not None and again.fail_cnt == 0
+    # stopped by a pause again: still within a budget of no failures at all
+    await ops.pause("t", stop_running=True)
+    await ops.resume("t")
+    third = await store.claim_one("w1")
+    assert third is not None and third.fail_cnt == 0
+    assert await store.done(third, "w1")
+    assert await store.status("t") == "succeeded"
+    statuses = [e["status"] for e in await store.entries("t")]
+    assert statuses == ["released", "released", "succeeded"]
+
+
+WHO: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="?")
+
+
+class Linearized:
+    """Records each control compare-and-set with who made it and the status it met: (who,
+    action, allowed statuses, status before, applied). A few loop turns before each (seeded)
+    shuffle the interleaving; a lock makes the read and the write one step even where the store
+    really waits (a server)."""
+
+    def __init__(self, inner: Any, seed: int) -> None:
+        self.inner = inner
+        self.rng = random.Random(seed)
+        self.log: list[tuple[str, str, tuple[str, ...], str | None, bool]] = []
+        self._lock = asyncio.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def get_task(self, key: str) -> Any:
+        for _ in range(self.rng.randrange(3)):
+            await asyncio.sleep(0)
+        return await self.inner.get_task(key)
+
+    async def control_task(self, params: ControlParams) -> bool:
+        for _ in range(self.rng.randrange(4)):
+            await asyncio.sleep(0)
+        async with self._lock:
+            doc = await self.inner.get_task(params.key)
+            applied = bool(await self.inner.control_task(params))
+        before = doc["state"]["status"] if doc is not None else None
+        self.log.append((WHO.get(), params.action, tuple(params.statuses), before, applied))
+        return applied
+
+
+AFTER = {"cancel": "cancelled", "pause": "pending", "restart": "pending", "remove": None}
+RACERS: dict[str, Callable[[Operations], Awaitable[Any]]] = {
+    "cancel": lambda ops: ops.cancel("t", "first"),
+    "cancel again": lambda ops: ops.cancel("t", "second"),
+    "pause": lambda ops: ops.pause("t", stop_running=True),
+    "restart": lambda ops: ops.restart("t"),
+    "remove": lambda ops: ops.remove("t"),
+}
+
+
+@pytest.mark.parametrize("seed", range(12))
+async def test_racing_operations_on_one_key_are_decided_by_the_store(store: Store, seed: int) -> None:
+    """Cancel, cancel again, pause (stopping), restart and remove at once on one running task:
+    each is applied whole or refused (TransitionRefused / UnknownTask), as the compare-and-set
+    on the status it met decides; replaying the applied ones gives the final state."""
+    await store.add("t")
+    assert await store.claim_one("w1") is not None
+    driver = Linearized(store.driver, seed)
+    order = list(RACERS)
+    random.Random(seed).shuffle(order)
+
+    async def race(name: str) -> Any:
+        WHO.set(name)  # this task's own context
+        return await RACERS[name](Operations(driver, clock=store.clock))
+
+    results = await asyncio.gather(*(race(name) for name in order), return_exceptions=True)
+    outcomes = dict(zip(order, results, strict=True))
+    # every compare-and-set was decided by the status it met, and the applied ones chain
+    status: str | None = "running"
+    applied: list[str] = []
+    for who, action, statuses, before, ok in driver.log:
+        assert ok == (before in statuses), driver.log
+        if ok:
+            assert before == status, driver.log
+            status = AFTER[action]
+            applied.append(who)
+    doc = await store.driver.get_task("t")
+    assert (doc["state"]["status"] if doc is not None else None) == status
+    await store.check_all()
+    # what each caller was told agrees with what the store did
+    for name, outcome in outcomes.items():
+        if name not in applied:
+            assert isinstance(outcome, (TransitionRefused, UnknownTask)), (name, outcome)
+        elif isinstance(outcome, Exception):
+            # applied, then removed before the caller's read-back of the result
+            assert isinstance(outcome, UnknownTask), (name, outcome)
+            assert applied[-1] == "remove" and doc is None, (name, outcome)
+        else:
+            assert outcome is None or isinstance(outcome, TaskInfo)
+    assert len(applied) == len(set(applied))  # each at most once
+    if "cancel" in applied and "cancel again" in applied:  # only with a restart in between
+        first, second = sorted((applied.index("cancel"), applied.index("cancel again")))
+        assert "restart" in applied[first:second]
+    if doc is not None and doc["state"]["status"] == "cancelled":
+        assert doc["state"]["cancelled"]["reason"] in ("first", "second")

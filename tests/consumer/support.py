@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from mscheduler import Consumer, FakeClock, Publisher, TaskInfo
-from mscheduler.drivers.base import ChangeEvent, Driver, event_for
+from mscheduler.drivers.base import ChangeEvent, ChangeStreamUnsupported, Driver, event_for
 from tests.helpers import Recorder
 
 STOP_TIMEOUT = 10.0
@@ -140,6 +140,15 @@ class WrappedDriver:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+class NoStreamDriver(WrappedDriver):
+    """The store as seen without change streams (a standalone server, mongomock): only polls
+    and pings tell the consumer what changed."""
+
+    async def watch(self, names: Sequence[str], resume_token: Any = None) -> AsyncIterator[ChangeEvent]:
+        raise ChangeStreamUnsupported("no change streams here")
+        yield  # an async generator, as watch() is
 
 
 class FreezableDriver(WrappedDriver):

@@ -18,7 +18,7 @@ from mscheduler import (
     TaskStatus,
     TransitionRefused,
 )
-from tests.consumer.support import FreezableDriver, Gate, Harness, settle
+from tests.consumer.support import FreezableDriver, Gate, Harness, NoStreamDriver, settle
 
 OPTION = TaskOption(ping_interval=timedelta(seconds=2), worker_timeout=timedelta(seconds=20))
 
@@ -45,8 +45,9 @@ async def _running(harness: Harness, gate: Gate, cancelled: list[str], driver: A
 
 
 async def test_cancel_reaches_the_handler_at_its_next_ping(harness: Harness) -> None:
+    """Without a change stream (see test_stop_and_checkpoints for the stream)."""
     gate, cancelled = Gate(), []
-    ops = await _running(harness, gate, cancelled)
+    ops = await _running(harness, gate, cancelled, driver=NoStreamDriver(harness.new_driver()))
     info = await ops.cancel("t", "operator said so")
     assert info.status is TaskStatus.CANCELLED
     assert cancelled == []  # the handler learns at its next ping

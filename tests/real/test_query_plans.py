@@ -46,6 +46,7 @@ from mscheduler.drivers.mongo import (
     STATUS_INDEX,
     WAKEUP_INDEX,
 )
+from mscheduler.drivers.mongo_common import WORKER_INDEX
 from mscheduler.state import claimer_tokens
 from tests.conftest import REAL_URI
 
@@ -455,6 +456,11 @@ LISTINGS = [
     # every status listed: one range per status, merged in (create_time, key) order
     pytest.param(ListParams(name="alpha"), NAME_INDEX, len(ALL_STATUSES), id="name"),
     pytest.param(ListParams(name="alpha", status="pending"), NAME_INDEX, 1, id="name-status"),
+    # issue 10: a key prefix is a range of the key index; a worker an equality on the multikey
+    # worker index; a created range a bound on the created index
+    pytest.param(ListParams(key_prefix="due-alpha-"), KEY_INDEX, 1, id="key-prefix"),
+    pytest.param(ListParams(worker_id=WORKER, limit=20), WORKER_INDEX, 1, id="worker"),
+    pytest.param(ListParams(created_from=T0), CREATED_INDEX, 1, id="created-range"),
 ]
 
 
@@ -520,3 +526,30 @@ async def test_fan_out_tasks_this_worker_already_ran_do_not_clog_its_claim(backl
     assert_plan(
         plan, CLAIM_INDEX, max_keys=4 * 2 + 4, max_docs=3, what="claim past fan-out tasks already run"
     )
+
+
+# -- statistics (F27) ----------------------------------------------------------------------------
+
+
+async def test_stats_read_live_keys_and_only_the_finished_documents(backlog: Backlog) -> None:
+    """F27: the metrics' counts (pending, running) are covered by ``stats_counts`` and seek past
+    the finished tasks' keys; the window's part fetches only tasks finished in the window."""
+    from mscheduler.drivers.base import StatsParams
+    from mscheduler.drivers.mongo_common import STATS_COUNTS_INDEX, STATS_FINISHED_INDEX
+
+    live = StatsParams(NOW, statuses=("pending", "running"))
+    command = await backlog.command_of("aggregate", lambda d: d.task_stats(live))
+    assert command.get("hint") == STATS_COUNTS_INDEX
+    plan = await backlog.explain(command)
+    live_count = await backlog.driver.tasks.count_documents({"state.status": {"$in": ["pending", "running"]}})
+    assert_plan(plan, STATS_COUNTS_INDEX, max_keys=live_count + 50, max_docs=0, what="stats counts")
+    assert "FETCH" not in plan.stages, f"the stats counts are not covered: {plan.summary()}"
+
+    window = StatsParams(NOW, timedelta(hours=1))
+    command = await backlog.command_of("aggregate", lambda d: d.task_stats(window))
+    assert command.get("hint") == STATS_FINISHED_INDEX
+    plan = await backlog.explain(command)
+    finished = await backlog.driver.tasks.count_documents({"state.finish_time": {"$ne": None}})
+    total = await backlog.count()
+    assert finished < total // 10  # the backlog is mostly live tasks: a scan would show
+    assert_plan(plan, STATS_FINISHED_INDEX, max_keys=finished + 2, max_docs=finished, what="stats window")

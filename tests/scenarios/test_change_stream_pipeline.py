@@ -94,3 +94,38 @@ async def test_an_event_of_another_shape_is_skipped_not_fatal() -> None:
 
 def test_a_position_marker_carries_the_token() -> None:
     assert StreamPosition({"_data": "abc"}).token == {"_data": "abc"}
+
+
+async def test_stop_requests_pass_whatever_the_name_checkpoints_do_not() -> None:
+    stop = {"action": "cancel", "time": WHEN, "attempts": ["tok1"]}
+    events = [
+        # a cancel of a running task: state.stop names the running attempts (no name in the event)
+        _update("a", {"state.cancelled": {"reason": "", "time": WHEN}, "state.stop": stop}),
+        # a stopping pause, with the claimers emptied as well
+        _update("b", {"state.stop": stop | {"action": "pause"}, "state.claimers": [], "state.paused": True}),
+        # the server reported the stop field by field: the attempts are unknown
+        _update("c", {"state.stop.time": WHEN, "state.stop.attempts": ["tok2"]}),
+        # a cancel of a pending task: nobody runs it, state.stop stays null
+        _update("d", {"state.cancelled": {"reason": "", "time": WHEN}, "state.stop": None}),
+        # resume clears the stop
+        _update("e", {"state.stop": None, "state.paused": False, "state.claimers": ["other|*"]}),
+        # a ping that carries a checkpoint and progress
+        _update(
+            "f",
+            {
+                "state.checkpoint": {"data": {"done": 3}, "attempt": "tok3", "seq": 1},
+                "state.progress": {"fraction": 0.3},
+                "state.worker_states.0.ping_expire_time": WHEN,
+            },
+        ),
+    ]
+    passed = await _run(events, ["job"])
+    assert [doc["documentKey"]["_id"] for doc in passed] == ["a", "b", "c"]
+    a, b, c = (MongoDriver._event(doc, doc["_id"]) for doc in passed)
+    assert a is not None and (a.key, a.stop, a.stop_attempts, a.claimers) == ("a", "cancel", ("tok1",), ())
+    assert b is not None and (b.key, b.stop, b.stop_attempts) == ("b", "pause", ("tok1",))
+    assert c is not None and (c.key, c.stop, c.stop_attempts) == ("c", "unknown", None)
+    # events about claims carry no stop
+    (plain,) = await _run([_update("g", {"state.claimers": ["job|*"]})], ["job"])
+    event = MongoDriver._event(plain, plain["_id"])
+    assert event is not None and event.stop is None and event.stop_attempts is None

@@ -25,7 +25,7 @@ from pymongo.errors import (
 
 import mscheduler.drivers.mongo as mongo_module
 from mscheduler import Consumer, FakeClock, Publisher, Task, TaskOption, TaskStatus
-from mscheduler.drivers.base import ClaimParams, FinishParams, PingParams
+from mscheduler.drivers.base import ClaimParams, FinishParams, ListParams, PingParams
 from mscheduler.drivers.mongo import MongoDriver
 from mscheduler.exceptions import ConsumerStopped, StorageError
 from mscheduler.testing import mongomock_database
@@ -253,7 +253,7 @@ async def test_lost_insert_reply_leaves_one_task() -> None:
     publisher = Publisher(driver, clock=FakeClock(NOW))
     await publisher.send(Task("t1", "job"))
     assert flaky.calls["insert_many"] == 2
-    assert [t["key"] for t in await driver.list_tasks(mongo_module.ListParams())] == ["t1"]
+    assert [t["key"] for t in await driver.list_tasks(ListParams())] == ["t1"]
 
 
 # -- giving up: bounded, and said clearly ---------------------------------------------------------

@@ -13,10 +13,14 @@ import mscheduler
 EXPECTED = [
     "AttemptStatus",
     "CatchUp",
+    "Child",
     "Consumer",
     "ConsumerStopped",
     "Driver",
     "ErrorInfo",
+    "Event",
+    "EventKind",
+    "Events",
     "Fail",
     "FakeClock",
     "HandlerSignal",
@@ -58,6 +62,7 @@ INTERNAL_EXCEPTIONS = {
     "mscheduler.demo.DemoFailure": "the demo's handlers raise it on purpose (retry paths)",
     "mscheduler.drivers.base.ChangeStreamUnsupported": "driver to consumer: fall back to polling",
     "mscheduler.drivers.base.ResumeTokenLost": "driver to consumer: reopen the stream and poll once",
+    "mscheduler.drivers.base.UniqueParamsTaken": "driver to Operations: raised as TransitionRefused",
     "mscheduler.faults.DriverKilled": "fault injection in tests: simulates a killed process",
     "mscheduler.consumer.consumer.RunTimedOut": "recorded as an attempt's error type, never raised to users",
 }

@@ -1,0 +1,184 @@
+"""Child tasks (SPEC F15): a task made of named steps, each run by the handler of its name.
+
+Layout (docs/design.md, "Child tasks: layout and the crash-safe follow-up"): every child is an
+ordinary task document (key ``<parent key>/<child name>``, with ``parent`` and ``position``), so
+its claim, lease, fencing, retries, pings and finish are the core's, unchanged. The parent is a
+task document that is never claimed: its derived status follows from ``state.children``, a
+summary ``[{name, key, status}]`` of its children (``mscheduler.state.family_status``). In
+sequential mode every child but the first is inserted ``blocked`` (pending, not claimable).
+
+The follow-up of a child's change, in another document, is a *sync*: read the parent, then its
+children, then unblock the next child (sequential mode) and write the parent's summary with a
+compare-and-set on ``state.children_rev`` (``Driver.sync_parents``; ``plan_sync`` is its one
+rule). A sync is idempotent and recomputed from the children's documents, so it may run any
+number of times, anywhere: a consumer runs it right after a child's claim or finish is accepted
+(``ChildSync.request``), and its reconciler pass (``ChildSync.run_once``) syncs every unfinished
+parent every ``interval`` seconds, which repairs what a crash between a finish and its sync
+left, and what changes children without a consumer's finish (lost leases, deadlines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from datetime import datetime
+
+from mscheduler.clock import Clock, SystemClock
+from mscheduler.drivers.base import Driver, NewTask, OpenParentsParams, SyncParentsParams
+from mscheduler.exceptions import InvalidInput, MSchedulerError, StorageError
+from mscheduler.family import SEQUENTIAL
+from mscheduler.model import Task, child_key
+
+log = logging.getLogger("mscheduler.children")
+
+DEFAULT_INTERVAL = 10.0  # seconds between reconciler passes
+DEFAULT_BATCH = 500  # parents per sync command
+ERROR_PAUSE = 1.0  # seconds a sync waits after a storage error before it tries again
+
+
+def expand(task: Task, prepare: Callable[[Task], NewTask]) -> list[NewTask]:
+    """A task with children as the documents to insert in one command, the parent first.
+
+    Each child is a ``Task`` of its own (key ``<parent key>/<name>``, handler ``name``, its params
+    or the parent's, its option or the parent's), prepared as any task is (``prepare``: the
+    publisher's size checks and storage form); in sequential mode all but the first are
+    ``blocked``.
+    """
+    children = task.children or ()
+    mode = task.children_mode or SEQUENTIAL
+    keys = [child_key(task.key, c.name) for c in children]
+    definition = {"mode": mode, "names": [c.name for c in children], "keys": keys}
+    out = [replace(prepare(task), children=definition)]
+    for position, (child, key) in enumerate(zip(children, keys, strict=True)):
+        params = child.params if child.params is not None else task.params
+        prepared = prepare(Task(key, child.name, params, option=child.option_for(task.option)))
+        blocked = mode == SEQUENTIAL and position > 0
+        out.append(replace(prepared, parent=task.key, position=position, blocked=blocked))
+    return out
+
+
+def child_names(task: Task) -> list[str]:
+    """The handler names a task needs: its children's, or its own."""
+    return [c.name for c in task.children] if task.children else [task.name]
+
+
+class ChildSync:
+    """Keeps parents in step with their children: ``request`` syncs soon (a consumer calls it
+    after a child's claim or finish), ``run_once`` is the reconciler pass over every unfinished
+    parent. Any number may run at once (syncs are idempotent compare-and-sets).
+
+    :param driver: the storage.
+    :param clock: time source (a consumer passes its server-corrected clock).
+    :param interval: seconds between reconciler passes of ``run``.
+    :param batch: parents per sync command.
+    """
+
+    def __init__(
+        self,
+        driver: Driver,
+        *,
+        clock: Clock | None = None,
+        interval: float = DEFAULT_INTERVAL,
+        batch: int = DEFAULT_BATCH,
+    ) -> None:
+        if not 0 < interval <= 3600:
+            raise InvalidInput("interval: must be more than 0 and at most 3600 seconds")
+        if not isinstance(batch, int) or not 1 <= batch <= 10_000:
+            raise InvalidInput("batch: must be an integer from 1 to 10,000")
+        self.driver = driver
+        self.clock: Clock = clock or SystemClock()
+        self.interval = interval
+        self.batch = batch
+        self.passes = 0  # reconciler passes done
+        self.repaired = 0  # parents a reconciler pass found behind their children
+        self._requested: set[str] = set()
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+
+    def request(self, keys: Iterable[str]) -> None:
+        """Sync these parents soon (``run`` does it at once)."""
+        new = set(keys) - self._requested
+        if new:
+            self._requested |= new
+            self._wake.set()
+
+    async def sync(self, keys: Sequence[str], now: datetime | None = None) -> int:
+        """Sync these parents now; returns how many changed."""
+        changed = 0
+        now = now if now is not None else self.clock.now()
+        for start in range(0, len(keys), self.batch):
+            part = keys[start : start + self.batch]
+            changed += await self.driver.sync_parents(SyncParentsParams(part, now))
+        return changed
+
+    async def flush(self) -> None:
+        """Sync what was requested (a stopping consumer's last step)."""
+        keys, self._requested = sorted(self._requested), set()
+        if keys:
+            try:
+                await self.sync(keys)
+            except BaseException:
+                self._requested.update(keys)
+                raise
+
+    async def run_once(self, now: datetime | None = None) -> int:
+        """One reconciler pass: sync every unfinished parent, a page at a time; returns how many
+        were behind their children (and are not any more)."""
+        repaired = 0
+        after: str | None = None
+        while True:
+            keys = await self.driver.find_open_parents(OpenParentsParams(after, self.batch))
+            if not keys:
+                break
+            repaired += await self.sync(keys, now)
+            if len(keys) < self.batch:
+                break
+            after = keys[-1]
+        self.passes += 1
+        self.repaired += repaired
+        if repaired:
+            log.info("child tasks: %d parents were behind their children, synced", repaired)
+        return repaired
+
+    async def run(self) -> None:
+        """Sync requests as they come and a reconciler pass every ``interval`` seconds, until
+        ``stop``. Storage errors are logged and retried (configuration errors are raised)."""
+        next_pass = self.clock.monotonic()
+        while not self._stopping.is_set():
+            self._wake.clear()
+            try:
+                await self.flush()
+                if self.clock.monotonic() >= next_pass:
+                    next_pass = self.clock.monotonic() + self.interval
+                    await self.run_once()
+            except StorageError as exc:
+                if exc.config:
+                    raise
+                log.warning("child task sync failed (%s); trying again", exc)
+                await self._sleep(ERROR_PAUSE)
+                continue
+            except MSchedulerError as exc:
+                log.error("child task sync failed (%s); trying again", exc)
+                await self._sleep(ERROR_PAUSE)
+                continue
+            if not self._requested:
+                await self._sleep(max(next_pass - self.clock.monotonic(), 0.0))
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep ``seconds``, or until a request or ``stop``."""
+        waiters = [
+            asyncio.ensure_future(self.clock.sleep(seconds)),
+            asyncio.ensure_future(self._wake.wait()),
+            asyncio.ensure_future(self._stopping.wait()),
+        ]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:  # no await here: see Planner._sleep
+                waiter.cancel()
+
+    def stop(self) -> None:
+        """Ask ``run`` to return (idempotent)."""
+        self._stopping.set()

@@ -1,0 +1,93 @@
+"""How ``mscheduler stats`` prints ``TaskStats`` (Rich tables); the numbers come from
+``Operations.stats`` and nothing is computed here but their formatting."""
+
+from __future__ import annotations
+
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from mscheduler.stats import TaskStats
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def _percent(rate: float | None) -> str:
+    return "" if rate is None else f"{rate * 100:.1f}%"
+
+
+def _seconds(value: float | None) -> str:
+    """A duration for people: 850ms, 12.5s, 4m10s, 3h05m."""
+    if value is None:
+        return ""
+    if value < 1:
+        return f"{value * 1000:.0f}ms"
+    if value < 60:
+        return f"{value:.1f}s"
+    minutes, seconds = divmod(int(value), 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def sparkline(values: list[int]) -> str:
+    top = max(values, default=0)
+    if top == 0:
+        return SPARKS[0] * len(values)
+    return "".join(SPARKS[min(len(SPARKS) - 1, v * len(SPARKS) // (top + 1))] for v in values)
+
+
+def stats_renderables(stats: TaskStats) -> list[RenderableType]:
+    """The counts table, the per-name table and the summary lines."""
+    counts = Table(title="tasks by status")
+    counts.add_column("status")
+    counts.add_column("count", justify="right")
+    for status, count in stats.counts.items():
+        counts.add_row(status, str(count))
+    counts.add_row(Text("total", style="bold"), Text(str(stats.total), style="bold"))
+    shown: list[RenderableType] = [counts]
+    if stats.names:
+        window = f"{(stats.window_seconds or 0) / 60:g} min"
+        names = Table(title=f"by name (rates and durations: tasks finished in the last {window})")
+        for column in ("name", "pending", "running", "done", "failed", "1st try", "2nd try", "p50", "p95"):
+            names.add_column(column, justify="left" if column == "name" else "right")
+        names.add_column("oldest due", justify="right")
+        for n in stats.names:
+            names.add_row(
+                n.name,
+                str(n.counts.get("pending", 0)),
+                str(n.counts.get("running", 0)),
+                str(n.counts.get("succeeded", 0)),
+                str(n.counts.get("failed", 0)),
+                _percent(n.first_attempt_success_rate),
+                _percent(n.second_attempt_success_rate),
+                _seconds(n.duration_p50),
+                _seconds(n.duration_p95),
+                _seconds(n.oldest_pending_age),
+            )
+        shown.append(names)
+    summary = Text()
+    if stats.window_seconds is not None:
+        summary.append(
+            f"last {stats.window_seconds / 60:g} min: {stats.finished} finished "
+            f"({stats.succeeded} succeeded, {stats.failed} failed)"
+        )
+        if stats.finished:
+            summary.append(
+                f"; first-attempt success {_percent(stats.first_attempt_success_rate)}, "
+                f"second-attempt {_percent(stats.second_attempt_success_rate)}"
+            )
+        summary.append("\n")
+    oldest = _seconds(stats.oldest_pending_age) or "none"
+    summary.append(f"oldest due pending task waiting: {oldest}\n")
+    if stats.throughput:
+        per_minute = [b.succeeded + b.failed for b in stats.throughput]
+        peak = max(range(len(per_minute)), key=per_minute.__getitem__)
+        summary.append(
+            f"throughput, last hour: {sum(per_minute)} tasks, {sum(per_minute) / len(per_minute):.1f}/min, "
+            f"peak {per_minute[peak]}/min at {stats.throughput[peak].start:%H:%M} UTC\n"
+        )
+        summary.append(sparkline(per_minute))
+    shown.append(summary)
+    return shown

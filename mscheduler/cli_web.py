@@ -1,0 +1,157 @@
+"""``mscheduler web``: the REST API (``mscheduler.web``) served by uvicorn over one MongoDB store.
+
+Tokens come from the environment (``MSCHEDULER_API_TOKENS="admin:...,read:..."``) or a file
+(``--tokens-file`` / ``MSCHEDULER_API_TOKENS_FILE``, one ``role:token`` per line), never from a
+command-line value (it would show in process lists). Exits 2 on bad arguments or tokens, 3 if
+MongoDB cannot be reached at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from mscheduler.cli import (
+    URI_TIMEOUT_HINT,
+    CliError,
+    TimeoutMs,
+    _database,
+    _fail,
+    app,
+    ensure_reachable,
+    mongo_client,
+    plain_say,
+    redact,
+)
+from mscheduler.cli_ops import EXIT_STORAGE, EXIT_USAGE, DatabaseOpt, PrefixOpt, UriOpt
+from mscheduler.exceptions import InvalidInput
+from mscheduler.logs import configure_logging
+from mscheduler.operations import Operations
+
+TOKENS_ENV = "MSCHEDULER_API_TOKENS"
+TOKENS_FILE_ENV = "MSCHEDULER_API_TOKENS_FILE"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+
+# A testing hook, like cli_ops.operations_override: when set, ``web`` serves the Operations it
+# returns instead of connecting to MongoDB.
+operations_override: Any = None
+
+
+def load_tokens(tokens_file: Path | None) -> Any:
+    """The API tokens from the file, else from ``MSCHEDULER_API_TOKENS`` (CliError if neither)."""
+    from mscheduler.web.auth import parse_tokens, read_tokens_file
+
+    try:
+        if tokens_file is not None:
+            return read_tokens_file(tokens_file)
+        text = os.environ.get(TOKENS_ENV, "")
+        if not text.strip():
+            raise CliError(
+                f"no API tokens: set {TOKENS_ENV}='admin:TOKEN,read:TOKEN' or pass --tokens-file "
+                f"(tokens of at least 16 characters)",
+                exit_code=EXIT_USAGE,
+            )
+        return parse_tokens(text)
+    except InvalidInput as exc:
+        raise CliError(str(exc), exit_code=EXIT_USAGE) from None
+
+
+async def serve(
+    *,
+    uri: str,
+    database: str | None,
+    prefix: str,
+    host: str,
+    port: int,
+    tokens: Any,
+    server_selection_timeout_ms: int | None,
+) -> None:
+    """Connect, make sure the indexes exist, and serve until SIGINT / SIGTERM (uvicorn's)."""
+    import uvicorn
+
+    from mscheduler.drivers.mongo import MongoDriver
+    from mscheduler.web import create_app
+
+    client = None
+    if operations_override is not None:
+        operations = operations_override()
+    else:
+        client = mongo_client(uri, server_selection_timeout_ms)
+        try:
+            await ensure_reachable(client, redact(uri), hint=URI_TIMEOUT_HINT)
+        except CliError as exc:
+            await client.close()
+            raise CliError(str(exc), exit_code=EXIT_STORAGE) from exc
+        driver = MongoDriver(_database(client, database, "mscheduler"), prefix=prefix)
+        await driver.setup()  # the listings name their indexes (hint): they must exist
+        operations = Operations(driver)
+    try:
+        web_app = create_app(operations=operations, tokens=tokens)
+        config = uvicorn.Config(web_app, host=host, port=port, log_config=None, access_log=True)
+        plain_say(f"mscheduler web: serving the REST API on http://{host}:{port}/api/v1 ; Ctrl+C to stop")
+        await uvicorn.Server(config).serve()
+    finally:
+        if client is not None:
+            await client.close()
+
+
+@app.command(short_help="Serve the REST API (needs mscheduler[web]).")
+def web(
+    mongodb_uri: UriOpt,
+    host: Annotated[str, typer.Option(metavar="HOST", help="Address to listen on.")] = DEFAULT_HOST,
+    port: Annotated[
+        int, typer.Option(metavar="PORT", min=1, max=65535, help="Port to listen on.")
+    ] = DEFAULT_PORT,
+    tokens_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--tokens-file",
+            envvar=TOKENS_FILE_ENV,
+            metavar="FILE",
+            help=f"API tokens, one 'admin:TOKEN' or 'read:TOKEN' per line (default: ${TOKENS_ENV}).",
+        ),
+    ] = None,
+    database: DatabaseOpt = None,
+    prefix: PrefixOpt = "",
+    server_selection_timeout_ms: TimeoutMs = None,
+) -> None:
+    """Serve the REST API (/api/v1: tasks, plans, workers, stats, health) until SIGINT / SIGTERM.
+
+    Every request but /api/v1/health and /api/v1/openapi.json needs a bearer token: a read token
+    may GET, changes need an admin token. Exits 2 on bad arguments or tokens, 3 if MongoDB cannot
+    be reached at start.
+    """
+    try:
+        import uvicorn  # noqa: F401
+
+        import mscheduler.web  # noqa: F401
+    except ImportError as exc:
+        raise _fail(
+            CliError(
+                f"the REST API needs its extra: pip install 'mscheduler[web]' ({exc})", exit_code=EXIT_USAGE
+            )
+        ) from None
+    configure_logging(logging.INFO, "text")
+    try:
+        tokens = load_tokens(tokens_file)
+        asyncio.run(
+            serve(
+                uri=mongodb_uri,
+                database=database,
+                prefix=prefix,
+                host=host,
+                port=port,
+                tokens=tokens,
+                server_selection_timeout_ms=server_selection_timeout_ms,
+            )
+        )
+    except CliError as exc:
+        raise _fail(exc) from None
+    except KeyboardInterrupt:
+        raise _fail(CliError("interrupted while starting", exit_code=130)) from None

@@ -1,0 +1,84 @@
+"""The memory driver's lifecycle bookkeeping (a mixin of ``MemoryDriver``): ``state.finish_time``
+and ``state.unique_live`` after every write, the live params hashes (what MongoDB's unique
+partial index ``unique_live`` enforces), and the retention pass over finished tasks, served by a
+heap per status ordered by finish time (no scan of the store)."""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import itertools
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from mscheduler.drivers.base import PurgeParams, RetentionParams, UniqueParamsTaken
+from mscheduler.state import lifecycle
+
+
+class MemoryMaintenance:
+    """Finish times, live params hashes and the retention pass (uses ``_tasks``, ``_version``)."""
+
+    _tasks: dict[str, dict[str, Any]]
+    _version: dict[str, int]
+    _seq: itertools.count[int]
+
+    def _init_maintenance(self) -> None:
+        self._live_hashes: dict[str, str] = {}  # unique_hash -> key of the live task holding it
+        # per terminal status: (finish_time, seq, key); stale entries are skipped when popped
+        self._finished: dict[str, list[tuple[datetime, int, str]]] = {}
+
+    def _note_lifecycle(self, doc: dict[str, Any], now: datetime) -> None:
+        """Set ``finish_time`` / ``unique_live`` after ``derive`` and keep the indexes right."""
+        state = doc["state"]
+        previous_finish, previous_live = state.get("finish_time"), state.get("unique_live")
+        state.update(lifecycle(state["status"], previous_finish, doc.get("unique_hash"), now))
+        if previous_live is not None and self._live_hashes.get(previous_live) == doc["key"]:
+            del self._live_hashes[previous_live]
+        if state["unique_live"] is not None:
+            self._live_hashes[state["unique_live"]] = doc["key"]
+        if state["finish_time"] is not None:  # again on later writes: the status may change
+            heap = self._finished.setdefault(state["status"], [])
+            heapq.heappush(heap, (state["finish_time"], next(self._seq), doc["key"]))
+
+    def _unique_holder(self, unique_hash: str | None, key: str) -> str | None:
+        """The key of another live task holding ``unique_hash`` (None: free, or no hash)."""
+        if unique_hash is None:
+            return None
+        holder = self._live_hashes.get(unique_hash)
+        return holder if holder is not None and holder != key else None
+
+    def _check_unique(self, doc: dict[str, Any]) -> None:
+        """Refuse (``UniqueParamsTaken``) a change that would make ``doc`` live while another
+        live task holds its params hash (the unique index's refusal in MongoDB)."""
+        holder = self._unique_holder(doc.get("unique_hash"), doc["key"])
+        if holder is not None:
+            raise UniqueParamsTaken(doc["key"], holder)
+
+    def _forget(self, doc: dict[str, Any]) -> None:
+        """A task was deleted: its params hash is free again."""
+        live = doc["state"].get("unique_live")
+        if live is not None and self._live_hashes.get(live) == doc["key"]:
+            del self._live_hashes[live]
+
+    async def ensure_retention(self, params: RetentionParams) -> bool:
+        return False  # no TTL monitor in process: the retention pass is the mechanism
+
+    async def purge_finished(self, params: PurgeParams) -> int:
+        heap = self._finished.get(params.status, [])
+        removed = 0
+        while heap and removed < params.limit and heap[0][0] <= params.before:
+            finish_time, _, key = heapq.heappop(heap)
+            doc = self._tasks.get(key)
+            if doc is None or doc["state"]["status"] != params.status:
+                continue  # deleted, restarted or changed since: a new finish has its own entry
+            if doc["state"]["finish_time"] != finish_time:
+                continue
+            self._forget(doc)
+            del self._tasks[key]
+            self._version[key] = self._version.get(key, 0) + 1  # drops its heap entries
+            removed += 1
+        return removed
+
+    async def get_tasks(self, keys: Sequence[str]) -> list[dict[str, Any]]:
+        return [copy.deepcopy(self._tasks[k]) for k in dict.fromkeys(keys) if k in self._tasks]

@@ -1,0 +1,377 @@
+"""The Mongo driver's event log (SPEC F34): the ``<prefix>mscheduler_events`` collection, its
+indexes, queries and change stream, and the recording of the events a store write causes.
+
+A mixin placed first among ``MongoDriver``'s bases: with ``record_events`` on, its
+``insert_tasks``, ``expire_leases``, ``expire_deadlines``, ``control_task`` and ``update_option``
+wrap the task operations (``_insert_tasks_only``, ``_expire_leases_only``, ... in ``mongo.py``,
+and ``MongoTaskQueries``' through ``super()``) and record what they changed; with it off they
+are the task operations, command for command.
+
+What each costs with events on (never a command on the claim path):
+
+* ``insert_tasks``: one ``insert_many`` of ``sent`` events for the tasks it created (inside the
+  caller's transaction when there is one, so a rolled-back send leaves no event);
+* ``expire_leases`` / ``expire_deadlines``: one read of what is expired *before* the update (the
+  update is skipped when it finds nothing, so an idle pass costs the same one command), then one
+  insert. Several consumers' passes may read the same entry: the event ids are deterministic
+  (``key|attempt|lease_lost``, ``key|expired|<deadline>``), so it is stored once;
+* ``control_task`` / ``update_option``: one read of the task's name (a removed task has none
+  afterwards) and one insert.
+
+Indexes (every read names its index):
+
+================== ===================================== ======================================
+``events_ttl``      ``time`` (TTL: ``event_retention``)    the retention (a real server deletes)
+``events_time``     ``time, step, _id``                    ``list_events()`` in time order
+``events_key``      ``key, time, step, _id``               one task's history
+``events_written``  ``written, _id``                       a poller's position (no change stream)
+================== ===================================== ======================================
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from pymongo import WriteConcern
+from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
+
+from mscheduler.drivers.base import (
+    ChangeStreamUnsupported,
+    ControlParams,
+    EventQuery,
+    EventStream,
+    ExpireParams,
+    InsertEventsParams,
+    InsertParams,
+    UpdateOptionParams,
+)
+from mscheduler.drivers.events_common import (
+    CONTROL_KINDS,
+    EventKind,
+    expired_event,
+    lost_lease_event,
+    task_event,
+)
+from mscheduler.drivers.mongo_common import (
+    CONFIG_CODES,
+    DEADLINE_INDEX,
+    LEASES_INDEX,
+    WS,
+    T,
+    _in,
+    _is_transient,
+    _out,
+    _resolve,
+    _write_concern_codes,
+    log,
+    watch_error,
+)
+from mscheduler.exceptions import InvalidInput, StorageError
+
+EVENTS = "mscheduler_events"
+EVENTS_TTL_INDEX = "events_ttl"
+EVENTS_TIME_INDEX = "events_time"
+EVENTS_KEY_INDEX = "events_key"
+EVENTS_WRITTEN_INDEX = "events_written"
+_INDEX_OPTIONS_CONFLICT = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
+
+
+def events_collection(database: Any, prefix: str, concern: WriteConcern | None) -> Any:
+    """The events collection, with the tasks' write concern."""
+    events = database[f"{prefix}{EVENTS}"]
+    return events.with_options(write_concern=concern) if concern is not None else events
+
+
+def _stored(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored event as the drivers hand it out: ``_id`` as ``id``, aware datetimes."""
+    out = _in(dict(doc))
+    out["id"] = out.pop("_id")
+    out.setdefault("detail", {})
+    return dict(out)
+
+
+def _filter(query: EventQuery, prefix: str = "") -> dict[str, Any]:
+    """The query's filters on event fields (``prefix``: ``fullDocument.`` in a change stream)."""
+    filter_: dict[str, Any] = {}
+    for field, values in (
+        ("key", query.keys),
+        ("name", query.names),
+        ("kind", query.kinds),
+        ("plan_id", query.plan_ids),
+    ):
+        if values:
+            filter_[prefix + field] = {"$in": list(values)}
+    if query.worker_id is not None:
+        filter_[prefix + "worker_id"] = query.worker_id
+    return filter_
+
+
+class _MongoEventStream:
+    """A change stream on the events collection: inserts only, as stored events."""
+
+    def __init__(self, stream: Any, token: Any) -> None:
+        self._stream = stream
+        self.resume_token: Any = token
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[dict[str, Any]]:
+        while True:
+            try:
+                change = await self._stream.try_next()
+            except OperationFailure as exc:
+                raise watch_error(exc, self.resume_token) from exc
+            except PyMongoError as exc:
+                raise StorageError(f"event stream broke: {exc}", transient=True) from exc
+            token = self._stream.resume_token
+            if change is None:
+                if not self._stream.alive:
+                    return
+                if token is not None:
+                    self.resume_token = token
+                continue
+            self.resume_token = token
+            doc = change.get("fullDocument")
+            if isinstance(doc, dict) and "_id" in doc:
+                yield _stored(doc)
+
+    async def aclose(self) -> None:
+        close = getattr(self._stream, "close", None)
+        if close is not None:
+            await _resolve(close())
+
+
+class MongoEvents:
+    """Event operations of ``MongoDriver`` (a mixin, first among its bases; see the module)."""
+
+    events: Any
+    tasks: Any
+    tasks_primary: Any
+    record_events: bool
+    event_retention: timedelta
+
+    if TYPE_CHECKING:
+
+        async def _call(
+            self,
+            what: str,
+            operation: Callable[[], Awaitable[T]],
+            *,
+            recover: Callable[[], Awaitable[T | None]] | None = None,
+            session: Any = None,
+        ) -> T: ...
+
+        async def _insert_tasks_only(self, params: InsertParams) -> list[bool]: ...
+
+        async def _expire_leases_only(self, params: ExpireParams) -> int: ...
+
+        async def _expire_deadlines_only(self, params: ExpireParams) -> int: ...
+
+    def _init_events(
+        self, database: Any, prefix: str, concern: WriteConcern | None, record: bool, retention: timedelta
+    ) -> None:
+        if not isinstance(retention, timedelta) or retention < timedelta(minutes=1):
+            raise InvalidInput("event_retention must be a timedelta of at least a minute")
+        self.events = events_collection(database, prefix, concern)
+        self.record_events = record
+        self.event_retention = retention
+
+    async def _create_event_indexes(self) -> None:
+        """The event indexes, when events are recorded; a changed retention is applied to the
+        existing TTL index (``collMod``)."""
+        if not self.record_events:
+            return
+        ttl = int(self.event_retention.total_seconds())
+
+        async def create() -> None:
+            try:
+                await self.events.create_index([("time", 1)], name=EVENTS_TTL_INDEX, expireAfterSeconds=ttl)
+            except OperationFailure as exc:
+                if exc.code not in _INDEX_OPTIONS_CONFLICT:
+                    raise
+                command = {
+                    "collMod": self.events.name,
+                    "index": {"name": EVENTS_TTL_INDEX, "expireAfterSeconds": ttl},
+                }
+                await self.events.database.command(command)
+            await self.events.create_index([("time", 1), ("step", 1), ("_id", 1)], name=EVENTS_TIME_INDEX)
+            await self.events.create_index(
+                [("key", 1), ("time", 1), ("step", 1), ("_id", 1)], name=EVENTS_KEY_INDEX
+            )
+            await self.events.create_index([("written", 1), ("_id", 1)], name=EVENTS_WRITTEN_INDEX)
+
+        await self._call("create event indexes", create)
+
+    # -- writing ----------------------------------------------------------------------------------
+
+    async def insert_events(self, params: InsertEventsParams) -> int:
+        """One unordered ``insert_many``; ids already stored (E11000) are skipped."""
+        if not params.events:
+            return 0
+        docs = [
+            _out({"_id": e["id"], **{k: v for k, v in e.items() if k != "id"}, "written": params.now})
+            for e in params.events
+        ]
+        extra = {"session": params.session} if params.session is not None else {}
+
+        async def insert() -> int:
+            try:
+                result = await self.events.insert_many(docs, ordered=False, **extra)
+            except BulkWriteError as exc:
+                errors = exc.details.get("writeErrors", [])
+                if (
+                    any(err.get("code") != 11000 for err in errors)
+                    or _write_concern_codes(exc) & CONFIG_CODES
+                ):
+                    raise
+                return len(docs) - len(errors)
+            return len(result.inserted_ids)
+
+        return await self._call("insert events", insert, session=params.session)
+
+    async def _record(self, docs: Sequence[Mapping[str, Any]], now: datetime, session: Any = None) -> None:
+        if self.record_events and docs:
+            await self.insert_events(InsertEventsParams(docs, now, session))
+
+    async def insert_tasks(self, params: InsertParams) -> list[bool]:
+        created = await self._insert_tasks_only(params)
+        if self.record_events:
+            sent = [
+                task_event(EventKind.SENT, t.key, t.name, params.now)
+                for t, c in zip(params.tasks, created, strict=True)
+                if c
+            ]
+            await self._record(sent, params.now, params.session)
+        return created
+
+    async def expire_leases(self, params: ExpireParams) -> int:
+        if not self.record_events:
+            return await self._expire_leases_only(params)
+        now = _out(params.now)
+        filter_ = {WS: {"$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}}}
+        projection = {
+            "_id": 0,
+            "key": 1,
+            "name": 1,
+            f"{WS}.worker_id": 1,
+            f"{WS}.attempt": 1,
+            f"{WS}.status": 1,
+            f"{WS}.ping_expire_time": 1,
+        }
+
+        async def read() -> list[dict[str, Any]]:
+            cursor = self.tasks_primary.find(filter_, projection).hint(LEASES_INDEX)
+            return [_in(doc) async for doc in cursor]
+
+        events = []
+        for doc in await self._call("expire leases (read for events)", read):
+            for position, entry in enumerate(doc.get("state", {}).get("worker_states", [])):
+                end = entry.get("ping_expire_time")
+                if entry.get("status") == "running" and isinstance(end, datetime) and end <= params.now:
+                    events.append(
+                        lost_lease_event(
+                            doc["key"], doc["name"], entry, position + 1, params.now, "lease pass"
+                        )
+                    )
+        if not events:
+            return 0  # nothing expired at this ``now``: the update would change nothing
+        expired = await self._expire_leases_only(params)
+        await self._record(events, params.now)
+        return expired
+
+    async def expire_deadlines(self, params: ExpireParams) -> int:
+        if not self.record_events:
+            return await self._expire_deadlines_only(params)
+        filter_ = {"option.deadline": {"$lte": _out(params.now)}, "state.status": "pending"}
+
+        async def read() -> list[dict[str, Any]]:
+            cursor = self.tasks_primary.find(filter_, {"_id": 0, "key": 1, "name": 1, "option.deadline": 1})
+            return [_in(doc) async for doc in cursor.hint(DEADLINE_INDEX)]
+
+        docs = await self._call("expire deadlines (read for events)", read)
+        if not docs:
+            return 0
+        expired = await self._expire_deadlines_only(params)
+        events = [expired_event(d["key"], d["name"], d["option"]["deadline"], params.now) for d in docs]
+        await self._record(events, params.now)
+        return expired
+
+    async def _task_name(self, key: str) -> str | None:
+        doc = await self._call(
+            "read task name", lambda: self.tasks.find_one({"key": key}, {"_id": 0, "name": 1})
+        )
+        return doc.get("name") if doc is not None else None
+
+    async def control_task(self, params: ControlParams) -> bool:
+        kind = CONTROL_KINDS.get(params.action)
+        if not self.record_events or kind is None:
+            return bool(await super().control_task(params))  # type: ignore[misc]
+        name = await self._task_name(params.key)  # read first: a removed task has none after
+        if name is None:
+            return False
+        applied = bool(await super().control_task(params))  # type: ignore[misc]
+        if applied:
+            detail = {"reason": params.reason} if params.reason else None
+            await self._record([task_event(kind, params.key, name, params.now, detail)], params.now)
+        return applied
+
+    async def update_option(self, params: UpdateOptionParams) -> bool:
+        applied = bool(await super().update_option(params))  # type: ignore[misc]
+        if applied and self.record_events:
+            name = await self._task_name(params.key)
+            if name is not None:
+                await self._record([task_event(EventKind.EDITED, params.key, name, params.now)], params.now)
+        return applied
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    async def list_events(self, query: EventQuery) -> list[dict[str, Any]]:
+        filter_ = _filter(query)
+        time: dict[str, Any] = {}
+        if query.time_from is not None:
+            time["$gte"] = _out(query.time_from)
+        if query.time_to is not None:
+            time["$lt"] = _out(query.time_to)
+        if time:
+            filter_["time"] = time
+        if query.written_from is not None:
+            filter_["written"] = {"$gte": _out(query.written_from)}
+        if query.after is not None:
+            written, event_id = _out(query.after[0]), query.after[1]
+            filter_["$or"] = [{"written": {"$gt": written}}, {"written": written, "_id": {"$gt": event_id}}]
+        if query.by_written:
+            order, index = [("written", 1), ("_id", 1)], EVENTS_WRITTEN_INDEX
+        elif query.keys:
+            order, index = [("time", 1), ("step", 1), ("_id", 1)], EVENTS_KEY_INDEX
+        else:
+            order, index = [("time", 1), ("step", 1), ("_id", 1)], EVENTS_TIME_INDEX
+
+        async def read() -> list[dict[str, Any]]:
+            cursor = self.events.find(filter_).sort(order).skip(query.skip).limit(query.limit)
+            if self.record_events:  # the indexes exist only where events are recorded
+                cursor = cursor.hint(index)
+            return [_stored(doc) async for doc in cursor]
+
+        return await self._call("list events", read)
+
+    async def open_event_stream(self, query: EventQuery, resume_token: Any = None) -> EventStream:
+        watch = getattr(self.events, "watch", None)
+        if watch is None or not inspect.ismethod(watch):
+            # mongomock's collections turn unknown attributes into sub-collections
+            raise ChangeStreamUnsupported("this database object has no watch()")
+        match = {"operationType": "insert", **_filter(query, "fullDocument.")}
+        kwargs: dict[str, Any] = {"resume_after": resume_token} if resume_token is not None else {}
+        try:
+            stream = await _resolve(watch([{"$match": match}], **kwargs))
+        except NotImplementedError as exc:
+            raise ChangeStreamUnsupported(str(exc) or "watch() is not implemented") from exc
+        except OperationFailure as exc:
+            raise watch_error(exc, resume_token) from exc
+        except PyMongoError as exc:
+            raise StorageError(f"watching events failed: {exc}", transient=_is_transient(exc)) from exc
+        log.debug("event stream opened (resume token: %s)", resume_token is not None)
+        return _MongoEventStream(stream, resume_token)

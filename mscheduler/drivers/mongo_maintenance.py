@@ -1,0 +1,257 @@
+"""Maintenance of ``MongoDriver`` (a mixin): retention of finished tasks and the cap on the attempt
+entries a task keeps.
+
+Retention: one TTL index per terminal status on ``state.finish_time``, each partial on its
+``state.status`` (MongoDB ≥ 5.0 allows several indexes on one key pattern when their partial
+filters differ), so each status has its own period and a changed period is one ``collMod``. The
+retention pass (``purge_finished``) reads the oldest finished keys of one status through that
+same index and deletes them by key, re-checking status and finish time in the delete's filter
+(a task restarted in between is not deleted): on a real server a backstop of the TTL monitor, on
+mongomock (no TTL monitor) the mechanism.
+
+Entry cap: a claim that makes a task hold more than ``ClaimParams.max_entries`` entries drops the
+oldest entries that do not count (released, revoked, snoozed) inside the claim's pipeline
+(``$slice`` with a computed length). mongomock cannot take a computed ``$slice`` length:
+``setup()`` probes it, and where it is missing the claim is followed by a second write that drops
+the same entries (computed here by ``trim_entries``; counted in ``fixups``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from pymongo import ReturnDocument
+from pymongo.errors import DuplicateKeyError, OperationFailure
+
+from mscheduler.drivers.base import (
+    UNCOUNTED_STATUSES,
+    ClaimParams,
+    PurgeParams,
+    RetentionParams,
+    trim_entries,
+)
+from mscheduler.drivers.mongo_common import KEY_INDEX, WS, T, _derive_stages, _in, _out, _resolve, log
+from mscheduler.exceptions import StorageError
+from mscheduler.state import TERMINAL
+
+RETENTION_INDEX_PREFIX = "retention_"
+# createIndex refusals that mean "this server cannot hold these indexes" (an old server that
+# allows one index per key pattern: IndexOptionsConflict, IndexKeySpecsConflict; CannotCreateIndex)
+TTL_UNSUPPORTED_CODES = frozenset({85, 86, 67})
+
+
+def retention_index(status: str) -> str:
+    """The name of the TTL index of finished tasks in ``status``."""
+    return f"{RETENTION_INDEX_PREFIX}{status}"
+
+
+class MongoMaintenance:
+    """Retention and the entry cap of ``MongoDriver`` (uses ``_call``, ``tasks``, ``probe``)."""
+
+    tasks: Any
+    database: Any
+    probe: Any
+    fixups: int
+    update_hints: bool
+    slice_expressions: bool = True  # a computed $slice length in an update pipeline (probed)
+    _retention_indexes: frozenset[str] = frozenset()  # the TTL indexes known to exist
+
+    if TYPE_CHECKING:
+
+        async def _call(
+            self,
+            what: str,
+            operation: Callable[[], Awaitable[T]],
+            *,
+            recover: Callable[[], Awaitable[T | None]] | None = None,
+            session: Any = None,
+        ) -> T: ...
+
+        def _hint(self, name: str) -> dict[str, Any]: ...
+
+    # -- indexes ----------------------------------------------------------------------------------
+
+    async def _create_task_index(self, keys: Any, options: dict[str, Any]) -> None:
+        """``create_index`` of one of ``INDEXES`` (idempotent). mongomock checks a unique index
+        against the documents again when it is created a second time, ignoring its partial
+        filter (every finished task has ``unique_live`` null): an index that exists already
+        stays as it is. A real server does not re-check an existing index."""
+        try:
+            await self.tasks.create_index(keys, **options)
+        except DuplicateKeyError:
+            cursor = await _resolve(self.tasks.list_indexes())
+            if options["name"] not in [ix["name"] async for ix in cursor]:
+                raise
+
+    # -- the entry cap --------------------------------------------------------------------------
+
+    async def _probe_slice(self) -> bool:
+        """Does an update pipeline take a computed ``$slice`` length? (mongomock does not.)"""
+        try:
+            await self.probe.update_one(
+                {"_id": "slice"},
+                [{"$set": {"s": {"$slice": [{"$literal": [1, 2, 3]}, {"$add": [1, 1]}]}}}],
+                upsert=True,
+            )
+        except (OperationFailure, NotImplementedError):
+            return False
+        doc = await self.probe.find_one({"_id": "slice"})
+        return bool(doc and doc.get("s") == [1, 2])
+
+    def _trim_stages(self, params: ClaimParams) -> list[dict[str, Any]]:
+        """After the claim's entry is appended: drop the oldest uncounted entries beyond
+        ``max_entries`` (``drivers.base.trim_entries`` as a stage); none where the backend cannot
+        compute the length (``_trim_after_claim`` does it then)."""
+        if not self.slice_expressions:
+            return []
+        excess = {"$subtract": [{"$size": f"${WS}"}, params.max_entries]}
+        uncounted = {
+            "$filter": {
+                "input": f"${WS}",
+                "as": "e",
+                "cond": {"$in": ["$$e.status", list(UNCOUNTED_STATUSES)]},
+            }
+        }
+        dropped = {
+            "$map": {"input": {"$slice": [uncounted, {"$max": [excess, 1]}]}, "as": "e", "in": "$$e.attempt"}
+        }
+        kept = {
+            "$filter": {
+                "input": f"${WS}",
+                "as": "e",
+                "cond": {"$eq": [{"$in": ["$$e.attempt", dropped]}, False]},
+            }
+        }
+        return [{"$set": {WS: {"$cond": [{"$gt": [excess, 0]}, kept, f"${WS}"]}}}]
+
+    async def _trim_after_claim(self, params: ClaimParams, doc: dict[str, Any]) -> dict[str, Any]:
+        """Where the claim could not trim (no computed ``$slice``): drop the same entries with a
+        second write; returns the document as it is after it."""
+        entries = doc["state"]["worker_states"]
+        kept = {e["attempt"] for e in trim_entries(entries, params.max_entries)}
+        dropped = [e["attempt"] for e in entries if e["attempt"] not in kept]
+        if not dropped:
+            return doc
+        cond = {"$eq": [{"$in": ["$$e.attempt", dropped]}, False]}  # tokens: no '$' (see claim)
+        pipeline = [
+            {"$set": {WS: {"$filter": {"input": f"${WS}", "as": "e", "cond": cond}}}},
+            *_derive_stages(params.now),
+        ]
+
+        async def trim() -> dict[str, Any] | None:
+            found: dict[str, Any] | None = await self.tasks.find_one_and_update(
+                {"key": doc["key"]}, pipeline, return_document=ReturnDocument.AFTER
+            )
+            return found
+
+        self.fixups += 1
+        after = await self._call("trim entries", trim)
+        return _in(after) if after is not None else doc
+
+    # -- retention --------------------------------------------------------------------------------
+
+    async def ensure_retention(self, params: RetentionParams) -> bool:
+        """Create, change (``collMod``) or drop the TTL index of each terminal status to match
+        ``params``; False if the server refused them (the retention pass then does the work)."""
+
+        async def current() -> dict[str, dict[str, Any]]:
+            cursor = await _resolve(self.tasks.list_indexes())
+            return {ix["name"]: dict(ix) async for ix in cursor}
+
+        existing = await self._call("list indexes", current)
+        in_place: set[str] = set()
+        ok = True
+        if not await self._call("probe partial TTL indexes", self._probe_partial_ttl):
+            # a backend whose TTL ignores the partial filter (mongomock) would remove tasks of
+            # every status after the shortest period: no TTL indexes there, the pass does it
+            for status in TERMINAL:
+                if retention_index(status) in existing:
+                    await self._drop_index(retention_index(status))
+            self._retention_indexes = frozenset()
+            return False
+        for status in TERMINAL:
+            name = retention_index(status)
+            period = params.periods.get(status)
+            if period is None:
+                if name in existing:
+                    await self._drop_index(name)
+                continue
+            seconds = int(period.total_seconds())
+            index = existing.get(name)
+            try:
+                if index is None:
+                    await self._create_ttl(name, status, seconds)
+                elif index.get("expireAfterSeconds") != seconds:
+                    await self._change_ttl(name, status, seconds)
+            except StorageError as exc:
+                cause = exc.__cause__
+                if not (isinstance(cause, OperationFailure) and cause.code in TTL_UNSUPPORTED_CODES):
+                    raise
+                log.warning("no TTL index for %s tasks (%s): the retention pass removes them", status, exc)
+                ok = False
+                continue
+            in_place.add(name)
+        self._retention_indexes = frozenset(in_place)
+        return ok
+
+    async def _probe_partial_ttl(self) -> bool:
+        """Does a partial TTL index leave documents outside its filter alone? A scratch document
+        outside the filter of an index that expires at once: a real server keeps it (its TTL
+        monitor honours the filter, and runs only once a minute); mongomock expires documents
+        when they are read, ignoring the filter."""
+        await self.probe.create_index(
+            "ttl_t", name="ttl_probe", expireAfterSeconds=0, partialFilterExpression={"s": "inside"}
+        )
+        await self.probe.replace_one(
+            {"_id": "ttl"}, {"_id": "ttl", "ttl_t": datetime(2000, 1, 1), "s": "outside"}, upsert=True
+        )
+        return await self.probe.find_one({"_id": "ttl"}) is not None
+
+    async def _create_ttl(self, name: str, status: str, seconds: int) -> None:
+        async def create() -> Any:
+            return await self.tasks.create_index(
+                "state.finish_time",
+                name=name,
+                expireAfterSeconds=seconds,
+                partialFilterExpression={"state.status": status},
+            )
+
+        await self._call("create retention index", create)
+
+    async def _drop_index(self, name: str) -> None:
+        await self._call("drop retention index", lambda: self.tasks.drop_index(name))
+
+    async def _change_ttl(self, name: str, status: str, seconds: int) -> None:
+        command = {"collMod": self.tasks.name, "index": {"name": name, "expireAfterSeconds": seconds}}
+        try:
+            await self._call("change retention period", lambda: self.database.command(command))
+        except (NotImplementedError, TypeError):  # a fake without collMod: build it again
+            await self._drop_index(name)
+            await self._create_ttl(name, status, seconds)
+
+    async def purge_finished(self, params: PurgeParams) -> int:
+        filter_ = {"state.status": params.status, "state.finish_time": {"$lte": _out(params.before)}}
+        index = retention_index(params.status)
+
+        async def oldest() -> list[str]:
+            cursor = (
+                self.tasks.find(filter_, {"_id": 0, "key": 1})
+                .sort("state.finish_time", 1)
+                .limit(params.limit)
+            )
+            if index in self._retention_indexes:  # the status's TTL index serves it
+                cursor = cursor.hint(index)
+            return [doc["key"] async for doc in cursor]
+
+        keys = await self._call("find finished tasks", oldest)
+        if not keys:
+            return 0
+
+        async def delete() -> Any:
+            # the same conditions again: a task restarted since the read is left alone
+            return await self.tasks.delete_many({"key": {"$in": keys}, **filter_}, **self._hint(KEY_INDEX))
+
+        result = await self._call("remove finished tasks", delete)
+        return int(result.deleted_count)

@@ -1,0 +1,201 @@
+"""The ping of ``MongoDriver``: lease renewal for all of a worker's running attempts, with the
+handlers' checkpoints and progress riding along (SPEC G2, F22).
+
+Without reports a ping is one ``update_many`` per lease length (usually one) plus one read from
+the primary. With reports (some handlers called ``ctx.checkpoint`` / ``ctx.progress`` since the
+last ping) it is still one write command: a ``bulk_write`` holding one ``UpdateMany`` for the
+attempts without reports and one ``UpdateOne`` per attempt with one, each fenced exactly like the
+plain ping (this worker, this attempt, running, unexpired, still allowed, task not cancelled), so
+a worker that lost its lease can never overwrite the checkpoint of the attempt that took over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from pymongo import UpdateMany, UpdateOne
+from pymongo.errors import WriteConcernError
+
+from mscheduler.drivers.base import (
+    AttemptReport,
+    PingParams,
+    PingResult,
+    allowed,
+    paused_entry,
+    report_fields,
+)
+from mscheduler.drivers.mongo_common import KEY_INDEX, WS, T, _in, _lit, _out, _rebuild_entries
+from mscheduler.exceptions import StorageError
+
+
+class MongoPing:
+    """``ping`` of ``MongoDriver`` (a mixin: it uses ``_call``, ``tasks``, ``tasks_primary``)."""
+
+    tasks: Any
+    tasks_primary: Any
+
+    if TYPE_CHECKING:
+
+        async def _call(
+            self,
+            what: str,
+            operation: Callable[[], Awaitable[T]],
+            *,
+            recover: Callable[[], Awaitable[T | None]] | None = None,
+            session: Any = None,
+        ) -> T: ...
+
+        async def _capabilities(self) -> None: ...
+
+        def _hint(self, name: str) -> dict[str, Any]: ...
+
+    @staticmethod
+    def _ping_filter(worker_id: str, now: datetime, attempts: Mapping[str, str]) -> dict[str, Any]:
+        return {
+            "key": {"$in": list(attempts)},
+            WS: {
+                "$elemMatch": {
+                    "worker_id": worker_id,
+                    "attempt": {"$in": list(attempts.values())},
+                    "status": "running",
+                    "ping_expire_time": {"$gt": now},
+                }
+            },
+            "$or": [
+                {"option.specific_worker_ids": {"$size": 0}},
+                {"option.specific_worker_ids": worker_id},
+            ],
+            "state.cancelled": None,  # a cancelled task's leases are not extended
+        }
+
+    @staticmethod
+    def _ping_update(
+        worker_id: str, now: datetime, attempts: Mapping[str, str], expire: datetime
+    ) -> list[dict[str, Any]]:
+        # A $map, not the positional "$": when a filter matches two arrays (here also
+        # specific_worker_ids) "$" may resolve to the other array's index (SERVER-5247).
+        tokens = list(attempts.values())
+        if any(t.startswith("$") for t in tokens):
+            raise StorageError("attempt tokens must not start with '$'")
+        match = {
+            "$and": [
+                {"$eq": ["$$e.worker_id", _lit(worker_id)]},
+                {"$in": ["$$e.attempt", tokens]},
+                {"$eq": ["$$e.status", "running"]},
+                {"$gt": ["$$e.ping_expire_time", _lit(now)]},
+            ]
+        }
+        return [_rebuild_entries(match, {"ping_expire_time": expire})]
+
+    async def ping(self, params: PingParams) -> PingResult:
+        await self._capabilities()
+        now = _out(params.now)
+        every_key: dict[str, str] = {}
+        writes: list[Callable[[], Awaitable[Any]]] = []
+        bulk: list[Any] = []
+        hint = self._hint(KEY_INDEX)
+        for expire, attempts in params.groups.items():
+            every_key.update(attempts)
+            plain = {k: a for k, a in attempts.items() if k not in params.reports}
+            if not params.reports:
+                filter_ = self._ping_filter(params.worker_id, now, plain)
+                update = self._ping_update(params.worker_id, now, plain, expire)
+
+                async def ping_group(
+                    filter_: dict[str, Any] = filter_, update: list[dict[str, Any]] = update
+                ) -> Any:
+                    return await self.tasks.update_many(filter_, update, **hint)
+
+                writes.append(ping_group)
+                continue
+            if plain:
+                filter_ = self._ping_filter(params.worker_id, now, plain)
+                bulk.append(
+                    UpdateMany(filter_, self._ping_update(params.worker_id, now, plain, expire), **hint)
+                )
+            for key, attempt in attempts.items():
+                report = params.reports.get(key)
+                if report is None:
+                    continue
+                one = {key: attempt}
+                fields = report_fields(report, params.worker_id, attempt, params.now)
+                # user data (the checkpoint) enters the pipeline only inside $literal
+                record = {"$set": {f"state.{name}": _lit(value) for name, value in fields.items()}}
+                update = [*self._ping_update(params.worker_id, now, one, expire), record]
+                bulk.append(UpdateOne(self._ping_filter(params.worker_id, now, one), update, **hint))
+        if bulk:
+
+            async def ping_bulk() -> Any:
+                return await self.tasks.bulk_write(bulk, ordered=False)
+
+            writes.append(ping_bulk)
+        for write in writes:
+            try:
+                await self._call("ping", write)
+            except StorageError as exc:
+                if not isinstance(exc.__cause__, WriteConcernError) or exc.config:
+                    raise
+                # applied on the primary, not yet on a majority: the read below tells
+
+        projection = {"key": 1, "option": 1, WS: 1, "state.cancelled": 1}
+        if params.reports:
+            for name in ("checkpoint", "progress"):
+                projection |= {f"state.{name}.attempt": 1, f"state.{name}.seq": 1}
+
+        async def read() -> list[dict[str, Any]]:
+            cursor = self.tasks_primary.find(
+                {"key": {"$in": list(every_key)}},
+                # The whole array: MongoDB refuses an $elemMatch projection on a nested field
+                # (error 31275) and mongomock returns nothing for it; the entry is picked below.
+                projection,
+            )
+            return [_in(doc) async for doc in cursor]
+
+        docs = {doc["key"]: doc for doc in await self._call("ping read", read)}
+        return _ping_result(params, every_key, docs)
+
+
+def _ping_result(params: PingParams, every_key: dict[str, str], docs: dict[str, Any]) -> PingResult:
+    """What the read after a ping says about each attempt (see ``PingResult``)."""
+    expires = {key: expire for expire, group in params.groups.items() for key in group}
+    result = PingResult()
+    for key, attempt in every_key.items():
+        doc = docs.get(key)
+        entries = (doc or {}).get("state", {}).get("worker_states", [])
+        entry = next(
+            (
+                e
+                for e in entries
+                if e["worker_id"] == params.worker_id and e["attempt"] == attempt and e["status"] == "running"
+            ),
+            None,
+        )
+        if doc is None or entry is None:
+            (result.paused if paused_entry(doc, params.worker_id, attempt) else result.lost).append(key)
+        elif doc["state"].get("cancelled") is not None and entry["ping_expire_time"] > params.now:
+            result.cancelled.append(key)
+        elif entry["ping_expire_time"] == expires[key] and allowed(doc["option"], params.worker_id):
+            # extended (or already at the asked expiry: a ping in the same millisecond as
+            # the claim); a revoked entry is never extended, whatever its expiry says
+            result.alive[key] = doc["option"]
+        elif entry["ping_expire_time"] <= params.now:
+            result.lost.append(key)
+        elif not allowed(doc["option"], params.worker_id):
+            result.revoked.append(key)
+        else:
+            # Still ours and unexpired but not extended: a concurrent change; try next time.
+            result.alive[key] = doc["option"]
+        report = params.reports.get(key)
+        if key in result.alive and report is not None and _landed(doc, attempt, report):
+            result.recorded.append(key)
+    return result
+
+
+def _landed(doc: Mapping[str, Any] | None, attempt: str, report: AttemptReport) -> bool:
+    """The stored checkpoint (or progress) is the one this report wrote: its attempt and seq."""
+    stored = (doc or {}).get("state", {}).get("checkpoint" if report.save_checkpoint else "progress")
+    return (
+        isinstance(stored, Mapping) and stored.get("attempt") == attempt and stored.get("seq") == report.seq
+    )

@@ -1,0 +1,192 @@
+"""Task listings: the filters an operator may use and the opaque cursor of cursor paging.
+
+Every filter is a typed value from an allow-list (a status from ``TaskStatus``, a task name, a
+key prefix, a worker id, a time range); anything else — a dict, a list, a string carrying ``$``
+— is refused with ``InvalidInput`` before the store is asked. ``Operations.page_tasks`` is the
+one user; the CLI and the REST API pass their input through it unchanged.
+
+A cursor is the sort key of a page's last task, base64url-encoded JSON: the next page starts
+strictly after it, through the index, so page 1,000 costs what page 1 does (no skip). Keys
+created meanwhile after the cursor appear on later pages; none is returned twice.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from mscheduler.drivers.base import ListParams
+from mscheduler.exceptions import InvalidInput
+from mscheduler.model import KEY_MAX_LEN, TaskInfo, TaskStatus, validate_name
+
+LIST_LIMIT_MAX = 1000
+CURSOR_MAX_LEN = 4096
+CURSOR_VERSION = 1
+BY_CREATED, BY_KEY = "created", "key"  # the two listing orders
+WORKER_ID_MAX_LEN = 512
+
+
+@dataclass(slots=True, frozen=True)
+class TaskPage:
+    """One page of a listing; ``next_cursor`` continues it (None: this was the last page)."""
+
+    tasks: list[TaskInfo]
+    next_cursor: str | None
+
+
+def list_params(
+    *,
+    status: object = None,
+    name: object = None,
+    key_prefix: object = None,
+    worker_id: object = None,
+    created_from: object = None,
+    created_to: object = None,
+    cursor: object = None,
+    limit: object = 100,
+    skip: object = 0,
+) -> ListParams:
+    """The driver's params for a listing, every value checked (``InvalidInput`` naming the field).
+
+    ``limit`` is what the caller asked for; the params ask for one more, so the caller can tell
+    whether a next page exists."""
+    if status is not None:
+        if not isinstance(status, str) or status not in {s.value for s in TaskStatus}:
+            choices = ", ".join(s.value for s in TaskStatus)
+            raise InvalidInput(f"status: unknown status {_shown(status)} (one of {choices})")
+        status = TaskStatus(status).value
+    if name is not None:
+        try:
+            name = validate_name(name)
+        except ValueError as exc:
+            raise InvalidInput(f"name: {exc}") from None
+    key_prefix = _plain_string(key_prefix, "key_prefix", KEY_MAX_LEN)
+    worker_id = _plain_string(worker_id, "worker_id", WORKER_ID_MAX_LEN)
+    created_from = _instant(created_from, "created_from")
+    created_to = _instant(created_to, "created_to")
+    if created_from is not None and created_to is not None and created_to <= created_from:
+        raise InvalidInput("created_to: must be later than created_from (the range is [from, to))")
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= LIST_LIMIT_MAX:
+        raise InvalidInput(f"limit: must be an integer from 1 to {LIST_LIMIT_MAX}")
+    if not isinstance(skip, int) or isinstance(skip, bool) or skip < 0:
+        raise InvalidInput("skip: must be a non-negative integer")
+    order = BY_KEY if key_prefix is not None else BY_CREATED
+    after_time, after_key = None, None
+    if cursor is not None:
+        if skip:
+            raise InvalidInput("skip: cannot be combined with a cursor (the cursor says where to go on)")
+        after_time, after_key = decode_cursor(cursor, order)
+    return ListParams(
+        status=status,
+        name=name,
+        limit=limit + 1,
+        skip=skip,
+        key_prefix=key_prefix,
+        worker_id=worker_id,
+        created_from=created_from,
+        created_to=created_to,
+        after_time=after_time,
+        after_key=after_key,
+    )
+
+
+def task_page(params: ListParams, docs: Sequence[dict[str, Any]]) -> TaskPage:
+    """The page from what the driver returned for ``params`` (one more than asked for)."""
+    limit = params.limit - 1
+    tasks = [TaskInfo.from_storage(doc) for doc in docs[:limit]]
+    more = len(docs) > limit and tasks
+    order = BY_KEY if params.key_prefix is not None else BY_CREATED
+    return TaskPage(tasks, encode_cursor(order, tasks[-1]) if more else None)
+
+
+# -- the cursor -----------------------------------------------------------------------------------
+
+
+def encode_cursor(order: str, last: TaskInfo) -> str:
+    """The cursor after ``last`` in ``order``."""
+    body: dict[str, Any] = {"v": CURSOR_VERSION, "o": order, "k": last.key}
+    if order == BY_CREATED:
+        body["t"] = last.create_time.astimezone(UTC).isoformat()
+    raw = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: object, order: str) -> tuple[datetime | None, str]:
+    """``(after_time, after_key)`` from a cursor made for a listing in ``order``."""
+    bad = InvalidInput("cursor: not a cursor of this listing (pass next_cursor back unchanged)")
+    if not isinstance(cursor, str) or not cursor or len(cursor) > CURSOR_MAX_LEN:
+        raise bad
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        body = json.loads(raw.decode())
+    except (binascii.Error, ValueError):  # UnicodeDecodeError, JSONDecodeError: ValueErrors
+        raise bad from None
+    if (
+        not isinstance(body, dict)
+        or body.get("v") != CURSOR_VERSION
+        or body.get("o") not in (BY_CREATED, BY_KEY)
+    ):
+        raise bad
+    if body["o"] != order:
+        raise InvalidInput(
+            "cursor: made for a listing in another order (a key_prefix lists in key order, "
+            "other listings in creation order): keep the same filters from page to page"
+        )
+    key = body.get("k")
+    if not isinstance(key, str) or not key or len(key) > KEY_MAX_LEN:
+        raise bad
+    if order == BY_KEY:
+        return None, key
+    try:
+        after_time = datetime.fromisoformat(body["t"]) if isinstance(body.get("t"), str) else None
+    except ValueError:
+        after_time = None
+    if after_time is None or after_time.tzinfo is None:
+        raise bad
+    return after_time.astimezone(UTC), key
+
+
+# -- values ---------------------------------------------------------------------------------------
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _plain_string(value: object, field: str, max_len: int) -> str | None:
+    """A string filter: compared as a value, never read as an operator; ``$`` is refused all the
+    same, so an injection attempt fails loudly instead of matching nothing."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"{field}: must be a non-empty string (got {_shown(value)})")
+    if len(value) > max_len:
+        raise InvalidInput(f"{field}: longer than {max_len} characters")
+    if "$" in value or "\x00" in value:
+        raise InvalidInput(f"{field}: must not contain '$' or NUL (filters are values, not operators)")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{field}: not valid Unicode text (a lone surrogate)") from None
+    return value
+
+
+def _instant(value: object, field: str) -> datetime | None:
+    """A timezone-aware datetime, in UTC, rounded up to the millisecond: stored times have
+    millisecond precision, so ``>= x`` and ``< x`` select the same tasks on every driver."""
+    if value is None:
+        return None
+    if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidInput(f"{field}: must be a timezone-aware datetime (got {_shown(value)})")
+    try:
+        value = value.astimezone(UTC)
+        extra = value.microsecond % 1000
+        return value if not extra else value + timedelta(microseconds=1000 - extra)
+    except OverflowError:  # a time at the edge of the representable range
+        raise InvalidInput(f"{field}: out of range") from None

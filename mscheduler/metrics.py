@@ -1,0 +1,329 @@
+"""Prometheus metrics (SPEC G3): what this process did, and what the store holds.
+
+Needs the ``metrics`` extra (``pip install 'mscheduler[metrics]'``, prometheus-client).
+
+* Counters and histograms per task name, fed by events: a consumer's listener events
+  (``claimed``, ``finished``) and a publisher's ``sent`` events. They count what *this process*
+  did; sum them over your processes in PromQL.
+* Gauges of the store (tasks pending / running per name, the oldest due pending task's age per
+  name, live workers), computed when scraped from ``Operations`` — one aggregation of the tasks
+  (``Operations.stats(window=None)``, a covered index scan of the pending and running tasks) and
+  one read of the workers — at most once per ``cache_seconds``, whoever scrapes.
+
+Each ``Metrics`` has its own ``CollectorRegistry`` (not prometheus_client's global one), so two
+in one process, or in tests, do not collide. Serve it with ``metrics.serve(port)`` (prometheus
+client's HTTP server, what ``mscheduler worker --metrics-port`` does), mount ``metrics.asgi_app()``
+at ``/metrics`` in an ASGI app, or call ``await metrics.render()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, make_asgi_app
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from mscheduler.clock import Clock
+from mscheduler.consumer.consumer import Consumer
+from mscheduler.exceptions import MSchedulerError
+from mscheduler.operations import Operations
+from mscheduler.publisher import Publisher
+from mscheduler.stats import TaskStats
+
+log = logging.getLogger("mscheduler.metrics")
+
+DEFAULT_CACHE_SECONDS = 5.0
+# how long a scrape on prometheus_client's server thread waits for the store's numbers
+DEFAULT_REFRESH_TIMEOUT = 10.0
+GAUGE_STATUSES = ("pending", "running")
+# seconds: handlers from a few milliseconds to an hour
+DURATION_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+    600,
+    1800,
+    3600,
+)
+QUEUE_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 21600)
+
+ASGIApp = Callable[
+    [MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
+    Awaitable[None],
+]
+
+
+@dataclass(slots=True, frozen=True)
+class _Snapshot:
+    stats: TaskStats
+    live_workers: int
+    taken: float  # the clock's monotonic time
+
+
+class Metrics:
+    """The metrics of one process (see the module's docstring).
+
+    :param operations: where the store's gauges come from; None: no store gauges (a process
+        that only publishes, say).
+    :param cache_seconds: scrapes within this time of the last store read reuse its numbers.
+    :param clock: for the cache's age (``monotonic()``); tests pass a ``FakeClock``.
+    """
+
+    def __init__(
+        self,
+        operations: Operations | None = None,
+        *,
+        cache_seconds: float = DEFAULT_CACHE_SECONDS,
+        refresh_timeout: float = DEFAULT_REFRESH_TIMEOUT,
+        clock: Clock | None = None,
+    ) -> None:
+        if cache_seconds < 0 or refresh_timeout <= 0:
+            raise ValueError("cache_seconds must be >= 0 and refresh_timeout positive")
+        self.operations = operations
+        self.cache_seconds = cache_seconds
+        self.refresh_timeout = refresh_timeout
+        self._monotonic = clock.monotonic if clock is not None else time.monotonic
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.sent = Counter(
+            "mscheduler_tasks_sent",
+            "Tasks sent by this process's publishers; result: created or exists (the key existed).",
+            ["name", "result"],
+            registry=r,
+        )
+        self.claimed = Counter(
+            "mscheduler_attempts_claimed",
+            "Attempts claimed by this process's consumers.",
+            ["name"],
+            registry=r,
+        )
+        self.finished = Counter(
+            "mscheduler_attempts_finished",
+            "Attempts ended in this process's consumers, by outcome: succeeded, failed, lost, "
+            "rejected, released, revoked, snoozed.",
+            ["name", "outcome"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            "mscheduler_attempt_duration_seconds",
+            "How long attempts ran in this process, from claim to outcome (every outcome).",
+            ["name"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "mscheduler_queue_wait_seconds",
+            "From when a task was due (run_at or retry time) to its claim by this process.",
+            ["name"],
+            buckets=QUEUE_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.running = Gauge(
+            "mscheduler_attempts_running",
+            "Attempts running in this process's consumers.",
+            ["name"],
+            registry=r,
+        )
+        self._snapshot: _Snapshot | None = None
+        self._store_up = 0
+        self._lock: asyncio.Lock | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._server: Any = None
+        self._known_names: set[str] = set()
+        if operations is not None:
+            r.register(_StoreCollector(self))
+
+    # -- events ------------------------------------------------------------------------------
+
+    def watch(self, *sources: Consumer | Publisher) -> None:
+        """Count what these consumers and publishers do (adds a listener to each)."""
+        for source in sources:
+            if isinstance(source, Consumer):
+                source.add_listener(self.on_consumer_event)
+            elif isinstance(source, Publisher):
+                source.add_listener(self.on_publisher_event)
+            else:
+                raise TypeError(f"watch() takes consumers and publishers, got {type(source).__name__}")
+
+    def on_consumer_event(self, event: str, data: dict[str, Any]) -> None:
+        """A consumer listener (``consumer.add_listener``): claims and outcomes."""
+        name = data.get("name")
+        if name is None:
+            return
+        self._known_names.add(name)
+        if event == "claimed":
+            self.claimed.labels(name).inc()
+            self.running.labels(name).inc()
+            if data.get("queue_wait") is not None:
+                self.queue_wait.labels(name).observe(data["queue_wait"])
+        elif event == "finished":
+            self.finished.labels(name, data["outcome"]).inc()
+            self.running.labels(name).dec()
+            if data.get("duration") is not None:
+                self.duration.labels(name).observe(max(0.0, data["duration"]))
+
+    def on_publisher_event(self, event: str, data: dict[str, Any]) -> None:
+        """A publisher listener (``publisher.add_listener``): tasks sent."""
+        if event == "sent":
+            self.sent.labels(data["name"], "created" if data["created"] else "exists").inc()
+
+    # -- the store's gauges ----------------------------------------------------------------------
+
+    async def refresh(self, *, force: bool = False) -> None:
+        """Read the store's numbers unless the last read is younger than ``cache_seconds``."""
+        if self.operations is None:
+            return
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:  # concurrent scrapes share one read
+            if not force and self._fresh():
+                return
+            try:
+                stats = await self.operations.stats(window=None, statuses=GAUGE_STATUSES)
+                workers = await self.operations.list_workers()
+            except MSchedulerError as exc:
+                log.warning("metrics: could not read the store: %s", exc)
+                self._snapshot, self._store_up = None, 0
+                return
+            live = sum(1 for w in workers if w.live)
+            self._snapshot = _Snapshot(stats, live, self._monotonic())
+            self._store_up = 1
+
+    def _fresh(self) -> bool:
+        snapshot = self._snapshot
+        return snapshot is not None and self._monotonic() - snapshot.taken < self.cache_seconds
+
+    def _refresh_from_thread(self) -> None:
+        """On prometheus_client's server thread: have the event loop refresh, and wait."""
+        loop = self._loop
+        if loop is None or self._fresh() or not loop.is_running():
+            return
+        if threading.current_thread() is self._loop_thread:
+            return  # never block the loop's own thread (callers there use ``await render()``)
+        future = asyncio.run_coroutine_threadsafe(self.refresh(), loop)
+        try:
+            future.result(self.refresh_timeout)
+        except Exception as exc:  # a scrape serves what it has: the counters, store_up 0
+            future.cancel()
+            log.warning("metrics: store read did not finish: %r", exc)
+            self._store_up = 0
+
+    def store_metrics(self) -> list[Metric]:
+        """The gauges of the last store read (none when it failed or never ran)."""
+        up = GaugeMetricFamily(
+            "mscheduler_store_up", "1 if the last read of the store for these metrics succeeded."
+        )
+        up.add_metric([], self._store_up)
+        families: list[Metric] = [up]
+        snapshot = self._snapshot
+        if snapshot is None or self._store_up == 0:
+            return families
+        tasks = GaugeMetricFamily(
+            "mscheduler_tasks",
+            "Tasks in the store by name and status (pending, running).",
+            labels=["name", "status"],
+        )
+        oldest = GaugeMetricFamily(
+            "mscheduler_oldest_pending_age_seconds",
+            "Seconds since the oldest due pending task of a name became due (0: none waiting).",
+            labels=["name"],
+        )
+        # names seen before (in the store or in events) stay, at 0, rather than vanishing
+        by_name = {named.name: named for named in snapshot.stats.names}
+        self._known_names.update(by_name)
+        for name in sorted(self._known_names):
+            named = by_name.get(name)
+            for status in GAUGE_STATUSES:
+                tasks.add_metric([name, status], named.counts.get(status, 0) if named else 0)
+            oldest.add_metric([name], (named.oldest_pending_age or 0.0) if named else 0.0)
+        workers = GaugeMetricFamily("mscheduler_workers_live", "Registered workers with a recent heartbeat.")
+        workers.add_metric([], snapshot.live_workers)
+        return [*families, tasks, oldest, workers]
+
+    # -- exposing ---------------------------------------------------------------------------------
+
+    async def render(self) -> bytes:
+        """The exposition text (refreshing the store's numbers if they are stale)."""
+        await self.refresh()
+        return generate_latest(self.registry)
+
+    def asgi_app(self) -> ASGIApp:
+        """An ASGI app serving the exposition text (mount it at ``/metrics``); each request
+        refreshes the store's numbers if they are stale, on the app's event loop."""
+        inner = make_asgi_app(self.registry)
+
+        async def app(
+            scope: MutableMapping[str, Any],
+            receive: Callable[[], Awaitable[Any]],
+            send: Callable[[Any], Awaitable[None]],
+        ) -> None:
+            if scope.get("type") != "http":
+                return  # lifespan and websockets: nothing to do
+            await self.refresh()
+            await inner(scope, receive, send)
+
+        return app
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
+        """Serve ``/metrics`` with prometheus_client's HTTP server (a daemon thread); call it on
+        the running event loop that the store's reads should use. Returns the port (useful with
+        ``port=0``). ``close()`` stops it."""
+        from prometheus_client import start_http_server
+
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.current_thread()
+        server, _ = start_http_server(port, addr, registry=self.registry)
+        self._server = server
+        return int(server.server_address[1])
+
+    def close(self) -> None:
+        """Stop the HTTP server of ``serve`` (idempotent)."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+
+class _StoreCollector(Collector):
+    """The store's gauges at scrape time (a short cache in ``Metrics``)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # nothing read at registration
+
+    def collect(self) -> Iterable[Metric]:
+        self.metrics._refresh_from_thread()
+        return self.metrics.store_metrics()
+
+
+def serve_worker_metrics(
+    consumers: Sequence[Consumer], port: int, addr: str = "0.0.0.0"
+) -> tuple[Metrics, int]:
+    """What ``mscheduler worker --metrics-port`` runs (on the worker's event loop, before the
+    consumers start): one ``Metrics`` watching every consumer, its store gauges read through the
+    first consumer's driver, served on ``addr:port``. Returns it and the port it listens on."""
+    metrics = Metrics(Operations(consumers[0].driver) if consumers else None)
+    metrics.watch(*consumers)
+    return metrics, metrics.serve(port, addr)

@@ -1,0 +1,107 @@
+"""Bearer tokens of the REST API and their roles.
+
+Two roles: ``read`` (every GET) and ``admin`` (everything, mutations included). Tokens come from
+configuration (``ApiTokens(admin=[...], read=[...])``, or ``parse_tokens`` of
+``MSCHEDULER_API_TOKENS`` / a tokens file). A presented token is compared with every configured
+one, always all of them, with ``hmac.compare_digest`` on SHA-256 digests (equal lengths: neither
+the token nor its length leaks through timing). Tokens are never logged, echoed or put in errors;
+``repr`` shows only how many there are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterable
+from enum import StrEnum
+from pathlib import Path
+
+from mscheduler.exceptions import InvalidInput
+
+TOKEN_MIN_LEN = 16
+TOKEN_MAX_LEN = 512
+
+
+class Role(StrEnum):
+    READ = "read"
+    ADMIN = "admin"
+
+
+def _digest(token: str | bytes) -> bytes:
+    raw = token.encode("utf-8", "surrogatepass") if isinstance(token, str) else token
+    return hashlib.sha256(raw).digest()
+
+
+class ApiTokens:
+    """The configured tokens, kept as digests only.
+
+    :param admin: tokens that may read and change everything.
+    :param read: tokens that may only read (GET); a mutation answers 403.
+    """
+
+    def __init__(self, *, admin: Iterable[str] = (), read: Iterable[str] = ()) -> None:
+        entries: list[tuple[bytes, Role]] = []
+        for role, tokens in ((Role.ADMIN, admin), (Role.READ, read)):
+            if isinstance(tokens, str):
+                raise InvalidInput(f"{role.value} tokens: a list of tokens, not one string")
+            for n, token in enumerate(tokens, 1):
+                if not isinstance(token, str) or not TOKEN_MIN_LEN <= len(token) <= TOKEN_MAX_LEN:
+                    raise InvalidInput(
+                        f"{role.value} token #{n}: must be a string of {TOKEN_MIN_LEN} to "
+                        f"{TOKEN_MAX_LEN} characters"
+                    )
+                if any(c.isspace() or not c.isprintable() for c in token):
+                    raise InvalidInput(
+                        f"{role.value} token #{n}: must not contain spaces or control characters"
+                    )
+                entries.append((_digest(token), role))
+        if not entries:
+            raise InvalidInput("no API token configured: give at least one admin or read token")
+        self._entries = tuple(entries)
+
+    def __repr__(self) -> str:
+        counts = {role: sum(r is role for _, r in self._entries) for role in Role}
+        return f"ApiTokens(admin={counts[Role.ADMIN]} token(s), read={counts[Role.READ]} token(s))"
+
+    def role_of(self, presented: str) -> Role | None:
+        """The role of a presented token (None: unknown). Checks every configured token."""
+        digest = _digest(presented)
+        found: Role | None = None
+        for expected, role in self._entries:
+            if hmac.compare_digest(digest, expected) and found is not Role.ADMIN:
+                found = role
+        return found
+
+
+def parse_tokens(text: str, *, source: str = "MSCHEDULER_API_TOKENS") -> ApiTokens:
+    """Tokens from ``role:token`` items separated by commas or new lines (``#`` starts a comment
+    line), e.g. ``admin:0123...,read:abcd...``. The error names the item's position, never the
+    token."""
+    admin: list[str] = []
+    read: list[str] = []
+    items = [
+        item.strip()
+        for line in text.splitlines()
+        if not line.strip().startswith("#")
+        for item in line.split(",")
+        if item.strip()
+    ]
+    for n, item in enumerate(items, 1):
+        role, sep, token = item.partition(":")
+        role = role.strip().lower()
+        if not sep or role not in (Role.ADMIN.value, Role.READ.value):
+            raise InvalidInput(f"{source}: item #{n} is not 'admin:TOKEN' or 'read:TOKEN'")
+        (admin if role == Role.ADMIN.value else read).append(token.strip())
+    try:
+        return ApiTokens(admin=admin, read=read)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{source}: {exc}") from None
+
+
+def read_tokens_file(path: str | Path) -> ApiTokens:
+    """``parse_tokens`` of a file (one ``role:token`` per line)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(f"tokens file {str(path)!r}: {exc.strerror or exc}") from None
+    return parse_tokens(text, source=f"tokens file {str(path)!r}")

@@ -1,0 +1,86 @@
+"""``mscheduler stats`` on an in-process store: tables, ``--json``, ``--window``, ``--name``, and
+``Operations.stats`` refusing bad input (exit 2)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from typer.testing import CliRunner
+
+from mscheduler import FakeClock, InvalidInput, MemoryDriver, Operations, cli_ops
+from mscheduler.cli import app
+from tests.conformance.support import Store
+
+URI = {"MSCHEDULER_MONGODB_URI": "mongodb://unused.invalid/"}
+
+
+async def _seed(driver: MemoryDriver, clock: FakeClock) -> None:
+    store = Store(driver, clock)
+    for i in range(3):
+        await store.add(f"ok-{i}", "job.ok")
+        claimed = await store.claim_one("w", names=["job.ok"])
+        assert claimed is not None
+        clock.advance(2)
+        assert await store.done(claimed, "w")
+    await store.add("wait-1", "job.wait")
+    clock.advance(90)  # wait-1 has been due for 90 s
+
+
+@pytest.fixture
+def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[MemoryDriver]:
+    clock = FakeClock()
+    driver = MemoryDriver(clock)
+    asyncio.run(_seed(driver, clock))
+    monkeypatch.setattr(cli_ops, "operations_override", lambda: Operations(driver, clock=clock))
+    yield driver
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    result = CliRunner(env={**URI, "COLUMNS": "200", "NO_COLOR": "1"}).invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_stats_tables_and_json(store: MemoryDriver) -> None:
+    code, out, _ = cli("stats")
+    assert code == 0, out
+    assert "tasks by status" in out and "total" in out
+    assert "job.ok" in out and "100.0%" in out and "2.0s" in out  # first try, p50 2 s
+    assert "oldest due pending task waiting: 1m30s" in out
+    assert "throughput, last hour: 3 tasks" in out
+
+    code, out, _ = cli("stats", "--json", "--window", "5", "--name", "job.wait")
+    data = json.loads(out)
+    assert code == 0 and data["window_seconds"] == 300
+    assert [n["name"] for n in data["names"]] == ["job.wait"]
+    assert data["counts"]["pending"] == 1 and data["oldest_pending_age"] == 90.0
+    assert len(data["throughput"]) == 60
+
+
+@pytest.mark.parametrize("args", [["--window", "0"], ["--window", "20000"], ["--name", "$bad"]])
+def test_bad_stats_input_exits_2(store: MemoryDriver, args: list[str]) -> None:
+    code, _, err = cli("stats", *args)
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+
+
+async def test_operations_stats_validates_its_input() -> None:
+    ops = Operations(MemoryDriver())
+    for bad in (
+        {"window": 0},
+        {"window": timedelta(days=8)},
+        {"window": float("nan")},
+        {"window": True},
+        {"names": "job"},
+        {"names": []},
+        {"names": ["a|b"]},
+        {"statuses": ["done"]},
+    ):
+        with pytest.raises(InvalidInput):
+            await ops.stats(**bad)  # type: ignore[arg-type]
+    stats = await ops.stats(window=120, statuses=["running"])
+    assert stats.window_seconds == 120 and stats.counts == {"running": 0}
