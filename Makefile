@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck bench clean install
+.PHONY: demo test lint typecheck bench clean install browser
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,12 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest
+
+# Debian's chromium for the dashboard's browser tests (tests/browser skip without it). Playwright
+# drives it; `playwright install` is never used (its browser downloads need the internet).
+CHROMIUM ?= /usr/bin/chromium
+browser:
+	test -x $(CHROMIUM) || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check mscheduler tests benchmarks

@@ -340,13 +340,19 @@ def tasks_show(
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
-    """Show task KEY: status, counters, attempts (worker, status, start, end, error)."""
+    """Show task KEY: status, counters, attempts (worker, status, start, end, error),
+    checkpoint, progress, children and its last events (where the store records events)."""
     conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
-    info = run(conn, lambda ops: ops.get_task(key))
+
+    async def show(ops: Operations) -> tuple[TaskInfo, list[Any]]:
+        info = await ops.get_task(key)
+        return info, await cli_tasks.last_events(ops, key)
+
+    info, events = run(conn, show)
     if as_json:
-        print_json(info.model_dump(mode="json"))
+        print_json(info.model_dump(mode="json") | {"events": [e.model_dump(mode="json") for e in events]})
     else:
-        for table in task_detail(info):
+        for table in [*task_detail(info), *cli_tasks.task_extras(info, events)]:
             out.print(table)
 
 
@@ -393,19 +399,39 @@ def tasks_resume(
     _done(f"resumed task {info.key!r} ({info.status.value})")
 
 
-@tasks_app.command("restart", short_help="Run a failed, cancelled or expired task again.")
+@tasks_app.command("restart", short_help="Run failed, cancelled or expired tasks again.")
 def tasks_restart(
-    key: KeyArg,
     mongodb_uri: UriOpt,
+    keys: Annotated[list[str] | None, typer.Argument(metavar="KEY...", hidden=True)] = None,
+    status: Annotated[
+        str | None, typer.Option(metavar="STATUS", help="Every task of this status (no KEYs).")
+    ] = None,
+    name: Annotated[str | None, typer.Option(metavar="NAME", help="With --status: of this name.")] = None,
     force: ForceOpt = False,
+    as_json: JsonOpt = False,
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
-    """Run task KEY again if failed, cancelled or expired (succeeded: with --force)."""
+    """Run tasks KEY... again if failed, cancelled or expired (succeeded: with --force), or
+    every task of --status (and --name). Many tasks: a progress bar on stderr, a line per task
+    not restarted, exit 1 if any was not."""
     conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
-    info = run(conn, lambda ops: ops.restart(key, force=force))
-    _done(f"restarted task {info.key!r} (now {info.status.value})")
+    if bool(keys) == (status is not None) or (name is not None and status is None):
+        message = "give KEY... or --status STATUS [--name NAME], not both"
+        raise _fail(CliError(message, exit_code=EXIT_USAGE))
+    if keys and len(keys) == 1 and not as_json:
+        info = run(conn, lambda ops: ops.restart(keys[0], force=force))
+        _done(f"restarted task {info.key!r} (now {info.status.value})")
+        return
+    show_progress = not as_json and err.is_terminal
+
+    async def restart(ops: Operations) -> list[Any]:
+        chosen = list(keys or ()) or await cli_tasks.select_keys(ops, str(status), name)
+        return await cli_tasks.restart_keys(ops, chosen, force, show_progress)
+
+    if not cli_tasks.print_restarts(run(conn, restart), as_json):
+        raise typer.Exit(EXIT_REFUSED)
 
 
 @tasks_app.command("remove", short_help="Delete a task that is not running.")
@@ -601,5 +627,6 @@ app.add_typer(plans_app)
 app.add_typer(workers_app)
 app.command(short_help="Task statistics: counts, success rates, durations.")(stats)
 
-# `mscheduler web` (mscheduler.cli_web) shares these options; imported last for that reason
-from mscheduler import cli_web  # noqa: E402, F401
+# `mscheduler web` (mscheduler.cli_web) and send, edit, plans add, events and the helpers of show
+# and restart (mscheduler.cli_tasks) share these options; imported last for that reason
+from mscheduler import cli_tasks, cli_web  # noqa: E402, F401

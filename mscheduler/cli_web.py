@@ -1,6 +1,6 @@
 """``mscheduler web``: the REST API (``mscheduler.web``) served by uvicorn over one MongoDB store.
 
-Tokens come from the environment (``MSCHEDULER_API_TOKENS="admin:...,read:..."``) or a file
+Tokens come from the environment (``MSCHEDULER_API_TOKENS="admin:...,read:...,executor:..."``) or a file
 (``--tokens-file`` / ``MSCHEDULER_API_TOKENS_FILE``, one ``role:token`` per line), never from a
 command-line value (it would show in process lists). Exits 2 on bad arguments or tokens, 3 if
 MongoDB cannot be reached at start.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -71,6 +72,9 @@ async def serve(
     port: int,
     tokens: Any,
     server_selection_timeout_ms: int | None,
+    metrics_public: bool = False,
+    events: bool = False,
+    event_retention_days: float = 7.0,
 ) -> None:
     """Connect, make sure the indexes exist, and serve until SIGINT / SIGTERM (uvicorn's)."""
     import uvicorn
@@ -88,20 +92,28 @@ async def serve(
         except CliError as exc:
             await client.close()
             raise CliError(str(exc), exit_code=EXIT_STORAGE) from exc
-        driver = MongoDriver(_database(client, database, "mscheduler"), prefix=prefix)
+        driver = MongoDriver(
+            _database(client, database, "mscheduler"),
+            prefix=prefix,
+            events=events,
+            event_retention=timedelta(days=event_retention_days),
+        )
         await driver.setup()  # the listings name their indexes (hint): they must exist
         operations = Operations(driver)
     try:
-        web_app = create_app(operations=operations, tokens=tokens)
+        web_app = create_app(operations=operations, tokens=tokens, metrics_public=metrics_public)
         config = uvicorn.Config(web_app, host=host, port=port, log_config=None, access_log=True)
-        plain_say(f"mscheduler web: serving the REST API on http://{host}:{port}/api/v1 ; Ctrl+C to stop")
+        plain_say(
+            f"mscheduler web: serving the REST API on http://{host}:{port}/api/v1 and the dashboard on "
+            f"http://{host}:{port}/ui/ ; Ctrl+C to stop"
+        )
         await uvicorn.Server(config).serve()
     finally:
         if client is not None:
             await client.close()
 
 
-@app.command(short_help="Serve the REST API (needs mscheduler[web]).")
+@app.command(short_help="Serve the REST API and the web dashboard (needs mscheduler[web]).")
 def web(
     mongodb_uri: UriOpt,
     host: Annotated[str, typer.Option(metavar="HOST", help="Address to listen on.")] = DEFAULT_HOST,
@@ -114,9 +126,19 @@ def web(
             "--tokens-file",
             envvar=TOKENS_FILE_ENV,
             metavar="FILE",
-            help=f"API tokens, one 'admin:TOKEN' or 'read:TOKEN' per line (default: ${TOKENS_ENV}).",
+            help=f"API tokens, one 'admin:TOKEN', 'read:TOKEN' or 'executor:TOKEN' per line "
+            f"(default: ${TOKENS_ENV}).",
         ),
     ] = None,
+    metrics_public: Annotated[
+        bool, typer.Option("--metrics-public", help="Serve /metrics without a token.")
+    ] = False,
+    events: Annotated[
+        bool, typer.Option("--events", help="The store records events (the /events routes).")
+    ] = False,
+    event_retention_days: Annotated[
+        float, typer.Option(metavar="DAYS", min=0.001, help="With --events: as your workers'.")
+    ] = 7.0,
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
@@ -149,6 +171,9 @@ def web(
                 port=port,
                 tokens=tokens,
                 server_selection_timeout_ms=server_selection_timeout_ms,
+                metrics_public=metrics_public,
+                events=events,
+                event_retention_days=event_retention_days,
             )
         )
     except CliError as exc:

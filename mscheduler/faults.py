@@ -418,7 +418,7 @@ class FaultyDriver:
     async def update_option(self, params: UpdateOptionParams) -> bool:
         return await self._invoke("update_option", lambda: self.inner.update_option(params), params)
 
-    async def control_task(self, params: ControlParams) -> bool:
+    async def control_task(self, params: ControlParams) -> dict[str, Any] | None:
         return await self._invoke("control_task", lambda: self.inner.control_task(params), params)
 
     async def register_worker(self, info: WorkerInfo) -> None:

@@ -480,13 +480,10 @@ class Operations:
         for _ in range(CONTROL_TRIES):
             now = await self._now()
             params = ControlParams(key, action, statuses, now, reason, stop_running)
-            if await self.driver.control_task(params):
-                if action == "remove":
-                    return None
-                doc = await self.driver.get_task(key)
-                if doc is None:  # removed meanwhile
-                    raise UnknownTask(key)
-                return TaskInfo.from_storage(doc)
+            after = await self.driver.control_task(params)
+            if after is not None:
+                # the task as this change left it (a later change may have moved it on since)
+                return None if action == "remove" else TaskInfo.from_storage(after)
             doc = await self.driver.get_task(key)
             if doc is None:
                 raise UnknownTask(key)

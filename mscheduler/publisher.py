@@ -21,6 +21,7 @@ from mscheduler.exceptions import (
 from mscheduler.model import OptionChange, Task, TaskInfo, TaskOption, TaskStatus, validate_key
 from mscheduler.operations import change_option
 from mscheduler.state import CHILD_ENDED_BADLY
+from mscheduler.tracing import tracer_for
 from mscheduler.unique import params_hash
 
 SEND_MANY_BATCH = 1000
@@ -39,13 +40,21 @@ class Publisher:
     :param max_params_bytes: the largest params a task may carry (their BSON size); larger ones
         are refused by ``send`` with ``InvalidInput``, nothing written. A task's document also
         holds its attempts, and MongoDB's limit is 16 MiB per document.
+    :param tracing: OpenTelemetry spans around sends, with the trace context stored on each task
+        (``mscheduler.tracing``); None follows ``mscheduler.tracing.enable()`` (off by default).
     """
 
     def __init__(
-        self, driver: Driver, *, clock: Clock | None = None, max_params_bytes: int = DEFAULT_MAX_PARAMS_BYTES
+        self,
+        driver: Driver,
+        *,
+        clock: Clock | None = None,
+        max_params_bytes: int = DEFAULT_MAX_PARAMS_BYTES,
+        tracing: bool | None = None,
     ) -> None:
         if not 1 <= max_params_bytes <= 8 * 1024 * 1024:
             raise InvalidInput("max_params_bytes must be between 1 byte and 8 MiB")
+        self._tracer = tracer_for(tracing)
         self.driver = driver
         self.clock: Clock = clock or SystemClock()
         self.max_params_bytes = max_params_bytes
@@ -81,7 +90,8 @@ class Publisher:
             )
         unique_hash = params_hash(task.name, task.params) if task.unique_by == "params" else None
         option = task.option.to_storage(self.clock.now())
-        return NewTask(task.key, task.name, task.params, option, unique_hash=unique_hash)
+        trace = self._tracer.carrier() if self._tracer is not None else None
+        return NewTask(task.key, task.name, task.params, option, unique_hash=unique_hash, trace=trace)
 
     async def _live_handlers(self) -> set[str]:
         """Task names that a live registered consumer handles."""
@@ -119,6 +129,12 @@ class Publisher:
         has the same name and params (SPEC F16), nor reset then. Pass a
         PyMongo ``session`` to insert inside your own transaction (SPEC F20).
         """
+        if self._tracer is not None and isinstance(task, Task):
+            with self._tracer.sending([task.key], [task.name]):
+                return await self._send(task, reset_finished, session)
+        return await self._send(task, reset_finished, session)
+
+    async def _send(self, task: Task, reset_finished: bool, session: Any) -> bool:
         params = InsertParams(self._family(task, reset_finished), self.clock.now(), reset_finished, session)
         await self._setup()
         created = (await self.driver.insert_tasks(params))[0]
@@ -147,6 +163,13 @@ class Publisher:
     ) -> list[bool]:
         """Publish many tasks, one round trip per ``SEND_MANY_BATCH``; a bool per task, in order."""
         tasks = list(tasks)
+        if self._tracer is not None:
+            keys = [t.key for t in tasks if isinstance(t, Task)]
+            with self._tracer.sending(keys, [t.name for t in tasks if isinstance(t, Task)]):
+                return await self._send_many(tasks, reset_finished, session)
+        return await self._send_many(tasks, reset_finished, session)
+
+    async def _send_many(self, tasks: list[Task], reset_finished: bool, session: Any) -> list[bool]:
         for i, task in enumerate(tasks):
             if not isinstance(task, Task):
                 raise InvalidInput(f"send_many() takes Tasks, got {type(task).__name__} at index {i}")

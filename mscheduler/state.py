@@ -57,6 +57,14 @@ DERIVED_FIELDS = (
 
 ANYONE = "*"
 
+# status values as plain strings (derive runs on every write: no enum lookups there)
+_PENDING = TaskStatus.PENDING.value
+_RUNNING_T = TaskStatus.RUNNING.value
+_SUCCEEDED_T = TaskStatus.SUCCEEDED.value
+_FAILED = TaskStatus.FAILED.value
+_EXPIRED = TaskStatus.EXPIRED.value
+_CANCELLED = TaskStatus.CANCELLED.value
+
 
 def claimer_token(name: str, worker_id: str) -> str:
     """One value of ``state.claimers``: ``name|worker_id`` (``name|*`` for any worker)."""
@@ -116,19 +124,19 @@ def derive(
     if marked is not None:
         status_value = marked
     elif cancelled:
-        status_value = TaskStatus.CANCELLED.value
+        status_value = _CANCELLED
     elif children is not None:
         status_value = family_status(children)
     elif success >= cnt:
-        status_value = TaskStatus.SUCCEEDED.value
+        status_value = _SUCCEEDED_T
     elif exhausted and running == 0:
-        status_value = TaskStatus.FAILED.value
+        status_value = _FAILED
     elif expired and running == 0:
-        status_value = TaskStatus.EXPIRED.value
+        status_value = _EXPIRED
     elif running > 0:
-        status_value = TaskStatus.RUNNING.value
+        status_value = _RUNNING_T
     else:
-        status_value = TaskStatus.PENDING.value
+        status_value = _PENDING
     claim_at: datetime | None
     if success >= cnt or exhausted or expired or cancelled or paused or free == 0:
         claim_at = None
@@ -158,7 +166,7 @@ def derive(
     }
 
 
-CHILD_ENDED_BADLY = (TaskStatus.FAILED.value, TaskStatus.EXPIRED.value, TaskStatus.CANCELLED.value)
+CHILD_ENDED_BADLY = (_FAILED, _EXPIRED, _CANCELLED)
 
 
 def family_status(children: Sequence[str]) -> str:
@@ -166,12 +174,12 @@ def family_status(children: Sequence[str]) -> str:
     failed when one ended without success (failed, expired, cancelled) and none runs (the core's
     rule: a task fails only once nothing runs); else pending."""
     if all(c == SUCCEEDED for c in children):
-        return TaskStatus.SUCCEEDED.value
+        return _SUCCEEDED_T
     if any(c == RUNNING for c in children):
-        return TaskStatus.RUNNING.value
+        return _RUNNING_T
     if any(c in CHILD_ENDED_BADLY for c in children):
-        return TaskStatus.FAILED.value
-    return TaskStatus.PENDING.value
+        return _FAILED
+    return _PENDING
 
 
 def family_inputs(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -203,17 +211,25 @@ LIVE = (TaskStatus.PENDING.value, TaskStatus.RUNNING.value)
 
 
 def lifecycle(
-    status: str, finish_time: datetime | None, unique_hash: str | None, now: datetime
+    status: str,
+    finish_time: datetime | None,
+    unique_hash: str | None,
+    now: datetime,
+    children: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """``state.finish_time`` and ``state.unique_live``, set by every write after ``derive``.
 
     * ``finish_time``: when the task became terminal (succeeded, failed, expired, cancelled): the
       write's ``now`` the first time, kept by later writes; None while it is pending or running
-      (a restart or a reset clears it). Retention counts from it.
+      (a restart or a reset clears it). Retention counts from it. A parent (``children``: its
+      ``state.children`` summary) whose status is terminal while a child is still pending or
+      running (a sequential child blocked behind one that failed) has none yet: retention must
+      not remove a parent and leave its children behind.
     * ``unique_live``: the task's ``unique_hash`` (``unique_by="params"``) while it is pending or
       running, else None: a unique partial index over it lets one live task hold a params hash.
     """
+    done = status in TERMINAL and not (children and any(c["status"] in LIVE for c in children))
     return {
-        "finish_time": (finish_time or now) if status in TERMINAL else None,
+        "finish_time": (finish_time or now) if done else None,
         "unique_live": unique_hash if status in LIVE else None,
     }

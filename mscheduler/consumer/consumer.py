@@ -18,7 +18,6 @@ import os
 import random
 import secrets
 import socket
-import traceback
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -43,7 +42,6 @@ from mscheduler.drivers.base import (
     PingParams,
     PingResult,
     WorkerInfo,
-    encoded_size,
 )
 from mscheduler.events import EventKind, EventRecorder, outcome_detail, outcome_kind
 from mscheduler.exceptions import (
@@ -55,17 +53,23 @@ from mscheduler.exceptions import (
     Snooze,
     StorageError,
 )
-from mscheduler.model import AttemptStatus, TaskOption, check_params, validate_name
+from mscheduler.model import AttemptStatus, TaskOption, validate_name
+from mscheduler.outcomes import DEFAULT_MAX_RESULT_BYTES, Outcome, error_info, fails_for_good
+from mscheduler.outcomes import fail_for_good as fail_outcome
+from mscheduler.outcomes import failed as failed_outcome
+from mscheduler.outcomes import rejected as rejected_outcome
+from mscheduler.outcomes import retry_after as retry_outcome
+from mscheduler.outcomes import snoozed as snoozed_outcome
+from mscheduler.outcomes import succeeded as succeeded_outcome
 from mscheduler.planner import Planner
 from mscheduler.retention import Retention, RetentionService
+from mscheduler.tracing import tracer_for
 
 log = logging.getLogger("mscheduler.consumer")
 
 Handler = Callable[..., Awaitable[Any]]
 Listener = Callable[[str, dict[str, Any]], None]
-TRACEBACK_LIMIT = 8000
 LEASE_SAFETY_MARGIN = timedelta(milliseconds=500)
-DEFAULT_MAX_RESULT_BYTES = 512 * 1024
 # Keys of untargeted fan-out tasks this worker ran, sent with each claim so that the store skips
 # them on the claim index's keys; older ones fall back to the claim filter's check of the entries.
 RAN_FANOUT_KEPT = 256
@@ -181,13 +185,6 @@ def _inspect_handler(fn: Handler) -> _Registered:
     return _Registered(fn, model, len(parameters) >= 1, len(parameters) == 2)
 
 
-def _error_info(exc: BaseException) -> dict[str, Any]:
-    tb = "".join(traceback.format_exception(exc))
-    if len(tb) > TRACEBACK_LIMIT:
-        tb = "...\n" + tb[-TRACEBACK_LIMIT:]
-    return {"type": type(exc).__name__, "message": str(exc)[:2000], "traceback": tb}
-
-
 class Consumer:
     """Runs registered handlers for claimed tasks.
 
@@ -219,6 +216,8 @@ class Consumer:
     :param claim_lease: an optional cap on the first lease of a claim. The first lease is the
         task's own ``worker_timeout`` (computed by the store inside the claim); with a cap,
         ``min(worker_timeout, claim_lease)``. None (the default): no cap.
+    :param tracing: OpenTelemetry spans around claims and attempts, each attempt's a child of
+        the task's sender (``mscheduler.tracing``); None follows ``mscheduler.tracing.enable()``.
     """
 
     def __init__(
@@ -244,6 +243,7 @@ class Consumer:
         max_attempt_entries: int = DEFAULT_MAX_ENTRIES,
         clock: Clock | None = None,
         host: str | None = None,
+        tracing: bool | None = None,
     ) -> None:
         if concurrency < 1:
             raise InvalidInput("concurrency must be at least 1")
@@ -294,6 +294,9 @@ class Consumer:
         self.clock = ServerClock(clock) if not isinstance(clock, ServerClock) else clock
         self._handlers: dict[str, _Registered] = {}
         self._listeners: list[Listener] = []
+        self._tracer = tracer_for(tracing)
+        if self._tracer is not None:
+            self._listeners.append(self._tracer.on_consumer_event)
         self._running: dict[str, _Running] = {}
         # untargeted fan-out tasks this worker succeeded on, newest last (see RAN_FANOUT_KEPT)
         self._ran_fanout: OrderedDict[str, None] = OrderedDict()
@@ -622,7 +625,10 @@ class Consumer:
             )
             # Shielded: a stop that cancels the claimer mid-claim must not orphan tasks the
             # store has already given us; stop() waits for the call and releases them.
-            self._claim_call = asyncio.ensure_future(self.driver.claim(params))
+            call = self.driver.claim(params)
+            if self._tracer is not None:
+                call = self._tracer.claim(call, self.worker_id, n)
+            self._claim_call = asyncio.ensure_future(call)
             try:
                 claimed = await asyncio.shield(self._claim_call)
             except StorageError as exc:
@@ -631,7 +637,7 @@ class Consumer:
                 await self.clock.sleep(self.poll_interval)
                 continue
             for task in claimed:
-                self._start(task)
+                self._start(task, now)
             self._claim_call = None
             if claimed:
                 # Let the handlers just started take their first step: those that finish at once
@@ -670,28 +676,32 @@ class Consumer:
             if sleeper is not None:
                 sleeper.cancel()
 
-    def _start(self, claimed: ClaimedTask) -> None:
+    def _start(self, claimed: ClaimedTask, claim_time: datetime) -> None:
         running = _Running(claimed, claimed.option, claimed.ping_expire_time)
-        running.reports = AttemptReports(self._ping_now.set, self.max_checkpoint_bytes)
         self._running[claimed.key] = running
         self._handlers_active += 1
         self.stats["claimed"] += 1
-        running.task = asyncio.create_task(self._execute(running), name=f"mscheduler:task:{claimed.key}")
+        attempt = self._execute(running)
+        if self._tracer is not None:
+            attempt = self._tracer.running(attempt, claimed, self.worker_id)
+        running.task = asyncio.create_task(attempt, name=f"mscheduler:task:{claimed.key}")
         self._ping_wake.set()
-        self._sync_parents_of([claimed.key])
+        if claimed.parent is not None and self.child_sync is not None:
+            self.child_sync.request([claimed.parent])
         running.started = self.clock.monotonic()
-        due = claimed.due_time
-        wait = max(0.0, (self.clock.now() - due).total_seconds()) if due is not None else None
-        self._emit(
-            "claimed",
-            {
-                "key": claimed.key,
-                "attempt": claimed.attempt,
-                "worker_id": self.worker_id,
-                "name": claimed.name,
-                "queue_wait": wait,
-            },
-        )
+        if self._listeners:
+            due = claimed.due_time
+            wait = max(0.0, (claim_time - due).total_seconds()) if due is not None else None
+            self._emit(
+                "claimed",
+                {
+                    "key": claimed.key,
+                    "attempt": claimed.attempt,
+                    "worker_id": self.worker_id,
+                    "name": claimed.name,
+                    "queue_wait": wait,
+                },
+            )
         if self.events is not None:  # buffered: no write on the claim path
             self._record_event(running, EventKind.CLAIMED)
 
@@ -700,18 +710,14 @@ class Consumer:
     async def _execute(self, running: _Running) -> None:
         claimed = running.claimed
         registered = self._handlers[claimed.name]
-        outcome: str | None
+        done: Outcome | None  # the shared outcome rules (mscheduler.outcomes) build it
         result: Any = None
-        error: dict[str, Any] | None = None
-        retry_at = None
-        final = False
         run_timeout = running.option.get("run_timeout_ms")
         try:
             try:
                 args = self._arguments(registered, claimed, running)
             except ValidationError as exc:
-                outcome = AttemptStatus.REJECTED.value
-                error = {"type": "InvalidParams", "message": str(exc), "traceback": None}
+                done = rejected_outcome({"type": "InvalidParams", "message": str(exc), "traceback": None})
             else:
                 if not run_timeout:
                     result = await registered.fn(*args)
@@ -724,37 +730,33 @@ class Consumer:
                             message = f"the attempt ran longer than its run_timeout ({run_timeout} ms)"
                             raise RunTimedOut(message) from exc
                         raise
-                result, error = self._storable_result(result)
-                outcome = AttemptStatus.SUCCEEDED.value if error is None else AttemptStatus.REJECTED.value
+                done = succeeded_outcome(result, self.max_result_bytes)
         except Snooze as exc:
-            outcome = AttemptStatus.SNOOZED.value
-            error = {"type": "Snooze", "message": str(exc), "traceback": None}
-            retry_at = self.clock.now() + exc.after
+            done = snoozed_outcome(str(exc), exc.after, self.clock.now())
         except Retry as exc:
-            outcome = AttemptStatus.FAILED.value
-            error = _error_info(exc) | {"type": "Retry"}
-            retry_at = self.clock.now() + exc.after
+            done = retry_outcome(error_info(exc), exc.after, self.clock.now())
         except Fail as exc:
-            outcome = AttemptStatus.FAILED.value
-            error = _error_info(exc) | {"type": "Fail"}
-            final = True
+            done = fail_outcome(error_info(exc))
         except asyncio.CancelledError:
             reason = running.cancel_reason
             if reason is None:  # cancelled from outside our bookkeeping: treat as a release
                 reason = "released"
             # lost: not ours any more; cancelled: the task ended (its finish would be refused)
             # paused: the store released the entry already (the pause's own write)
-            outcome = None if reason in ("lost", "cancelled", "paused") else reason
-            if outcome is not None:
-                error = {"type": "Cancelled", "message": f"attempt {reason}", "traceback": None}
+            done = None
+            if reason not in ("lost", "cancelled", "paused"):
+                done = Outcome(
+                    reason, error={"type": "Cancelled", "message": f"attempt {reason}", "traceback": None}
+                )
         except Exception as exc:
-            outcome = AttemptStatus.FAILED.value
-            error = _error_info(exc)
-            retry_at = self._retry_at(running)
+            done = self._failed(running, error_info(exc))
         finally:
             running.handler_done = True
             self._handlers_active -= 1
             self._slot_freed.set()
+        outcome = done.status if done is not None else None
+        result, error = (done.result, done.error) if done is not None else (None, None)
+        retry_at, final = (done.retry_at, done.final) if done is not None else (None, False)
         accepted = False
         if outcome is not None:
             now = self.clock.now()
@@ -787,49 +789,24 @@ class Consumer:
             if kind is not None:
                 self._record_event(running, kind, outcome_detail(error, retry_at))
         self._log_outcome(running, stat, error)
-        self._emit(
-            "finished",
-            {
-                "key": claimed.key,
-                "attempt": claimed.attempt,
-                "outcome": stat,
-                "error": error,
-                "name": claimed.name,
-                "duration": self.clock.monotonic() - running.started,
-            },
+        if self._listeners:
+            self._emit(
+                "finished",
+                {
+                    "key": claimed.key,
+                    "attempt": claimed.attempt,
+                    "outcome": stat,
+                    "error": error,
+                    "name": claimed.name,
+                    "duration": self.clock.monotonic() - running.started,
+                },
+            )
+
+    def _failed(self, running: _Running, error: dict[str, Any]) -> Outcome:
+        """A plain failure, retried by the task's retry policy (the rule in mscheduler.outcomes)."""
+        return failed_outcome(
+            error, running.option, running.claimed.failure_times, self.clock.now(), self.rng
         )
-
-    def _retry_at(self, running: _Running) -> datetime:
-        """When a failed attempt's task may run again, by its retry policy (mscheduler.retry). A
-        policy whose budget is used says None: the derived state fails the task then anyway."""
-        now = self.clock.now()
-        policy = TaskOption.from_storage(running.option).retry_policy
-        when = policy.next_retry([*running.claimed.failure_times, now], now, self.rng)
-        return when if when is not None else now
-
-    def _storable_result(self, result: Any) -> tuple[Any, dict[str, Any] | None]:
-        """The result as stored, or (None, the reason it cannot be): a pydantic model is dumped
-        to JSON-like data; values MongoDB cannot hold, or a result over ``max_result_bytes``,
-        fail the task for good (no retry: the same handler gives the same result)."""
-        if isinstance(result, BaseModel):
-            result = result.model_dump(mode="json")
-        try:
-            result = check_params(result, path="result")
-        except ValueError as exc:
-            return None, {
-                "type": "ResultNotStorable",
-                "message": f"the handler's result cannot be stored: {exc}",
-                "traceback": None,
-            }
-        size = 0 if result is None else encoded_size(result)
-        if size > self.max_result_bytes:
-            return None, {
-                "type": "ResultTooLarge",
-                "message": f"the handler's result is {size} bytes, more than max_result_bytes "
-                f"({self.max_result_bytes})",
-                "traceback": None,
-            }
-        return result, None
 
     def _fields(self, running: _Running, **more: Any) -> dict[str, Any]:
         """Structured fields for log records about an attempt (``extra=``)."""
@@ -889,6 +866,8 @@ class Consumer:
             params = claimed.params
             args.append(registered.model.model_validate(params) if registered.model else params)
         if registered.wants_context:
+            # checkpoint / progress reports: only handlers that take a context can make them
+            running.reports = AttemptReports(self._ping_now.set, self.max_checkpoint_bytes)
             args.append(
                 TaskContext(
                     claimed.key,
@@ -1138,14 +1117,7 @@ class Consumer:
     @staticmethod
     def _fails_for_good(running: _Running, stat: str, error: dict[str, Any] | None) -> bool:
         """Does this outcome end the task as failed (rejected, Fail, or the budget used)?"""
-        if stat not in (AttemptStatus.FAILED.value, AttemptStatus.REJECTED.value) or error is None:
-            return False
-        budget = running.option["max_unexpected_retries"]  # None: unlimited
-        return (
-            stat == AttemptStatus.REJECTED.value
-            or error["type"] == "Fail"
-            or (budget is not None and running.claimed.fail_cnt + 1 > budget)
-        )
+        return fails_for_good(running.option, running.claimed.fail_cnt, stat, error)
 
     def _record_event(self, running: _Running, kind: EventKind, detail: dict[str, Any] | None = None) -> None:
         assert self.events is not None

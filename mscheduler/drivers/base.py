@@ -47,6 +47,9 @@ class NewTask:
     parent: str | None = None
     position: int | None = None
     blocked: bool = False
+    # The sender's W3C trace context (mscheduler.tracing), stored as the top-level ``trace``:
+    # apart from params and options, so no hash and no claim filter sees it.
+    trace: Mapping[str, str] | None = None
 
 
 DEFAULT_MAX_ENTRIES = 100
@@ -92,6 +95,7 @@ class ClaimedTask:
     checkpoint: Any = None  # ``state.checkpoint.data`` as the claim found it (an earlier attempt's)
     parent: str | None = None  # a child task's parent key (its finish is followed by a sync)
     due_time: datetime | None = None  # when it became claimable (see ``due_time``): queue wait
+    trace: Mapping[str, str] | None = None  # the sender's trace context (mscheduler.tracing)
 
 
 @dataclass(slots=True, frozen=True)
@@ -389,7 +393,8 @@ class RetentionParams:
 @dataclass(slots=True, frozen=True)
 class PurgeParams:
     """Delete up to ``limit`` tasks in ``status`` whose ``state.finish_time`` is at or before
-    ``before`` (the oldest first)."""
+    ``before`` (the oldest first). Children are never deleted alone: a parent goes with its
+    children (deleted first), and a parent has a finish time only once none of them is live."""
 
     status: str
     before: datetime
@@ -501,9 +506,11 @@ class Driver(Protocol):
 
     async def task_stats(self, params: StatsParams) -> TaskStats: ...
 
-    async def control_task(self, params: ControlParams) -> bool:
-        """One atomic operator change (see ControlParams); False when no task with that key is
-        in one of the allowed statuses (nothing changed)."""
+    async def control_task(self, params: ControlParams) -> dict[str, Any] | None:
+        """One atomic operator change (see ControlParams): the task as that write left it (for
+        ``remove``: as it was deleted), so the caller needs no second read that a later change
+        could race; None when no task with that key is in one of the allowed statuses (nothing
+        changed)."""
         ...
 
     async def update_option(self, params: UpdateOptionParams) -> bool: ...
@@ -597,23 +604,29 @@ def new_task_document(task: NewTask, now: datetime) -> dict[str, Any]:
         state["children_rev"] = 0
     state.update(derive(task.name, task.option, [], **family_inputs(state)))
     state.update(lifecycle(state["status"], None, task.unique_hash, now))
-    return {
-        "key": task.key,
-        "name": task.name,
-        "params": task.params,
-        "option": dict(task.option),
-        "unique_hash": task.unique_hash,
-        "state": state,
-    } | family_fields(task)
+    return (
+        {
+            "key": task.key,
+            "name": task.name,
+            "params": task.params,
+            "option": dict(task.option),
+            "unique_hash": task.unique_hash,
+            "state": state,
+        }
+        | family_fields(task)
+        | ({"trace": dict(task.trace)} if task.trace else {})
+    )
 
 
 def family_fields(task: NewTask) -> dict[str, Any]:
-    """The top-level fields of a parent (``children``) or a child (``parent``, ``position``)."""
+    """The top-level fields of a parent (``children``) or a child (``parent``, ``position``); a
+    task of no family is ``solo``: only those expire by the store's TTL indexes (a family is
+    removed whole, children first, by the retention pass)."""
     if task.children is not None:
         return {"children": dict(task.children)}
     if task.parent is not None:
         return {"parent": task.parent, "position": task.position}
-    return {}
+    return {"solo": True}
 
 
 UNCOUNTED_STATUSES = ("released", "revoked", "snoozed")

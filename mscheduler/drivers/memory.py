@@ -113,7 +113,12 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
                 state.get("expired_at") is not None,
                 state.get("cancelled") is not None,
                 state.get("paused") is True,
-                **family_inputs(state),
+                # child tasks only (most documents are neither parents nor children)
+                **(
+                    family_inputs(state)
+                    if ("children" in state or "blocked" in state or "marked" in state)
+                    else {}
+                ),
             )
         )
         state["update_time"] = now
@@ -244,8 +249,10 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
                 continue
             expire = first_lease_end(params, doc["option"])
             entry = new_entry(params, attempt, expire)
-            doc["state"]["worker_states"].append(entry)
-            doc["state"]["worker_states"] = trim_entries(doc["state"]["worker_states"], params.max_entries)
+            entries = doc["state"]["worker_states"]
+            entries.append(entry)
+            if len(entries) > params.max_entries:
+                doc["state"]["worker_states"] = trim_entries(entries, params.max_entries)
             self._write(doc, params.now)
             heapq.heappush(self._leases, (expire, next(self._seq), doc["key"], attempt))
             claimed.append(
@@ -261,9 +268,10 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
                     failure_times=failure_times(doc["state"]["worker_states"])
                     if doc["state"]["fail_cnt"]
                     else (),
-                    checkpoint=_copy((doc["state"].get("checkpoint") or {}).get("data")),
+                    checkpoint=_copy(saved["data"]) if (saved := doc["state"].get("checkpoint")) else None,
                     parent=doc.get("parent"),
                     due_time=due_time(doc),
+                    trace=doc.get("trace"),
                 )
             )
             attempt = next(attempts, None)
@@ -476,10 +484,10 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
         self._record([task_event(EventKind.EDITED, params.key, doc["name"], params.now)], params.now)
         return True
 
-    async def control_task(self, params: ControlParams) -> bool:
+    async def control_task(self, params: ControlParams) -> dict[str, Any] | None:
         doc = self._tasks.get(params.key)
         if doc is None or doc["state"]["status"] not in params.statuses:
-            return False
+            return None
         state = doc["state"]
         kind = CONTROL_KINDS.get(params.action)
         if kind is not None:  # checked below (an unknown action raises): nothing is recorded then
@@ -489,7 +497,7 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
             self._forget(doc)
             del self._tasks[params.key]
             self._version[params.key] = self._version.get(params.key, 0) + 1  # drops heap entries
-            return True
+            return doc
         if params.action == "cancel":
             state["cancelled"] = {"reason": params.reason, "time": params.now}
             state["stop"] = stop_record("cancel", state["worker_states"], params.now)
@@ -532,7 +540,7 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
         else:
             raise InvalidInput(f"unknown control action {params.action!r}")
         self._write(doc, params.now)
-        return True
+        return copy.deepcopy(doc)
 
     async def register_worker(self, info: WorkerInfo) -> None:
         self._workers[info.worker_id] = {

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from mscheduler.drivers.base import PurgeParams, RetentionParams, UniqueParamsTaken
-from mscheduler.state import lifecycle
+from mscheduler.state import LIVE, lifecycle
 
 
 class MemoryMaintenance:
@@ -32,12 +32,23 @@ class MemoryMaintenance:
         """Set ``finish_time`` / ``unique_live`` after ``derive`` and keep the indexes right."""
         state = doc["state"]
         previous_finish, previous_live = state.get("finish_time"), state.get("unique_live")
-        state.update(lifecycle(state["status"], previous_finish, doc.get("unique_hash"), now))
+        unique_hash = doc.get("unique_hash")
+        if (
+            state["status"] in LIVE
+            and previous_finish is None
+            and previous_live is None
+            and unique_hash is None
+        ):
+            # the common case (a live task without a params hash): nothing to set or index
+            state["finish_time"] = state["unique_live"] = None
+            return
+        state.update(lifecycle(state["status"], previous_finish, unique_hash, now, state.get("children")))
         if previous_live is not None and self._live_hashes.get(previous_live) == doc["key"]:
             del self._live_hashes[previous_live]
         if state["unique_live"] is not None:
             self._live_hashes[state["unique_live"]] = doc["key"]
-        if state["finish_time"] is not None:  # again on later writes: the status may change
+        if state["finish_time"] is not None and "parent" not in doc:  # children go with their parent
+            # pushed again on later writes: the status may change
             heap = self._finished.setdefault(state["status"], [])
             heapq.heappush(heap, (state["finish_time"], next(self._seq), doc["key"]))
 
@@ -74,9 +85,12 @@ class MemoryMaintenance:
                 continue  # deleted, restarted or changed since: a new finish has its own entry
             if doc["state"]["finish_time"] != finish_time:
                 continue
-            self._forget(doc)
-            del self._tasks[key]
-            self._version[key] = self._version.get(key, 0) + 1  # drops its heap entries
+            # a family goes whole: its children first (all finished: the parent has a finish time)
+            for child_key in [*doc.get("children", {}).get("keys", ()), key]:
+                child = self._tasks.pop(child_key, None)
+                if child is not None:
+                    self._forget(child)
+                    self._version[child_key] = self._version.get(child_key, 0) + 1  # drops its heap entries
             removed += 1
         return removed
 

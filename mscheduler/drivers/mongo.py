@@ -581,6 +581,7 @@ class MongoDriver(
             checkpoint=(doc["state"].get("checkpoint") or {}).get("data"),
             parent=doc.get("parent"),
             due_time=due_time(doc),
+            trace=doc.get("trace"),
         )
 
     async def _fix_first_lease(self, params: ClaimParams, doc: dict[str, Any], attempt: str) -> datetime:

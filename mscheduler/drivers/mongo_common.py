@@ -78,7 +78,7 @@ DEADLINE_INDEX = "deadline"
 UNIQUE_LIVE_INDEX = "unique_live"
 PARENTS_INDEX = "parents"
 STATS_COUNTS_INDEX = "stats_counts"
-STATS_FINISHED_INDEX = "stats_finished"
+STATS_FINISHED_INDEX = "finished"
 INDEXES: list[tuple[Any, dict[str, Any]]] = [
     ("key", {"unique": True, "name": KEY_INDEX}),
     # claim: equality on who may claim (this worker's or anyone's token, per name), then the
@@ -124,9 +124,10 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
         {"name": PARENTS_INDEX, "partialFilterExpression": {"children": {"$exists": True}}},
     ),
     # statistics (drivers/mongo_stats.py): counts by name and status with the due pending tasks'
-    # claim_at (covered); the tasks finished in a time window (only those are fetched)
+    # claim_at (covered); the tasks finished in a time window (only those are fetched: one range
+    # per finished status), and the retention pass's oldest finished tasks of one status
     ([("name", 1), ("state.status", 1), ("state.claim_at", 1)], {"name": STATS_COUNTS_INDEX}),
-    ([("state.finish_time", 1), ("name", 1)], {"name": STATS_FINISHED_INDEX}),
+    ([("state.status", 1), ("state.finish_time", 1), ("name", 1)], {"name": STATS_FINISHED_INDEX}),
 ]
 INDEX_NAMES = tuple(options["name"] for _, options in INDEXES)
 
@@ -272,12 +273,22 @@ def _derive_stages(now: datetime) -> list[dict[str, Any]]:
 def _lifecycle_stage(now: datetime) -> dict[str, Any]:
     """``mscheduler.state.lifecycle`` as a stage: ``finish_time`` (the write's ``now`` when the
     task first becomes terminal, kept after; null while live) and ``unique_live`` (the params
-    hash while live, for the unique partial index ``unique_live``)."""
+    hash while live, for the unique partial index ``unique_live``); a parent with a child still
+    live has no finish time yet."""
+    open_children = {
+        "$size": {
+            "$filter": {
+                "input": {"$ifNull": ["$state.children", []]},
+                "as": "c",
+                "cond": {"$in": ["$$c.status", list(LIVE)]},
+            }
+        }
+    }
     return {
         "$set": {
             "state.finish_time": {
                 "$cond": [
-                    {"$in": ["$state.status", list(TERMINAL)]},
+                    {"$and": [{"$in": ["$state.status", list(TERMINAL)]}, {"$eq": [open_children, 0]}]},
                     {"$ifNull": ["$state.finish_time", _lit(now)]},
                     None,
                 ]

@@ -15,8 +15,8 @@ What each costs with events on (never a command on the claim path):
   update is skipped when it finds nothing, so an idle pass costs the same one command), then one
   insert. Several consumers' passes may read the same entry: the event ids are deterministic
   (``key|attempt|lease_lost``, ``key|expired|<deadline>``), so it is stored once;
-* ``control_task`` / ``update_option``: one read of the task's name (a removed task has none
-  afterwards) and one insert.
+* ``control_task``: one insert (the changed or deleted task, returned by the write, names
+  itself); ``update_option``: one read of the task's name and one insert.
 
 Indexes (every read names its index):
 
@@ -306,18 +306,14 @@ class MongoEvents:
         )
         return doc.get("name") if doc is not None else None
 
-    async def control_task(self, params: ControlParams) -> bool:
+    async def control_task(self, params: ControlParams) -> dict[str, Any] | None:
         kind = CONTROL_KINDS.get(params.action)
-        if not self.record_events or kind is None:
-            return bool(await super().control_task(params))  # type: ignore[misc]
-        name = await self._task_name(params.key)  # read first: a removed task has none after
-        if name is None:
-            return False
-        applied = bool(await super().control_task(params))  # type: ignore[misc]
-        if applied:
+        after: dict[str, Any] | None = await super().control_task(params)  # type: ignore[misc]
+        if after is not None and self.record_events and kind is not None:
+            # the changed (or deleted) task names itself: no read before the write
             detail = {"reason": params.reason} if params.reason else None
-            await self._record([task_event(kind, params.key, name, params.now, detail)], params.now)
-        return applied
+            await self._record([task_event(kind, params.key, after["name"], params.now, detail)], params.now)
+        return after
 
     async def update_option(self, params: UpdateOptionParams) -> bool:
         applied = bool(await super().update_option(params))  # type: ignore[misc]

@@ -32,7 +32,17 @@ from mscheduler.drivers.base import (
     RetentionParams,
     trim_entries,
 )
-from mscheduler.drivers.mongo_common import KEY_INDEX, WS, T, _derive_stages, _in, _out, _resolve, log
+from mscheduler.drivers.mongo_common import (
+    KEY_INDEX,
+    STATS_FINISHED_INDEX,
+    WS,
+    T,
+    _derive_stages,
+    _in,
+    _out,
+    _resolve,
+    log,
+)
 from mscheduler.exceptions import StorageError
 from mscheduler.state import TERMINAL
 
@@ -215,7 +225,8 @@ class MongoMaintenance:
                 "state.finish_time",
                 name=name,
                 expireAfterSeconds=seconds,
-                partialFilterExpression={"state.status": status},
+                # tasks of no family only: a family is removed whole by the retention pass
+                partialFilterExpression={"state.status": status, "solo": True},
             )
 
         await self._call("create retention index", create)
@@ -232,22 +243,34 @@ class MongoMaintenance:
             await self._create_ttl(name, status, seconds)
 
     async def purge_finished(self, params: PurgeParams) -> int:
-        filter_ = {"state.status": params.status, "state.finish_time": {"$lte": _out(params.before)}}
-        index = retention_index(params.status)
+        # children are never removed alone (they go with their parent, below)
+        filter_ = {
+            "state.status": params.status,
+            "state.finish_time": {"$lte": _out(params.before)},
+            "parent": {"$exists": False},
+        }
 
-        async def oldest() -> list[str]:
+        async def oldest() -> list[dict[str, Any]]:
             cursor = (
-                self.tasks.find(filter_, {"_id": 0, "key": 1})
+                self.tasks.find(filter_, {"_id": 0, "key": 1, "children.keys": 1})
                 .sort("state.finish_time", 1)
                 .limit(params.limit)
+                .hint(STATS_FINISHED_INDEX)  # (status, finish_time, name): the range, in order
             )
-            if index in self._retention_indexes:  # the status's TTL index serves it
-                cursor = cursor.hint(index)
-            return [doc["key"] async for doc in cursor]
+            return [doc async for doc in cursor]
 
-        keys = await self._call("find finished tasks", oldest)
-        if not keys:
+        found = await self._call("find finished tasks", oldest)
+        if not found:
             return 0
+        keys = [doc["key"] for doc in found]
+        children = [k for doc in found for k in (doc.get("children") or {}).get("keys", ())]
+        if children:
+            # a family's children first: a crash in between leaves a finished parent, which the
+            # next pass removes (its children are all finished: it has a finish time)
+            await self._call(
+                "remove finished children",
+                lambda: self.tasks.delete_many({"key": {"$in": children}}, **self._hint(KEY_INDEX)),
+            )
 
         async def delete() -> Any:
             # the same conditions again: a task restarted since the read is left alone

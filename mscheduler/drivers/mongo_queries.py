@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
 from mscheduler.drivers.base import (
@@ -160,12 +161,12 @@ class MongoTaskQueries:
         result = await self._call("update option", update)
         return bool(result.matched_count)
 
-    async def control_task(self, params: ControlParams) -> bool:
+    async def control_task(self, params: ControlParams) -> dict[str, Any] | None:
         # The filter is the compare-and-set: the key in one of the allowed statuses.
         filter_ = {"key": params.key, "state.status": {"$in": list(params.statuses)}}
         if params.action == "remove":
-            deleted = await self._call("remove task", lambda: self.tasks.delete_one(filter_))
-            return bool(deleted.deleted_count)
+            deleted = await self._call("remove task", lambda: self.tasks.find_one_and_delete(filter_))
+            return _without_id(deleted)
         now = _lit(params.now)
         change: dict[str, Any]
         stages: list[dict[str, Any]] = []
@@ -215,13 +216,17 @@ class MongoTaskQueries:
         pipeline = [{"$set": change}, *stages, *_derive_stages(params.now)]
 
         async def update() -> Any:
-            return await self.tasks.update_one(filter_, pipeline)
+            # no projection of _id: mongomock finds the document AFTER the change by its _id (or
+            # else by the filter, which it may no longer match); a real server needs neither
+            return await self.tasks.find_one_and_update(
+                filter_, pipeline, return_document=ReturnDocument.AFTER
+            )
 
         try:
             result = await self._call(f"{params.action} task", update)
         except DuplicateKeyError as exc:  # the unique index unique_live: a restart's params are taken
             raise UniqueParamsTaken(params.key, await self._unique_holder_of(params.key)) from exc
-        return bool(result.matched_count)
+        return _without_id(result)
 
     async def _unique_holder_of(self, key: str) -> str | None:
         """The key of the live task holding the params hash of task ``key`` (None: none now)."""
@@ -234,3 +239,11 @@ class MongoTaskQueries:
             return str(holder["key"]) if holder is not None else None
 
         return await self._call("find the holder of a params hash", read)
+
+
+def _without_id(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A task document as the domain sees it (no ``_id``), or None."""
+    if doc is None:
+        return None
+    doc.pop("_id", None)
+    return _in(doc)  # type: ignore[no-any-return]

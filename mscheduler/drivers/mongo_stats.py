@@ -8,7 +8,7 @@ that neither grows with the finished tasks outside the window:
   earliest due time of due pending tasks per name. Covered: only index keys are read, no
   document. Asked for some statuses (the metrics' gauges ask for pending and running), the scan
   seeks from status range to status range: it reads the keys of those tasks only.
-* ``stats_finished`` (``state.finish_time, name``): the tasks finished since ``min(now - window,
+* ``finished`` (``state.status, state.finish_time, name``): the tasks finished since ``min(now - window,
   start of the throughput hour)``, the only documents fetched; one ``$facet`` computes the
   window's counts, the duration percentiles and the per-minute throughput from them.
 
@@ -81,7 +81,7 @@ def finished_pipeline(params: StatsParams) -> list[dict[str, Any]]:
     match: dict[str, Any] = {"state.finish_time": {"$gte": _out(low), "$lte": _out(high)}}
     if params.names is not None:
         match["name"] = {"$in": list(params.names)}
-    match["state.status"] = {"$in": list(FINISHED_STATUSES)}  # residual: cancelled, expired out
+    match["state.status"] = {"$in": list(FINISHED_STATUSES)}  # one index range per status
 
     succeeded_entries = {
         "$filter": {"input": f"${WS}", "as": "e", "cond": {"$eq": ["$$e.status", "succeeded"]}}

@@ -5,7 +5,8 @@ web``) or to mount in yours (``app.mount("/scheduler", create_app(...))``); its 
 ``app.state``, not in module globals. Every route calls one ``Operations`` method and returns
 what it returned: no query and no rule lives here.
 
-Access: a bearer token on every request except ``/api/v1/health`` and the OpenAPI schema. A
+Access: a bearer token on every request except ``/api/v1/health``, the OpenAPI schema and the
+dashboard's static files (``/``, ``/ui/...``: ``mscheduler.web.dashboard``; they hold no data). A
 read token may GET; changes need an admin token (403 otherwise); no or an unknown token is a 401
 with ``WWW-Authenticate: Bearer``. The check runs before anything else, so an unauthenticated
 request learns nothing about its input.
@@ -30,11 +31,13 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
 from pydantic import BeforeValidator
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mscheduler import __version__
 from mscheduler.exceptions import (
     InvalidInput,
+    LeaseLost,
     MSchedulerError,
     StorageError,
     TransitionRefused,
@@ -45,7 +48,9 @@ from mscheduler.listing import CURSOR_MAX_LEN, LIST_LIMIT_MAX
 from mscheduler.model import OptionChange, TaskInfo, TaskOption, TaskStatus
 from mscheduler.operations import Operations
 from mscheduler.plans import Plan, PlanInfo, PlanState
+from mscheduler.remote import RemoteExecutors
 from mscheduler.web.auth import ApiTokens, Role
+from mscheduler.web.dashboard import is_dashboard_path, mount_dashboard
 from mscheduler.web.models import (
     CancelBody,
     ErrorOut,
@@ -54,6 +59,7 @@ from mscheduler.web.models import (
     StatsOut,
     StopOut,
     TaskPageOut,
+    WhoAmIOut,
     WorkerOut,
 )
 
@@ -61,6 +67,7 @@ API = "/api/v1"
 OPENAPI_PATH = f"{API}/openapi.json"
 HEALTH_PATH = f"{API}/health"
 PUBLIC_PATHS = frozenset({OPENAPI_PATH, HEALTH_PATH})
+METRICS_PATH = "/metrics"  # Prometheus (outside /api/v1: where scrapers look by default)
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # The health check's point read on the key index (a key no task is expected to have).
 HEALTH_PROBE_KEY = "mscheduler:health-probe"
@@ -103,11 +110,13 @@ def _unauthorized(detail: str) -> _ApiError:
 
 class TokenAuth:
     """ASGI middleware: the bearer token's role must allow the request's method (reads: GET,
-    HEAD, OPTIONS; everything else: admin). Runs before routing, parsing and validation."""
+    HEAD, OPTIONS; everything else: admin) — an executor token the executor routes and nothing
+    else (``EXECUTOR_PATHS``). Runs before routing, parsing and validation."""
 
-    def __init__(self, app: ASGIApp, tokens: ApiTokens) -> None:
+    def __init__(self, app: ASGIApp, tokens: ApiTokens, public: frozenset[str] = PUBLIC_PATHS) -> None:
         self.app = app
         self.tokens = tokens
+        self.public = public
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -117,7 +126,7 @@ class TokenAuth:
         root = scope.get("root_path", "")
         if root and path.startswith(root):
             path = path[len(root) :]
-        if path in PUBLIC_PATHS:
+        if path in self.public or is_dashboard_path(path):  # the dashboard's files hold no data
             await self.app(scope, receive, send)
             return
         error = self._refusal(scope)
@@ -137,10 +146,23 @@ class TokenAuth:
         role = self.tokens.role_of(token)
         if role is None:
             return _unauthorized("unknown token")
-        if role is not Role.ADMIN and scope["method"] not in READ_METHODS:
+        if role is Role.EXECUTOR:  # the executor routes only, and nothing else (not even reads)
+            if _scope_path(scope) not in EXECUTOR_PATHS:
+                return _ApiError(403, "forbidden", "an executor token may only use /api/v1/executors/...")
+        elif role is not Role.ADMIN and scope["method"] not in READ_METHODS:
             return _ApiError(403, "forbidden", "this token may only read; changes need an admin token")
+        scope.setdefault("state", {})["role"] = role  # request.state.role: for GET /whoami
         return None
 
+
+def _scope_path(scope: Scope) -> str:
+    path: str = scope["path"]
+    root = scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
+
+
+# The remote-executor routes (mscheduler.web.executors): the only ones an executor token may use.
+EXECUTOR_PATHS = frozenset(f"{API}/executors/{action}" for action in ("lease", "ping", "report"))
 
 # Declares the scheme in the OpenAPI schema; ``TokenAuth`` enforces it.
 _bearer = HTTPBearer(auto_error=False, description="an admin or read token")
@@ -378,6 +400,12 @@ async def stats(
     return StatsOut(counts=details.counts, total=details.total, details=details)
 
 
+@misc.get("/whoami", response_model=WhoAmIOut, summary="The role of the presented token")
+async def whoami(request: Request) -> WhoAmIOut:
+    """What this token may do: the dashboard shows its action buttons to admin tokens only."""
+    return WhoAmIOut(role=request.state.role)
+
+
 health = APIRouter(tags=["health"])
 
 
@@ -445,6 +473,8 @@ def domain_error(exc: Exception) -> _ApiError:
         return _ApiError(422, "invalid_input", str(exc))
     if isinstance(exc, (UnknownTask, UnknownPlan)):
         return _ApiError(404, "not_found", str(exc))
+    if isinstance(exc, LeaseLost):  # a remote executor's report or ping after its lease moved on
+        return _ApiError(409, "lease_lost", str(exc))
     if isinstance(exc, TransitionRefused):
         return _ApiError(409, "transition_refused", str(exc), status=exc.status, rule=exc.rule)
     if isinstance(exc, StorageError) and exc.transient:
@@ -459,11 +489,48 @@ def domain_error(exc: Exception) -> _ApiError:
 # -- the app --------------------------------------------------------------------------------------
 
 
-def create_app(*, operations: Operations, tokens: ApiTokens, title: str = "mscheduler") -> FastAPI:
+class _MetricsEndpoint:
+    """``Metrics.asgi_app()`` as a route's ASGI endpoint (a plain function would be taken for a
+    request handler); a route, not a mount, so ``/metrics`` answers without a redirect."""
+
+    def __init__(self, inner: ASGIApp) -> None:
+        self.inner = inner
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.inner(scope, receive, send)
+
+
+def _mount_metrics(app: FastAPI, operations: Operations) -> None:
+    try:
+        from mscheduler.metrics import Metrics
+    except ImportError:  # the metrics extra is not installed: no /metrics
+        log.info("GET /metrics is off: pip install 'mscheduler[metrics]' for it")
+        return
+    app.state.metrics = Metrics(operations)
+    endpoint = _MetricsEndpoint(app.state.metrics.asgi_app())
+    app.router.routes.append(Route(METRICS_PATH, endpoint, methods=["GET"], include_in_schema=False))
+
+
+def create_app(
+    *,
+    operations: Operations,
+    tokens: ApiTokens,
+    title: str = "mscheduler",
+    metrics: bool = True,
+    metrics_public: bool = False,
+    dashboard: bool = True,
+    executors: RemoteExecutors | None = None,
+) -> FastAPI:
     """The REST API over ``operations`` (all routes under ``/api/v1``), guarded by ``tokens``.
 
     The OpenAPI schema is at ``/api/v1/openapi.json``; there is no docs page (FastAPI's loads
-    its assets from a CDN): point any OpenAPI viewer at the schema."""
+    its assets from a CDN): point any OpenAPI viewer at the schema. ``GET /metrics`` serves
+    Prometheus metrics (``mscheduler.metrics``, when ``prometheus-client`` is installed) to a read
+    token, or to anyone with ``metrics_public=True``; ``metrics=False`` leaves it out. The web
+    dashboard (``mscheduler.web.dashboard``, a client of this API) is at ``/ui/``, and ``/``
+    leads there; ``dashboard=False`` leaves it out. Remote executors lease, ping and report under
+    ``/api/v1/executors`` (``mscheduler.web.executors``) through ``executors``, by default a
+    ``RemoteExecutors`` over the operations' store and clock."""
     if not isinstance(operations, Operations):
         raise InvalidInput(f"operations: an Operations, got {type(operations).__name__}")
     if not isinstance(tokens, ApiTokens):
@@ -477,11 +544,20 @@ def create_app(*, operations: Operations, tokens: ApiTokens, title: str = "msche
         redoc_url=None,
     )
     app.state.operations = operations
-    for router in (tasks, plans, workers, misc, health):
+    app.state.executors = executors or RemoteExecutors(operations.driver, clock=operations.clock)
+    from mscheduler.web.events import events as events_router
+    from mscheduler.web.executors import executors as executors_router
+
+    for router in (tasks, plans, workers, misc, health, events_router, executors_router):
         app.include_router(router, prefix=API)
+    public = PUBLIC_PATHS | ({METRICS_PATH} if metrics and metrics_public else set())
+    if metrics:
+        _mount_metrics(app, operations)
+    if dashboard:
+        mount_dashboard(app)
     app.add_exception_handler(_ApiError, _on_api_error)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(MSchedulerError, _on_domain_error)
-    app.add_middleware(TokenAuth, tokens=tokens)
+    app.add_middleware(TokenAuth, tokens=tokens, public=public)
     return app

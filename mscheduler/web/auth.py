@@ -1,7 +1,9 @@
 """Bearer tokens of the REST API and their roles.
 
-Two roles: ``read`` (every GET) and ``admin`` (everything, mutations included). Tokens come from
-configuration (``ApiTokens(admin=[...], read=[...])``, or ``parse_tokens`` of
+Three roles: ``read`` (every GET), ``admin`` (everything, mutations included) and ``executor``
+(the remote-executor routes ``/api/v1/executors/...`` only: lease, ping, report; nothing else,
+not even reads). Tokens come from configuration (``ApiTokens(admin=[...], read=[...],
+executor=[...])``, or ``parse_tokens`` of
 ``MSCHEDULER_API_TOKENS`` / a tokens file). A presented token is compared with every configured
 one, always all of them, with ``hmac.compare_digest`` on SHA-256 digests (equal lengths: neither
 the token nor its length leaks through timing). Tokens are never logged, echoed or put in errors;
@@ -25,6 +27,7 @@ TOKEN_MAX_LEN = 512
 class Role(StrEnum):
     READ = "read"
     ADMIN = "admin"
+    EXECUTOR = "executor"
 
 
 def _digest(token: str | bytes) -> bytes:
@@ -37,11 +40,14 @@ class ApiTokens:
 
     :param admin: tokens that may read and change everything.
     :param read: tokens that may only read (GET); a mutation answers 403.
+    :param executor: tokens of remote executors: the executor routes only (403 elsewhere).
     """
 
-    def __init__(self, *, admin: Iterable[str] = (), read: Iterable[str] = ()) -> None:
+    def __init__(
+        self, *, admin: Iterable[str] = (), read: Iterable[str] = (), executor: Iterable[str] = ()
+    ) -> None:
         entries: list[tuple[bytes, Role]] = []
-        for role, tokens in ((Role.ADMIN, admin), (Role.READ, read)):
+        for role, tokens in ((Role.ADMIN, admin), (Role.READ, read), (Role.EXECUTOR, executor)):
             if isinstance(tokens, str):
                 raise InvalidInput(f"{role.value} tokens: a list of tokens, not one string")
             for n, token in enumerate(tokens, 1):
@@ -56,12 +62,15 @@ class ApiTokens:
                     )
                 entries.append((_digest(token), role))
         if not entries:
-            raise InvalidInput("no API token configured: give at least one admin or read token")
+            raise InvalidInput("no API token configured: give at least one admin, read or executor token")
         self._entries = tuple(entries)
 
     def __repr__(self) -> str:
         counts = {role: sum(r is role for _, r in self._entries) for role in Role}
-        return f"ApiTokens(admin={counts[Role.ADMIN]} token(s), read={counts[Role.READ]} token(s))"
+        return (
+            f"ApiTokens(admin={counts[Role.ADMIN]} token(s), read={counts[Role.READ]} token(s), "
+            f"executor={counts[Role.EXECUTOR]} token(s))"
+        )
 
     def role_of(self, presented: str) -> Role | None:
         """The role of a presented token (None: unknown). Checks every configured token."""
@@ -75,10 +84,9 @@ class ApiTokens:
 
 def parse_tokens(text: str, *, source: str = "MSCHEDULER_API_TOKENS") -> ApiTokens:
     """Tokens from ``role:token`` items separated by commas or new lines (``#`` starts a comment
-    line), e.g. ``admin:0123...,read:abcd...``. The error names the item's position, never the
-    token."""
-    admin: list[str] = []
-    read: list[str] = []
+    line), e.g. ``admin:0123...,read:abcd...,executor:ef01...``. The error names the item's
+    position, never the token."""
+    by_role: dict[str, list[str]] = {role.value: [] for role in Role}
     items = [
         item.strip()
         for line in text.splitlines()
@@ -89,11 +97,11 @@ def parse_tokens(text: str, *, source: str = "MSCHEDULER_API_TOKENS") -> ApiToke
     for n, item in enumerate(items, 1):
         role, sep, token = item.partition(":")
         role = role.strip().lower()
-        if not sep or role not in (Role.ADMIN.value, Role.READ.value):
-            raise InvalidInput(f"{source}: item #{n} is not 'admin:TOKEN' or 'read:TOKEN'")
-        (admin if role == Role.ADMIN.value else read).append(token.strip())
+        if not sep or role not in by_role:
+            raise InvalidInput(f"{source}: item #{n} is not 'admin:TOKEN', 'read:TOKEN' or 'executor:TOKEN'")
+        by_role[role].append(token.strip())
     try:
-        return ApiTokens(admin=admin, read=read)
+        return ApiTokens(admin=by_role["admin"], read=by_role["read"], executor=by_role["executor"])
     except InvalidInput as exc:
         raise InvalidInput(f"{source}: {exc}") from None
 

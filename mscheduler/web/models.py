@@ -86,6 +86,10 @@ class StatsOut(BaseModel):
     details: TaskStats
 
 
+class WhoAmIOut(BaseModel):
+    role: str = Field(description="the token's role: admin (reads and changes) or read")
+
+
 class HealthOut(BaseModel):
     status: str = Field(description='"ok", or "unavailable" (storage failing) with a 503')
 
@@ -95,7 +99,8 @@ class ErrorOut(BaseModel):
 
     error: str = Field(
         description="invalid_input, unauthorized, forbidden, not_found, transition_refused, "
-        "storage_unavailable or internal"
+        "lease_lost (a remote executor's attempt no longer holds the task), storage_unavailable "
+        "or internal"
     )
     detail: str
     status: str | None = Field(None, description="transition_refused: the task's status")

@@ -56,10 +56,12 @@ def assert_derived(doc: Mapping[str, Any]) -> None:
         **family_inputs(doc["state"]),
     )
     assert derived_of(doc) == expected, f"derived state drifted for {doc['key']!r}"
-    # the lifecycle fields (mscheduler.state.lifecycle): finish time iff terminal, the params
-    # hash held iff live
+    # the lifecycle fields (mscheduler.state.lifecycle): finish time iff terminal (and, for a
+    # parent, no child is live any more), the params hash held iff live
     state = doc["state"]
-    assert (state.get("finish_time") is not None) == (state["status"] in TERMINAL), doc["key"]
+    children_live = any(c["status"] in LIVE for c in state.get("children") or ())
+    finished = state["status"] in TERMINAL and not children_live
+    assert (state.get("finish_time") is not None) == finished, doc["key"]
     live = state["status"] in LIVE
     assert state.get("unique_live") == (doc.get("unique_hash") if live else None), doc["key"]
 

@@ -173,3 +173,47 @@ async def test_a_parent_edited_into_junk_is_skipped_not_fatal(store: Store) -> N
         assert await store.done(task, "w1")
     assert await store.driver.sync_parents(SyncParentsParams(["bad", "good"], store.now)) == 1
     assert await store.status("good") == "succeeded"
+
+
+async def test_a_failed_parent_with_blocked_children_is_not_finished_until_they_are(store: Store) -> None:
+    from mscheduler.retention import Retention, RetentionService
+
+    await store.insert(*family(store))
+    fetch = await store.claim_one("w1", names=["fetch"])
+    assert fetch is not None and await store.fail(fetch, "w1")
+    await sync(store, "etl")
+    assert await store.status("etl") == "failed"
+    # failed, but two children wait behind the failed one: no finish time, so retention (the
+    # pass here, a TTL index on a real server) cannot remove the parent and leave them behind
+    assert (await store.state("etl"))["finish_time"] is None
+    store.advance(3600)
+    service = RetentionService(store.driver, Retention(failed=timedelta(seconds=60)), clock=store.clock)
+    assert await service.run_once() == 0  # the failed child is not removed alone either
+    assert await store.get("etl/fetch") is not None and await store.get("etl") is not None
+    # the family ends when its last children end
+    for key in ("etl/transform", "etl/load"):
+        params = MarkParams(key, "cancelled", ["pending"], store.now, reason="given up", by="operator")
+        assert await store.driver.mark_task(params)
+    await sync(store, "etl")
+    assert (await store.state("etl"))["finish_time"] == store.now
+    # the pass removes the family whole, children first, once the parent's period is over
+    store.advance(30)
+    assert await service.run_once() == 0
+    store.advance(31)
+    assert await service.run_once() == 1
+    for key in ("etl", "etl/fetch", "etl/transform", "etl/load"):
+        assert await store.driver.get_task(key) is None, key
+
+
+async def test_retention_never_removes_a_child_alone(store: Store) -> None:
+    from mscheduler.retention import Retention, RetentionService
+
+    await store.insert(*family(store, mode="parallel", children=["a", "b"]))
+    a = await store.claim_one("w1", names=["a"])
+    assert a is not None and await store.done(a, "w1")
+    await sync(store, "etl")
+    store.advance(3600)
+    service = RetentionService(store.driver, Retention(succeeded=timedelta(seconds=60)), clock=store.clock)
+    assert await service.run_once() == 0  # etl/a succeeded long ago, but its family runs on
+    assert await store.get("etl/a") is not None
+    assert await summary(store) == ["succeeded", "pending"]

@@ -281,15 +281,15 @@ class Linearized:
             await asyncio.sleep(0)
         return await self.inner.get_task(key)
 
-    async def control_task(self, params: ControlParams) -> bool:
+    async def control_task(self, params: ControlParams) -> dict[str, Any] | None:
         for _ in range(self.rng.randrange(4)):
             await asyncio.sleep(0)
         async with self._lock:
             doc = await self.inner.get_task(params.key)
-            applied = bool(await self.inner.control_task(params))
+            after = await self.inner.control_task(params)
         before = doc["state"]["status"] if doc is not None else None
-        self.log.append((WHO.get(), params.action, tuple(params.statuses), before, applied))
-        return applied
+        self.log.append((WHO.get(), params.action, tuple(params.statuses), before, after is not None))
+        return after
 
 
 AFTER = {"cancel": "cancelled", "pause": "pending", "restart": "pending", "remove": None}

@@ -36,7 +36,7 @@ READS = [(m, p) for m, p in ROUTES if m in ("GET", "HEAD")]
 
 
 def test_the_route_list_covers_the_api() -> None:
-    assert (len(READS), len(CHANGES)) == (6, 13)
+    assert (len(READS), len(CHANGES)) == (9, 16)  # 16: + executors lease, ping, report
 
 
 @pytest.mark.parametrize(
@@ -131,3 +131,20 @@ async def test_no_token_is_logged(client: httpx.AsyncClient, caplog: pytest.LogC
     logged = "\n".join(r.getMessage() for r in caplog.records)
     for token in (ADMIN_TOKEN, READ_TOKEN, "wrong-token-0123456789"):
         assert token not in logged
+
+
+async def test_an_executor_token_may_use_the_executor_routes_only(driver: CountingDriver) -> None:
+    executor_token = "executor-token-0123456789abcdef"
+    tokens = parse_tokens(f"admin:{ADMIN_TOKEN},read:{READ_TOKEN},executor:{executor_token}")
+    assert tokens.role_of(executor_token) is Role.EXECUTOR and "executor=1" in repr(tokens)
+    app = create_app(operations=Operations(driver, clock=driver.clock), tokens=tokens)
+    headers = {"Authorization": f"Bearer {executor_token}"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        for method, path in ROUTES:
+            response = await http.request(method, path, headers=headers, json={})
+            if path.startswith("/api/v1/executors/"):
+                assert response.status_code == 422, (method, path)  # admitted; the empty body refused
+            else:
+                assert response.status_code == 403, (method, path)
+                assert "executor" in response.json()["detail"]
+    assert sum(driver.calls.values()) == 0

@@ -29,6 +29,7 @@ def served(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             seen["stats"] = (await client.get("/api/v1/stats", headers=ADMIN)).status_code
             seen["anonymous"] = (await client.get("/api/v1/stats")).status_code
+            seen["metrics"] = (await client.get("/metrics")).status_code
 
     monkeypatch.setattr(uvicorn.Server, "serve", serve)
     return seen
@@ -44,7 +45,13 @@ def _run(env: dict[str, str], *args: str) -> tuple[int, str]:
 def test_tokens_from_the_environment(served: dict[str, Any]) -> None:
     code, err = _run({"MSCHEDULER_API_TOKENS": f"admin:{ADMIN_TOKEN},read:{READ_TOKEN}"}, "--port", "8123")
     assert code == 0, err
-    assert served == {"host": "127.0.0.1", "port": 8123, "stats": 200, "anonymous": 401}
+    assert served == {"host": "127.0.0.1", "port": 8123, "stats": 200, "anonymous": 401, "metrics": 401}
+
+
+def test_metrics_public(served: dict[str, Any]) -> None:
+    code, err = _run({"MSCHEDULER_API_TOKENS": f"admin:{ADMIN_TOKEN}"}, "--metrics-public")
+    assert code == 0, err
+    assert served["metrics"] == 200 and served["anonymous"] == 401
     assert ADMIN_TOKEN not in err
 
 

@@ -1,0 +1,763 @@
+"""Remote executors (SPEC F30): workers that do not speak MongoDB lease tasks, ping them and
+report their outcomes through a service (the REST API's ``/api/v1/executors`` routes call it).
+
+The rules are the Python consumer's, not copies of them: a lease is the same atomic claim
+(``ClaimParams``: names, worker id, targeting, priority, the retry budget), a ping the same fenced
+lease renewal with checkpoints and progress riding it, a report the same fenced finish built by
+the shared outcome rules (``mscheduler.outcomes``: retry policy, ``Retry`` / ``Fail`` /
+``Snooze``, result caps, "failed for good"). A report or ping of an attempt whose lease moved on
+changes nothing and says so (``LeaseLost``; the API answers 409).
+
+An executor is registered as a worker at its first lease and heartbeats with its later ones (it
+shows in ``workers ls``; a remote stop reaches it as ``stop_requested`` in the lease answer).
+
+A lease may wait (long poll) up to ``max_wait`` seconds when nothing is due: the wait wakes on
+the store's change stream where there is one (one watch per set of names, shared by every
+waiting lease), at the next known claim or lease-expiry time, and otherwise polls with a short
+backoff; it is bounded by the wait asked for. Outcomes of concurrent reports are written in
+batches (one ``finish`` command for whatever piled up while the last one was in flight).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from mscheduler.clock import Clock, ServerClock
+from mscheduler.consumer.reports import DEFAULT_MAX_CHECKPOINT_BYTES, checked_checkpoint, checked_progress
+from mscheduler.drivers.base import (
+    FAILURE_STATUSES,
+    AttemptReport,
+    ChangeEvent,
+    ChangeStreamUnsupported,
+    ClaimedTask,
+    ClaimParams,
+    Driver,
+    ExpireParams,
+    FinishParams,
+    PingParams,
+    ResumeTokenLost,
+    WakeupParams,
+    WorkerInfo,
+)
+from mscheduler.events import EventKind, EventRecorder, outcome_detail, outcome_kind
+from mscheduler.exceptions import InvalidInput, LeaseLost, MSchedulerError, StorageError, UnknownTask
+from mscheduler.model import AttemptStatus, validate_key, validate_name
+from mscheduler.outcomes import (
+    DEFAULT_MAX_RESULT_BYTES,
+    Outcome,
+    error_dict,
+    fail_for_good,
+    failed,
+    fails_for_good,
+    retry_after,
+    snoozed,
+    succeeded,
+)
+from mscheduler.state import ANYONE, claimer_token
+
+log = logging.getLogger("mscheduler.remote")
+
+MAX_TASKS_PER_LEASE = 100
+MAX_PINGS = 1000  # attempts in one ping
+DEFAULT_MAX_WAIT = 30.0  # seconds a lease may wait for work at most
+WORKER_ID_MAX = 200
+HOST_MAX = 200
+OPTIONS_KEPT = 100_000  # (key, attempt) -> option of leased attempts, to renew leases without a read
+WORKERS_KEPT = 10_000  # executors whose registration this service remembers
+REPORT_OUTCOMES = ("succeeded", "failed", "snoozed", "released")
+WAKEUPS_READ = 16  # wake-ups a waiting lease reads (those already due say nothing new)
+_POLL_FIRST = 0.05  # the first pause of a polling wait; it doubles up to poll_interval
+
+
+def check_worker_id(worker_id: object) -> str:
+    """An executor's worker id: the consumer's rule (1 to 200 characters, not starting with '$')
+    and no spaces or control characters (it travels in logs and JSON)."""
+    if (
+        not isinstance(worker_id, str)
+        or not 1 <= len(worker_id) <= WORKER_ID_MAX
+        or worker_id.startswith("$")
+        or any(c.isspace() or not c.isprintable() for c in worker_id)
+    ):
+        raise InvalidInput(
+            f"worker_id: 1 to {WORKER_ID_MAX} printable characters without spaces, not starting with '$'"
+        )
+    return worker_id
+
+
+@dataclass(slots=True, frozen=True)
+class Lease:
+    """A lease's answer: the claimed attempts (maybe none), and whether an operator asked this
+    executor to stop (then nothing was claimed)."""
+
+    tasks: list[ClaimedTask]
+    stop_requested: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class AttemptPing:
+    """One running attempt to keep alive, with what to record on its task (like a handler's
+    ``ctx.checkpoint`` / ``ctx.progress``): ``save_checkpoint`` with ``checkpoint`` (None is a
+    checkpoint too) and / or ``progress`` ``{"fraction", "message"}``."""
+
+    key: str
+    attempt: str
+    save_checkpoint: bool = False
+    checkpoint: Any = None
+    progress: Mapping[str, Any] | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class PingAnswer:
+    """``state``: ``alive`` (renewed until ``lease_expires``; ping again within
+    ``ping_interval`` seconds), or ``lost`` / ``revoked`` / ``cancelled`` / ``paused``: stop
+    working, report nothing. ``recorded``: its checkpoint / progress was stored."""
+
+    key: str
+    attempt: str
+    state: str
+    lease_expires: datetime | None = None
+    ping_interval: float | None = None
+    recorded: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class AttemptResult:
+    """What an executor reports about an attempt (the HTTP body's domain form).
+
+    ``succeeded`` with ``result``; ``failed`` with ``error`` {type, message, traceback}, retried
+    by the task's retry policy, or after ``retry_after`` seconds (Python's ``Retry``), or never
+    (``final``: Python's ``Fail``); ``snoozed`` for ``retry_after`` seconds (``Snooze``, not a
+    failure); ``released`` (given back unrun, e.g. the executor is stopping: not a failure)."""
+
+    outcome: str
+    result: Any = None
+    error_type: str | None = None
+    message: str = ""
+    traceback: str | None = None
+    retry_after: float | None = None
+    final: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class Reported:
+    """A report the store took: what was written (``duplicate``: the same outcome had been
+    recorded already by this attempt, e.g. a report sent again after a lost reply)."""
+
+    key: str
+    attempt: str
+    outcome: Outcome
+    duplicate: bool = False
+
+
+@dataclass(slots=True)
+class _Waiter:
+    worker_id: str
+    tokens: frozenset[str]
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    next_at: datetime | None = None  # the earliest future time the stream told of
+
+
+class _Doorbell:
+    """One change-stream watch over a set of names, shared by the leases waiting on it; closed
+    when the last one leaves. Events are hints: a waiter wakes and claims (or re-arms its timer
+    to a claim time the event announces)."""
+
+    def __init__(self, driver: Driver, clock: Clock, names: frozenset[str]) -> None:
+        self.driver = driver
+        self.clock = clock
+        self.names = names
+        self.waiters: list[_Waiter] = []
+        self.streaming = False  # the stream delivered an event: it is open and healthy
+        self.task: asyncio.Task[None] | None = None
+        self.loop = asyncio.get_running_loop()
+
+    def add(self, waiter: _Waiter) -> None:
+        self.waiters.append(waiter)
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(self._watch())
+
+    def remove(self, waiter: _Waiter) -> None:
+        self.waiters.remove(waiter)
+        if not self.waiters and self.task is not None:
+            self.task.cancel()
+            self.task = None
+            self.streaming = False
+
+    async def _watch(self) -> None:
+        try:
+            async for event in self.driver.watch(sorted(self.names)):
+                self.streaming = True
+                if isinstance(event, ChangeEvent):
+                    self._ring(event)
+        except (ChangeStreamUnsupported, ResumeTokenLost, StorageError) as exc:
+            log.debug("executors' change stream on %s unavailable: %s", sorted(self.names), exc)
+        self.streaming = False  # ended: the waiters poll
+
+    def _ring(self, event: ChangeEvent) -> None:
+        now = self.clock.now()
+        for waiter in self.waiters:
+            when: datetime | None = None
+            if event.claimers is not None:
+                mine = waiter.tokens.intersection(event.claimers)
+                if mine or not event.claimers_complete:
+                    when = event.claim_at or now
+            elif not event.specific_worker_ids or waiter.worker_id in event.specific_worker_ids:
+                when = event.claim_at
+            if event.lease_expiry is not None and (when is None or event.lease_expiry < when):
+                when = event.lease_expiry
+            if when is None:
+                continue
+            if when > now:
+                waiter.next_at = when if waiter.next_at is None else min(waiter.next_at, when)
+            waiter.wake.set()
+
+
+@dataclass(slots=True)
+class _PendingFinish:
+    params: FinishParams
+    future: asyncio.Future[bool]
+
+
+class _Finisher:
+    """Writes the outcomes of concurrent reports in batches: one ``finish`` command for what
+    piled up while the last was in flight (SPEC G2)."""
+
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+        self.loop = asyncio.get_running_loop()
+        self.pending: list[_PendingFinish] = []
+        self.task: asyncio.Task[None] | None = None
+
+    async def submit(self, params: FinishParams) -> bool:
+        pending = _PendingFinish(params, self.loop.create_future())
+        self.pending.append(pending)
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(self._run())
+        return await asyncio.shield(pending.future)
+
+    async def _run(self) -> None:
+        while self.pending:
+            batch, self.pending = self.pending, []
+            try:
+                accepted = await self.driver.finish([p.params for p in batch])
+            except BaseException as exc:  # each caller gets the error (the API maps it)
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(exc)
+                        p.future.exception()  # retrieved: a caller that went away stays quiet
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            for p, ok in zip(batch, accepted, strict=True):
+                if not p.future.done():
+                    p.future.set_result(ok)
+
+
+class RemoteExecutors:
+    """Lease, ping and report for executors that reach the store through this service.
+
+    :param driver: the store.
+    :param clock: the time source; by default the system clock corrected to the server's (as a
+        consumer's). Waits run on it too (tests move a ``FakeClock``).
+    :param max_wait: the longest a lease waits for work; a longer wait asked for is cut to it.
+    :param poll_interval: the longest pause between two claims of a waiting lease where no change
+        stream is open (it starts at 0.05 s and doubles).
+    :param stream_poll_interval: the same while a change stream is open (the floor under hints).
+    :param heartbeat_interval: an executor's registry entry is refreshed by a lease at most this
+        often.
+    :param max_result_bytes: the largest result a report may carry (the consumer's rule: a
+        larger one fails the task at once, without retries).
+    :param max_checkpoint_bytes: the largest checkpoint a ping may carry (a larger one: 422).
+    :param maintenance_interval: leases also mark expired leases lost and expire tasks past
+        their deadline, at most this often (what a consumer's poller does), so that a fleet of
+        executors alone recovers the tasks of a dead one.
+    """
+
+    def __init__(
+        self,
+        driver: Driver,
+        *,
+        clock: Clock | None = None,
+        max_wait: float = DEFAULT_MAX_WAIT,
+        poll_interval: float = 1.0,
+        stream_poll_interval: float = 5.0,
+        heartbeat_interval: float = 5.0,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
+        maintenance_interval: float = 1.0,
+    ) -> None:
+        if not 0 <= max_wait <= 300:
+            raise InvalidInput("max_wait must be from 0 to 300 seconds")
+        for label, value in (
+            ("poll_interval", poll_interval),
+            ("stream_poll_interval", stream_poll_interval),
+            ("heartbeat_interval", heartbeat_interval),
+            ("maintenance_interval", maintenance_interval),
+        ):
+            if not 0 < value <= 3600:
+                raise InvalidInput(f"{label} must be more than 0 and at most 3600 seconds")
+        if not 1 <= max_result_bytes <= 15 * 1024 * 1024 or not 1 <= max_checkpoint_bytes <= 15 * 1024 * 1024:
+            raise InvalidInput("max_result_bytes and max_checkpoint_bytes: 1 byte to 15 MiB")
+        self.driver = driver
+        self.clock = clock if isinstance(clock, ServerClock) else ServerClock(clock)
+        self.max_wait = max_wait
+        self.poll_interval = poll_interval
+        self.stream_poll_interval = stream_poll_interval
+        self.heartbeat_interval = heartbeat_interval
+        self.max_result_bytes = max_result_bytes
+        self.max_checkpoint_bytes = max_checkpoint_bytes
+        self.maintenance_interval = maintenance_interval
+        self.rng = random.Random()  # retry jitter; tests may seed it
+        self._synced = False
+        self._maintained_at: float | None = None
+        self._workers: OrderedDict[str, float] = OrderedDict()  # worker id -> last heartbeat (mono)
+        self._options: OrderedDict[tuple[str, str], dict[str, Any]] = OrderedDict()
+        self._bells: dict[frozenset[str], _Doorbell] = {}
+        self._finisher: _Finisher | None = None
+        # report numbers of checkpoints / progress (read back to tell whether one landed)
+        self._seq = time.time_ns() // 1000
+        self.events: EventRecorder | None = (
+            EventRecorder(driver, self.clock) if getattr(driver, "record_events", False) else None
+        )
+        self.stats = {"leases": 0, "claimed": 0, "pings": 0, "reports": 0, "refused": 0}
+
+    async def _now(self) -> datetime:
+        if not self._synced:
+            await self.clock.sync(self.driver.server_time)
+            self._synced = True
+        return self.clock.now()
+
+    # -- lease ------------------------------------------------------------------------------------
+
+    async def lease(
+        self,
+        worker_id: str,
+        names: Sequence[str],
+        *,
+        max_tasks: int = 1,
+        wait: float = 0.0,
+        host: str | None = None,
+        pid: int = 0,
+        running: int = 0,
+    ) -> Lease:
+        """Claim up to ``max_tasks`` due tasks named ``names`` for ``worker_id`` (the consumer's
+        claim); when none is due, wait up to ``wait`` seconds (at most ``max_wait``) for one.
+        ``running``: how many attempts the executor holds now (shown in the worker registry)."""
+        worker_id = check_worker_id(worker_id)
+        names = _checked_names(names)
+        if not isinstance(max_tasks, int) or not 1 <= max_tasks <= MAX_TASKS_PER_LEASE:
+            raise InvalidInput(f"max_tasks must be from 1 to {MAX_TASKS_PER_LEASE}")
+        if not isinstance(wait, (int, float)) or not math.isfinite(wait) or wait < 0:
+            raise InvalidInput("wait must be a number of seconds >= 0")
+        if host is not None and (not isinstance(host, str) or not 1 <= len(host) <= HOST_MAX):
+            raise InvalidInput(f"host: 1 to {HOST_MAX} characters")
+        self.stats["leases"] += 1
+        now = await self._now()
+        if await self._check_in(worker_id, names, max_tasks, host, pid, running, now):
+            return Lease([], stop_requested=True)
+        deadline = self.clock.monotonic() + min(float(wait), self.max_wait)
+        pause = _POLL_FIRST
+        while True:
+            await self._maintain(now)
+            claimed = await self._claim(worker_id, names, max_tasks, host, pid, now)
+            if claimed or self.clock.monotonic() >= deadline:
+                return Lease(claimed)
+            if await self._wait_for_work(worker_id, names, deadline, pause):
+                pause = _POLL_FIRST  # a hint came: the next poll, if any, starts short again
+            else:
+                pause = min(pause * 2, self.poll_interval)
+            now = self.clock.now()
+
+    async def _check_in(
+        self,
+        worker_id: str,
+        names: list[str],
+        max_tasks: int,
+        host: str | None,
+        pid: int,
+        running: int,
+        now: datetime,
+    ) -> bool:
+        """Register the executor at its first lease, heartbeat later ones (at most every
+        ``heartbeat_interval``); True when an operator asked it to stop (it is unregistered:
+        a later lease registers it afresh)."""
+        mono = self.clock.monotonic()
+        last = self._workers.get(worker_id)
+        if last is None:
+            info = WorkerInfo(worker_id, host or "remote", int(pid), names, max_tasks, now)
+            await self.driver.register_worker(info)
+        elif mono - last >= self.heartbeat_interval:
+            if await self.driver.heartbeat_worker(worker_id, now, max(0, int(running))):
+                self._workers.pop(worker_id, None)
+                await self.driver.unregister_worker(worker_id, now)
+                log.info("executor %s: stop requested through the database", worker_id)
+                return True
+        else:
+            return False
+        self._workers[worker_id] = mono
+        self._workers.move_to_end(worker_id)
+        while len(self._workers) > WORKERS_KEPT:
+            self._workers.popitem(last=False)
+        return False
+
+    async def _maintain(self, now: datetime, *, force: bool = False) -> None:
+        """Mark expired leases lost and tasks past their deadline expired, at most every
+        ``maintenance_interval`` (a consumer's poller does the same)."""
+        mono = self.clock.monotonic()
+        if (
+            not force
+            and self._maintained_at is not None
+            and mono - self._maintained_at < self.maintenance_interval
+        ):
+            return
+        self._maintained_at = mono
+        await self.driver.expire_leases(ExpireParams(now))
+        await self.driver.expire_deadlines(ExpireParams(now))
+
+    async def _claim(
+        self, worker_id: str, names: list[str], max_tasks: int, host: str | None, pid: int, now: datetime
+    ) -> list[ClaimedTask]:
+        params = ClaimParams(
+            worker_id=worker_id,
+            names=names,
+            now=now,
+            attempts=[secrets.token_hex(8) for _ in range(max_tasks)],
+            host=host,
+            pid=int(pid) or None,
+        )
+        claimed = await self.driver.claim(params)
+        for task in claimed:
+            self._remember(task.key, task.attempt, task.option)
+            if self.events is not None:
+                self.events.attempt_event(
+                    EventKind.CLAIMED, task.key, task.name, task.attempt, task.attempt_no, worker_id
+                )
+        self.stats["claimed"] += len(claimed)
+        await self._flush_events()
+        return claimed
+
+    async def _wait_for_work(self, worker_id: str, names: list[str], deadline: float, pause: float) -> bool:
+        """Wait until a claim may succeed: a change event that concerns this executor, the next
+        claim or lease-expiry time the store knows of, a poll pause, or the deadline. True when
+        woken by a hint rather than by the pause."""
+        now = self.clock.now()
+        wakeups = await self.driver.find_wakeups(WakeupParams(worker_id, names, now, limit=WAKEUPS_READ))
+        # Times already past say nothing new (the claim just found nothing it may take).
+        times = [w.time for w in wakeups if w.time > now]
+        bell = self._bell(frozenset(names))
+        tokens = frozenset(claimer_token(n, who) for n in names for who in (worker_id, ANYONE))
+        waiter = _Waiter(worker_id, tokens, next_at=min(times) if times else None)
+        bell.add(waiter)
+        try:
+            while True:
+                now = self.clock.now()
+                left = deadline - self.clock.monotonic()
+                floor = self.stream_poll_interval if bell.streaming else pause
+                timeout = min(left, floor)
+                if waiter.next_at is not None:
+                    if waiter.next_at <= now:
+                        await self._maintain(now, force=True)  # a lease may have expired
+                        return True
+                    timeout = min(timeout, (waiter.next_at - now).total_seconds())
+                if timeout <= 0:
+                    return False
+                waiter.wake.clear()
+                if not await self._sleep_or_wake(waiter.wake, timeout):
+                    # the pause (or the deadline) passed: a known time may have come
+                    if waiter.next_at is not None and waiter.next_at <= self.clock.now():
+                        continue
+                    return False
+                if waiter.next_at is None or waiter.next_at <= self.clock.now():
+                    return True
+                # else the event only announced a later time: wait for it
+        finally:
+            bell.remove(waiter)
+            if not bell.waiters and self._bells.get(bell.names) is bell:
+                del self._bells[bell.names]  # no watch, no entry: name sets do not pile up
+
+    async def _sleep_or_wake(self, wake: asyncio.Event, seconds: float) -> bool:
+        waiter = asyncio.ensure_future(wake.wait())
+        sleeper = asyncio.ensure_future(self.clock.sleep(seconds))
+        try:
+            await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            sleeper.cancel()
+        return wake.is_set()
+
+    def _bell(self, names: frozenset[str]) -> _Doorbell:
+        bell = self._bells.get(names)
+        if bell is None or bell.loop is not asyncio.get_running_loop():
+            bell = self._bells[names] = _Doorbell(self.driver, self.clock, names)
+        return bell
+
+    def _remember(self, key: str, attempt: str, option: Mapping[str, Any]) -> None:
+        self._options[(key, attempt)] = dict(option)
+        self._options.move_to_end((key, attempt))
+        while len(self._options) > OPTIONS_KEPT:
+            self._options.popitem(last=False)
+
+    # -- ping -------------------------------------------------------------------------------------
+
+    async def ping(self, worker_id: str, items: Sequence[AttemptPing]) -> list[PingAnswer]:
+        """Renew the leases of ``worker_id``'s running attempts in one write (fenced: only an
+        unexpired running entry of this worker and attempt is renewed), with their checkpoints
+        and progress. Each answer says whether to go on."""
+        worker_id = check_worker_id(worker_id)
+        if not 1 <= len(items) <= MAX_PINGS:
+            raise InvalidInput(f"a ping names 1 to {MAX_PINGS} attempts")
+        if len({item.key for item in items}) != len(items):
+            raise InvalidInput("a ping names each task once")
+        reports: dict[str, AttemptReport] = {}
+        for item in items:
+            validate_key_input(item.key)
+            _check_attempt(item.attempt)
+            checkpoint = None
+            if item.save_checkpoint:
+                checkpoint = checked_checkpoint(item.checkpoint, self.max_checkpoint_bytes)
+            progress = None
+            if item.progress is not None:
+                progress = checked_progress(item.progress.get("fraction"), item.progress.get("message"))
+            if item.save_checkpoint or progress is not None:
+                self._seq += 1
+                reports[item.key] = AttemptReport(self._seq, item.save_checkpoint, checkpoint, progress)
+        self.stats["pings"] += 1
+        now = await self._now()
+        options = await self._options_of(worker_id, items)
+        groups: dict[datetime, dict[str, str]] = {}
+        for item in items:
+            option = options.get(item.key)
+            if option is None:
+                continue  # no such task: lost
+            expire = now + timedelta(milliseconds=option["worker_timeout_ms"])
+            groups.setdefault(expire, {})[item.key] = item.attempt
+        result = await self.driver.ping(PingParams(worker_id, now, groups, reports))
+        recorded = set(result.recorded)
+        answers = []
+        for item in items:
+            option = result.alive.get(item.key)
+            if option is not None:
+                self._remember(item.key, item.attempt, option)
+                answers.append(
+                    PingAnswer(
+                        item.key,
+                        item.attempt,
+                        "alive",
+                        now + timedelta(milliseconds=option["worker_timeout_ms"]),
+                        option["ping_interval_ms"] / 1000,
+                        item.key in recorded,
+                    )
+                )
+                continue
+            state = "lost"
+            for name, keys in (
+                ("revoked", result.revoked),
+                ("cancelled", result.cancelled),
+                ("paused", result.paused),
+            ):
+                if item.key in keys:
+                    state = name
+            self._options.pop((item.key, item.attempt), None)
+            answers.append(PingAnswer(item.key, item.attempt, state))
+        return answers
+
+    async def _options_of(self, worker_id: str, items: Sequence[AttemptPing]) -> dict[str, dict[str, Any]]:
+        """The options of the pinged attempts' tasks (their lease length): remembered from the
+        lease or the last ping, else read (one read for all that are not)."""
+        options = {i.key: o for i in items if (o := self._options.get((i.key, i.attempt))) is not None}
+        missing = [i.key for i in items if i.key not in options]
+        if missing:
+            for doc in await self.driver.get_tasks(missing):
+                options[doc["key"]] = dict(doc["option"])
+        return options
+
+    # -- report -----------------------------------------------------------------------------------
+
+    async def report(self, worker_id: str, key: str, attempt: str, report: AttemptResult) -> Reported:
+        """Record an attempt's outcome by the consumer's rules (``mscheduler.outcomes``). Raises
+        ``UnknownTask`` (no such task), ``LeaseLost`` (the attempt no longer holds the task: its
+        lease expired or was taken over, the task was cancelled or paused; nothing written)."""
+        worker_id = check_worker_id(worker_id)
+        validate_key_input(key)
+        _check_attempt(attempt)
+        _check_report(report)
+        self.stats["reports"] += 1
+        now = await self._now()
+        doc: dict[str, Any] | None = None
+        if report.outcome == "failed":  # the retry policy and the budget need the task's state
+            doc = await self.driver.get_task(key)
+            if doc is None:
+                raise UnknownTask(key)
+        outcome = self._outcome(report, doc, worker_id, attempt, now)
+        params = FinishParams(
+            key,
+            worker_id,
+            attempt,
+            now,
+            outcome.status,
+            outcome.result,
+            outcome.error,
+            outcome.retry_at,
+            outcome.final,
+        )
+        accepted = await self._finish(params)
+        duplicate = False
+        if not accepted:
+            doc = await self.driver.get_task(key)
+            duplicate = self._refused(doc, key, worker_id, attempt, outcome)
+        self._options.pop((key, attempt), None)
+        if self.events is not None and not duplicate:
+            self._record_outcome(doc, key, worker_id, attempt, outcome)
+            await self._flush_events()
+        return Reported(key, attempt, outcome, duplicate)
+
+    def _outcome(
+        self,
+        report: AttemptResult,
+        doc: Mapping[str, Any] | None,
+        worker_id: str,
+        attempt: str,
+        now: datetime,
+    ) -> Outcome:
+        if report.outcome == "succeeded":
+            return succeeded(report.result, self.max_result_bytes)
+        if report.outcome == "released":
+            return Outcome(
+                AttemptStatus.RELEASED.value,
+                error=error_dict("Cancelled", report.message or "attempt released by the executor"),
+            )
+        if report.outcome == "snoozed":
+            after = timedelta(seconds=report.retry_after or 0.0)
+            return snoozed(report.message or f"snoozed for {after}", after, now)
+        error = error_dict(report.error_type or "ExecutorError", report.message, report.traceback)
+        if report.final:
+            return fail_for_good(error)
+        if report.retry_after is not None:
+            return retry_after(error, timedelta(seconds=report.retry_after), now)
+        assert doc is not None
+        entry = _entry(doc, worker_id, attempt)
+        if entry is None:  # not this worker's attempt: the fenced finish refuses it anyway
+            return Outcome(AttemptStatus.FAILED.value, error=error, retry_at=now)
+        return failed(error, doc["option"], _failures_before(doc, entry), now, self.rng)
+
+    async def _finish(self, params: FinishParams) -> bool:
+        finisher = self._finisher
+        if finisher is None or finisher.loop is not asyncio.get_running_loop():
+            finisher = self._finisher = _Finisher(self.driver)
+        return await finisher.submit(params)
+
+    def _refused(
+        self, doc: Mapping[str, Any] | None, key: str, worker_id: str, attempt: str, outcome: Outcome
+    ) -> bool:
+        """Why the store refused a report: True when this very outcome was recorded already (a
+        report sent again), else the error to answer with."""
+        if doc is None:
+            raise UnknownTask(key)
+        entry = _entry(doc, worker_id, attempt)
+        if entry is not None and entry["status"] == outcome.status:
+            return True
+        self.stats["refused"] += 1
+        state = doc["state"]
+        if entry is None:
+            why = f"worker {worker_id!r} has no attempt {attempt!r} on it"
+        elif entry["status"] == "running":
+            why = f"the lease of attempt {attempt!r} expired at {entry['ping_expire_time'].isoformat()}"
+        else:
+            why = f"attempt {attempt!r} is {entry['status']} (its lease moved on)"
+        if state.get("cancelled") is not None:
+            why += "; the task was cancelled"
+        raise LeaseLost(f"task {key!r} ({state['status']}): {why}; the outcome was not recorded")
+
+    def _record_outcome(
+        self, doc: Mapping[str, Any] | None, key: str, worker_id: str, attempt: str, outcome: Outcome
+    ) -> None:
+        assert self.events is not None
+        entry = _entry(doc, worker_id, attempt) if doc is not None else None
+        fail_cnt = len(_failures_before(doc, entry)) if doc is not None and entry is not None else 0
+        option = doc["option"] if doc is not None else {"max_unexpected_retries": None}
+        kind = outcome_kind(outcome.status, fails_for_good(option, fail_cnt, outcome.status, outcome.error))
+        if kind is None:
+            return
+        name = doc["name"] if doc is not None else ""
+        attempt_no = 0
+        if doc is not None:
+            positions = [n for n, e in enumerate(doc["state"]["worker_states"], 1) if e["attempt"] == attempt]
+            attempt_no = positions[0] if positions else 0
+        self.events.attempt_event(
+            kind, key, name, attempt, attempt_no, worker_id, outcome_detail(outcome.error, outcome.retry_at)
+        )
+
+    async def _flush_events(self) -> None:
+        if self.events is None or not len(self.events):
+            return
+        try:
+            await self.events.flush()
+        except MSchedulerError as exc:  # the event log is a record, not the work: go on
+            log.warning("could not write executor events: %s", exc)
+
+
+def _checked_names(names: Sequence[str]) -> list[str]:
+    if isinstance(names, str) or not names or len(names) > 100:
+        raise InvalidInput("names: a list of 1 to 100 task names")
+    try:
+        return sorted({validate_name(n) for n in names})
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def validate_key_input(key: str) -> str:
+    try:
+        return validate_key(key)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def _check_attempt(attempt: object) -> None:
+    if not isinstance(attempt, str) or not 1 <= len(attempt) <= 64 or attempt.startswith("$"):
+        raise InvalidInput("attempt: the attempt token the lease gave (1 to 64 characters)")
+
+
+def _check_report(report: AttemptResult) -> None:
+    if report.outcome not in REPORT_OUTCOMES:
+        raise InvalidInput(f"outcome must be one of {', '.join(REPORT_OUTCOMES)}")
+    after = report.retry_after
+    if after is not None and (not math.isfinite(after) or not 0 <= after <= 366 * 86400):
+        raise InvalidInput("retry_after: seconds from 0 to 366 days")
+    if report.outcome == "snoozed" and after is None:
+        raise InvalidInput("a snoozed report needs retry_after (seconds until the task may run again)")
+    if report.outcome in ("succeeded", "released") and (after is not None or report.final):
+        raise InvalidInput(f"retry_after and final go with failed (or snoozed) reports, not {report.outcome}")
+    if report.outcome == "snoozed" and report.final:
+        raise InvalidInput("final goes with failed reports only")
+    if report.final and after is not None:
+        raise InvalidInput("a final failure has no retry_after")
+    if report.outcome != "succeeded" and report.result is not None:
+        raise InvalidInput("a result goes with succeeded reports only")
+
+
+def _entry(doc: Mapping[str, Any], worker_id: str, attempt: str) -> dict[str, Any] | None:
+    for entry in doc["state"]["worker_states"]:
+        if entry["attempt"] == attempt and entry["worker_id"] == worker_id:
+            return dict(entry)
+    return None
+
+
+def _failures_before(doc: Mapping[str, Any], entry: Mapping[str, Any]) -> list[datetime]:
+    """The counted failures the claim of ``entry`` saw (``ClaimedTask.failure_times``): those
+    that ended before it started, oldest first."""
+    start = entry["start_time"]
+    return sorted(
+        e["end_time"]
+        for e in doc["state"]["worker_states"]
+        if e["status"] in FAILURE_STATUSES and e.get("end_time") is not None and e["end_time"] <= start
+    )

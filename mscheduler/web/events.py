@@ -1,0 +1,209 @@
+"""The event log over HTTP (SPEC F34, F41): ``GET /api/v1/events`` lists recorded events,
+``GET /api/v1/events/stream`` follows new ones as server-sent events.
+
+Both read ``mscheduler.events.Events`` over the app's store and take the same filters (a task
+key, a task name, event kinds, a plan); nothing here queries the store itself. The event log is a
+switch of the store (``MongoDriver(db, events=True)``): with it off both answer 409
+``event_log_off`` rather than an empty list that would look like "nothing happened".
+
+The stream sends each event as ``id: <stored time>/<event id>``, ``event: <kind>``, ``data:
+<the event as JSON>``, and a comment line every ``HEARTBEAT_SECONDS`` while nothing happens (so a
+dead connection is noticed). A client that reconnects with ``Last-Event-ID`` (browsers'
+``EventSource`` do) goes on after the last event it had; ``since`` starts from a stored time. The
+subscription is closed as soon as the client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Annotated, Any
+from urllib.parse import quote, unquote
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+
+from mscheduler.events import LIST_LIMIT_MAX, Event, Events
+from mscheduler.exceptions import InvalidInput
+from mscheduler.web.app import _ERRORS, IsoTime, Ops, _ApiError, _bearer, known_query
+from mscheduler.web.models import ErrorOut
+
+HEARTBEAT_SECONDS = 15.0
+EVENT_LOG_OFF = "the event log is off: turn it on in the store (MongoDriver(db, events=True))"
+LAST_EVENT_ID_MAX = 2000
+
+
+class EventPageOut(BaseModel):
+    events: list[Event]
+    next_skip: int | None  # pass as ``skip`` (same filters) for the next page; None: no more
+
+
+_OFF: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorOut, "description": "the store's event log is off (error: event_log_off)"}
+}
+
+events = APIRouter(
+    prefix="/events",
+    tags=["events"],
+    dependencies=[Depends(_bearer), Depends(known_query)],
+    responses=_ERRORS,
+)
+
+
+def event_log(request: Request, operations: Ops) -> Events:
+    """The app's ``Events`` reader (one per app, made on first use); 409 when the log is off."""
+    if not getattr(operations.driver, "record_events", False):
+        raise _ApiError(409, "event_log_off", EVENT_LOG_OFF)
+    reader: Events | None = getattr(request.app.state, "events", None)
+    if reader is None or reader.driver is not operations.driver:
+        reader = Events(operations.driver)
+        request.app.state.events = reader
+    return reader
+
+
+Log = Annotated[Events, Depends(event_log)]
+KeyQ = Annotated[str | None, Query(description="one task's events")]
+NameQ = Annotated[str | None, Query(description="events of tasks with this name")]
+KindsQ = Annotated[
+    str | None, Query(max_length=1000, description="comma-separated kinds, e.g. succeeded,failed")
+]
+PlanQ = Annotated[str | None, Query(description="events of this plan's run tasks")]
+
+
+def _kinds(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    kinds = [part.strip() for part in value.split(",") if part.strip()]
+    if not kinds:
+        raise InvalidInput("kinds: give at least one event kind")
+    return kinds
+
+
+@events.get("", response_model=EventPageOut, responses=_OFF, summary="Recorded events, in time order")
+async def list_events(
+    log: Log,
+    key: KeyQ = None,
+    name: NameQ = None,
+    kinds: KindsQ = None,
+    plan: PlanQ = None,
+    worker_id: Annotated[str | None, Query(description="events of this worker's attempts")] = None,
+    since: Annotated[IsoTime | None, Query(description="at or after this time (with offset)")] = None,
+    until: Annotated[IsoTime | None, Query(description="before this time (with offset)")] = None,
+    limit: Annotated[int, Query(ge=1, le=LIST_LIMIT_MAX)] = 100,
+    skip: Annotated[int, Query(ge=0, le=10**9)] = 0,
+) -> EventPageOut:
+    """Events with ``since <= time < until``, filtered, oldest first; ``next_skip`` pages on."""
+    found = await log.list(
+        keys=key,
+        names=name,
+        kinds=_kinds(kinds),
+        plans=plan,
+        worker_id=worker_id,
+        since=since,
+        until=until,
+        limit=limit,
+        skip=skip,
+    )
+    return EventPageOut(events=found, next_skip=skip + len(found) if len(found) == limit else None)
+
+
+def sse_id(event: Event) -> str:
+    """The stream's id of an event: its stored time and its id (percent-encoded: one line)."""
+    written = event.written or event.time
+    return f"{written.isoformat()}/{quote(event.id, safe='')}"
+
+
+def parse_sse_id(value: str) -> tuple[datetime, str]:
+    """The stored time and event id of a ``Last-Event-ID`` this stream sent."""
+    when, sep, event_id = value.partition("/")
+    try:
+        parsed = datetime.fromisoformat(when)
+    except ValueError:
+        parsed = None
+    if not sep or parsed is None or parsed.tzinfo is None or len(value) > LAST_EVENT_ID_MAX:
+        raise InvalidInput("Last-Event-ID: not an id this stream sent (<stored time>/<event id>)")
+    return parsed, unquote(event_id)
+
+
+def sse_message(event: Event) -> str:
+    data = json.dumps(event.model_dump(mode="json"), separators=(",", ":"))
+    return f"id: {sse_id(event)}\nevent: {event.kind.value}\ndata: {data}\n\n"
+
+
+async def _pump(source: AsyncIterator[Event], queue: asyncio.Queue[Event | BaseException]) -> None:
+    """Move the subscription's events to the queue (the response waits on it with a timeout)."""
+    try:
+        async for event in source:
+            await queue.put(event)
+    except Exception as exc:  # handed to the response, which ends the stream
+        await queue.put(exc)
+
+
+async def _sse(
+    source: AsyncIterator[Event], skip_id: str | None, max_events: int | None
+) -> AsyncIterator[str]:
+    queue: asyncio.Queue[Event | BaseException] = asyncio.Queue(maxsize=100)
+    pump = asyncio.create_task(_pump(source, queue))
+    sent = 0
+    try:
+        yield ": mscheduler events\n\n"  # the headers and a first byte: the client knows it is open
+        while max_events is None or sent < max_events:
+            try:
+                item = await asyncio.wait_for(queue.get(), HEARTBEAT_SECONDS)
+            except TimeoutError:
+                yield ": keep-alive\n\n"
+                continue
+            if isinstance(item, BaseException):
+                yield f"event: error\ndata: {json.dumps({'error': type(item).__name__})}\n\n"
+                return
+            if skip_id is not None and item.id == skip_id:
+                continue  # the client's Last-Event-ID: it has this one
+            yield sse_message(item)
+            sent += 1
+    finally:  # the client went away (the response is cancelled) or the stream ended
+        pump.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pump
+        aclose = getattr(source, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(Exception):
+                await aclose()
+
+
+@events.get(
+    "/stream",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "description": "server-sent events: one per recorded event (event: its kind)",
+        },
+        **_OFF,
+    },
+    summary="Follow new events (server-sent events)",
+)
+async def stream_events(
+    log: Log,
+    key: KeyQ = None,
+    name: NameQ = None,
+    kinds: KindsQ = None,
+    plan: PlanQ = None,
+    since: Annotated[IsoTime | None, Query(description="replay events stored since (with offset)")] = None,
+    max_events: Annotated[int | None, Query(ge=1, le=10**6, description="end after this many")] = None,
+    last_event_id: Annotated[str | None, Header(description="resume after this event")] = None,
+) -> StreamingResponse:
+    """New events as they are stored (a change stream where the store has one, else polling);
+    from ``since`` or after ``Last-Event-ID`` if given. Ends after ``max_events`` if given."""
+    skip_id = None
+    if last_event_id is not None:
+        since, skip_id = parse_sse_id(last_event_id)
+    source = log.subscribe(keys=key, names=name, kinds=_kinds(kinds), plans=plan, since=since)
+    return StreamingResponse(
+        _sse(source, skip_id, max_events),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

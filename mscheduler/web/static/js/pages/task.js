@@ -1,0 +1,209 @@
+// One task: its summary and options, params, progress and checkpoint, the attempt timeline
+// (worker, start, duration, status, error and traceback), children, events; admins get the
+// actions (each asks first). Which action the task's status allows is the API's to say: a
+// refusal comes back as a 409 with the rule, shown in the banner.
+
+import { api, ApiError, taskPath } from "../api.js";
+import { attemptTimeline } from "../charts.js";
+import { badge, duration, facts, h, json, panel, relative, table, taskHref, tasksHref, time } from "../dom.js";
+
+async function loadEvents(key) {
+  try {
+    const answer = await api("events", { query: { key, limit: 200 } });
+    return { events: Array.isArray(answer) ? answer : answer.events ?? [] };
+  } catch (exc) {
+    // 409 event_log_off: the store records no events; 404: a server without the events API
+    if (exc instanceof ApiError && exc.status === 409) return { unavailable: "the event log is off in this store." };
+    if (exc instanceof ApiError && (exc.status === 404 || exc.status === 422)) return { unavailable: exc.describe() };
+    throw exc;
+  }
+}
+
+function actions(ctx, task) {
+  if (!ctx.isAdmin) return null;
+  const run = (_action, call, done) => ctx.act(call, done);
+  const button = (label, action, cls, onclick) => h("button", { type: "button", class: cls, dataset: { action }, onclick }, label);
+  const key = task.key;
+  return h(
+    "div",
+    { class: "buttons", id: "task-actions" },
+    button("Cancel", "cancel", "danger", async () => {
+      const answer = await ctx.confirm({
+        title: "Cancel this task?",
+        text: `${key} ends as cancelled; a running handler stops at its next ping.`,
+        confirmLabel: "Cancel task",
+        fields: [{ type: "text", name: "reason", label: "Reason", value: "" }],
+      });
+      if (answer) await run("cancel", () => api(taskPath(key, "/cancel"), { method: "POST", body: { reason: answer.reason } }), `Cancelled ${key}.`);
+    }),
+    button("Pause", "pause", "plain", async () => {
+      const answer = await ctx.confirm({ title: "Pause this task?", text: `${key} is not claimed again until resumed.`, confirmLabel: "Pause" });
+      if (answer) await run("pause", () => api(taskPath(key, "/pause"), { method: "POST" }), `Paused ${key}.`);
+    }),
+    button("Resume", "resume", "plain", () => run("resume", () => api(taskPath(key, "/resume"), { method: "POST" }), `Resumed ${key}.`)),
+    button("Restart", "restart", "plain", async () => {
+      const answer = await ctx.confirm({
+        title: "Restart this task?",
+        text: `${key} runs again from a new attempt (its checkpoint and progress are cleared).`,
+        confirmLabel: "Restart",
+        fields: [{ type: "checkbox", name: "force", label: "force: also run a succeeded task again" }],
+      });
+      if (answer) await run("restart", () => api(taskPath(key, "/restart"), { method: "POST", query: { force: answer.force ? "true" : "" } }), `Restarted ${key}.`);
+    }),
+    button("Remove", "remove", "danger", async () => {
+      const answer = await ctx.confirm({
+        title: "Remove this task?",
+        text: `${key} is deleted from the store, with its attempts. This cannot be undone.`,
+        confirmLabel: "Remove",
+        fields: [{ type: "checkbox", name: "force", label: "force: cancel it first if it is running" }],
+      });
+      if (answer) await ctx.act(() => api(taskPath(key), { method: "DELETE", query: { force: answer.force ? "true" : "" } }), `Removed ${key}.`, { then: "#/tasks" });
+    }),
+  );
+}
+
+function attemptRows(task) {
+  return task.worker_states.map((a, i) => {
+    const end = a.end_time ? Date.parse(a.end_time) : null;
+    const took = end !== null ? (end - Date.parse(a.start_time)) / 1000 : null;
+    const error = a.error
+      ? h(
+          "div",
+          {},
+          h("div", { class: "error-line" }, `${a.error.type}: ${a.error.message}`),
+          a.error.traceback ? h("details", {}, h("summary", {}, "traceback"), h("pre", { class: "traceback" }, a.error.traceback)) : null,
+        )
+      : a.result !== null && a.result !== undefined
+        ? h("details", {}, h("summary", {}, "result"), json(a.result))
+        : null;
+    return h(
+      "tr",
+      { dataset: { attempt: String(i + 1) } },
+      h("td", { class: "num" }, String(i + 1)),
+      h("td", { class: "key ident" }, h("a", { href: tasksHref({ worker_id: a.worker_id }) }, a.worker_id), a.host ? h("div", { class: "hint" }, `${a.host}${a.pid ? ` pid ${a.pid}` : ""}`) : null),
+      h("td", {}, badge(a.status), a.final ? h("div", { class: "hint" }, "final") : null),
+      h("td", {}, time(a.start_time)),
+      h("td", { class: "nowrap" }, took === null ? h("span", { class: "hint" }, `running, ${duration((Date.now() - Date.parse(a.start_time)) / 1000)}`) : duration(took)),
+      h("td", {}, a.retry_at ? time(a.retry_at) : ""),
+      h("td", {}, error),
+    );
+  });
+}
+
+export async function taskPage(ctx) {
+  const key = ctx.key;
+  const [task, eventLog] = await Promise.all([api(taskPath(key)), loadEvents(key)]);
+  const o = task.option;
+  const header = h(
+    "div",
+    { class: "title-row" },
+    h(
+      "div",
+      {},
+      h("div", { class: "crumbs" }, h("a", { href: "#/tasks" }, "Tasks"), " / ", h("a", { href: tasksHref({ name: task.name }) }, task.name)),
+      h("h1", { id: "task-key" }, task.key),
+      h("div", {}, badge(task.status), task.paused ? [" ", badge("paused")] : null, task.blocked ? [" ", badge("blocked")] : null),
+    ),
+    actions(ctx, task),
+  );
+
+  const summary = panel(
+    "Summary",
+    null,
+    facts([
+      ["name", task.name],
+      ["status", task.status],
+      ["created", time(task.create_time)],
+      ["updated", time(task.update_time)],
+      ["next claim", task.claim_at ? [time(task.claim_at), " ", h("span", { class: "hint" }, relative(task.claim_at))] : null],
+      ["finished", task.finish_time ? time(task.finish_time) : null],
+      ["attempts", `${task.worker_states.length} (${task.success_cnt} succeeded, ${task.fail_cnt} failed, ${task.running_cnt} running)`],
+      ["priority", String(o.priority)],
+      ["workers at once", String(o.concurrent_worker_cnt)],
+      ["only on workers", o.specific_worker_ids?.length ? o.specific_worker_ids.join(", ") : null],
+      ["max retries", o.max_unexpected_retries === null ? "unlimited" : String(o.max_unexpected_retries)],
+      ["run at", o.run_at ? time(o.run_at) : null],
+      ["parent", task.parent ? h("a", { href: taskHref(task.parent) }, task.parent) : null],
+      ["cancelled", task.cancelled ? [time(task.cancelled.time), task.cancelled.reason ? ` — ${task.cancelled.reason}` : ""] : null],
+      ["set by hand", task.marked ? `${task.marked.status} by ${task.marked.by}${task.marked.reason ? ` — ${task.marked.reason}` : ""}` : null],
+      ["broken", task.broken ? h("span", { class: "error-line" }, `${task.broken.type}: ${task.broken.message}`) : null],
+    ]),
+    h("details", {}, h("summary", {}, "all options"), json(o)),
+  );
+
+  const paramsPanel = h("div", { id: "params" }, panel("Params", null, json(task.params)));
+
+  const long = [];
+  if (task.progress) {
+    const fraction = Math.max(0, Math.min(1, task.progress.fraction));
+    long.push(
+      panel(
+        "Progress",
+        `${Math.round(fraction * 100)} %`,
+        h("div", { class: "progress", id: "progress" }, h("span", { style: { width: `${fraction * 100}%` } })),
+        task.progress.message ? h("div", {}, task.progress.message) : null,
+      ),
+    );
+  }
+  if (task.checkpoint) {
+    const c = task.checkpoint;
+    long.push(
+      panel(
+        "Checkpoint",
+        "the next attempt starts from it",
+        facts([["saved", time(c.time)], ["by", `${c.worker_id}, attempt ${c.attempt}, save #${c.seq}`]]),
+        json(c.data),
+      ),
+    );
+  }
+
+  const attempts = panel(
+    "Attempts",
+    `${task.worker_states.length}`,
+    attemptTimeline(task.worker_states),
+    table(["#", "Worker", "Status", "Started", "Took", "Retry at", "Error / result"], attemptRows(task), "Not attempted yet."),
+  );
+
+  const children = task.children
+    ? panel(
+        "Children",
+        task.children_mode ? `run ${task.children_mode === "parallel" ? "all at once" : "in order"}` : null,
+        table(
+          ["Child", "Key", "Status"],
+          task.children.map((c) => h("tr", {}, h("td", {}, c.name), h("td", { class: "key" }, h("a", { href: taskHref(c.key) }, c.key)), h("td", {}, badge(c.status)))),
+        ),
+      )
+    : null;
+
+  const events = eventLog.unavailable
+    ? panel("Events", null, h("p", { class: "hint" }, "The event log cannot be read here: ", eventLog.unavailable))
+    : panel(
+        "Events",
+        eventLog.events.length ? `${eventLog.events.length}` : "none recorded (is the event log on?)",
+        table(
+          ["Time", "Event", "Worker", "Attempt", "Detail"],
+          eventLog.events.map((e) =>
+            h(
+              "tr",
+              {},
+              h("td", {}, time(e.time)),
+              h("td", {}, badge(e.kind)),
+              h("td", { class: "key ident" }, e.worker_id ?? ""),
+              h("td", { class: "num" }, e.attempt === null || e.attempt === undefined ? "" : String(e.attempt)),
+              h("td", {}, e.detail && Object.keys(e.detail).length ? h("code", {}, JSON.stringify(e.detail)) : ""),
+            ),
+          ),
+          "No events recorded for this task.",
+        ),
+      );
+
+  return h(
+    "div",
+    { id: "task" },
+    header,
+    h("div", { class: "grid two" }, summary, h("div", {}, paramsPanel, long)),
+    attempts,
+    children,
+    events,
+  );
+}

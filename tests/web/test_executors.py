@@ -1,0 +1,345 @@
+"""Remote executors over HTTP (SPEC F30): lease, ping, report through the API, with the Python
+consumer's lease, fencing, retry and targeting rules; long polls; the executor role."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from mscheduler import FakeClock, MemoryDriver, Operations, Task, TaskOption
+from mscheduler.drivers.base import EventQuery
+from mscheduler.retry import FixedRetry
+from mscheduler.web import ApiTokens, create_app
+from tests.web.support import ADMIN, ADMIN_TOKEN, READ, READ_TOKEN, CountingDriver, publisher, tick
+
+EXECUTOR_TOKEN = "executor-token-0123456789abcdef"
+EXEC = {"Authorization": f"Bearer {EXECUTOR_TOKEN}"}
+TOKENS = ApiTokens(admin=[ADMIN_TOKEN], read=[READ_TOKEN], executor=[EXECUTOR_TOKEN])
+LEASE, PING, REPORT = "/api/v1/executors/lease", "/api/v1/executors/ping", "/api/v1/executors/report"
+
+
+@pytest.fixture
+async def http(operations: Operations) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(operations=operations, tokens=TOKENS)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+        yield client
+
+
+async def settle(rounds: int = 200) -> None:
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+async def lease(http: httpx.AsyncClient, worker_id: str = "ex-1", **more: Any) -> dict[str, Any]:
+    body = {"worker_id": worker_id, "names": ["job"]} | more
+    response = await http.post(LEASE, json=body, headers=EXEC)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+async def report(
+    http: httpx.AsyncClient, task: dict[str, Any], worker_id: str = "ex-1", **more: Any
+) -> httpx.Response:
+    body = {"worker_id": worker_id, "key": task["key"], "attempt": task["attempt"]} | more
+    return await http.post(REPORT, json=body, headers=EXEC)
+
+
+async def task_of(http: httpx.AsyncClient, key: str) -> dict[str, Any]:
+    response = await http.get(f"/api/v1/tasks/{key}", headers=ADMIN)
+    assert response.status_code == 200
+    doc: dict[str, Any] = response.json()
+    return doc
+
+
+async def test_lease_ping_checkpoint_and_report_success(
+    http: httpx.AsyncClient, driver: CountingDriver
+) -> None:
+    await publisher(driver).send(
+        Task("t1", "job", {"n": 1}, option=TaskOption(ping_interval=timedelta(seconds=5)))
+    )
+    got = await lease(http, max_tasks=2, host="box-1", pid=42)
+    assert got["stop_requested"] is False
+    [task] = got["tasks"]
+    assert (task["key"], task["name"], task["params"], task["attempt_no"]) == ("t1", "job", {"n": 1}, 1)
+    assert (task["ping_interval_seconds"], task["lease_seconds"], task["checkpoint"]) == (5.0, 30.0, None)
+    workers = (await http.get("/api/v1/workers", headers=ADMIN)).json()
+    assert [(w["worker_id"], w["host"], w["pid"], w["names"]) for w in workers] == [
+        ("ex-1", "box-1", 42, ["job"])
+    ]
+
+    tick(driver, 10_000)
+    ping = await http.post(
+        PING,
+        json={
+            "worker_id": "ex-1",
+            "tasks": [
+                {
+                    "key": "t1",
+                    "attempt": task["attempt"],
+                    "checkpoint": {"done": 3},
+                    "progress": {"fraction": 0.5, "message": "half"},
+                }
+            ],
+        },
+        headers=EXEC,
+    )
+    assert ping.status_code == 200, ping.text
+    [alive] = ping.json()["tasks"]
+    assert (alive["state"], alive["recorded"], alive["ping_interval_seconds"]) == ("alive", True, 5.0)
+    stored = await driver.get_task("t1")
+    assert stored is not None
+    assert stored["state"]["checkpoint"]["data"] == {"done": 3}
+    assert stored["state"]["worker_states"][0]["ping_expire_time"] == driver.clock.now() + timedelta(
+        seconds=30
+    )
+
+    done = await report(http, task, outcome="succeeded", result={"ok": True})
+    assert done.status_code == 200, done.text
+    assert (done.json()["status"], done.json()["duplicate"]) == ("succeeded", False)
+    info = await task_of(http, "t1")
+    assert info["status"] == "succeeded"
+    assert info["worker_states"][0]["result"] == {"ok": True}
+    # the same report again (a lost reply): recorded once, answered as a duplicate
+    tick(driver)
+    again = await report(http, task, outcome="succeeded", result={"ok": True})
+    assert (again.status_code, again.json()["duplicate"]) == (200, True)
+
+
+async def test_a_late_report_after_the_lease_moved_on_is_refused_with_409(
+    http: httpx.AsyncClient, driver: CountingDriver
+) -> None:
+    await publisher(driver).send(Task("t1", "job", None))
+    [first] = (await lease(http, "ex-1"))["tasks"]
+    tick(driver, 31_000)  # no ping: the lease expired; the lease pass marks it lost
+    assert (await lease(http, "ex-2"))["tasks"] == []  # retried after the policy's delay (10 s)
+    tick(driver, 10_000)
+    [second] = (await lease(http, "ex-2"))["tasks"]  # ex-2 takes over
+    assert second["key"] == "t1" and second["attempt_no"] == 2
+    late = await report(http, first, "ex-1", outcome="succeeded", result="late")
+    assert late.status_code == 409
+    assert late.json()["error"] == "lease_lost"
+    assert "t1" in late.json()["detail"] and "not recorded" in late.json()["detail"]
+    ping = await http.post(
+        PING, json={"worker_id": "ex-1", "tasks": [{"key": "t1", "attempt": first["attempt"]}]}, headers=EXEC
+    )
+    assert ping.json()["tasks"][0]["state"] == "lost"
+    info = await task_of(http, "t1")
+    assert info["status"] == "running" and [a["status"] for a in info["worker_states"]] == ["lost", "running"]
+    ok = await report(http, second, "ex-2", outcome="succeeded", result="on time")
+    assert ok.status_code == 200
+    assert (await task_of(http, "t1"))["worker_states"][1]["result"] == "on time"
+
+
+async def test_an_unknown_task_is_404_and_a_stranger_is_409(
+    http: httpx.AsyncClient, driver: CountingDriver
+) -> None:
+    missing = await report(http, {"key": "nope", "attempt": "abc"}, outcome="succeeded")
+    assert (missing.status_code, missing.json()["error"]) == (404, "not_found")
+    await publisher(driver).send(Task("t1", "job", None))
+    [task] = (await lease(http, "ex-1"))["tasks"]
+    stranger = await report(http, task, "ex-2", outcome="failed")
+    assert (stranger.status_code, stranger.json()["error"]) == (409, "lease_lost")
+    assert (await task_of(http, "t1"))["status"] == "running"
+
+
+async def test_failures_follow_the_task_retry_policy_and_budget(
+    http: httpx.AsyncClient, driver: CountingDriver
+) -> None:
+    option = TaskOption(retry=FixedRetry(delay=timedelta(seconds=7), max_retries=1))
+    await publisher(driver).send(Task("t1", "job", None, option=option))
+    [task] = (await lease(http))["tasks"]
+    failed = await report(http, task, outcome="failed", error={"type": "IOError", "message": "disk"})
+    assert failed.status_code == 200, failed.text
+    body = failed.json()
+    assert (body["status"], body["final"], body["error"]["type"]) == ("failed", False, "IOError")
+    assert body["retry_at"].startswith((driver.clock.now() + timedelta(seconds=7)).isoformat()[:19])
+    assert (await lease(http))["tasks"] == []  # not before retry_at
+    tick(driver, 7_000)
+    [task] = (await lease(http))["tasks"]
+    assert task["failures"] == 1
+    await report(http, task, outcome="failed", error={"message": "again"})
+    info = await task_of(http, "t1")
+    assert info["status"] == "failed"  # the budget (1 retry) is used
+
+
+async def test_retry_after_final_snooze_release_and_oversized_results(
+    http: httpx.AsyncClient, driver: CountingDriver
+) -> None:
+    keys = ["retry", "final", "snooze", "release", "big"]
+    await publisher(driver).send_many([Task(k, "job", None) for k in keys])
+    leased = {t["key"]: t for t in (await lease(http, max_tasks=5))["tasks"]}
+    assert sorted(leased) == sorted(keys)
+    r = (await report(http, leased["retry"], outcome="failed", retry_after=60)).json()
+    assert (r["status"], r["error"]["type"]) == ("failed", "Retry")
+    f = (await report(http, leased["final"], outcome="failed", final=True, error={"message": "bad"})).json()
+    assert (f["status"], f["final"], f["error"]["type"]) == ("failed", True, "Fail")
+    s = (await report(http, leased["snooze"], outcome="snoozed", retry_after=30)).json()
+    assert (s["status"], s["error"]["type"]) == ("snoozed", "Snooze")
+    rel = (await report(http, leased["release"], outcome="released")).json()
+    assert rel["status"] == "released"
+    big = (await report(http, leased["big"], outcome="succeeded", result="x" * 600_000)).json()
+    assert (big["status"], big["error"]["type"]) == ("rejected", "ResultTooLarge")
+    statuses = {k: (await task_of(http, k))["status"] for k in keys}
+    assert statuses == {
+        "retry": "pending",
+        "final": "failed",
+        "snooze": "pending",
+        "release": "pending",
+        "big": "failed",
+    }
+    [again] = (await lease(http))["tasks"]  # only the released one is due now
+    assert again["key"] == "release" and again["failures"] == 0
+
+
+async def test_targeting_and_fan_out_are_the_consumers(
+    http: httpx.AsyncClient, driver: CountingDriver
+) -> None:
+    await publisher(driver).send_many(
+        [
+            Task("mine", "job", None, option=TaskOption(specific_worker_ids=("ex-2",))),
+            Task("fan", "job", None, option=TaskOption(concurrent_worker_cnt=2)),
+        ]
+    )
+    one = [t["key"] for t in (await lease(http, "ex-1", max_tasks=5))["tasks"]]
+    two = [t["key"] for t in (await lease(http, "ex-2", max_tasks=5))["tasks"]]
+    assert one == ["fan"] and sorted(two) == ["fan", "mine"]
+    assert (await lease(http, "ex-1", max_tasks=5))["tasks"] == []  # already runs "fan"
+
+
+async def test_a_long_poll_returns_when_a_task_arrives(
+    http: httpx.AsyncClient, driver: CountingDriver
+) -> None:
+    waiting = asyncio.ensure_future(lease(http, wait_seconds=30))
+    await settle()
+    assert not waiting.done()
+    await publisher(driver).send(Task("t1", "job", None))
+    await settle()
+    # no fake time passed: the store's change feed woke the lease
+    assert waiting.done()
+    assert [t["key"] for t in waiting.result()["tasks"]] == ["t1"]
+
+
+async def test_a_long_poll_wakes_at_a_known_run_at_and_ends_at_its_wait(
+    http: httpx.AsyncClient, driver: CountingDriver
+) -> None:
+    clock = driver.clock
+    assert isinstance(clock, FakeClock)
+    await publisher(driver).send(
+        Task("later", "job", None, option=TaskOption(run_at=clock.now() + timedelta(seconds=3)))
+    )
+    waiting = asyncio.ensure_future(lease(http, wait_seconds=10))
+    await settle()
+    for _ in range(2):
+        clock.advance(1)
+        await settle()
+    assert not waiting.done()
+    clock.advance(1)
+    await settle()
+    assert [t["key"] for t in waiting.result()["tasks"]] == ["later"]
+    empty = asyncio.ensure_future(lease(http, wait_seconds=2))
+    for _ in range(12):
+        clock.advance(0.25)
+        await settle()
+    assert empty.done() and empty.result()["tasks"] == []
+
+
+async def test_a_remote_stop_reaches_the_executor(http: httpx.AsyncClient, driver: CountingDriver) -> None:
+    await lease(http, "ex-1")
+    assert (await http.post("/api/v1/workers/ex-1/stop", headers=ADMIN)).status_code == 202
+    tick(driver, 6_000)  # the next heartbeat
+    await publisher(driver).send(Task("t1", "job", None))
+    answer = await lease(http, "ex-1")
+    assert answer == {"tasks": [], "stop_requested": True}
+    assert (await driver.get_task("t1"))["state"]["status"] == "pending"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (LEASE, {"worker_id": "ex", "names": []}),
+        (LEASE, {"worker_id": "$ex", "names": ["job"]}),
+        (LEASE, {"worker_id": "ex", "names": ["job"], "wait_seconds": 61}),
+        (LEASE, {"worker_id": "ex", "names": ["job"], "max_tasks": 0}),
+        (LEASE, {"worker_id": "ex", "names": ["job"], "$where": 1}),
+        (LEASE, {"worker_id": {"$gt": ""}, "names": ["job"]}),
+        (PING, {"worker_id": "ex", "tasks": []}),
+        (PING, {"worker_id": "ex", "tasks": [{"key": "t1", "attempt": "a", "progress": {"fraction": 2}}]}),
+        (PING, {"worker_id": "ex", "tasks": [{"key": "t1", "attempt": "a", "checkpoint": {"$set": 1}}]}),
+        (PING, {"worker_id": "ex", "tasks": [{"key": "t1", "attempt": "a"}, {"key": "t1", "attempt": "a"}]}),
+        (REPORT, {"worker_id": "ex", "key": "t1", "attempt": "a", "outcome": "done"}),
+        (REPORT, {"worker_id": "ex", "key": "t1", "attempt": "a", "outcome": "snoozed"}),
+        (REPORT, {"worker_id": "ex", "key": "t1", "attempt": "a", "outcome": "succeeded", "final": True}),
+        (REPORT, {"worker_id": "ex", "key": "t1", "attempt": "a", "outcome": "failed", "result": 1}),
+        (REPORT, {"worker_id": "ex", "key": "t1", "attempt": "a", "outcome": "failed", "retry_after": -1}),
+    ],
+)
+async def test_bad_input_is_422_and_changes_nothing(
+    http: httpx.AsyncClient, driver: CountingDriver, path: str, body: dict[str, Any]
+) -> None:
+    await publisher(driver).send(Task("t1", "job", None))
+    before = await driver.get_task("t1")
+    response = await http.post(path, json=body, headers=EXEC)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"] == "invalid_input"
+    assert await driver.get_task("t1") == before
+    assert await driver.list_workers() == []
+
+
+async def test_only_executor_and_admin_tokens_may_use_the_executor_routes(
+    http: httpx.AsyncClient, driver: CountingDriver
+) -> None:
+    body = {"worker_id": "ex", "names": ["job"]}
+    assert (await http.post(LEASE, json=body, headers=READ)).status_code == 403
+    assert (await http.post(LEASE, json=body, headers=ADMIN)).status_code == 200
+    assert (await http.post(LEASE, json=body, headers=EXEC)).status_code == 200
+    for method, path in (
+        ("GET", "/api/v1/tasks"),
+        ("GET", "/api/v1/workers"),
+        ("POST", "/api/v1/tasks/x/cancel"),
+    ):
+        refused = await http.request(method, path, headers=EXEC)
+        assert refused.status_code == 403, (method, path)
+        assert "executor" in refused.json()["detail"]
+
+
+def test_the_readme_executor_example_runs_as_printed() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    readme = (repo / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Remote executors over HTTP", 1)[1].split("\n## ", 1)[0]
+    [example] = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    done = subprocess.run(
+        [sys.executable, "-c", example], cwd=repo, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout.strip()
+    assert printed == "succeeded resizer-1 {'width': 640}"
+    assert f"prints `{printed}`" in section
+
+
+async def test_executor_attempts_are_in_the_event_log() -> None:
+    clock = FakeClock()
+    driver = MemoryDriver(clock=clock, events=True)
+    app = create_app(operations=Operations(driver, clock=clock), tokens=TOKENS)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        await publisher(driver).send_many([Task("ok", "job", None), Task("bad", "job", None)])
+        leased = {t["key"]: t for t in (await lease(http, max_tasks=2))["tasks"]}
+        await report(http, leased["ok"], outcome="succeeded", result=1)
+        await report(http, leased["bad"], outcome="failed", final=True, error={"message": "no"})
+    events = await driver.list_events(EventQuery(keys=["ok", "bad"], limit=100))
+    kinds = sorted((e["key"], e["kind"], e.get("worker_id")) for e in events if e["kind"] != "sent")
+    assert kinds == [
+        ("bad", "claimed", "ex-1"),
+        ("bad", "failed", "ex-1"),
+        ("ok", "claimed", "ex-1"),
+        ("ok", "succeeded", "ex-1"),
+    ]
