@@ -13,6 +13,7 @@ benchmarks compare it with MongoDB's ``docsExamined``). Every operation runs wit
 from __future__ import annotations
 
 import asyncio
+import bisect
 import copy
 import heapq
 import itertools
@@ -85,6 +86,10 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
     ) -> None:
         self.clock: Clock = clock or SystemClock()
         self._tasks: dict[str, dict[str, Any]] = {}
+        # the listing's "indexes" (what list_created and key are on MongoDB): sorted, so a page
+        # starts where its cursor points instead of sorting every task
+        self._by_created: list[tuple[datetime, str]] = []
+        self._by_key: list[str] = []
         self._version: dict[str, int] = {}
         self._seq = itertools.count()
         self._future: dict[str, list[tuple[datetime, int, str, int]]] = {}
@@ -185,6 +190,8 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
             elif doc is None:
                 doc = new_task_document(task, params.now)
                 self._tasks[task.key] = doc
+                bisect.insort(self._by_created, (doc["state"]["create_time"], task.key))
+                bisect.insort(self._by_key, task.key)
                 if task.children is not None:
                     self._parents.add(task.key)
                 self._write(doc, params.now)
@@ -469,8 +476,38 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
                 and (after is None or sort_key(doc) > after)
             )
 
-        docs = sorted(filter(wanted, self._tasks.values()), key=sort_key)
-        return [copy.deepcopy(d) for d in docs[params.skip : params.skip + params.limit]]
+        # walk the sorted index from the first possible position (the cursor, the key prefix, the
+        # creation time), stop at the end of the range or once the page is full
+        wanted_count = params.skip + params.limit
+        found: list[dict[str, Any]] = []
+        if by_key:
+            prefix = params.key_prefix or ""
+            start = bisect.bisect_left(self._by_key, prefix)
+            if params.after_key is not None:
+                start = max(start, bisect.bisect_right(self._by_key, params.after_key))
+            for key in itertools.islice(self._by_key, start, None):
+                if not key.startswith(prefix):
+                    break  # past the prefix's range
+                doc = self._tasks[key]
+                if wanted(doc):
+                    found.append(doc)
+                    if len(found) == wanted_count:
+                        break
+        else:
+            start = 0
+            if params.created_from is not None:
+                start = bisect.bisect_left(self._by_created, (params.created_from,))
+            if after is not None:
+                start = max(start, bisect.bisect_right(self._by_created, after))
+            for created, key in itertools.islice(self._by_created, start, None):
+                if params.created_to is not None and created >= params.created_to:
+                    break
+                doc = self._tasks[key]
+                if wanted(doc):
+                    found.append(doc)
+                    if len(found) == wanted_count:
+                        break
+        return [copy.deepcopy(d) for d in found[params.skip :]]
 
     async def count_by_status(self) -> dict[str, int]:
         return dict(Counter(doc["state"]["status"] for doc in self._tasks.values()))

@@ -148,3 +148,27 @@ async def test_the_last_full_page_has_no_next_cursor(store: Store) -> None:
     second = await operations.page_tasks(limit=2, cursor=first.next_cursor)
     assert [t.key for t in second.tasks] == ["c", "d"] and second.next_cursor is None
     assert (await operations.page_tasks(limit=4)).next_cursor is None
+
+
+async def test_removed_tasks_leave_the_listing_and_pages_skip_nothing(store: Store) -> None:
+    from mscheduler.drivers.base import ControlParams
+
+    for i in range(12):
+        await store.add(f"t{i:02d}")
+        if i % 3 == 0:
+            store.advance(0.001)  # some tasks share a creation time, some do not
+    for key in ("t00", "t05", "t11"):
+        assert await store.driver.control_task(ControlParams(key, "remove", ("pending",), store.now))
+    expected = [f"t{i:02d}" for i in range(12) if i not in (0, 5, 11)]
+    assert await _keys(store) == expected
+    assert await _keys(store, key_prefix="t0") == [k for k in expected if k.startswith("t0")]
+    ops = Operations(store.driver, clock=store.clock)
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page = await ops.page_tasks(limit=4, cursor=cursor)
+        seen += [t.key for t in page.tasks]
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert seen == expected
