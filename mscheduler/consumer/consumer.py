@@ -30,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 from mscheduler.children import ChildSync
 from mscheduler.clock import Clock, ServerClock
 from mscheduler.consumer.discovery import CLAIM, LEASE, Discovery
+from mscheduler.consumer.limiter import Limiter
 from mscheduler.consumer.reports import DEFAULT_MAX_CHECKPOINT_BYTES, AttemptReports
 from mscheduler.drivers.base import (
     DEFAULT_MAX_ENTRIES,
@@ -136,6 +137,7 @@ class _Running:
     handler_done: bool = False
     reports: AttemptReports | None = None  # checkpoint / progress waiting for the next ping
     started: float = 0.0  # the clock's monotonic time at the claim (the 'finished' duration)
+    slot: str | None = None  # the flow limit whose slot this attempt holds (mscheduler.limits)
 
     @property
     def trust_until(self) -> Any:
@@ -163,6 +165,7 @@ class _Running:
 @dataclass(slots=True)
 class _Pending:
     params: FinishParams
+    slot: str | None = None  # the flow limit whose slot is released once the outcome is written
     future: asyncio.Future[bool] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -216,6 +219,11 @@ class Consumer:
         oldest entries that do not count (released, revoked, snoozed).
     :param grace_period: on graceful stop, how long running handlers may take to finish before
         they are cancelled and their leases released.
+    :param limits_interval: seconds between reads of which flow limits (``Operations.set_limit``)
+        cover this consumer's names; a new or removed limit applies from the next read. Limit
+        values are read by every acquire, so an edited ``max_running`` or rate applies at once.
+    :param limit_backoff: after a limit refused a slot, about this many seconds (jittered) before
+        this consumer asks again (a rate limit: until its window frees a start).
     :param claim_lease: an optional cap on the first lease of a claim. The first lease is the
         task's own ``worker_timeout`` (computed by the store inside the claim); with a cap,
         ``min(worker_timeout, claim_lease)``. None (the default): no cap.
@@ -242,6 +250,8 @@ class Consumer:
         retention_interval: float = 60.0,
         children_interval: float = 10.0,
         max_attempt_entries: int = DEFAULT_MAX_ENTRIES,
+        limits_interval: float = 2.0,
+        limit_backoff: float = 0.2,
         clock: Clock | None = None,
         host: str | None = None,
     ) -> None:
@@ -291,6 +301,8 @@ class Consumer:
         self.retention_interval = retention_interval
         self.retention_service: RetentionService | None = None
         self.max_attempt_entries = max_attempt_entries
+        if not 0 < limits_interval <= 3600 or not 0 < limit_backoff <= 60:
+            raise InvalidInput("limits_interval must be in (0, 3600] and limit_backoff in (0, 60] seconds")
         self.clock = ServerClock(clock) if not isinstance(clock, ServerClock) else clock
         self._handlers: dict[str, _Registered] = {}
         self._listeners: list[Listener] = []
@@ -313,6 +325,15 @@ class Consumer:
         self.error: BaseException | None = None
         self.stop_reason: str | None = None  # why it stopped (or is stopping): see ``state``
         self.rng = random.Random()  # retry jitter; tests may seed or replace it
+        # flow limits (SPEC G5): slots acquired before claims of limited names, see limiter.py
+        self.limiter = Limiter(
+            driver,
+            self.worker_id,
+            refresh=limits_interval,
+            backoff=limit_backoff,
+            slot_lease=claim_lease,
+            rng=self.rng,
+        )
         self.discovery: Discovery | None = None
         self.stats = {"claimed": 0, "succeeded": 0, "failed": 0, "lost": 0, "released": 0, "rejected": 0}
         # the buffer of claim and outcome events, when the store records events (mscheduler.events)
@@ -545,7 +566,7 @@ class Consumer:
                 error,
             )
             try:
-                await self._submit(params)
+                await self._submit(params, task.slot)
             except MSchedulerError as exc:
                 log.warning("could not release %s: %s", task.key, exc)
 
@@ -586,7 +607,8 @@ class Consumer:
                 await self._slot_freed.wait()
                 continue
             now = self.clock.now()
-            if not (more or queue.due(now)):
+            await self.limiter.maybe_refresh(names, self.clock.monotonic())
+            if not (more or queue.due(now) or self.limiter.retry_due(now)):
                 await self._wait_for_work(queue)
                 continue
             due = queue.pop_due(now)
@@ -622,7 +644,7 @@ class Consumer:
             )
             # Shielded: a stop that cancels the claimer mid-claim must not orphan tasks the
             # store has already given us; stop() waits for the call and releases them.
-            self._claim_call = asyncio.ensure_future(self.driver.claim(params))
+            self._claim_call = asyncio.ensure_future(self.limiter.claim(params, self.driver.claim))
             try:
                 claimed = await asyncio.shield(self._claim_call)
             except StorageError as exc:
@@ -658,6 +680,9 @@ class Consumer:
     async def _wait_for_work(self, queue: Any) -> None:
         queue.changed.clear()
         when = queue.next_time()
+        retry = self.limiter.next_retry()  # a limit that refused: ask again then
+        if retry is not None and (when is None or retry < when):
+            when = retry
         timeout = None if when is None else max((when - self.clock.now()).total_seconds(), 0.0)
         waiter = asyncio.ensure_future(queue.changed.wait())
         sleeper = asyncio.ensure_future(self.clock.sleep(timeout)) if timeout is not None else None
@@ -673,6 +698,7 @@ class Consumer:
     def _start(self, claimed: ClaimedTask) -> None:
         running = _Running(claimed, claimed.option, claimed.ping_expire_time)
         running.reports = AttemptReports(self._ping_now.set, self.max_checkpoint_bytes)
+        running.slot = claimed.slot
         self._running[claimed.key] = running
         self._handlers_active += 1
         self.stats["claimed"] += 1
@@ -755,14 +781,15 @@ class Consumer:
             running.handler_done = True
             self._handlers_active -= 1
             self._slot_freed.set()
-        accepted = False
+        accepted = submitted = False
         if outcome is not None:
             now = self.clock.now()
             params = FinishParams(
                 claimed.key, self.worker_id, claimed.attempt, now, outcome, result, error, retry_at, final
             )
             try:
-                accepted = await self._submit(params)
+                accepted = await self._submit(params, running.slot)
+                submitted = True  # the finisher released the slot with the outcome
             except MSchedulerError as exc:
                 log.error(
                     "could not record the outcome of %s: %s",
@@ -772,6 +799,10 @@ class Consumer:
                 )
         if self._running.get(claimed.key) is running:
             del self._running[claimed.key]
+        if running.slot is not None and not submitted:
+            # no outcome sent (lost, cancelled, paused): the finisher releases the slot now
+            self.limiter.release(running.slot, claimed.attempt)
+            self._pending_added.set()
         stat = outcome if accepted and outcome is not None else "lost"
         if running.cancel_reason == "paused":  # released by the pause: not a lost lease
             stat = AttemptStatus.RELEASED.value
@@ -905,18 +936,18 @@ class Consumer:
 
     # -- finisher -------------------------------------------------------------------------------
 
-    async def _submit(self, params: FinishParams) -> bool:
+    async def _submit(self, params: FinishParams, slot: str | None = None) -> bool:
         finisher = self._side.get("finisher")
         if finisher is None or finisher.done():
             raise ConsumerStopped("the finisher is not running: the outcome cannot be written")
-        pending = _Pending(params)
+        pending = _Pending(params, slot)
         self._pending.append(pending)
         self._pending_added.set()
         return await asyncio.shield(pending.future)
 
     async def _run_finisher(self) -> None:
         while True:
-            if not self._pending:
+            if not self._pending and not self.limiter.releases:
                 self._pending_added.clear()
                 await self._pending_added.wait()
             await self._flush()
@@ -924,6 +955,8 @@ class Consumer:
     async def _flush(self) -> None:
         batch, self._pending = self._pending, []
         if not batch:
+            if self.limiter.releases:
+                await self.limiter.flush(self.clock.now())
             return
         try:
             accepted = await self.driver.finish([p.params for p in batch])
@@ -943,13 +976,18 @@ class Consumer:
             await self.clock.sleep(self.poll_interval)
             return
         self._sync_parents_of(p.params.key for p, ok in zip(batch, accepted, strict=True) if ok)
+        for p in batch:  # written (or refused: the lease had gone): the slot is free
+            if p.slot is not None:
+                self.limiter.release(p.slot, p.params.attempt)
+        if self.limiter.releases:
+            await self.limiter.flush(self.clock.now())
         for p, ok in zip(batch, accepted, strict=True):
             if not p.future.done():
                 p.future.set_result(ok)
 
     async def _drain_finisher(self) -> None:
         finisher = self._side.get("finisher")
-        while self._pending and finisher is not None and not finisher.done():
+        while (self._pending or self.limiter.releases) and finisher is not None and not finisher.done():
             await asyncio.sleep(0)
             try:
                 await self._flush()
@@ -1018,6 +1056,9 @@ class Consumer:
             report = running.reports.take() if running.reports is not None else None
             if report is not None:
                 reports[key] = report
+        groups = await self._extend_slots(now, snapshot, groups)
+        if not any(groups.values()):
+            return
         try:
             params = PingParams(self.worker_id, now, groups, reports)
             result = await self._ping_within_leases(params, snapshot)
@@ -1053,6 +1094,35 @@ class Consumer:
                 "recorded": len(recorded),
             },
         )
+
+    async def _extend_slots(
+        self, now: datetime, snapshot: dict[str, _Running], groups: dict[Any, dict[str, str]]
+    ) -> dict[Any, dict[str, str]]:
+        """Before the leases are renewed, extend the flow-limit slots of those attempts to the
+        same expiry (so a slot never ends before its lease). An attempt whose slot is gone is
+        given up (its lease is not renewed); one whose slot could not be confirmed (a storage
+        error) is not renewed this time."""
+        slots: dict[str, dict[str, Any]] = {}
+        key_of: dict[str, str] = {}
+        for expire, attempts in groups.items():
+            for key, attempt in attempts.items():
+                slot = snapshot[key].slot
+                if slot is not None:
+                    slots.setdefault(slot, {})[attempt] = expire
+                    key_of[attempt] = key
+        if not slots:
+            return groups
+        gone, unknown = await self.limiter.extend(now, slots)
+        for attempt in gone:
+            self._lose(snapshot[key_of[attempt]], "lost")
+        skipped = gone | unknown
+        if not skipped:
+            return groups
+        self._expire_locally({key_of[a]: snapshot[key_of[a]] for a in unknown})
+        return {
+            expire: {k: a for k, a in attempts.items() if a not in skipped}
+            for expire, attempts in groups.items()
+        }
 
     @staticmethod
     def _report_outcome(running: _Running, *, landed: bool) -> None:

@@ -92,6 +92,7 @@ class ClaimedTask:
     checkpoint: Any = None  # ``state.checkpoint.data`` as the claim found it (an earlier attempt's)
     parent: str | None = None  # a child task's parent key (its finish is followed by a sync)
     due_time: datetime | None = None  # when it became claimable (see ``due_time``): queue wait
+    slot: str | None = None  # the flow limit whose slot this attempt holds (set by the consumer)
 
 
 @dataclass(slots=True, frozen=True)
@@ -437,6 +438,66 @@ class MarkParams:
     by: str = ""
 
 
+@dataclass(slots=True, frozen=True)
+class PutLimitParams:
+    """Create or change the limit ``key`` (``Limit.to_storage`` fields); its slots and starts are
+    kept. A name that another limit covers is refused (``LimitNameTaken``)."""
+
+    key: str
+    fields: Mapping[str, Any]
+    now: datetime
+
+
+@dataclass(slots=True, frozen=True)
+class AcquireParams:
+    """Grant concurrency slots (and rate starts) of limit ``key`` to ``attempts`` of ``worker_id``,
+    each slot leased until ``expire`` (see ``mscheduler.limits.grant``). Idempotent by attempt."""
+
+    key: str
+    worker_id: str
+    attempts: Sequence[str]
+    now: datetime
+    expire: datetime
+
+
+@dataclass(slots=True, frozen=True)
+class AcquireResult:
+    """``granted``: the attempts that hold a slot (in asked order); ``limited``: False when no
+    such limit exists (nothing to hold: the caller claims as if unlimited); ``retry_at``: when the
+    rate window frees a start, if the rate is what refused."""
+
+    granted: list[str]
+    limited: bool = True
+    retry_at: datetime | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class SlotsParams:
+    """Change this worker's slots of limit ``key`` (``mscheduler.limits.settle``): ``extend``
+    moves live slots' expiry (the pinger, before it renews the leases; after a claim, to the
+    task's first lease); ``release`` frees slots (the attempt ended); ``unused`` frees grants the
+    claim did not use, with their rate starts."""
+
+    key: str
+    worker_id: str
+    now: datetime
+    extend: Mapping[str, datetime] = field(default_factory=dict)
+    release: Sequence[str] = ()
+    unused: Sequence[str] = ()
+
+
+class LimitNameTaken(Exception):
+    """A limit would cover a task name another limit covers: refused, nothing changed."""
+
+    def __init__(self, key: str, name: str | None = None, holder: str | None = None) -> None:
+        which = f"name {name!r}" if name else "one of its names"
+        owner = f" (limit {holder!r})" if holder else ""
+        super().__init__(f"limit {key!r}: {which} is covered by another limit{owner}")
+        self.key = key
+        self.name = name
+        self.holder = holder
+
+
 class ChangeStreamUnsupported(Exception):
     """The backend cannot watch (standalone server, mongomock): the consumer polls instead."""
 
@@ -581,6 +642,29 @@ class Driver(Protocol):
 
     async def mark_task(self, params: MarkParams) -> bool:
         """Set ``state.marked`` (see MarkParams); False when the compare-and-set does not hold."""
+        ...
+
+    # -- flow limits (mscheduler.limits; their own collection) ---------------------------------
+
+    async def put_limit(self, params: PutLimitParams) -> bool:
+        """Create or change a limit; True if it was created. Raises ``LimitNameTaken``."""
+        ...
+
+    async def get_limit(self, key: str) -> dict[str, Any] | None: ...
+
+    async def list_limits(self) -> list[dict[str, Any]]: ...
+
+    async def delete_limit(self, key: str) -> bool: ...
+
+    async def limit_keys(self, names: Sequence[str]) -> dict[str, str]:
+        """Which limit covers each of these names (names without one are left out)."""
+        ...
+
+    async def acquire_slots(self, params: AcquireParams) -> AcquireResult: ...
+
+    async def update_slots(self, params: SlotsParams) -> list[str]:
+        """Apply ``params`` (one atomic write); returns the attempts of ``extend`` whose slot is
+        live afterwards (all of them when the limit no longer exists)."""
         ...
 
 

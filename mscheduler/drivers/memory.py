@@ -61,6 +61,7 @@ from mscheduler.drivers.events_common import (
 )
 from mscheduler.drivers.memory_children import MemoryChildren
 from mscheduler.drivers.memory_events import MemoryEvents
+from mscheduler.drivers.memory_limits import MemoryLimits
 from mscheduler.drivers.memory_maintenance import MemoryMaintenance
 from mscheduler.drivers.memory_plans import MemoryPlans
 from mscheduler.drivers.memory_stats import MemoryStats
@@ -74,7 +75,7 @@ def _copy(value: Any) -> Any:
     return value if isinstance(value, _SCALARS) else copy.deepcopy(value)
 
 
-class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents, MemoryStats):
+class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents, MemoryStats, MemoryLimits):
     """Tasks and workers in dictionaries and heaps; the same rules as ``MongoDriver``.
 
     :param events: keep an event log (``mscheduler.events``): the newest ``max_events``.
@@ -98,6 +99,7 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
         self._init_events(events, max_events)
         self._init_children()
         self._init_maintenance()
+        self._init_limits()
 
     # -- indexing -----------------------------------------------------------------------------
 

@@ -110,6 +110,7 @@ from mscheduler.drivers.mongo_common import (  # noqa: F401  (re-exported for te
     watch_pipeline,
 )
 from mscheduler.drivers.mongo_events import MongoEvents
+from mscheduler.drivers.mongo_limits import MongoLimits, limits_collection
 from mscheduler.drivers.mongo_maintenance import MongoMaintenance
 from mscheduler.drivers.mongo_ping import MongoPing
 from mscheduler.drivers.mongo_plans import MongoPlans, plans_collection
@@ -129,6 +130,7 @@ class MongoDriver(
     MongoMaintenance,
     MongoChildren,
     MongoStats,
+    MongoLimits,
 ):
     """The task store on MongoDB.
 
@@ -168,6 +170,9 @@ class MongoDriver(
         self.tasks = tasks
         self.workers = workers
         self.plans = plans_collection(
+            database, prefix, WriteConcern(w="majority", wtimeout=majority_timeout_ms) if majority else None
+        )
+        self.limits = limits_collection(
             database, prefix, WriteConcern(w="majority", wtimeout=majority_timeout_ms) if majority else None
         )
         # Scheduler read-backs (claim recovery, ping and finish outcomes) go to the primary
@@ -260,6 +265,7 @@ class MongoDriver(
 
         await self._call("create indexes", create)
         await self._call("create plan indexes", self._create_plan_indexes)
+        await self._call("create limit indexes", self._create_limit_indexes)
         await self._create_event_indexes()
         await self._probe_capabilities()
 
@@ -318,6 +324,7 @@ class MongoDriver(
         await self._call("drop tasks", self.tasks.drop)
         await self._call("drop workers", self.workers.drop)
         await self._call("drop plans", self.plans.drop)
+        await self._call("drop limits", self.limits.drop)
         await self._call("drop probe", self.probe.drop)
         await self._call("drop events", self.events.drop)
 
