@@ -127,15 +127,18 @@ class Limiter:
             self._refused(key, now, result.retry_at)
             return [], rest, False
         lease = self.slot_lease if params.max_lease is None else min(params.max_lease, self.slot_lease)
-        try:
-            got = await claim(replace(params, names=names, attempts=granted, max_lease=lease))
-        except StorageError:
-            self.releases.setdefault(key, []).extend(granted)  # given back by the next flush
-            raise
+        # A claim that fails may still have been applied (a lost reply the driver could not
+        # resolve): its grants are kept, not released, and run out at their expiry, which is no
+        # earlier than any lease that claim can have made. Likewise the attempts the driver
+        # reports uncertain.
+        uncertain: list[str] = []
+        got = await claim(
+            replace(params, names=names, attempts=granted, max_lease=lease, uncertain=uncertain)
+        )
         if len(granted) < len(attempts) and len(got) == len(granted):
             self._refused(key, now, result.retry_at)  # the limit binds and there is more work
         used = {task.attempt: task.ping_expire_time for task in got}
-        unused = [a for a in granted if a not in used]
+        unused = [a for a in granted if a not in used and a not in uncertain]
         shorten = {a: e for a, e in used.items() if e < expire}
         if unused or shorten:
             self.commands["settle"] += 1

@@ -76,6 +76,9 @@ class ClaimParams:
     # entries a task keeps: a claim that appends beyond it drops the oldest entries that do not
     # count (released, revoked, snoozed; see trim_entries)
     max_entries: int = DEFAULT_MAX_ENTRIES
+    # filled by the driver with the attempts whose claim outcome is unknown while others were
+    # claimed (an error after the store may have applied it): the flow limiter keeps their slots
+    uncertain: list[str] | None = None
 
 
 @dataclass(slots=True, frozen=True)

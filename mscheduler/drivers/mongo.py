@@ -638,6 +638,10 @@ class MongoDriver(
         )
         claimed = [r for r in results if isinstance(r, ClaimedTask)]
         errors = [r for r in results if isinstance(r, BaseException)]
+        if params.uncertain is not None:
+            params.uncertain.extend(
+                a for a, r in zip(params.attempts, results, strict=True) if isinstance(r, BaseException)
+            )
         if errors and not claimed:
             raise errors[0]
         if errors:
