@@ -20,7 +20,7 @@ import secrets
 import socket
 import traceback
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, get_type_hints
@@ -56,7 +56,14 @@ from mscheduler.exceptions import (
     Snooze,
     StorageError,
 )
-from mscheduler.model import AttemptStatus, TaskOption, check_params, validate_name
+from mscheduler.model import (
+    AttemptStatus,
+    TaskOption,
+    check_params,
+    validate_group,
+    validate_name,
+    validate_worker_id,
+)
 from mscheduler.planner import Planner
 from mscheduler.retention import Retention, RetentionService
 
@@ -219,6 +226,8 @@ class Consumer:
         oldest entries that do not count (released, revoked, snoozed).
     :param grace_period: on graceful stop, how long running handlers may take to finish before
         they are cancelled and their leases released.
+    :param groups: the groups this consumer belongs to (SPEC F31): it also runs tasks whose
+        ``specific_groups`` name one of them.
     :param limits_interval: seconds between reads of which flow limits (``Operations.set_limit``)
         cover this consumer's names; a new or removed limit applies from the next read. Limit
         values are read by every acquire, so an edited ``max_running`` or rate applies at once.
@@ -250,6 +259,7 @@ class Consumer:
         retention_interval: float = 60.0,
         children_interval: float = 10.0,
         max_attempt_entries: int = DEFAULT_MAX_ENTRIES,
+        groups: Sequence[str] = (),
         limits_interval: float = 2.0,
         limit_backoff: float = 0.2,
         clock: Clock | None = None,
@@ -273,6 +283,13 @@ class Consumer:
         for label, value in (("worker id", self.worker_id), ("host", self.host)):
             if not value or value.startswith("$") or len(value) > 200:
                 raise InvalidInput(f"invalid {label} {value!r}")
+        try:
+            validate_worker_id(self.worker_id)
+            if isinstance(groups, (str, bytes)):
+                raise ValueError("groups: a list of group names, not one string")
+            self.groups: tuple[str, ...] = tuple(dict.fromkeys(validate_group(g) for g in groups))
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from exc
         self.concurrency = concurrency
         self.poll_interval = poll_interval
         self.stream_poll_interval = stream_poll_interval
@@ -423,6 +440,7 @@ class Consumer:
             max_size=self.wakeup_queue_size,
             on_event=self._emit,
             on_stop=self._stop_requested,
+            groups=self.groups,
         )
         try:
             await self.discovery.poll_once()
@@ -641,6 +659,7 @@ class Consumer:
                 # on the claim index's keys, so the store does not fetch them to reject them)
                 exclude_keys=[*self._running, *self._ran_fanout],
                 max_entries=self.max_attempt_entries,
+                groups=self.groups,
             )
             # Shielded: a stop that cancels the claimer mid-claim must not orphan tasks the
             # store has already given us; stop() waits for the call and releases them.
@@ -807,8 +826,14 @@ class Consumer:
         if running.cancel_reason == "paused":  # released by the pause: not a lost lease
             stat = AttemptStatus.RELEASED.value
         option = running.option
-        if stat == AttemptStatus.SUCCEEDED.value and option["concurrent_worker_cnt"] > 1:
-            if not option["specific_worker_ids"]:  # targeted ones leave our claimer token anyway
+        if (
+            stat == AttemptStatus.SUCCEEDED.value
+            and option["concurrent_worker_cnt"] > 1
+            and not option.get("same_worker_may_repeat")  # it may take that task again
+        ):
+            # tasks aimed at named workers leave our claimer token anyway; "anyone" and group
+            # tokens do not say who ran the task
+            if not option["specific_worker_ids"] or option.get("specific_groups"):
                 self._ran_fanout[claimed.key] = None
                 if len(self._ran_fanout) > RAN_FANOUT_KEPT:
                     self._ran_fanout.popitem(last=False)
@@ -1060,7 +1085,7 @@ class Consumer:
         if not any(groups.values()):
             return
         try:
-            params = PingParams(self.worker_id, now, groups, reports)
+            params = PingParams(self.worker_id, now, groups, reports, worker_groups=self.groups)
             result = await self._ping_within_leases(params, snapshot)
         except StorageError as exc:
             for key in reports:

@@ -76,6 +76,7 @@ class ClaimParams:
     # entries a task keeps: a claim that appends beyond it drops the oldest entries that do not
     # count (released, revoked, snoozed; see trim_entries)
     max_entries: int = DEFAULT_MAX_ENTRIES
+    groups: Sequence[str] = ()  # the worker's groups (SPEC F31): tasks aimed at them are claimable
     # filled by the driver with the attempts whose claim outcome is unknown while others were
     # claimed (an error after the store may have applied it): the flow limiter keeps their slots
     uncertain: list[str] | None = None
@@ -121,6 +122,7 @@ class PingParams:
     # key -> what to record on the task with this ping (fenced like the ping itself); the ping
     # stays one write command (a bulk write of per-task updates when there are reports)
     reports: Mapping[str, AttemptReport] = field(default_factory=dict)
+    worker_groups: Sequence[str] = ()  # still allowed if one of them is named (SPEC F31, F8)
 
 
 @dataclass(slots=True)
@@ -158,6 +160,7 @@ class WakeupParams:
     names: Sequence[str]
     now: datetime
     limit: int = 100
+    groups: Sequence[str] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -793,9 +796,20 @@ def encoded_size(value: Any) -> int:
     return len(bson.encode({"v": value}))
 
 
-def allowed(option: Mapping[str, Any], worker_id: str) -> bool:
+def allowed(option: Mapping[str, Any], worker_id: str, groups: Sequence[str] = ()) -> bool:
+    """May ``worker_id`` (a member of ``groups``) run a task with this option? (SPEC F31: a task
+    names workers and / or groups; none: anyone.)"""
     ids = option["specific_worker_ids"]
-    return not ids or worker_id in ids
+    named_groups = option.get("specific_groups") or ()
+    if not ids and not named_groups:
+        return True
+    return worker_id in ids or any(g in named_groups for g in groups)
+
+
+def busy_statuses(option: Mapping[str, Any]) -> tuple[str, ...]:
+    """Entries of a worker that bar it from claiming the task again: running, and succeeded
+    unless ``same_worker_may_repeat`` (SPEC F33)."""
+    return ("running",) if option.get("same_worker_may_repeat") is True else ("running", "succeeded")
 
 
 def stop_record(

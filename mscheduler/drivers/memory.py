@@ -38,6 +38,7 @@ from mscheduler.drivers.base import (
     WakeupParams,
     WorkerInfo,
     allowed,
+    busy_statuses,
     due_time,
     event_for,
     failure_times,
@@ -207,20 +208,23 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
         state = doc["state"]
         if state["claim_at"] is None or state["claim_at"] > params.now or state["free_slots"] <= 0:
             return False
-        if state["status"] not in ("pending", "running") or not allowed(doc["option"], params.worker_id):
+        if state["status"] not in ("pending", "running"):
+            return False
+        if not allowed(doc["option"], params.worker_id, params.groups):
             return False
         if params.exclude_keys and doc["key"] in params.exclude_keys:
             return False
         deadline = doc["option"].get("deadline")
         if deadline is not None and deadline <= params.now:
             return False
+        busy = busy_statuses(doc["option"])
         for entry in state["worker_states"]:
-            if entry["worker_id"] == params.worker_id and entry["status"] in ("running", "succeeded"):
+            if entry["worker_id"] == params.worker_id and entry["status"] in busy:
                 return False
         return True
 
     async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
-        tokens = claimer_tokens(list(params.names), params.worker_id)
+        tokens = claimer_tokens(list(params.names), params.worker_id, params.groups)
         self._promote(params.now, tokens)
         excluded = set(params.exclude_keys)
         claimed: list[ClaimedTask] = []
@@ -296,7 +300,7 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
                         result.lost.append(key)
                 elif doc["state"].get("cancelled") is not None:
                     result.cancelled.append(key)
-                elif not allowed(doc["option"], params.worker_id):
+                elif not allowed(doc["option"], params.worker_id, params.worker_groups):
                     result.revoked.append(key)
                 else:
                     entry["ping_expire_time"] = expire
@@ -390,7 +394,7 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
         return expired
 
     async def find_wakeups(self, params: WakeupParams) -> list[Wakeup]:
-        tokens = claimer_tokens(list(params.names), params.worker_id)
+        tokens = claimer_tokens(list(params.names), params.worker_id, params.groups)
         self._promote(params.now, tokens)
         found: dict[str, datetime] = {}
         for token in tokens:

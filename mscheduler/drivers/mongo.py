@@ -65,7 +65,6 @@ from mscheduler.drivers.mongo_common import (  # noqa: F401  (re-exported for te
     _FAILURE_STATUSES,
     ALL_STATUSES,
     ATTEMPT_INDEX,
-    BUSY,
     CHANGE_STREAM_TOKEN_LOST_CODES,
     CHANGE_STREAM_UNSUPPORTED_CODES,
     CLAIM_INDEX,
@@ -497,19 +496,18 @@ class MongoDriver(
         # slot, an unfinished task, an unused budget and (targeted) an allowed worker with no
         # running or succeeded entry; the residual $nor is for untargeted fan-out tasks.
         filter_: dict[str, Any] = {
-            "state.claimers": {"$in": claimer_tokens(list(params.names), params.worker_id)},
+            "state.claimers": {"$in": claimer_tokens(list(params.names), params.worker_id, params.groups)},
             "state.claim_at": {"$lte": now},
             # not started after its deadline (the deadline pass marks such tasks expired)
             "$or": [{"option.deadline": None}, {"option.deadline": {"$gt": now}}],
+            # not running it already, and (unless it may repeat, SPEC F33) not succeeded on it:
+            # residual for "anyone" and group tokens, which do not list who ran the task
             "$nor": [
+                {WS: {"$elemMatch": {"worker_id": params.worker_id, "status": "running"}}},
                 {
-                    WS: {
-                        "$elemMatch": {
-                            "worker_id": params.worker_id,
-                            "status": {"$in": BUSY},
-                        }
-                    }
-                }
+                    "option.same_worker_may_repeat": {"$ne": True},
+                    WS: {"$elemMatch": {"worker_id": params.worker_id, "status": "succeeded"}},
+                },
             ],
         }
         if params.exclude_keys:
@@ -842,7 +840,9 @@ class MongoDriver(
         # The wake-up index: equality on this worker's claimer tokens, then claim_at (the
         # ranges are merged in claim_at order, no in-memory sort). Tasks aimed at others are
         # not read.
-        filter_ = {"state.claimers": {"$in": claimer_tokens(list(params.names), params.worker_id)}}
+        filter_ = {
+            "state.claimers": {"$in": claimer_tokens(list(params.names), params.worker_id, params.groups)}
+        }
 
         async def read() -> list[dict[str, Any]]:
             cursor = (

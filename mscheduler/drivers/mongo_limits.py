@@ -253,8 +253,10 @@ class MongoLimits:
             )
             return doc
 
-        # idempotent: a retry after a lost reply releases and extends the same way again
-        doc = await self._call("update slots", write)
+        # idempotent: a retry after a lost reply releases and extends the same way again; named
+        # by what it does, for the command counts (benchmarks/commands_per_task.py)
+        what = "settle slots" if params.unused else "extend slots" if params.extend else "release slots"
+        doc = await self._call(what, write)
         if doc is None:
             return list(params.extend)
         held = _live_of(_in(doc), params.worker_id, params.now)
