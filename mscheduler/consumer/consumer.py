@@ -980,8 +980,8 @@ class Consumer:
     async def _flush(self) -> None:
         batch, self._pending = self._pending, []
         if not batch:
-            if self.limiter.releases:
-                await self.limiter.flush(self.clock.now())
+            if self.limiter.releases and not await self.limiter.flush(self.clock.now()):
+                await self.clock.sleep(self.poll_interval)  # the store refuses: not in a tight loop
             return
         try:
             accepted = await self.driver.finish([p.params for p in batch])
@@ -1012,13 +1012,15 @@ class Consumer:
 
     async def _drain_finisher(self) -> None:
         finisher = self._side.get("finisher")
-        while (self._pending or self.limiter.releases) and finisher is not None and not finisher.done():
+        while self._pending and finisher is not None and not finisher.done():
             await asyncio.sleep(0)
             try:
                 await self._flush()
             except StorageError as exc:  # the futures carry it to the handlers; stop goes on
                 log.error("could not write outcomes while stopping: %s", exc)
                 return
+        if self.limiter.releases:  # one try: slots not released run out at their expiry
+            await self.limiter.flush(self.clock.now())
 
     # -- pinger ---------------------------------------------------------------------------------
 

@@ -174,9 +174,9 @@ class Limiter:
     def release(self, key: str, attempt: str) -> None:
         self.releases.setdefault(key, []).append(attempt)
 
-    async def flush(self, now: datetime) -> None:
+    async def flush(self, now: datetime) -> bool:
         """Release the slots of the attempts that ended (one write per limit); on an error they
-        are kept for the next flush (and run out at their expiry anyway)."""
+        are kept for the next flush (and run out at their expiry anyway): False."""
         releases, self.releases = self.releases, {}
         for key, attempts in releases.items():
             self.commands["release"] += 1
@@ -184,7 +184,10 @@ class Limiter:
                 await self.driver.update_slots(SlotsParams(key, self.worker_id, now, release=attempts))
             except StorageError as exc:
                 log.warning("could not release the slots of limit %s (%s)", key, exc)
-                self.releases.setdefault(key, []).extend(attempts)
-                return
+                for k, a in releases.items():  # this one and the ones not tried yet
+                    if k == key or k not in self.releases:
+                        self.releases.setdefault(k, []).extend(a)
+                return False
             if key in self.wait_until:  # refused before (there is work): a slot is free now
                 self.wait_until[key] = now
+        return True
