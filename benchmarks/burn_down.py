@@ -26,7 +26,12 @@ from mscheduler.operations import Operations
 
 
 async def main(
-    tasks: int, concurrency: int, trace: bool, events: bool = False, limit: int | None = None
+    tasks: int,
+    concurrency: int,
+    trace: bool,
+    events: bool = False,
+    limit: int | None = None,
+    reserve: bool = False,
 ) -> None:
     gc.collect()
     rss_before = peak_rss_mib()
@@ -35,11 +40,12 @@ async def main(
     driver = MemoryDriver(events=events)
     if limit is not None:
         await Operations(driver).set_limit(TASK_NAME, max_running=limit)
-    run, consumer = await burn_down(driver, tasks=tasks, concurrency=concurrency)
+    run, consumer = await burn_down(driver, tasks=tasks, concurrency=concurrency, limit_reserve=reserve)
     result = {
         "benchmark": "burn_down",
         "events": events,
         "limit": limit,
+        "reserve": reserve,
         "tasks": tasks,
         "concurrency": concurrency,
         "tasks_per_s": round(run.rate),
@@ -69,8 +75,9 @@ def cli() -> None:
     parser.add_argument("--tracemalloc", action="store_true", help="also trace Python allocations (slower)")
     parser.add_argument("--events", action="store_true", help="with the event log on")
     parser.add_argument("--limit", type=int, default=None, help="a flow limit max_running=N on the name")
+    parser.add_argument("--reserve", action="store_true", help="Consumer(limit_reserve=True)")
     args = parser.parse_args()
-    asyncio.run(main(args.tasks, args.concurrency, args.tracemalloc, args.events, args.limit))
+    asyncio.run(main(args.tasks, args.concurrency, args.tracemalloc, args.events, args.limit, args.reserve))
 
 
 if __name__ == "__main__":

@@ -20,12 +20,14 @@ from mscheduler.drivers.memory import MemoryDriver
 from mscheduler.operations import Operations
 
 
-async def main(tasks: int, concurrency: int, rtt_ms: float, limit: int | None = None) -> None:
+async def main(
+    tasks: int, concurrency: int, rtt_ms: float, limit: int | None = None, reserve: bool = False
+) -> None:
     memory = MemoryDriver()
     if limit is not None:
         await Operations(memory).set_limit(TASK_NAME, max_running=limit)
     driver = LatencyDriver(memory, delay=rtt_ms / 1000)
-    run, consumer = await burn_down(driver, tasks=tasks, concurrency=concurrency)
+    run, consumer = await burn_down(driver, tasks=tasks, concurrency=concurrency, limit_reserve=reserve)
     emit(
         {
             "benchmark": "burn_down_latency",
@@ -33,6 +35,7 @@ async def main(tasks: int, concurrency: int, rtt_ms: float, limit: int | None = 
             "concurrency": concurrency,
             "rtt_ms": rtt_ms,
             "limit": limit,
+            "reserve": reserve,
             "tasks_per_s": round(run.rate),
             "seconds": round(run.seconds, 3),
             "driver_calls": driver.calls,
@@ -49,8 +52,9 @@ def cli() -> None:
     parser.add_argument("--concurrency", type=int, default=30)
     parser.add_argument("--rtt-ms", type=float, default=1.0)
     parser.add_argument("--limit", type=int, default=None, help="a flow limit max_running=N on the name")
+    parser.add_argument("--reserve", action="store_true", help="Consumer(limit_reserve=True)")
     args = parser.parse_args()
-    asyncio.run(main(args.tasks, args.concurrency, args.rtt_ms, args.limit))
+    asyncio.run(main(args.tasks, args.concurrency, args.rtt_ms, args.limit, args.reserve))
 
 
 if __name__ == "__main__":

@@ -208,6 +208,16 @@ def granted_of(doc: Mapping[str, Any], worker_id: str, attempts: Sequence[str], 
     return [a for a in attempts if a in held]
 
 
+def acquire_result_fields(doc: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    """What an ``AcquireResult`` says of the limit after the grant (besides the grants)."""
+    return {
+        "retry_at": retry_hint(doc, now),
+        "live": sum(1 for s in doc.get("slots", []) if s["e"] > now),
+        "max_running": doc.get("max_running"),
+        "rate": doc.get("rate_n") is not None,
+    }
+
+
 def retry_hint(doc: Mapping[str, Any], now: datetime) -> datetime | None:
     """When the rate window frees a start (its oldest start leaves it), if the rate is what binds."""
     starts = recent_starts(doc, now)

@@ -28,6 +28,7 @@ from mscheduler.exceptions import StorageError
 from mscheduler.limits import DEFAULT_SLOT_LEASE
 
 log = logging.getLogger("mscheduler.consumer")
+RESERVE_ROUNDS = 4  # an acquire far from max_running asks for this many claim batches
 
 
 class Limiter:
@@ -42,6 +43,7 @@ class Limiter:
         backoff: float,
         slot_lease: timedelta | None,
         rng: random.Random,
+        reserve: bool = False,
     ) -> None:
         self.driver = driver
         self.worker_id = worker_id
@@ -49,11 +51,20 @@ class Limiter:
         self.backoff = backoff
         self.slot_lease = slot_lease or DEFAULT_SLOT_LEASE
         self.rng = rng
+        self.reserve_enabled = reserve
         self.limit_of: dict[str, str] = {}  # name -> limit key
         self._read_at: float | None = None  # monotonic time of the last read of the mapping
         self.wait_until: dict[str, datetime] = {}  # limit key -> when to ask again after a refusal
         self.releases: dict[str, list[str]] = {}  # limit key -> attempts whose slot to release
         self.commands = {"acquire": 0, "settle": 0, "extend": 0, "release": 0, "refused": 0}
+        # With ``reserve`` (Consumer(limit_reserve=True)): grants kept for the next claims (limit
+        # key -> [(attempt, slot expiry)]). While a limit without a rate is far from its
+        # max_running, an acquire asks for RESERVE_ROUNDS batches and the claims of the next
+        # rounds use the spare grants without an acquire of their own. Spare grants are live
+        # slots (counted against max_running; given back when half a slot lease old, or at stop).
+        # Not exact for a rate added to the limit later: a reserved grant carries no start.
+        self.reserve: dict[str, list[tuple[str, datetime]]] = {}
+        self.roomy: set[str] = set()  # limits whose last acquire left room for a reserve
 
     async def maybe_refresh(self, names: Sequence[str], monotonic: float) -> None:
         if self._read_at is not None and monotonic - self._read_at < self.refresh:
@@ -107,6 +118,20 @@ class Limiter:
             claimed += await claim(replace(params, names=free_names, attempts=attempts))
         return claimed
 
+    def _from_reserve(self, key: str, n: int, now: datetime) -> tuple[list[tuple[str, datetime]], list[str]]:
+        """Up to ``n`` fresh reserved grants of ``key`` (unused for less than half a slot lease)
+        with their slots' expiry, and the stale ones (to give back)."""
+        fresh: list[tuple[str, datetime]] = []
+        stale: list[str] = []
+        for attempt, expire in self.reserve.pop(key, []):
+            if expire - now > self.slot_lease / 2:
+                fresh.append((attempt, expire))
+            else:
+                stale.append(attempt)
+        if fresh[n:]:
+            self.reserve[key] = fresh[n:]
+        return fresh[:n], stale
+
     async def _claim_limited(
         self,
         params: ClaimParams,
@@ -116,17 +141,41 @@ class Limiter:
         claim: Callable[[ClaimParams], Awaitable[list[ClaimedTask]]],
     ) -> tuple[list[ClaimedTask], list[str], bool]:
         now = params.now
-        expire = now + self.slot_lease
-        self.commands["acquire"] += 1
-        result = await self.driver.acquire_slots(AcquireParams(key, self.worker_id, attempts, now, expire))
-        if not result.limited:
-            return [], attempts, True
-        granted = result.granted
-        rest = [a for a in attempts if a not in set(granted)]
-        if not granted:
-            self._refused(key, now, result.retry_at)
-            return [], rest, False
-        lease = self.slot_lease if params.max_lease is None else min(params.max_lease, self.slot_lease)
+        n = len(attempts)
+        reserved, stale = self._from_reserve(key, n, now)
+        if stale:
+            self.releases.setdefault(key, []).extend(stale)  # with the next finish batch
+        retry_at: datetime | None = None
+        if len(reserved) == n:  # no acquire this round: the claim uses reserved grants
+            granted = [a for a, _ in reserved]
+            rest = attempts
+            expire = min(e for _, e in reserved)  # every first lease ends by then
+        else:
+            self.releases.setdefault(key, []).extend(a for a, _ in reserved)  # too few: afresh
+            extra = (
+                [f"{a}r{i}" for i in range(RESERVE_ROUNDS - 1) for a in attempts] if key in self.roomy else []
+            )
+            expire = now + self.slot_lease
+            self.commands["acquire"] += 1
+            result = await self.driver.acquire_slots(
+                AcquireParams(key, self.worker_id, [*attempts, *extra], now, expire)
+            )
+            if not result.limited:
+                return [], attempts, True
+            roomy = self.reserve_enabled and not result.rate and result.max_running is not None
+            if roomy and result.live + n * RESERVE_ROUNDS <= result.max_running // 2:  # type: ignore[operator]
+                self.roomy.add(key)
+            else:
+                self.roomy.discard(key)
+            granted, spare = result.granted[:n], result.granted[n:]
+            if spare:
+                self.reserve.setdefault(key, []).extend((a, expire) for a in spare)
+            rest = [a for a in attempts if a not in set(granted)]
+            retry_at = result.retry_at
+            if not granted:
+                self._refused(key, now, retry_at)
+                return [], rest, False
+        lease = expire - now if params.max_lease is None else min(params.max_lease, expire - now)
         # A claim that fails may still have been applied (a lost reply the driver could not
         # resolve): its grants are kept, not released, and run out at their expiry, which is no
         # earlier than any lease that claim can have made. Likewise the attempts the driver
@@ -136,9 +185,12 @@ class Limiter:
             replace(params, names=names, attempts=granted, max_lease=lease, uncertain=uncertain)
         )
         if len(granted) < len(attempts) and len(got) == len(granted):
-            self._refused(key, now, result.retry_at)  # the limit binds and there is more work
+            self._refused(key, now, retry_at)  # the limit binds and there is more work
         used = {task.attempt: task.ping_expire_time for task in got}
         unused = [a for a in granted if a not in used and a not in uncertain]
+        if unused and key in self.roomy:  # kept for the next rounds: no write now
+            self.reserve.setdefault(key, []).extend((a, expire) for a in unused)
+            unused = []
         shorten = {a: e for a, e in used.items() if e < expire}
         if unused or shorten:
             self.commands["settle"] += 1
@@ -170,6 +222,12 @@ class Limiter:
                 continue
             gone |= set(extend) - live
         return gone, unknown
+
+    def give_back_reserve(self) -> None:
+        """At stop: the reserved grants go with the last release."""
+        for key, grants in self.reserve.items():
+            self.releases.setdefault(key, []).extend(a for a, _ in grants)
+        self.reserve.clear()
 
     def release(self, key: str, attempt: str) -> None:
         self.releases.setdefault(key, []).append(attempt)

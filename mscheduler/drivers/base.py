@@ -475,6 +475,10 @@ class AcquireResult:
     granted: list[str]
     limited: bool = True
     retry_at: datetime | None = None
+    # the limit after the grant: live slots, its max_running, whether it has a rate
+    live: int = 0
+    max_running: int | None = None
+    rate: bool = False
 
 
 @dataclass(slots=True, frozen=True)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mscheduler.drivers.base import AcquireParams, AcquireResult, LimitNameTaken, PutLimitParams, SlotsParams
-from mscheduler.limits import grant, granted_of, retry_hint, settle
+from mscheduler.limits import acquire_result_fields, grant, granted_of, settle
 
 
 class MemoryLimits:
@@ -66,7 +66,7 @@ class MemoryLimits:
             return AcquireResult(granted=list(params.attempts), limited=False)
         grant(doc, params.worker_id, params.attempts, params.now, params.expire)
         granted = granted_of(doc, params.worker_id, params.attempts, params.now)
-        return AcquireResult(granted=granted, retry_at=retry_hint(doc, params.now))
+        return AcquireResult(granted=granted, **acquire_result_fields(doc, params.now))
 
     async def update_slots(self, params: SlotsParams) -> list[str]:
         doc = self._limits.get(params.key)

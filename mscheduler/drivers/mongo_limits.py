@@ -29,7 +29,7 @@ from pymongo.errors import DuplicateKeyError
 
 from mscheduler.drivers.base import AcquireParams, AcquireResult, LimitNameTaken, PutLimitParams, SlotsParams
 from mscheduler.drivers.mongo_common import _in, _lit, _out
-from mscheduler.limits import epoch_ms, granted_of, retry_hint
+from mscheduler.limits import acquire_result_fields, epoch_ms, granted_of
 
 T = TypeVar("T")
 
@@ -241,7 +241,7 @@ class MongoLimits:
         doc = _in(doc)
         return AcquireResult(
             granted=granted_of(doc, params.worker_id, params.attempts, params.now),
-            retry_at=retry_hint(doc, params.now),
+            **acquire_result_fields(doc, params.now),
         )
 
     async def update_slots(self, params: SlotsParams) -> list[str]:

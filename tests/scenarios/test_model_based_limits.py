@@ -30,8 +30,9 @@ from bisect import bisect_left
 from datetime import datetime, timedelta
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from mscheduler.clock import FakeClock
@@ -65,6 +66,8 @@ _worker = st.sampled_from(WORKERS)
 
 
 class LimitMachine(RuleBasedStateMachine):
+    reserve = False  # Consumer(limit_reserve=...): spare grants kept for the next claims
+
     def make_store(self, clock: FakeClock) -> Driver:
         raise NotImplementedError
 
@@ -78,13 +81,18 @@ class LimitMachine(RuleBasedStateMachine):
         self.limiters = {w: self.new_limiter(w) for w in WORKERS}
         self.held: dict[str, dict[str, tuple[str, str | None]]] = {w: {} for w in WORKERS}
         self.tokens = itertools.count()
-        self.max_running: int | None = 2
-        self.cap = 2  # the bound on live slots (see the module doc: lowering edits)
+        first = 40 if self.reserve else 2  # 40: room for reserves
+        self.max_running: int | None = first
+        self.cap = first  # the bound on live slots (see the module doc: lowering edits)
         self.rate: Rate | None = None
         self.rate_since = self.clock.now()
-        self.put_limit(2, None)
+        self.put_limit(first, None)
+        # a budget no schedule here uses up (lost leases count): every task must end succeeded
         option = TaskOption(
-            worker_timeout=LEASE, ping_interval=timedelta(seconds=1), retry_delay=timedelta(0)
+            worker_timeout=LEASE,
+            ping_interval=timedelta(seconds=1),
+            retry_delay=timedelta(0),
+            max_unexpected_retries=1_000_000,
         )
         stored = option.to_storage(self.clock.now())
         tasks = [NewTask(f"t{i}", NAME, None, stored) for i in range(TASKS)]
@@ -95,7 +103,13 @@ class LimitMachine(RuleBasedStateMachine):
 
     def new_limiter(self, w: str) -> Limiter:
         return Limiter(
-            self.drivers[w], w, refresh=0.001, backoff=0.5, slot_lease=SLOT_LEASE, rng=random.Random(0)
+            self.drivers[w],
+            w,
+            refresh=0.001,
+            backoff=0.5,
+            slot_lease=SLOT_LEASE,
+            rng=random.Random(0),
+            reserve=self.reserve,
         )
 
     def put_limit(self, max_running: int | None, rate: Rate | None) -> None:
@@ -132,6 +146,8 @@ class LimitMachine(RuleBasedStateMachine):
             return
         for task in claimed:
             self.held[w][task.key] = (task.attempt, task.slot)
+        if limiter.reserve and currently_in_test_context():
+            event("a worker holds reserved grants")
 
     @rule(w=_worker)
     def ping(self, w: str) -> None:
@@ -192,10 +208,12 @@ class LimitMachine(RuleBasedStateMachine):
         self.drivers[w].fail_next(op, after_apply=after_apply)
 
     @rule(
-        max_running=st.sampled_from([None, 0, 1, 2, 3]),
+        max_running=st.sampled_from([None, 0, 1, 2, 3, 40]),  # 40: room for reserves
         rate=st.sampled_from([None, (2, 10), (3, 10), (5, 10)]),
     )
     def edit(self, max_running: int | None, rate: tuple[int, int] | None) -> None:
+        if self.reserve:
+            rate = None  # documented: reserved grants carry no start (a rate added later)
         new_rate = Rate(n=rate[0], period=timedelta(seconds=rate[1])) if rate else None
         if max_running is None and new_rate is None:
             max_running = 1
@@ -276,6 +294,10 @@ class MongomockLimitMachine(LimitMachine):
         return MongoDriver(mongomock_database())
 
 
+class MemoryReserveLimitMachine(MemoryLimitMachine):
+    reserve = True
+
+
 _common = {
     "deadline": None,
     "stateful_step_count": 40,
@@ -287,3 +309,29 @@ TestMemoryLimitModel.settings = settings(max_examples=100, **_common)  # type: i
 
 TestMongomockLimitModel = MongomockLimitMachine.TestCase
 TestMongomockLimitModel.settings = settings(max_examples=15, **_common)  # type: ignore[arg-type]
+
+TestMemoryReserveLimitModel = MemoryReserveLimitMachine.TestCase
+TestMemoryReserveLimitModel.settings = settings(max_examples=200, **_common)  # type: ignore[arg-type]
+
+
+def test_a_reserved_grant_bounds_the_first_lease() -> None:
+    """Pinned: a claim from grants reserved a while ago gives its task a first lease that ends by
+    the oldest reserved slot's expiry (not a full slot lease from now)."""
+    m = MemoryReserveLimitMachine()
+    try:
+        m.claim("w0", 1)  # learns that the limit has room
+        m.claim("w0", 1)  # acquires 4 grants: uses 1, keeps 3
+        assert len(m.limiters["w0"].reserve["lim"]) == 3
+        m.time_passes(3, False)
+        m.time_passes(0.5, False)  # 3.5 s: a full worker_timeout (5 s) would outlive the slots
+        m.fault("w0", "update_slots", False)  # and no settle write may fix it afterwards
+        m.claim("w0", 2)  # from the reserve, no acquire
+        assert len(m.held["w0"]) == 4 and len(m.limiters["w0"].reserve["lim"]) == 1
+        m.limits_hold()
+        m.time_passes(1, False)  # the last reserved grant is now older than half a slot lease
+        m.claim("w0", 1)  # stale: given back, and a fresh acquire
+        m.limits_hold()
+        m.teardown()
+    finally:
+        if not m.loop.is_closed():
+            m.loop.close()
