@@ -990,9 +990,16 @@ class Consumer:
             if self.limiter.releases and not await self.limiter.flush(self.clock.now()):
                 await self.clock.sleep(self.poll_interval)  # the store refuses: not in a tight loop
             return
+        # The slots of the outcomes written by earlier flushes are released alongside this
+        # batch's finish (their outcomes are known already): no round trip of its own.
+        release = (
+            asyncio.ensure_future(self.limiter.flush(self.clock.now())) if self.limiter.releases else None
+        )
         try:
             accepted = await self.driver.finish([p.params for p in batch])
         except StorageError as exc:
+            if release is not None:
+                await release
             if exc.config:
                 # The consumer stops on this: fail what piled up meanwhile too, so that no
                 # handler waits for ever on a write that nobody will make.
@@ -1007,15 +1014,15 @@ class Consumer:
             await self._storage_trouble("writing outcomes", exc)
             await self.clock.sleep(self.poll_interval)
             return
+        if release is not None:
+            await release
         self._sync_parents_of(p.params.key for p, ok in zip(batch, accepted, strict=True) if ok)
-        for p in batch:  # written (or refused: the lease had gone): the slot is free
-            if p.slot is not None:
-                self.limiter.release(p.slot, p.params.attempt)
-        if self.limiter.releases:
-            await self.limiter.flush(self.clock.now())
         for p, ok in zip(batch, accepted, strict=True):
             if not p.future.done():
                 p.future.set_result(ok)
+        for p in batch:  # written (or refused: the lease had gone): the slot is free; released
+            if p.slot is not None:  # with the next finish batch, or by the next loop turn
+                self.limiter.release(p.slot, p.params.attempt)
 
     async def _drain_finisher(self) -> None:
         finisher = self._side.get("finisher")
