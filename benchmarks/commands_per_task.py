@@ -18,7 +18,10 @@ real server would, so their share here overstates the real one (see README) — 
 (the publisher's index check on its first send), and fake-only ones (``fix first lease``: see
 ``FAKE_ONLY``), reported apart.
 
-    python -m benchmarks.commands_per_task [--tasks 1000] [--mode backlog|trickle] [--events]
+    python -m benchmarks.commands_per_task [--tasks 1000] [--mode backlog|trickle] [--events] [--limit N]
+
+``--limit N``: with a flow limit ``max_running=N`` on the tasks' name (acquire, settle and release
+writes count per task; the slot extensions before pings are time-driven).
 
 ``--events``: with the event log on (``MongoDriver(events=True)``); the event inserts count as
 per-task commands, the expiry passes' reads for events as time-driven ones.
@@ -34,6 +37,7 @@ from typing import Any
 from benchmarks.common import TASK_NAME, emit, noop_handler, noop_tasks
 from mscheduler.consumer.consumer import Consumer
 from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.operations import Operations
 from mscheduler.publisher import Publisher
 from mscheduler.testing import mongomock_database
 
@@ -52,12 +56,17 @@ TIME_DRIVEN = frozenset(
         "find due plans",  # the consumer's planner, once per planner_interval
         "expire leases (read for events)",  # with --events: the lease pass reads first
         "expire deadlines (read for events)",
+        "read limit keys",  # every Consumer(limits_interval), limits or not
+        "extend slots",  # with --limit: the slots renewed before each ping round
     }
 )
 ONE_OFF = frozenset(
     {
         "create indexes",
         "create plan indexes",
+        "create limit indexes",
+        "put limit",
+        "put limit (who holds the names)",
         "create event indexes",
         "probe date arithmetic",
         "probe update hints",
@@ -83,8 +92,13 @@ class CountingMongoDriver(MongoDriver):
         return await super()._call(what, *args, **kwargs)
 
 
-async def main(tasks: int, mode: str, concurrency: int, events: bool = False) -> None:
+async def main(
+    tasks: int, mode: str, concurrency: int, events: bool = False, limit: int | None = None
+) -> None:
     driver = CountingMongoDriver(mongomock_database(), events=events)
+    if limit is not None:
+        await driver.setup()
+        await Operations(driver).set_limit(TASK_NAME, max_running=limit)
     publisher = Publisher(driver)
     consumer = Consumer(driver, concurrency=concurrency)
     consumer.register(TASK_NAME, noop_handler)
@@ -130,6 +144,7 @@ async def main(tasks: int, mode: str, concurrency: int, events: bool = False) ->
             "benchmark": "commands_per_task",
             "mode": mode,
             "events": events,
+            "limit": limit,
             "tasks": tasks,
             "concurrency": concurrency,
             "send_batch": SEND_BATCH,
@@ -152,8 +167,9 @@ def cli() -> None:
     parser.add_argument("--mode", choices=["backlog", "trickle"], default="backlog")
     parser.add_argument("--concurrency", type=int, default=30)
     parser.add_argument("--events", action="store_true", help="with the event log on")
+    parser.add_argument("--limit", type=int, default=None, help="a flow limit max_running=N on the name")
     args = parser.parse_args()
-    asyncio.run(main(args.tasks, args.mode, args.concurrency, args.events))
+    asyncio.run(main(args.tasks, args.mode, args.concurrency, args.events, args.limit))
 
 
 if __name__ == "__main__":

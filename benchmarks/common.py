@@ -109,13 +109,13 @@ class BurnDown:
 
 
 async def burn_down(
-    driver: Driver, *, tasks: int, concurrency: int, publish_batch: int = 1000
+    driver: Driver, *, tasks: int, concurrency: int, publish_batch: int = 1000, **consumer_options: Any
 ) -> tuple[BurnDown, Consumer]:
     """Publish ``tasks`` no-op tasks, then run one consumer until every one has succeeded."""
     publisher = Publisher(driver)
     for start in range(0, tasks, publish_batch):
         await publisher.send_many(noop_tasks(min(publish_batch, tasks - start), start))
-    consumer = Consumer(driver, concurrency=concurrency)
+    consumer = Consumer(driver, concurrency=concurrency, **consumer_options)
     consumer.register(TASK_NAME, noop_handler)
     run = BurnDown(expected=tasks)
     consumer.add_listener(run.listener)

@@ -19,9 +19,11 @@ from mscheduler.exceptions import (
     TaskExpired,
     TaskFailed,
     TransitionRefused,
+    UnknownLimit,
     UnknownPlan,
     UnknownTask,
 )
+from mscheduler.limits import LimitInfo, Rate
 from mscheduler.model import (
     AttemptStatus,
     Child,
@@ -55,6 +57,7 @@ __all__ = [
     "HandlerSignal",
     "InvalidInput",
     "LeaseLost",
+    "LimitInfo",
     "ListParams",
     "MSchedulerError",
     "MemoryDriver",
@@ -67,6 +70,7 @@ __all__ = [
     "PlanTiming",
     "Planner",
     "Publisher",
+    "Rate",
     "Retry",
     "Snooze",
     "StorageError",
@@ -79,6 +83,7 @@ __all__ = [
     "TaskOption",
     "TaskStatus",
     "TransitionRefused",
+    "UnknownLimit",
     "UnknownPlan",
     "UnknownTask",
     "WorkerState",

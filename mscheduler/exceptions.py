@@ -22,6 +22,14 @@ class UnknownTask(MSchedulerError, LookupError):
         self.key = key
 
 
+class UnknownLimit(MSchedulerError, LookupError):
+    """No flow limit with that key exists."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"no limit with key {key!r}")
+        self.key = key
+
+
 class UnknownPlan(MSchedulerError, LookupError):
     """No plan with that id exists."""
 

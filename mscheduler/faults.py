@@ -37,6 +37,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from mscheduler.drivers.base import (
+    AcquireParams,
+    AcquireResult,
     AdvancePlansParams,
     ChangeEvent,
     ClaimedTask,
@@ -54,6 +56,7 @@ from mscheduler.drivers.base import (
     PingResult,
     PlanListParams,
     RunOutcome,
+    SlotsParams,
     StreamPosition,
     UpdateOptionParams,
     UpdatePlanParams,
@@ -69,6 +72,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 OPERATIONS = (
+    "acquire_slots",
+    "update_slots",
+    "limit_keys",
     "setup",
     "server_time",
     "insert_tasks",
@@ -472,6 +478,15 @@ class FaultyDriver:
 
     async def insert_events(self, params: InsertEventsParams) -> int:
         return await self._invoke("insert_events", lambda: self.inner.insert_events(params), params)
+
+    async def acquire_slots(self, params: AcquireParams) -> AcquireResult:
+        return await self._invoke("acquire_slots", lambda: self.inner.acquire_slots(params), params)
+
+    async def update_slots(self, params: SlotsParams) -> list[str]:
+        return await self._invoke("update_slots", lambda: self.inner.update_slots(params), params)
+
+    async def limit_keys(self, names: Sequence[str]) -> dict[str, str]:
+        return await self._invoke("limit_keys", lambda: self.inner.limit_keys(names), names)
 
 
 async def crash_consumer(consumer: Consumer, *, patience: float = 5.0) -> None:

@@ -124,6 +124,13 @@ class TaskOption(_UserInput):
     priority: int = Field(0, ge=-1_000_000, le=1_000_000, description="higher is claimed first")
     concurrent_worker_cnt: int = Field(1, ge=1, le=10_000, description="distinct workers that run it")
     specific_worker_ids: tuple[str, ...] = Field((), max_length=1000, description="[] = any worker")
+    specific_groups: tuple[str, ...] = Field(
+        (), max_length=100, description="groups whose members may run it too ([] with no worker ids: anyone)"
+    )
+    same_worker_may_repeat: bool = Field(
+        False,
+        description="a worker may take it again after its run, until concurrent_worker_cnt runs succeeded",
+    )
     ping_interval: timedelta = Field(timedelta(seconds=10), description="how often a runner pings")
     worker_timeout: timedelta = Field(timedelta(seconds=30), description="lease length after a ping")
     max_unexpected_retries: int | None = Field(
@@ -178,8 +185,14 @@ class TaskOption(_UserInput):
     @classmethod
     def _check_worker_ids(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for worker_id in value:
-            if not worker_id or len(worker_id) > 200 or worker_id.startswith("$"):
-                raise ValueError(f"invalid worker id {worker_id!r}")
+            validate_worker_id(worker_id)
+        return tuple(dict.fromkeys(value))
+
+    @field_validator("specific_groups")
+    @classmethod
+    def _check_groups(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for group in value:
+            validate_group(group)
         return tuple(dict.fromkeys(value))
 
     @field_validator("ping_interval", "worker_timeout", "retry_delay")
@@ -209,7 +222,12 @@ class TaskOption(_UserInput):
             raise ValueError("ping_interval must be positive")
         if self.worker_timeout <= self.ping_interval:
             raise ValueError("worker_timeout must be longer than ping_interval")
-        if self.specific_worker_ids and self.concurrent_worker_cnt > len(self.specific_worker_ids):
+        if (
+            self.specific_worker_ids
+            and not self.specific_groups
+            and not self.same_worker_may_repeat
+            and self.concurrent_worker_cnt > len(self.specific_worker_ids)
+        ):
             # each worker runs a task once: fewer allowed workers than slots could never finish
             raise ValueError(
                 f"concurrent_worker_cnt ({self.concurrent_worker_cnt}) is more than the "
@@ -224,6 +242,8 @@ class TaskOption(_UserInput):
             "priority": self.priority,
             "concurrent_worker_cnt": self.concurrent_worker_cnt,
             "specific_worker_ids": list(self.specific_worker_ids),
+            "specific_groups": list(self.specific_groups),
+            "same_worker_may_repeat": self.same_worker_may_repeat,
             "ping_interval_ms": _ms(self.ping_interval),
             "worker_timeout_ms": _ms(self.worker_timeout),
             "max_unexpected_retries": self.max_unexpected_retries,
@@ -242,6 +262,8 @@ class TaskOption(_UserInput):
             priority=doc["priority"],
             concurrent_worker_cnt=doc["concurrent_worker_cnt"],
             specific_worker_ids=tuple(doc["specific_worker_ids"]),
+            specific_groups=tuple(doc.get("specific_groups") or ()),
+            same_worker_may_repeat=doc.get("same_worker_may_repeat") is True,
             ping_interval=timedelta(milliseconds=doc["ping_interval_ms"]),
             worker_timeout=timedelta(milliseconds=doc["worker_timeout_ms"]),
             max_unexpected_retries=doc["max_unexpected_retries"],
@@ -260,6 +282,8 @@ class OptionChange(_UserInput):
 
     priority: int | None = Field(None, ge=-1_000_000, le=1_000_000)
     specific_worker_ids: tuple[str, ...] | None = None
+    specific_groups: tuple[str, ...] | None = None
+    same_worker_may_repeat: bool | None = None
     ping_interval: timedelta | None = None
     worker_timeout: timedelta | None = None
     max_unexpected_retries: int | None = Field(None, ge=0, le=1_000_000)
@@ -317,6 +341,28 @@ def validate_key(key: object) -> str:
     if "\x00" in key:
         raise ValueError("key must not contain NUL")
     return key
+
+
+GROUP_PREFIX = "g:"  # a group's claimer token is "<name>|g:<group>" (mscheduler.state)
+
+
+def validate_worker_id(worker_id: object) -> str:
+    """1-200 characters, not starting with '$' nor with ``g:`` (a group's token)."""
+    if (
+        not isinstance(worker_id, str)
+        or not worker_id
+        or len(worker_id) > 200
+        or worker_id.startswith(("$", GROUP_PREFIX))
+    ):
+        raise ValueError(f"invalid worker id {worker_id!r} (1-200 characters, not starting with '$' or 'g:')")
+    return worker_id
+
+
+def validate_group(group: object) -> str:
+    """A group name: like a task name (letters, digits, '_', '.', ':', '-')."""
+    if not isinstance(group, str) or not _NAME_RE.fullmatch(group):
+        raise ValueError(f"invalid group {group!r}: 1-200 characters, letters, digits, '_', '.', ':', '-'")
+    return group
 
 
 def validate_name(name: object) -> str:

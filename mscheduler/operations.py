@@ -23,17 +23,27 @@ from mscheduler.drivers.base import (
     ControlParams,
     Driver,
     InsertPlanParams,
+    LimitNameTaken,
     MarkParams,
     PlanListParams,
+    PutLimitParams,
     StatsParams,
     SyncParentsParams,
     UniqueParamsTaken,
     UpdateOptionParams,
     UpdatePlanParams,
 )
-from mscheduler.exceptions import InvalidInput, StorageError, TransitionRefused, UnknownPlan, UnknownTask
+from mscheduler.exceptions import (
+    InvalidInput,
+    StorageError,
+    TransitionRefused,
+    UnknownLimit,
+    UnknownPlan,
+    UnknownTask,
+)
+from mscheduler.limits import LimitInfo, Rate, checked_limit, from_storage
 from mscheduler.listing import LIST_LIMIT_MAX, TaskPage, list_params, task_page
-from mscheduler.model import OptionChange, TaskInfo, TaskOption, TaskStatus, validate_key
+from mscheduler.model import OptionChange, TaskInfo, TaskOption, TaskStatus, validate_key, validate_name
 from mscheduler.plans import (
     Plan,
     PlanInfo,
@@ -163,6 +173,50 @@ class Operations:
         if not isinstance(worker_id, str) or not worker_id or worker_id.startswith("$"):
             raise InvalidInput(f"invalid worker id {worker_id!r}")
         return await self.driver.request_worker_stop(worker_id, await self._now())
+
+    # -- flow limits (SPEC G5) ----------------------------------------------------------------
+
+    async def set_limit(
+        self,
+        key: str,
+        *,
+        names: Sequence[str] | None = None,
+        max_running: int | None = None,
+        rate: Rate | str | None = None,
+    ) -> LimitInfo:
+        """Create or replace the flow limit ``key``: at most ``max_running`` attempts of its
+        ``names`` (default ``[key]``) running at once across the cluster and / or at most ``rate``
+        starts per period (``"10/s"``, ``"1000/h"``). Applies to every consumer's next claim
+        (slots held already are kept: a lowered ``max_running`` grants nothing until the running
+        count is below it). A name covered by another limit is ``InvalidInput``."""
+        if names is not None and (isinstance(names, (str, bytes)) or not isinstance(names, Sequence)):
+            raise InvalidInput(f"names: a list of task names, got {type(names).__name__}")
+        fields: dict[str, Any] = {"key": key, "max_running": max_running, "rate": rate}
+        if names is not None:
+            fields["names"] = tuple(names)
+        limit = checked_limit(**fields)
+        now = await self._now()
+        try:
+            await self.driver.put_limit(PutLimitParams(limit.key, limit.to_storage(), now))
+        except LimitNameTaken as exc:
+            raise InvalidInput(str(exc)) from exc
+        return await self.get_limit(limit.key)
+
+    async def get_limit(self, key: str) -> LimitInfo:
+        """The limit with its live state (running slots, starts in the window); ``UnknownLimit``."""
+        doc = await self.driver.get_limit(_checked(_limit_key, key, "key"))
+        if doc is None:
+            raise UnknownLimit(key)
+        return from_storage(doc, await self._now())
+
+    async def list_limits(self) -> list[LimitInfo]:
+        now = await self._now()
+        return [from_storage(doc, now) for doc in await self.driver.list_limits()]
+
+    async def remove_limit(self, key: str) -> None:
+        """Remove a limit: its names are unlimited from every consumer's next limit refresh."""
+        if not await self.driver.delete_limit(_checked(_limit_key, key, "key")):
+            raise UnknownLimit(key)
 
     # -- tasks --------------------------------------------------------------------------------
 
@@ -646,6 +700,10 @@ def _checked_keys(keys: object) -> list[str]:
     if len(checked) > MANY_MAX:
         raise InvalidInput(f"keys: at most {MANY_MAX} keys at once, got {len(checked)}")
     return checked
+
+
+def _limit_key(key: object) -> str:
+    return validate_name(key)
 
 
 def _checked(validate: Any, value: object, field: str) -> Any:

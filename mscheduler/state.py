@@ -20,9 +20,11 @@ as an update pipeline, and the conformance suite checks that both agree.
 * ``retry_at``: the latest ``retry_at`` of a failed or snoozed entry (when it may run again).
 * ``claim_at``: when a free slot may be claimed, ``max(run_at, retry_at)``; ``None`` when no slot
   is free or the task is terminal or exhausted. The claim query is served by an index on it.
-* ``targeted``: the task names specific workers (those are claimed first by them).
+* ``targeted``: the task names specific workers or groups (claimed first by those).
 * ``claimers``: who may claim it now, as ``"<name>|<worker id>"`` (targeted tasks: each named
-  worker that holds no running or succeeded entry) or ``"<name>|*"`` (anyone); empty when
+  worker that holds no running or succeeded entry — no running one with
+  ``same_worker_may_repeat``), ``"<name>|g:<group>"`` (each named group: its members, the
+  claim's filter checks their entries) or ``"<name>|*"`` (anyone); empty when
   ``claim_at`` is None. The claim and wake-up indexes start with it, so a worker's claim reads
   only tasks it may take (tasks aimed at others are outside its index range), and the change
   stream can tell from it which consumers an update concerns. Names cannot contain ``|``.
@@ -34,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from mscheduler.model import AttemptStatus, TaskStatus
+from mscheduler.model import GROUP_PREFIX, AttemptStatus, TaskStatus
 
 RUNNING = AttemptStatus.RUNNING.value
 SUCCEEDED = AttemptStatus.SUCCEEDED.value
@@ -71,9 +73,17 @@ def claimer_token(name: str, worker_id: str) -> str:
     return f"{name}|{worker_id}"
 
 
-def claimer_tokens(names: list[str] | tuple[str, ...], worker_id: str) -> list[str]:
-    """The ``state.claimers`` values a worker handling ``names`` may claim."""
-    return [claimer_token(n, who) for n in names for who in (worker_id, ANYONE)]
+def group_token(group: str) -> str:
+    """The ``who`` part of a group's claimer token: ``g:<group>`` (worker ids cannot start so)."""
+    return f"{GROUP_PREFIX}{group}"
+
+
+def claimer_tokens(
+    names: list[str] | tuple[str, ...], worker_id: str, groups: Sequence[str] = ()
+) -> list[str]:
+    """The ``state.claimers`` values a worker handling ``names`` (member of ``groups``) may claim."""
+    who = (worker_id, *(group_token(g) for g in groups), ANYONE)
+    return [claimer_token(n, w) for n in names for w in who]
 
 
 def derive(
@@ -101,6 +111,7 @@ def derive(
     running = success = failures = rejected = final = 0
     retry_at: datetime | None = None
     busy_workers: set[str] = set()
+    repeat = option.get("same_worker_may_repeat") is True  # a success does not bar its worker
     for entry in worker_states:
         status = entry["status"]
         if status == RUNNING:
@@ -108,7 +119,8 @@ def derive(
             busy_workers.add(entry["worker_id"])
         elif status == SUCCEEDED:
             success += 1
-            busy_workers.add(entry["worker_id"])
+            if not repeat:
+                busy_workers.add(entry["worker_id"])
         elif status in FAILURES or status == SNOOZED:
             if status != SNOOZED:
                 failures += 1
@@ -146,10 +158,14 @@ def derive(
         run_at = option["run_at"]
         claim_at = run_at if retry_at is None or run_at >= retry_at else retry_at
     claimers: list[str]
+    groups = option.get("specific_groups") or []
+    targeted = bool(option["specific_worker_ids"]) or bool(groups)
     if claim_at is None:
         claimers = []
-    elif option["specific_worker_ids"]:
+    elif targeted:
+        # a group's members are checked by the claim's filter (they are not listed here)
         claimers = [claimer_token(name, w) for w in option["specific_worker_ids"] if w not in busy_workers]
+        claimers += [claimer_token(name, group_token(g)) for g in groups]
     else:
         claimers = [claimer_token(name, ANYONE)]
     return {
@@ -158,7 +174,7 @@ def derive(
         "fail_cnt": failures,
         "rejected_cnt": rejected,
         "retry_at": retry_at,
-        "targeted": bool(option["specific_worker_ids"]),
+        "targeted": targeted,
         "free_slots": free,
         "status": status_value,
         "claim_at": claim_at,

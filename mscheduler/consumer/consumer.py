@@ -19,7 +19,7 @@ import random
 import secrets
 import socket
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, get_type_hints
@@ -29,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 from mscheduler.children import ChildSync
 from mscheduler.clock import Clock, ServerClock
 from mscheduler.consumer.discovery import CLAIM, LEASE, Discovery
+from mscheduler.consumer.limiter import Limiter
 from mscheduler.consumer.reports import DEFAULT_MAX_CHECKPOINT_BYTES, AttemptReports
 from mscheduler.drivers.base import (
     DEFAULT_MAX_ENTRIES,
@@ -53,7 +54,13 @@ from mscheduler.exceptions import (
     Snooze,
     StorageError,
 )
-from mscheduler.model import AttemptStatus, TaskOption, validate_name
+from mscheduler.model import (
+    AttemptStatus,
+    TaskOption,
+    validate_group,
+    validate_name,
+    validate_worker_id,
+)
 from mscheduler.outcomes import DEFAULT_MAX_RESULT_BYTES, Outcome, error_info, fails_for_good
 from mscheduler.outcomes import fail_for_good as fail_outcome
 from mscheduler.outcomes import failed as failed_outcome
@@ -140,6 +147,7 @@ class _Running:
     handler_done: bool = False
     reports: AttemptReports | None = None  # checkpoint / progress waiting for the next ping
     started: float = 0.0  # the clock's monotonic time at the claim (the 'finished' duration)
+    slot: str | None = None  # the flow limit whose slot this attempt holds (mscheduler.limits)
 
     @property
     def trust_until(self) -> Any:
@@ -167,6 +175,7 @@ class _Running:
 @dataclass(slots=True)
 class _Pending:
     params: FinishParams
+    slot: str | None = None  # the flow limit whose slot is released once the outcome is written
     future: asyncio.Future[bool] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -213,6 +222,17 @@ class Consumer:
         oldest entries that do not count (released, revoked, snoozed).
     :param grace_period: on graceful stop, how long running handlers may take to finish before
         they are cancelled and their leases released.
+    :param groups: the groups this consumer belongs to (SPEC F31): it also runs tasks whose
+        ``specific_groups`` name one of them.
+    :param limits_interval: seconds between reads of which flow limits (``Operations.set_limit``)
+        cover this consumer's names; a new or removed limit applies from the next read. Limit
+        values are read by every acquire, so an edited ``max_running`` or rate applies at once.
+    :param limit_backoff: after a limit refused a slot, about this many seconds (jittered) before
+        this consumer asks again (a rate limit: until its window frees a start).
+    :param limit_reserve: for limits without a rate that are far from their ``max_running``, ask
+        for several claim batches' slots at once and use the spare ones for the next claims (one
+        acquire per 4 claims instead of one per claim; spare slots count as running). Off by
+        default: a rate later added to such a limit does not count the starts of reserved grants.
     :param claim_lease: an optional cap on the first lease of a claim. The first lease is the
         task's own ``worker_timeout`` (computed by the store inside the claim); with a cap,
         ``min(worker_timeout, claim_lease)``. None (the default): no cap.
@@ -241,6 +261,10 @@ class Consumer:
         retention_interval: float = 60.0,
         children_interval: float = 10.0,
         max_attempt_entries: int = DEFAULT_MAX_ENTRIES,
+        groups: Sequence[str] = (),
+        limits_interval: float = 2.0,
+        limit_backoff: float = 0.2,
+        limit_reserve: bool = False,
         clock: Clock | None = None,
         host: str | None = None,
         tracing: bool | None = None,
@@ -263,6 +287,13 @@ class Consumer:
         for label, value in (("worker id", self.worker_id), ("host", self.host)):
             if not value or value.startswith("$") or len(value) > 200:
                 raise InvalidInput(f"invalid {label} {value!r}")
+        try:
+            validate_worker_id(self.worker_id)
+            if isinstance(groups, (str, bytes)):
+                raise ValueError("groups: a list of group names, not one string")
+            self.groups: tuple[str, ...] = tuple(dict.fromkeys(validate_group(g) for g in groups))
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from exc
         self.concurrency = concurrency
         self.poll_interval = poll_interval
         self.stream_poll_interval = stream_poll_interval
@@ -291,6 +322,8 @@ class Consumer:
         self.retention_interval = retention_interval
         self.retention_service: RetentionService | None = None
         self.max_attempt_entries = max_attempt_entries
+        if not 0 < limits_interval <= 3600 or not 0 < limit_backoff <= 60:
+            raise InvalidInput("limits_interval must be in (0, 3600] and limit_backoff in (0, 60] seconds")
         self.clock = ServerClock(clock) if not isinstance(clock, ServerClock) else clock
         self._handlers: dict[str, _Registered] = {}
         self._listeners: list[Listener] = []
@@ -316,6 +349,16 @@ class Consumer:
         self.error: BaseException | None = None
         self.stop_reason: str | None = None  # why it stopped (or is stopping): see ``state``
         self.rng = random.Random()  # retry jitter; tests may seed or replace it
+        # flow limits (SPEC G5): slots acquired before claims of limited names, see limiter.py
+        self.limiter = Limiter(
+            driver,
+            self.worker_id,
+            refresh=limits_interval,
+            backoff=limit_backoff,
+            slot_lease=claim_lease,
+            rng=self.rng,
+            reserve=limit_reserve,
+        )
         self.discovery: Discovery | None = None
         self.stats = {"claimed": 0, "succeeded": 0, "failed": 0, "lost": 0, "released": 0, "rejected": 0}
         # the buffer of claim and outcome events, when the store records events (mscheduler.events)
@@ -405,6 +448,7 @@ class Consumer:
             max_size=self.wakeup_queue_size,
             on_event=self._emit,
             on_stop=self._stop_requested,
+            groups=self.groups,
         )
         try:
             await self.discovery.poll_once()
@@ -504,6 +548,7 @@ class Consumer:
         remaining = [r.task for r in self._running.values() if r.task is not None and not r.task.done()]
         if remaining:
             await asyncio.wait(remaining)
+        self.limiter.give_back_reserve()
         await self._drain_finisher()
         await self._flush_child_sync()
         for name, task in self._side.items():
@@ -548,7 +593,7 @@ class Consumer:
                 error,
             )
             try:
-                await self._submit(params)
+                await self._submit(params, task.slot)
             except MSchedulerError as exc:
                 log.warning("could not release %s: %s", task.key, exc)
 
@@ -589,7 +634,8 @@ class Consumer:
                 await self._slot_freed.wait()
                 continue
             now = self.clock.now()
-            if not (more or queue.due(now)):
+            await self.limiter.maybe_refresh(names, self.clock.monotonic())
+            if not (more or queue.due(now) or self.limiter.retry_due(now)):
                 await self._wait_for_work(queue)
                 continue
             due = queue.pop_due(now)
@@ -622,10 +668,11 @@ class Consumer:
                 # on the claim index's keys, so the store does not fetch them to reject them)
                 exclude_keys=[*self._running, *self._ran_fanout],
                 max_entries=self.max_attempt_entries,
+                groups=self.groups,
             )
             # Shielded: a stop that cancels the claimer mid-claim must not orphan tasks the
             # store has already given us; stop() waits for the call and releases them.
-            call = self.driver.claim(params)
+            call = self.limiter.claim(params, self.driver.claim)
             if self._tracer is not None:
                 call = self._tracer.claim(call, self.worker_id, n)
             self._claim_call = asyncio.ensure_future(call)
@@ -664,6 +711,9 @@ class Consumer:
     async def _wait_for_work(self, queue: Any) -> None:
         queue.changed.clear()
         when = queue.next_time()
+        retry = self.limiter.next_retry()  # a limit that refused: ask again then
+        if retry is not None and (when is None or retry < when):
+            when = retry
         timeout = None if when is None else max((when - self.clock.now()).total_seconds(), 0.0)
         waiter = asyncio.ensure_future(queue.changed.wait())
         sleeper = asyncio.ensure_future(self.clock.sleep(timeout)) if timeout is not None else None
@@ -678,6 +728,7 @@ class Consumer:
 
     def _start(self, claimed: ClaimedTask, claim_time: datetime) -> None:
         running = _Running(claimed, claimed.option, claimed.ping_expire_time)
+        running.slot = claimed.slot
         self._running[claimed.key] = running
         self._handlers_active += 1
         self.stats["claimed"] += 1
@@ -757,14 +808,15 @@ class Consumer:
         outcome = done.status if done is not None else None
         result, error = (done.result, done.error) if done is not None else (None, None)
         retry_at, final = (done.retry_at, done.final) if done is not None else (None, False)
-        accepted = False
+        accepted = submitted = False
         if outcome is not None:
             now = self.clock.now()
             params = FinishParams(
                 claimed.key, self.worker_id, claimed.attempt, now, outcome, result, error, retry_at, final
             )
             try:
-                accepted = await self._submit(params)
+                accepted = await self._submit(params, running.slot)
+                submitted = True  # the finisher released the slot with the outcome
             except MSchedulerError as exc:
                 log.error(
                     "could not record the outcome of %s: %s",
@@ -774,12 +826,22 @@ class Consumer:
                 )
         if self._running.get(claimed.key) is running:
             del self._running[claimed.key]
+        if running.slot is not None and not submitted:
+            # no outcome sent (lost, cancelled, paused): the finisher releases the slot now
+            self.limiter.release(running.slot, claimed.attempt)
+            self._pending_added.set()
         stat = outcome if accepted and outcome is not None else "lost"
         if running.cancel_reason == "paused":  # released by the pause: not a lost lease
             stat = AttemptStatus.RELEASED.value
         option = running.option
-        if stat == AttemptStatus.SUCCEEDED.value and option["concurrent_worker_cnt"] > 1:
-            if not option["specific_worker_ids"]:  # targeted ones leave our claimer token anyway
+        if (
+            stat == AttemptStatus.SUCCEEDED.value
+            and option["concurrent_worker_cnt"] > 1
+            and not option.get("same_worker_may_repeat")  # it may take that task again
+        ):
+            # tasks aimed at named workers leave our claimer token anyway; "anyone" and group
+            # tokens do not say who ran the task
+            if not option["specific_worker_ids"] or option.get("specific_groups"):
                 self._ran_fanout[claimed.key] = None
                 if len(self._ran_fanout) > RAN_FANOUT_KEPT:
                     self._ran_fanout.popitem(last=False)
@@ -884,18 +946,18 @@ class Consumer:
 
     # -- finisher -------------------------------------------------------------------------------
 
-    async def _submit(self, params: FinishParams) -> bool:
+    async def _submit(self, params: FinishParams, slot: str | None = None) -> bool:
         finisher = self._side.get("finisher")
         if finisher is None or finisher.done():
             raise ConsumerStopped("the finisher is not running: the outcome cannot be written")
-        pending = _Pending(params)
+        pending = _Pending(params, slot)
         self._pending.append(pending)
         self._pending_added.set()
         return await asyncio.shield(pending.future)
 
     async def _run_finisher(self) -> None:
         while True:
-            if not self._pending:
+            if not self._pending and not self.limiter.releases:
                 self._pending_added.clear()
                 await self._pending_added.wait()
             await self._flush()
@@ -903,10 +965,19 @@ class Consumer:
     async def _flush(self) -> None:
         batch, self._pending = self._pending, []
         if not batch:
+            if self.limiter.releases and not await self.limiter.flush(self.clock.now()):
+                await self.clock.sleep(self.poll_interval)  # the store refuses: not in a tight loop
             return
+        # The slots of the outcomes written by earlier flushes are released alongside this
+        # batch's finish (their outcomes are known already): no round trip of its own.
+        release = (
+            asyncio.ensure_future(self.limiter.flush(self.clock.now())) if self.limiter.releases else None
+        )
         try:
             accepted = await self.driver.finish([p.params for p in batch])
         except StorageError as exc:
+            if release is not None:
+                await release
             if exc.config:
                 # The consumer stops on this: fail what piled up meanwhile too, so that no
                 # handler waits for ever on a write that nobody will make.
@@ -921,10 +992,15 @@ class Consumer:
             await self._storage_trouble("writing outcomes", exc)
             await self.clock.sleep(self.poll_interval)
             return
+        if release is not None:
+            await release
         self._sync_parents_of(p.params.key for p, ok in zip(batch, accepted, strict=True) if ok)
         for p, ok in zip(batch, accepted, strict=True):
             if not p.future.done():
                 p.future.set_result(ok)
+        for p in batch:  # written (or refused: the lease had gone): the slot is free; released
+            if p.slot is not None:  # with the next finish batch, or by the next loop turn
+                self.limiter.release(p.slot, p.params.attempt)
 
     async def _drain_finisher(self) -> None:
         finisher = self._side.get("finisher")
@@ -935,6 +1011,8 @@ class Consumer:
             except StorageError as exc:  # the futures carry it to the handlers; stop goes on
                 log.error("could not write outcomes while stopping: %s", exc)
                 return
+        if self.limiter.releases:  # one try: slots not released run out at their expiry
+            await self.limiter.flush(self.clock.now())
 
     # -- pinger ---------------------------------------------------------------------------------
 
@@ -997,8 +1075,11 @@ class Consumer:
             report = running.reports.take() if running.reports is not None else None
             if report is not None:
                 reports[key] = report
+        groups = await self._extend_slots(now, snapshot, groups)
+        if not any(groups.values()):
+            return
         try:
-            params = PingParams(self.worker_id, now, groups, reports)
+            params = PingParams(self.worker_id, now, groups, reports, worker_groups=self.groups)
             result = await self._ping_within_leases(params, snapshot)
         except StorageError as exc:
             for key in reports:
@@ -1032,6 +1113,35 @@ class Consumer:
                 "recorded": len(recorded),
             },
         )
+
+    async def _extend_slots(
+        self, now: datetime, snapshot: dict[str, _Running], groups: dict[Any, dict[str, str]]
+    ) -> dict[Any, dict[str, str]]:
+        """Before the leases are renewed, extend the flow-limit slots of those attempts to the
+        same expiry (so a slot never ends before its lease). An attempt whose slot is gone is
+        given up (its lease is not renewed); one whose slot could not be confirmed (a storage
+        error) is not renewed this time."""
+        slots: dict[str, dict[str, Any]] = {}
+        key_of: dict[str, str] = {}
+        for expire, attempts in groups.items():
+            for key, attempt in attempts.items():
+                slot = snapshot[key].slot
+                if slot is not None:
+                    slots.setdefault(slot, {})[attempt] = expire
+                    key_of[attempt] = key
+        if not slots:
+            return groups
+        gone, unknown = await self.limiter.extend(now, slots)
+        for attempt in gone:
+            self._lose(snapshot[key_of[attempt]], "lost")
+        skipped = gone | unknown
+        if not skipped:
+            return groups
+        self._expire_locally({key_of[a]: snapshot[key_of[a]] for a in unknown})
+        return {
+            expire: {k: a for k, a in attempts.items() if a not in skipped}
+            for expire, attempts in groups.items()
+        }
 
     @staticmethod
     def _report_outcome(running: _Running, *, landed: bool) -> None:

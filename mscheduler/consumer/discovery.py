@@ -25,7 +25,7 @@ from mscheduler.drivers.base import (
     WakeupParams,
 )
 from mscheduler.exceptions import StorageError
-from mscheduler.state import ANYONE, claimer_token
+from mscheduler.state import claimer_tokens
 
 log = logging.getLogger("mscheduler.consumer")
 
@@ -109,11 +109,13 @@ class Discovery:
         max_size: int,
         on_event: Callable[[str, dict[str, Any]], None],
         on_stop: Callable[[ChangeEvent], None] | None = None,
+        groups: Sequence[str] = (),
     ) -> None:
         self.driver = driver
         self.clock = clock
         self.worker_id = worker_id
         self.names = list(names)
+        self.groups: list[str] = list(groups)
         self.poll_interval = poll_interval
         self.stream_poll_interval = stream_poll_interval
         self.batch_size = batch_size
@@ -134,7 +136,7 @@ class Discovery:
         if event.stop is not None and self._on_stop is not None:
             self._on_stop(event)
         if event.claimers is not None:
-            mine = {claimer_token(event.name, self.worker_id), claimer_token(event.name, ANYONE)}
+            mine = set(claimer_tokens([event.name], self.worker_id, self.groups))
             if not mine.intersection(event.claimers):
                 if event.claimers_complete:  # else others than those listed may claim: no news
                     self.queue.discard(event.key, CLAIM)
@@ -166,7 +168,9 @@ class Discovery:
         if past_deadline:
             self._emit("deadlines_expired", {"count": past_deadline})
         limit = self.batch_size
-        wakeups = await self.driver.find_wakeups(WakeupParams(self.worker_id, self.names, now, limit))
+        wakeups = await self.driver.find_wakeups(
+            WakeupParams(self.worker_id, self.names, now, limit, groups=self.groups)
+        )
         self.queue.overflowed = False
         # A full page: more may be due than the queue knows of, so the claimer keeps claiming
         # while its claims come back full instead of trusting the queue's count.

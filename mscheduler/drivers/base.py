@@ -79,6 +79,10 @@ class ClaimParams:
     # entries a task keeps: a claim that appends beyond it drops the oldest entries that do not
     # count (released, revoked, snoozed; see trim_entries)
     max_entries: int = DEFAULT_MAX_ENTRIES
+    groups: Sequence[str] = ()  # the worker's groups (SPEC F31): tasks aimed at them are claimable
+    # filled by the driver with the attempts whose claim outcome is unknown while others were
+    # claimed (an error after the store may have applied it): the flow limiter keeps their slots
+    uncertain: list[str] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -96,6 +100,7 @@ class ClaimedTask:
     parent: str | None = None  # a child task's parent key (its finish is followed by a sync)
     due_time: datetime | None = None  # when it became claimable (see ``due_time``): queue wait
     trace: Mapping[str, str] | None = None  # the sender's trace context (mscheduler.tracing)
+    slot: str | None = None  # the flow limit whose slot this attempt holds (set by the consumer)
 
 
 @dataclass(slots=True, frozen=True)
@@ -121,6 +126,7 @@ class PingParams:
     # key -> what to record on the task with this ping (fenced like the ping itself); the ping
     # stays one write command (a bulk write of per-task updates when there are reports)
     reports: Mapping[str, AttemptReport] = field(default_factory=dict)
+    worker_groups: Sequence[str] = ()  # still allowed if one of them is named (SPEC F31, F8)
 
 
 @dataclass(slots=True)
@@ -158,6 +164,7 @@ class WakeupParams:
     names: Sequence[str]
     now: datetime
     limit: int = 100
+    groups: Sequence[str] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -442,6 +449,70 @@ class MarkParams:
     by: str = ""
 
 
+@dataclass(slots=True, frozen=True)
+class PutLimitParams:
+    """Create or change the limit ``key`` (``Limit.to_storage`` fields); its slots and starts are
+    kept. A name that another limit covers is refused (``LimitNameTaken``)."""
+
+    key: str
+    fields: Mapping[str, Any]
+    now: datetime
+
+
+@dataclass(slots=True, frozen=True)
+class AcquireParams:
+    """Grant concurrency slots (and rate starts) of limit ``key`` to ``attempts`` of ``worker_id``,
+    each slot leased until ``expire`` (see ``mscheduler.limits.grant``). Idempotent by attempt."""
+
+    key: str
+    worker_id: str
+    attempts: Sequence[str]
+    now: datetime
+    expire: datetime
+
+
+@dataclass(slots=True, frozen=True)
+class AcquireResult:
+    """``granted``: the attempts that hold a slot (in asked order); ``limited``: False when no
+    such limit exists (nothing to hold: the caller claims as if unlimited); ``retry_at``: when the
+    rate window frees a start, if the rate is what refused."""
+
+    granted: list[str]
+    limited: bool = True
+    retry_at: datetime | None = None
+    # the limit after the grant: live slots, its max_running, whether it has a rate
+    live: int = 0
+    max_running: int | None = None
+    rate: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class SlotsParams:
+    """Change this worker's slots of limit ``key`` (``mscheduler.limits.settle``): ``extend``
+    moves live slots' expiry (the pinger, before it renews the leases; after a claim, to the
+    task's first lease); ``release`` frees slots (the attempt ended); ``unused`` frees grants the
+    claim did not use, with their rate starts."""
+
+    key: str
+    worker_id: str
+    now: datetime
+    extend: Mapping[str, datetime] = field(default_factory=dict)
+    release: Sequence[str] = ()
+    unused: Sequence[str] = ()
+
+
+class LimitNameTaken(Exception):
+    """A limit would cover a task name another limit covers: refused, nothing changed."""
+
+    def __init__(self, key: str, name: str | None = None, holder: str | None = None) -> None:
+        which = f"name {name!r}" if name else "one of its names"
+        owner = f" (limit {holder!r})" if holder else ""
+        super().__init__(f"limit {key!r}: {which} is covered by another limit{owner}")
+        self.key = key
+        self.name = name
+        self.holder = holder
+
+
 class ChangeStreamUnsupported(Exception):
     """The backend cannot watch (standalone server, mongomock): the consumer polls instead."""
 
@@ -590,6 +661,29 @@ class Driver(Protocol):
         """Set ``state.marked`` (see MarkParams); False when the compare-and-set does not hold."""
         ...
 
+    # -- flow limits (mscheduler.limits; their own collection) ---------------------------------
+
+    async def put_limit(self, params: PutLimitParams) -> bool:
+        """Create or change a limit; True if it was created. Raises ``LimitNameTaken``."""
+        ...
+
+    async def get_limit(self, key: str) -> dict[str, Any] | None: ...
+
+    async def list_limits(self) -> list[dict[str, Any]]: ...
+
+    async def delete_limit(self, key: str) -> bool: ...
+
+    async def limit_keys(self, names: Sequence[str]) -> dict[str, str]:
+        """Which limit covers each of these names (names without one are left out)."""
+        ...
+
+    async def acquire_slots(self, params: AcquireParams) -> AcquireResult: ...
+
+    async def update_slots(self, params: SlotsParams) -> list[str]:
+        """Apply ``params`` (one atomic write); returns the attempts of ``extend`` whose slot is
+        live afterwards (all of them when the limit no longer exists)."""
+        ...
+
 
 def new_task_document(task: NewTask, now: datetime) -> dict[str, Any]:
     """The stored form of a new task, derived fields included."""
@@ -719,9 +813,20 @@ def encoded_size(value: Any) -> int:
     return len(bson.encode({"v": value}))
 
 
-def allowed(option: Mapping[str, Any], worker_id: str) -> bool:
+def allowed(option: Mapping[str, Any], worker_id: str, groups: Sequence[str] = ()) -> bool:
+    """May ``worker_id`` (a member of ``groups``) run a task with this option? (SPEC F31: a task
+    names workers and / or groups; none: anyone.)"""
     ids = option["specific_worker_ids"]
-    return not ids or worker_id in ids
+    named_groups = option.get("specific_groups") or ()
+    if not ids and not named_groups:
+        return True
+    return worker_id in ids or any(g in named_groups for g in groups)
+
+
+def busy_statuses(option: Mapping[str, Any]) -> tuple[str, ...]:
+    """Entries of a worker that bar it from claiming the task again: running, and succeeded
+    unless ``same_worker_may_repeat`` (SPEC F33)."""
+    return ("running",) if option.get("same_worker_may_repeat") is True else ("running", "succeeded")
 
 
 def stop_record(

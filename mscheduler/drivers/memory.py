@@ -39,6 +39,7 @@ from mscheduler.drivers.base import (
     WakeupParams,
     WorkerInfo,
     allowed,
+    busy_statuses,
     due_time,
     event_for,
     failure_times,
@@ -62,6 +63,7 @@ from mscheduler.drivers.events_common import (
 )
 from mscheduler.drivers.memory_children import MemoryChildren
 from mscheduler.drivers.memory_events import MemoryEvents
+from mscheduler.drivers.memory_limits import MemoryLimits
 from mscheduler.drivers.memory_maintenance import MemoryMaintenance
 from mscheduler.drivers.memory_plans import MemoryPlans
 from mscheduler.drivers.memory_stats import MemoryStats
@@ -75,7 +77,7 @@ def _copy(value: Any) -> Any:
     return value if isinstance(value, _SCALARS) else copy.deepcopy(value)
 
 
-class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents, MemoryStats):
+class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents, MemoryStats, MemoryLimits):
     """Tasks and workers in dictionaries and heaps; the same rules as ``MongoDriver``.
 
     :param events: keep an event log (``mscheduler.events``): the newest ``max_events``.
@@ -103,6 +105,7 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
         self._init_events(events, max_events)
         self._init_children()
         self._init_maintenance()
+        self._init_limits()
 
     # -- indexing -----------------------------------------------------------------------------
 
@@ -217,20 +220,23 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
         state = doc["state"]
         if state["claim_at"] is None or state["claim_at"] > params.now or state["free_slots"] <= 0:
             return False
-        if state["status"] not in ("pending", "running") or not allowed(doc["option"], params.worker_id):
+        if state["status"] not in ("pending", "running"):
+            return False
+        if not allowed(doc["option"], params.worker_id, params.groups):
             return False
         if params.exclude_keys and doc["key"] in params.exclude_keys:
             return False
         deadline = doc["option"].get("deadline")
         if deadline is not None and deadline <= params.now:
             return False
+        busy = busy_statuses(doc["option"])
         for entry in state["worker_states"]:
-            if entry["worker_id"] == params.worker_id and entry["status"] in ("running", "succeeded"):
+            if entry["worker_id"] == params.worker_id and entry["status"] in busy:
                 return False
         return True
 
     async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
-        tokens = claimer_tokens(list(params.names), params.worker_id)
+        tokens = claimer_tokens(list(params.names), params.worker_id, params.groups)
         self._promote(params.now, tokens)
         excluded = set(params.exclude_keys)
         claimed: list[ClaimedTask] = []
@@ -309,7 +315,7 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
                         result.lost.append(key)
                 elif doc["state"].get("cancelled") is not None:
                     result.cancelled.append(key)
-                elif not allowed(doc["option"], params.worker_id):
+                elif not allowed(doc["option"], params.worker_id, params.worker_groups):
                     result.revoked.append(key)
                 else:
                     entry["ping_expire_time"] = expire
@@ -403,7 +409,7 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
         return expired
 
     async def find_wakeups(self, params: WakeupParams) -> list[Wakeup]:
-        tokens = claimer_tokens(list(params.names), params.worker_id)
+        tokens = claimer_tokens(list(params.names), params.worker_id, params.groups)
         self._promote(params.now, tokens)
         found: dict[str, datetime] = {}
         for token in tokens:

@@ -65,7 +65,6 @@ from mscheduler.drivers.mongo_common import (  # noqa: F401  (re-exported for te
     _FAILURE_STATUSES,
     ALL_STATUSES,
     ATTEMPT_INDEX,
-    BUSY,
     CHANGE_STREAM_TOKEN_LOST_CODES,
     CHANGE_STREAM_UNSUPPORTED_CODES,
     CLAIM_INDEX,
@@ -110,6 +109,7 @@ from mscheduler.drivers.mongo_common import (  # noqa: F401  (re-exported for te
     watch_pipeline,
 )
 from mscheduler.drivers.mongo_events import MongoEvents
+from mscheduler.drivers.mongo_limits import MongoLimits, limits_collection
 from mscheduler.drivers.mongo_maintenance import MongoMaintenance
 from mscheduler.drivers.mongo_ping import MongoPing
 from mscheduler.drivers.mongo_plans import MongoPlans, plans_collection
@@ -129,6 +129,7 @@ class MongoDriver(
     MongoMaintenance,
     MongoChildren,
     MongoStats,
+    MongoLimits,
 ):
     """The task store on MongoDB.
 
@@ -168,6 +169,9 @@ class MongoDriver(
         self.tasks = tasks
         self.workers = workers
         self.plans = plans_collection(
+            database, prefix, WriteConcern(w="majority", wtimeout=majority_timeout_ms) if majority else None
+        )
+        self.limits = limits_collection(
             database, prefix, WriteConcern(w="majority", wtimeout=majority_timeout_ms) if majority else None
         )
         # Scheduler read-backs (claim recovery, ping and finish outcomes) go to the primary
@@ -260,6 +264,7 @@ class MongoDriver(
 
         await self._call("create indexes", create)
         await self._call("create plan indexes", self._create_plan_indexes)
+        await self._call("create limit indexes", self._create_limit_indexes)
         await self._create_event_indexes()
         await self._probe_capabilities()
 
@@ -318,6 +323,7 @@ class MongoDriver(
         await self._call("drop tasks", self.tasks.drop)
         await self._call("drop workers", self.workers.drop)
         await self._call("drop plans", self.plans.drop)
+        await self._call("drop limits", self.limits.drop)
         await self._call("drop probe", self.probe.drop)
         await self._call("drop events", self.events.drop)
 
@@ -490,19 +496,18 @@ class MongoDriver(
         # slot, an unfinished task, an unused budget and (targeted) an allowed worker with no
         # running or succeeded entry; the residual $nor is for untargeted fan-out tasks.
         filter_: dict[str, Any] = {
-            "state.claimers": {"$in": claimer_tokens(list(params.names), params.worker_id)},
+            "state.claimers": {"$in": claimer_tokens(list(params.names), params.worker_id, params.groups)},
             "state.claim_at": {"$lte": now},
             # not started after its deadline (the deadline pass marks such tasks expired)
             "$or": [{"option.deadline": None}, {"option.deadline": {"$gt": now}}],
+            # not running it already, and (unless it may repeat, SPEC F33) not succeeded on it:
+            # residual for "anyone" and group tokens, which do not list who ran the task
             "$nor": [
+                {WS: {"$elemMatch": {"worker_id": params.worker_id, "status": "running"}}},
                 {
-                    WS: {
-                        "$elemMatch": {
-                            "worker_id": params.worker_id,
-                            "status": {"$in": BUSY},
-                        }
-                    }
-                }
+                    "option.same_worker_may_repeat": {"$ne": True},
+                    WS: {"$elemMatch": {"worker_id": params.worker_id, "status": "succeeded"}},
+                },
             ],
         }
         if params.exclude_keys:
@@ -632,6 +637,10 @@ class MongoDriver(
         )
         claimed = [r for r in results if isinstance(r, ClaimedTask)]
         errors = [r for r in results if isinstance(r, BaseException)]
+        if params.uncertain is not None:
+            params.uncertain.extend(
+                a for a, r in zip(params.attempts, results, strict=True) if isinstance(r, BaseException)
+            )
         if errors and not claimed:
             raise errors[0]
         if errors:
@@ -832,7 +841,9 @@ class MongoDriver(
         # The wake-up index: equality on this worker's claimer tokens, then claim_at (the
         # ranges are merged in claim_at order, no in-memory sort). Tasks aimed at others are
         # not read.
-        filter_ = {"state.claimers": {"$in": claimer_tokens(list(params.names), params.worker_id)}}
+        filter_ = {
+            "state.claimers": {"$in": claimer_tokens(list(params.names), params.worker_id, params.groups)}
+        }
 
         async def read() -> list[dict[str, Any]]:
             cursor = (

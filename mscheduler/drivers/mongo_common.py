@@ -32,7 +32,7 @@ from mscheduler.drivers.base import (
     event_for,
 )
 from mscheduler.exceptions import StorageError
-from mscheduler.model import TaskStatus
+from mscheduler.model import GROUP_PREFIX, TaskStatus
 from mscheduler.state import ANYONE, CHILD_ENDED_BADLY, LIVE, TERMINAL
 
 log = logging.getLogger("mscheduler.mongo")
@@ -216,7 +216,17 @@ def _derive_stages(now: datetime) -> list[dict[str, Any]]:
                         "in": {"$cond": [{"$in": ["$$e.status", _RETRY_STATUSES]}, "$$e.retry_at", None]},
                     }
                 },
-                "state.targeted": {"$gt": [{"$size": "$option.specific_worker_ids"}, 0]},
+                "state.targeted": {
+                    "$gt": [
+                        {
+                            "$add": [
+                                {"$size": "$option.specific_worker_ids"},
+                                {"$size": {"$ifNull": ["$option.specific_groups", []]}},
+                            ]
+                        },
+                        0,
+                    ]
+                },
                 "state.update_time": _lit(now),
             }
         },
@@ -325,9 +335,13 @@ def _claimers() -> dict[str, Any]:
     """``state.claimers`` (see mscheduler.state): ``name|worker`` per allowed worker that holds no
     running or succeeded entry, ``name|*`` for untargeted tasks, [] when not claimable. A $filter
     with ``$in``, not ``$setDifference``, which mongomock lacks."""
+    # with same_worker_may_repeat (SPEC F33) a success does not bar its worker, a running entry does
+    busy_statuses = {"$cond": [{"$eq": ["$option.same_worker_may_repeat", True]}, ["running"], BUSY]}
     busy_workers = {
         "$map": {
-            "input": {"$filter": {"input": f"${WS}", "as": "e", "cond": {"$in": ["$$e.status", BUSY]}}},
+            "input": {
+                "$filter": {"input": f"${WS}", "as": "e", "cond": {"$in": ["$$e.status", busy_statuses]}}
+            },
             "as": "e",
             "in": "$$e.worker_id",
         }
@@ -339,7 +353,14 @@ def _claimers() -> dict[str, Any]:
             "cond": {"$eq": [{"$in": ["$$w", busy_workers]}, False]},
         }
     }
-    who = {"$cond": ["$state.targeted", allowed_now, [ANYONE]]}
+    groups = {
+        "$map": {
+            "input": {"$ifNull": ["$option.specific_groups", []]},
+            "as": "g",
+            "in": {"$concat": [GROUP_PREFIX, "$$g"]},
+        }
+    }
+    who = {"$cond": ["$state.targeted", {"$concatArrays": [allowed_now, groups]}, [ANYONE]]}
     return {
         "$cond": [
             {"$eq": [{"$ifNull": ["$state.claim_at", None]}, None]},

@@ -11,7 +11,7 @@ a worker that lost its lease can never overwrite the checkpoint of the attempt t
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +52,25 @@ class MongoPing:
         def _hint(self, name: str) -> dict[str, Any]: ...
 
     @staticmethod
-    def _ping_filter(worker_id: str, now: datetime, attempts: Mapping[str, str]) -> dict[str, Any]:
+    def _ping_filter(
+        worker_id: str, now: datetime, attempts: Mapping[str, str], groups: Sequence[str] = ()
+    ) -> dict[str, Any]:
+        # still allowed (SPEC F8, F31): no workers or groups named, this worker named, or one of
+        # its groups named
+        anyone = {
+            "$and": [
+                {"option.specific_worker_ids": {"$size": 0}},
+                {
+                    "$or": [
+                        {"option.specific_groups": {"$exists": False}},
+                        {"option.specific_groups": {"$size": 0}},
+                    ]
+                },
+            ]
+        }
+        allowed_now: list[dict[str, Any]] = [anyone, {"option.specific_worker_ids": worker_id}]
+        if groups:
+            allowed_now.append({"option.specific_groups": {"$in": list(groups)}})
         return {
             "key": {"$in": list(attempts)},
             WS: {
@@ -63,10 +81,7 @@ class MongoPing:
                     "ping_expire_time": {"$gt": now},
                 }
             },
-            "$or": [
-                {"option.specific_worker_ids": {"$size": 0}},
-                {"option.specific_worker_ids": worker_id},
-            ],
+            "$or": allowed_now,
             "state.cancelled": None,  # a cancelled task's leases are not extended
         }
 
@@ -100,7 +115,7 @@ class MongoPing:
             every_key.update(attempts)
             plain = {k: a for k, a in attempts.items() if k not in params.reports}
             if not params.reports:
-                filter_ = self._ping_filter(params.worker_id, now, plain)
+                filter_ = self._ping_filter(params.worker_id, now, plain, params.worker_groups)
                 update = self._ping_update(params.worker_id, now, plain, expire)
 
                 async def ping_group(
@@ -111,7 +126,7 @@ class MongoPing:
                 writes.append(ping_group)
                 continue
             if plain:
-                filter_ = self._ping_filter(params.worker_id, now, plain)
+                filter_ = self._ping_filter(params.worker_id, now, plain, params.worker_groups)
                 bulk.append(
                     UpdateMany(filter_, self._ping_update(params.worker_id, now, plain, expire), **hint)
                 )
@@ -124,7 +139,11 @@ class MongoPing:
                 # user data (the checkpoint) enters the pipeline only inside $literal
                 record = {"$set": {f"state.{name}": _lit(value) for name, value in fields.items()}}
                 update = [*self._ping_update(params.worker_id, now, one, expire), record]
-                bulk.append(UpdateOne(self._ping_filter(params.worker_id, now, one), update, **hint))
+                bulk.append(
+                    UpdateOne(
+                        self._ping_filter(params.worker_id, now, one, params.worker_groups), update, **hint
+                    )
+                )
         if bulk:
 
             async def ping_bulk() -> Any:
@@ -176,13 +195,15 @@ def _ping_result(params: PingParams, every_key: dict[str, str], docs: dict[str, 
             (result.paused if paused_entry(doc, params.worker_id, attempt) else result.lost).append(key)
         elif doc["state"].get("cancelled") is not None and entry["ping_expire_time"] > params.now:
             result.cancelled.append(key)
-        elif entry["ping_expire_time"] == expires[key] and allowed(doc["option"], params.worker_id):
+        elif entry["ping_expire_time"] == expires[key] and allowed(
+            doc["option"], params.worker_id, params.worker_groups
+        ):
             # extended (or already at the asked expiry: a ping in the same millisecond as
             # the claim); a revoked entry is never extended, whatever its expiry says
             result.alive[key] = doc["option"]
         elif entry["ping_expire_time"] <= params.now:
             result.lost.append(key)
-        elif not allowed(doc["option"], params.worker_id):
+        elif not allowed(doc["option"], params.worker_id, params.worker_groups):
             result.revoked.append(key)
         else:
             # Still ours and unexpired but not extended: a concurrent change; try next time.

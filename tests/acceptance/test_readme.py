@@ -123,3 +123,12 @@ def test_task_context_fields_are_documented() -> None:
 
     fields = {f.name for f in dataclasses.fields(TaskContext) if not f.name.startswith("_")}
     assert _table_first_column("### Handlers and their context") >= fields
+
+
+def test_flow_limits_example_runs() -> None:
+    block = next(b for b in _python_blocks() if "set_limit" in b)
+    done = subprocess.run(
+        [sys.executable, "-c", block], cwd=REPO, env=environment(), capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["4 0"]

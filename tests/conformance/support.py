@@ -130,6 +130,7 @@ class Store:
         host: str | None = None,
         pid: int | None = None,
         exclude_keys: Iterable[str] = (),
+        groups: Iterable[str] = (),
     ) -> list[ClaimedTask]:
         params = ClaimParams(
             worker_id=worker,
@@ -140,6 +141,7 @@ class Store:
             host=host,
             pid=pid,
             exclude_keys=list(exclude_keys),
+            groups=list(groups),
         )
         claimed = await self.driver.claim(params)
         assert len(claimed) <= n
@@ -153,8 +155,11 @@ class Store:
     async def claim_keys(self, worker: str, n: int = 1, **kwargs: Any) -> list[str]:
         return [c.key for c in await self.claim(worker, n, **kwargs)]
 
-    async def ping(self, worker: str, attempts: Mapping[str, str], lease: timedelta = LEASE) -> PingResult:
-        result = await self.driver.ping(PingParams(worker, self.now, {self.now + lease: dict(attempts)}))
+    async def ping(
+        self, worker: str, attempts: Mapping[str, str], lease: timedelta = LEASE, groups: Iterable[str] = ()
+    ) -> PingResult:
+        expires = {self.now + lease: dict(attempts)}
+        result = await self.driver.ping(PingParams(worker, self.now, expires, worker_groups=list(groups)))
         await self.check_all()
         return result
 

@@ -83,6 +83,9 @@ from mscheduler.state import DERIVED_FIELDS, derive
 from mscheduler.testing import mongomock_database
 
 WORKERS = ("w0", "w1", "w2")
+# Groups (SPEC F31): each worker's membership; "c" has no member (an absent group)
+WORKER_GROUPS: dict[str, tuple[str, ...]] = {"w0": ("a",), "w1": ("a", "b"), "w2": ()}
+_groups = st.sampled_from([(), (), ("a",), ("b",), ("a", "b"), ("c",)])
 KEYS = tuple(f"t{i}" for i in range(8))
 NAME = "job"
 CLAIM_LEASE = timedelta(seconds=30)
@@ -109,8 +112,10 @@ STEP_ARGS: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
         st.integers(0, 2),  # max_unexpected_retries
         st.sampled_from([0, 5]),  # retry_delay seconds
         st.sampled_from([(), ("w0",), ("w1", "w2"), ("w0", "w1", "w2")]),  # specific_worker_ids
+        _groups,  # specific_groups
+        st.booleans(),  # same_worker_may_repeat
     ),
-    "retarget": st.tuples(st.integers(0, 4), st.sampled_from([(), ("w0",), ("w1", "w2")])),
+    "retarget": st.tuples(st.integers(0, 4), st.sampled_from([(), ("w0",), ("w1", "w2")]), _groups),
     "expire_leases": st.tuples(),
 }
 # How often each kind comes up: claims, finishes and time passing are the common events.
@@ -155,11 +160,18 @@ def claimable(doc: Doc, worker_id: str, now: datetime, exclude: Any = ()) -> boo
         return False
     if derived["claim_at"] > now or derived["free_slots"] <= 0:
         return False
-    if option["specific_worker_ids"] and worker_id not in option["specific_worker_ids"]:
+    ids, groups = option["specific_worker_ids"], option.get("specific_groups") or []
+    if (ids or groups) and worker_id not in ids and not set(groups) & set(WORKER_GROUPS[worker_id]):
         return False
-    return not any(
-        e["worker_id"] == worker_id and e["status"] in ("running", "succeeded") for e in _entries(doc)
-    )
+    busy = ("running",) if option.get("same_worker_may_repeat") else ("running", "succeeded")
+    return not any(e["worker_id"] == worker_id and e["status"] in busy for e in _entries(doc))
+
+
+def allowed_workers(allow: tuple[str, ...], groups: tuple[str, ...]) -> set[str]:
+    """Who may run a task naming these workers and groups (everyone when it names none)."""
+    if not allow and not groups:
+        return set(WORKERS)
+    return set(allow) | {w for w in WORKERS if set(groups) & set(WORKER_GROUPS[w])}
 
 
 class LeaseMachine(RuleBasedStateMachine):
@@ -269,9 +281,19 @@ class LeaseMachine(RuleBasedStateMachine):
             assert kind == "expire_leases"
             self.do_expire()
 
-    def send(self, key: str, cnt: int, retries: int, retry_delay: int, allow: tuple[str, ...]) -> None:
-        if allow and len(allow) < cnt:
-            allow = WORKERS  # N slots need N distinct allowed workers, or the task never ends
+    def send(
+        self,
+        key: str,
+        cnt: int,
+        retries: int,
+        retry_delay: int,
+        allow: tuple[str, ...],
+        groups: tuple[str, ...] = (),
+        repeat: bool = False,
+    ) -> None:
+        if len(allowed_workers(allow, groups)) < (1 if repeat else cnt):
+            # N slots need N distinct allowed workers (one with repeats), or it never ends
+            allow, groups = WORKERS, ()
         option = TaskOption(
             concurrent_worker_cnt=cnt,
             max_unexpected_retries=retries,
@@ -279,6 +301,8 @@ class LeaseMachine(RuleBasedStateMachine):
             ping_interval=PING_INTERVAL,
             worker_timeout=timedelta(seconds=30),
             specific_worker_ids=allow,
+            specific_groups=groups,
+            same_worker_may_repeat=repeat,
         )
         now = self.clock.now()
         pre = self.snapshot()
@@ -297,7 +321,17 @@ class LeaseMachine(RuleBasedStateMachine):
         attempts = self.new_attempts(n)
         tracked = {*self.held[w], *(p.key for p in self.unsent[w]), *(k for k, _ in self.zombies[w])}
         excluded = sorted(tracked) if exclude else []
-        params = ClaimParams(w, [NAME], now, attempts, CLAIM_LEASE, host="h", pid=1, exclude_keys=excluded)
+        params = ClaimParams(
+            w,
+            [NAME],
+            now,
+            attempts,
+            CLAIM_LEASE,
+            host="h",
+            pid=1,
+            exclude_keys=excluded,
+            groups=WORKER_GROUPS[w],
+        )
         pre = self.snapshot()
         driver = self.drivers[w]
         faults_before = len(driver.faults)
@@ -344,7 +378,7 @@ class LeaseMachine(RuleBasedStateMachine):
         for key, attempt in self.held[w].items():
             timeout = timedelta(milliseconds=pre[key]["option"]["worker_timeout_ms"])
             groups[now + timeout][key] = attempt
-        params = PingParams(w, now, dict(groups))
+        params = PingParams(w, now, dict(groups), worker_groups=WORKER_GROUPS[w])
         driver = self.drivers[w]
         faults_before = len(driver.faults)
         try:
@@ -369,9 +403,9 @@ class LeaseMachine(RuleBasedStateMachine):
         for key, attempt in self.held[w].items():
             entry = _find(pre[key], w, attempt)
             legit = entry is not None and _live(entry, now)
-            allowed = (
-                not pre[key]["option"]["specific_worker_ids"]
-                or w in pre[key]["option"]["specific_worker_ids"]
+            option = pre[key]["option"]
+            allowed = w in allowed_workers(
+                tuple(option["specific_worker_ids"]), tuple(option.get("specific_groups") or ())
             )
             if key in result.alive:
                 assert legit and allowed, f"ping accepted for {w}/{attempt} on {key}: {entry}"
@@ -508,14 +542,16 @@ class LeaseMachine(RuleBasedStateMachine):
         else:
             self.drivers[w].fail_next(op, after_apply=after_apply)
 
-    def retarget(self, i: int, allow: tuple[str, ...]) -> None:
+    def retarget(self, i: int, allow: tuple[str, ...], groups: tuple[str, ...] = ()) -> None:
         """A live option change (SPEC F8): workers no longer allowed learn it on their next ping."""
         key = self.sent[i % len(self.sent)]
         pre = self.snapshot()
         option = dict(pre[key]["option"])
-        if allow and len(allow) < option["concurrent_worker_cnt"]:
-            allow = WORKERS
+        need = 1 if option.get("same_worker_may_repeat") else option["concurrent_worker_cnt"]
+        if len(allowed_workers(allow, groups)) < need:
+            allow, groups = WORKERS, ()
         option["specific_worker_ids"] = list(allow)
+        option["specific_groups"] = list(groups)
         assert self.run(self.store.update_option(UpdateOptionParams(key, option, self.clock.now())))
         post = self.snapshot()
         self.check_untouched(pre, post)
@@ -554,7 +590,11 @@ class LeaseMachine(RuleBasedStateMachine):
             live = [e for e in entries if _live(e, now)]
             assert len(live) <= cnt, f"{key}: {len(live)} live leases > {cnt}"
             successes = [e["worker_id"] for e in entries if e["status"] == "succeeded"]
-            assert len(successes) <= cnt and len(set(successes)) == len(successes), f"{key}: {successes}"
+            assert len(successes) <= cnt, f"{key}: {successes}"
+            if not option.get("same_worker_may_repeat"):  # else one worker may succeed again
+                assert len(set(successes)) == len(successes), f"{key}: {successes}"
+            running = [e["worker_id"] for e in live]
+            assert len(set(running)) == len(running), f"{key}: one worker holds two live leases"
             derived = derive(doc["name"], option, entries)
             assert {f: state[f] for f in DERIVED_FIELDS} == derived, (
                 f"{key}: stored {state} != derived {derived}"

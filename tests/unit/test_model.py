@@ -269,6 +269,8 @@ def test_option_storage_round_trip() -> None:
         "priority": 5,
         "concurrent_worker_cnt": 2,
         "specific_worker_ids": ["w1", "w2"],
+        "specific_groups": [],
+        "same_worker_may_repeat": False,
         "ping_interval_ms": 2000,
         "worker_timeout_ms": 7500,
         "max_unexpected_retries": 0,

@@ -1,0 +1,251 @@
+"""The consumer's side of flow limits (SPEC G5; the store's side is ``mscheduler.limits``).
+
+Per claim: the names of this consumer that a limit covers are claimed apart, one limit at a time:
+acquire slots (one write on the limit's document), claim at most that many tasks of those names
+with the grants' attempt tokens, the same ``now`` and a first lease capped at the slots' expiry,
+then settle (one write, only when needed): give back the grants the claim did not use (with their
+rate starts) and shorten the used slots to their tasks' first leases. Unlimited names are claimed
+as before. A limit that refused waits ``backoff`` (jittered; for a rate, until its window frees a
+start) before this consumer asks again, and its names do not hold up the others'.
+
+Per ping: the slots of the running attempts are extended first (one write per limit) to the same
+expiry their leases get; an attempt whose slot is gone is not pinged (its lease runs out; its
+handler is given up like a lost lease). Per finish: the slots are released after the outcomes are
+written (one write per limit per batch). Which limit covers which name is read from the store every
+``refresh`` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from mscheduler.drivers.base import AcquireParams, ClaimedTask, ClaimParams, Driver, SlotsParams
+from mscheduler.exceptions import StorageError
+from mscheduler.limits import DEFAULT_SLOT_LEASE
+
+log = logging.getLogger("mscheduler.consumer")
+RESERVE_ROUNDS = 4  # an acquire far from max_running asks for this many claim batches
+
+
+class Limiter:
+    """Limit bookkeeping of one consumer (no I/O of its own beyond the driver's operations)."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        worker_id: str,
+        *,
+        refresh: float,
+        backoff: float,
+        slot_lease: timedelta | None,
+        rng: random.Random,
+        reserve: bool = False,
+    ) -> None:
+        self.driver = driver
+        self.worker_id = worker_id
+        self.refresh = refresh
+        self.backoff = backoff
+        self.slot_lease = slot_lease or DEFAULT_SLOT_LEASE
+        self.rng = rng
+        self.reserve_enabled = reserve
+        self.limit_of: dict[str, str] = {}  # name -> limit key
+        self._read_at: float | None = None  # monotonic time of the last read of the mapping
+        self.wait_until: dict[str, datetime] = {}  # limit key -> when to ask again after a refusal
+        self.releases: dict[str, list[str]] = {}  # limit key -> attempts whose slot to release
+        self.commands = {"acquire": 0, "settle": 0, "extend": 0, "release": 0, "refused": 0}
+        # With ``reserve`` (Consumer(limit_reserve=True)): grants kept for the next claims (limit
+        # key -> [(attempt, slot expiry)]). While a limit without a rate is far from its
+        # max_running, an acquire asks for RESERVE_ROUNDS batches and the claims of the next
+        # rounds use the spare grants without an acquire of their own. Spare grants are live
+        # slots (counted against max_running; given back when half a slot lease old, or at stop).
+        # Not exact for a rate added to the limit later: a reserved grant carries no start.
+        self.reserve: dict[str, list[tuple[str, datetime]]] = {}
+        self.roomy: set[str] = set()  # limits whose last acquire left room for a reserve
+
+    async def maybe_refresh(self, names: Sequence[str], monotonic: float) -> None:
+        if self._read_at is not None and monotonic - self._read_at < self.refresh:
+            return
+        self._read_at = monotonic
+        try:
+            self.limit_of = await self.driver.limit_keys(list(names))
+        except StorageError as exc:  # keep the last known mapping; the next refresh tries again
+            log.warning("could not read the flow limits (%s); keeping the last known ones", exc)
+        for key in [k for k in self.wait_until if k not in self.limit_of.values()]:
+            del self.wait_until[key]
+
+    def retry_due(self, now: datetime) -> bool:
+        return any(when <= now for when in self.wait_until.values())
+
+    def next_retry(self) -> datetime | None:
+        return min(self.wait_until.values(), default=None)
+
+    def _refused(self, key: str, now: datetime, hint: datetime | None) -> None:
+        self.commands["refused"] += 1
+        pause = timedelta(seconds=self.backoff * (0.5 + self.rng.random()))
+        self.wait_until[key] = max(hint, now) if hint is not None else now + pause
+
+    async def claim(
+        self, params: ClaimParams, claim: Callable[[ClaimParams], Awaitable[list[ClaimedTask]]]
+    ) -> list[ClaimedTask]:
+        """Claim up to ``len(params.attempts)`` tasks of ``params.names``, limits obeyed."""
+        now = params.now
+        groups: dict[str, list[str]] = {}
+        free_names = []
+        for name in params.names:
+            key = self.limit_of.get(name)
+            if key is None:
+                free_names.append(name)
+            else:
+                groups.setdefault(key, []).append(name)
+        attempts = list(params.attempts)
+        claimed: list[ClaimedTask] = []
+        for key, names in groups.items():
+            if not attempts:
+                break
+            when = self.wait_until.get(key)
+            if when is not None and when > now:
+                continue  # refused lately: ask again after the backoff
+            self.wait_until.pop(key, None)
+            got, attempts, unlimited = await self._claim_limited(params, key, names, attempts, claim)
+            claimed += got
+            if unlimited:  # the limit was removed meanwhile
+                free_names += names
+        if free_names and attempts:
+            claimed += await claim(replace(params, names=free_names, attempts=attempts))
+        return claimed
+
+    def _from_reserve(self, key: str, n: int, now: datetime) -> tuple[list[tuple[str, datetime]], list[str]]:
+        """Up to ``n`` fresh reserved grants of ``key`` (unused for less than half a slot lease)
+        with their slots' expiry, and the stale ones (to give back)."""
+        fresh: list[tuple[str, datetime]] = []
+        stale: list[str] = []
+        for attempt, expire in self.reserve.pop(key, []):
+            if expire - now > self.slot_lease / 2:
+                fresh.append((attempt, expire))
+            else:
+                stale.append(attempt)
+        if fresh[n:]:
+            self.reserve[key] = fresh[n:]
+        return fresh[:n], stale
+
+    async def _claim_limited(
+        self,
+        params: ClaimParams,
+        key: str,
+        names: list[str],
+        attempts: list[str],
+        claim: Callable[[ClaimParams], Awaitable[list[ClaimedTask]]],
+    ) -> tuple[list[ClaimedTask], list[str], bool]:
+        now = params.now
+        n = len(attempts)
+        reserved, stale = self._from_reserve(key, n, now)
+        if stale:
+            self.releases.setdefault(key, []).extend(stale)  # with the next finish batch
+        retry_at: datetime | None = None
+        if len(reserved) == n:  # no acquire this round: the claim uses reserved grants
+            granted = [a for a, _ in reserved]
+            rest = attempts
+            expire = min(e for _, e in reserved)  # every first lease ends by then
+        else:
+            self.releases.setdefault(key, []).extend(a for a, _ in reserved)  # too few: afresh
+            extra = (
+                [f"{a}r{i}" for i in range(RESERVE_ROUNDS - 1) for a in attempts] if key in self.roomy else []
+            )
+            expire = now + self.slot_lease
+            self.commands["acquire"] += 1
+            result = await self.driver.acquire_slots(
+                AcquireParams(key, self.worker_id, [*attempts, *extra], now, expire)
+            )
+            if not result.limited:
+                return [], attempts, True
+            roomy = self.reserve_enabled and not result.rate and result.max_running is not None
+            if roomy and result.live + n * RESERVE_ROUNDS <= result.max_running // 2:  # type: ignore[operator]
+                self.roomy.add(key)
+            else:
+                self.roomy.discard(key)
+            granted, spare = result.granted[:n], result.granted[n:]
+            if spare:
+                self.reserve.setdefault(key, []).extend((a, expire) for a in spare)
+            rest = [a for a in attempts if a not in set(granted)]
+            retry_at = result.retry_at
+            if not granted:
+                self._refused(key, now, retry_at)
+                return [], rest, False
+        lease = expire - now if params.max_lease is None else min(params.max_lease, expire - now)
+        # A claim that fails may still have been applied (a lost reply the driver could not
+        # resolve): its grants are kept, not released, and run out at their expiry, which is no
+        # earlier than any lease that claim can have made. Likewise the attempts the driver
+        # reports uncertain.
+        uncertain: list[str] = []
+        got = await claim(
+            replace(params, names=names, attempts=granted, max_lease=lease, uncertain=uncertain)
+        )
+        if len(granted) < len(attempts) and len(got) == len(granted):
+            self._refused(key, now, retry_at)  # the limit binds and there is more work
+        used = {task.attempt: task.ping_expire_time for task in got}
+        unused = [a for a in granted if a not in used and a not in uncertain]
+        if unused and key in self.roomy:  # kept for the next rounds: no write now
+            self.reserve.setdefault(key, []).extend((a, expire) for a in unused)
+            unused = []
+        shorten = {a: e for a, e in used.items() if e < expire}
+        if unused or shorten:
+            self.commands["settle"] += 1
+            try:
+                await self.driver.update_slots(
+                    SlotsParams(key, self.worker_id, now, extend=shorten, unused=unused)
+                )
+            except StorageError as exc:  # the slots run out at their expiry: only later, not wrong
+                log.warning("could not settle the slots of limit %s (%s)", key, exc)
+        return [replace(task, slot=key) for task in got], rest, False
+
+    async def extend(
+        self, now: datetime, slots: Mapping[str, Mapping[str, datetime]]
+    ) -> tuple[set[str], set[str]]:
+        """Extend the slots ``{limit key: {attempt: new expiry}}`` before their leases are renewed.
+        Returns (attempts whose slot is gone: give them up, attempts not confirmed: a storage
+        error — do not renew their leases this time)."""
+        gone: set[str] = set()
+        unknown: set[str] = set()
+        for key, extend in slots.items():
+            self.commands["extend"] += 1
+            try:
+                live = set(
+                    await self.driver.update_slots(SlotsParams(key, self.worker_id, now, extend=extend))
+                )
+            except StorageError as exc:
+                log.warning("could not extend the slots of limit %s (%s)", key, exc)
+                unknown |= set(extend)
+                continue
+            gone |= set(extend) - live
+        return gone, unknown
+
+    def give_back_reserve(self) -> None:
+        """At stop: the reserved grants go with the last release."""
+        for key, grants in self.reserve.items():
+            self.releases.setdefault(key, []).extend(a for a, _ in grants)
+        self.reserve.clear()
+
+    def release(self, key: str, attempt: str) -> None:
+        self.releases.setdefault(key, []).append(attempt)
+
+    async def flush(self, now: datetime) -> bool:
+        """Release the slots of the attempts that ended (one write per limit); on an error they
+        are kept for the next flush (and run out at their expiry anyway): False."""
+        releases, self.releases = self.releases, {}
+        for key, attempts in releases.items():
+            self.commands["release"] += 1
+            try:
+                await self.driver.update_slots(SlotsParams(key, self.worker_id, now, release=attempts))
+            except StorageError as exc:
+                log.warning("could not release the slots of limit %s (%s)", key, exc)
+                for k, a in releases.items():  # this one and the ones not tried yet
+                    if k == key or k not in self.releases:
+                        self.releases.setdefault(k, []).extend(a)
+                return False
+            if key in self.wait_until:  # refused before (there is work): a slot is free now
+                self.wait_until[key] = now
+        return True
