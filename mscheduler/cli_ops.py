@@ -1,11 +1,12 @@
-"""Operator commands of ``mscheduler``: ``tasks``, ``plans``, ``workers`` and ``stats``.
+"""Operator commands of ``mscheduler``: ``tasks``, ``plans``, ``workers`` and ``stats``
+(``limits``: ``mscheduler.cli_limits``).
 
 Thin on purpose: each command connects (as ``check`` does), calls one ``Operations`` method and
 prints what it returned (a Rich table, or JSON with ``--json``). No query and no rule lives here;
 every refusal comes from ``Operations`` and is printed as one line.
 
 Exit codes: 0 done; 1 refused or not found (``TransitionRefused``, ``UnknownTask``,
-``UnknownPlan``, no running worker with that id); 2 bad input or usage (``InvalidInput``, a
+``UnknownPlan``, ``UnknownLimit``, no running worker with that id); 2 bad input or usage (``InvalidInput``, a
 malformed URI, a bad option); 3 storage unreachable or failing (``StorageError``).
 """
 
@@ -44,6 +45,7 @@ from mscheduler.exceptions import (
     MSchedulerError,
     StorageError,
     TransitionRefused,
+    UnknownLimit,
     UnknownPlan,
     UnknownTask,
 )
@@ -135,7 +137,7 @@ def refusal(exc: MSchedulerError) -> CliError:
         return CliError(message, exit_code=EXIT_USAGE)
     if isinstance(exc, StorageError):
         return CliError(f"storage error: {message}", exit_code=EXIT_STORAGE)
-    if isinstance(exc, (UnknownTask, UnknownPlan, TransitionRefused)):
+    if isinstance(exc, (UnknownTask, UnknownPlan, UnknownLimit, TransitionRefused)):
         return CliError(message, exit_code=EXIT_REFUSED)
     return CliError(message, exit_code=EXIT_REFUSED)
 
@@ -629,4 +631,4 @@ app.command(short_help="Task statistics: counts, success rates, durations.")(sta
 
 # `mscheduler web` (mscheduler.cli_web) and send, edit, plans add, events and the helpers of show
 # and restart (mscheduler.cli_tasks) share these options; imported last for that reason
-from mscheduler import cli_tasks, cli_web  # noqa: E402, F401
+from mscheduler import cli_limits, cli_tasks, cli_web  # noqa: E402, F401

@@ -109,6 +109,8 @@ class ExecutorClient:
     :param token: an ``executor`` (or admin) token.
     :param worker_id: this executor's id (tasks may target it with ``specific_worker_ids``).
     :param names: the task names it runs.
+    :param groups: the groups it belongs to (``Consumer(groups=...)``): it also runs tasks whose
+        ``specific_groups`` name one of them.
     :param concurrency: handlers run at once.
     :param wait_seconds: how long a lease waits for work when nothing is due (long poll).
     :param transport: an httpx transport (tests: ``httpx.ASGITransport(app)``).
@@ -128,11 +130,13 @@ class ExecutorClient:
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: float = 10.0,
         clock: Clock | None = None,
+        groups: Sequence[str] = (),
     ) -> None:
         if concurrency < 1 or not 0 <= wait_seconds <= 60:
             raise InvalidInput("concurrency >= 1 and 0 <= wait_seconds <= 60")
         self.worker_id = worker_id
         self.names = list(names)
+        self.groups = list(groups)
         self.concurrency = concurrency
         self.wait_seconds = wait_seconds
         self.host = host
@@ -188,6 +192,7 @@ class ExecutorClient:
         body: dict[str, Any] = {
             "worker_id": self.worker_id,
             "names": self.names,
+            "groups": self.groups,
             "max_tasks": max_tasks,
             "wait_seconds": wait,
             "running": len(self._running),
@@ -204,7 +209,8 @@ class ExecutorClient:
     async def ping(self, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Renew leases (``[{key, attempt, checkpoint?, progress?}]``); each answer's ``state``
         says whether the attempt is still ours (``alive``)."""
-        answer = await self._post("ping", {"worker_id": self.worker_id, "tasks": list(items)})
+        body = {"worker_id": self.worker_id, "tasks": list(items), "groups": self.groups}
+        answer = await self._post("ping", body)
         tasks: list[dict[str, Any]] = answer["tasks"]
         return tasks
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mscheduler.exceptions import InvalidInput
 from mscheduler.model import validate_name
@@ -136,6 +136,13 @@ def checked_limit(**fields: Any) -> Limit:
     """A ``Limit`` from user input; a clear ``InvalidInput`` otherwise."""
     try:
         return Limit(**fields)
+    except ValidationError as exc:  # where and why, one line, without echoing the input
+        reasons = []
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"])
+            why = str(error["msg"]).removeprefix("Value error, ")
+            reasons.append(f"{where}: {why}" if where else why)
+        raise InvalidInput(f"invalid limit: {'; '.join(reasons)}") from exc
     except ValueError as exc:
         raise InvalidInput(f"invalid limit: {exc}") from exc
 
@@ -150,6 +157,23 @@ class LimitInfo:
     recent_starts: int
     holders: tuple[tuple[str, str, datetime], ...]
     update_time: datetime | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The shape the REST API and ``mscheduler limits ... --json`` show (times as datetimes);
+        ``rate`` is ``"<n>/<period ms>ms"``, which ``set_limit`` takes back."""
+        limit, rate = self.limit, self.limit.rate
+        return {
+            "key": limit.key,
+            "names": list(limit.names),
+            "max_running": limit.max_running,
+            "rate": str(rate) if rate is not None else None,
+            "rate_n": rate.n if rate is not None else None,
+            "rate_period_seconds": rate.period.total_seconds() if rate is not None else None,
+            "running": self.running,
+            "recent_starts": self.recent_starts,
+            "holders": [{"worker_id": w, "attempt": a, "expire_time": e} for w, a, e in self.holders],
+            "update_time": self.update_time,
+        }
 
 
 def epoch_ms(when: datetime) -> int:

@@ -16,6 +16,12 @@ the store's change stream where there is one (one watch per set of names, shared
 waiting lease), at the next known claim or lease-expiry time, and otherwise polls with a short
 backoff; it is bounded by the wait asked for. Outcomes of concurrent reports are written in
 batches (one ``finish`` command for whatever piled up while the last one was in flight).
+
+Flow limits (``Operations.set_limit``): executors do not take limit slots yet, so a lease naming
+a task name that a limit covers is refused (``LimitedName``; the API answers 409 ``limited_name``)
+and nothing is claimed — a limit is never exceeded through this door. Which names are limited is
+read from the store (the consumer's ``limit_keys``) at most every ``limits_interval`` seconds per
+name, as a consumer re-reads it: a limit set meanwhile applies to leases after that.
 """
 
 from __future__ import annotations
@@ -50,8 +56,15 @@ from mscheduler.drivers.base import (
     WorkerInfo,
 )
 from mscheduler.events import EventKind, EventRecorder, outcome_detail, outcome_kind
-from mscheduler.exceptions import InvalidInput, LeaseLost, MSchedulerError, StorageError, UnknownTask
-from mscheduler.model import AttemptStatus, validate_key, validate_name
+from mscheduler.exceptions import (
+    InvalidInput,
+    LeaseLost,
+    LimitedName,
+    MSchedulerError,
+    StorageError,
+    UnknownTask,
+)
+from mscheduler.model import AttemptStatus, validate_group, validate_key, validate_name
 from mscheduler.outcomes import (
     DEFAULT_MAX_RESULT_BYTES,
     Outcome,
@@ -63,17 +76,19 @@ from mscheduler.outcomes import (
     snoozed,
     succeeded,
 )
-from mscheduler.state import ANYONE, claimer_token
+from mscheduler.state import claimer_tokens
 
 log = logging.getLogger("mscheduler.remote")
 
 MAX_TASKS_PER_LEASE = 100
+MAX_GROUPS = 100  # groups one executor may belong to
 MAX_PINGS = 1000  # attempts in one ping
 DEFAULT_MAX_WAIT = 30.0  # seconds a lease may wait for work at most
 WORKER_ID_MAX = 200
 HOST_MAX = 200
 OPTIONS_KEPT = 100_000  # (key, attempt) -> option of leased attempts, to renew leases without a read
 WORKERS_KEPT = 10_000  # executors whose registration this service remembers
+LIMIT_NAMES_KEPT = 10_000  # task names whose flow limit (or none) this service remembers
 REPORT_OUTCOMES = ("succeeded", "failed", "snoozed", "released")
 WAKEUPS_READ = 16  # wake-ups a waiting lease reads (those already due say nothing new)
 _POLL_FIRST = 0.05  # the first pause of a polling wait; it doubles up to poll_interval
@@ -281,6 +296,8 @@ class RemoteExecutors:
     :param maintenance_interval: leases also mark expired leases lost and expire tasks past
         their deadline, at most this often (what a consumer's poller does), so that a fleet of
         executors alone recovers the tasks of a dead one.
+    :param limits_interval: seconds a name's flow limit (or its having none) is remembered before
+        a lease reads it again (``Consumer(limits_interval=...)``'s role).
     """
 
     def __init__(
@@ -295,6 +312,7 @@ class RemoteExecutors:
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
         maintenance_interval: float = 1.0,
+        limits_interval: float = 2.0,
     ) -> None:
         if not 0 <= max_wait <= 300:
             raise InvalidInput("max_wait must be from 0 to 300 seconds")
@@ -303,6 +321,7 @@ class RemoteExecutors:
             ("stream_poll_interval", stream_poll_interval),
             ("heartbeat_interval", heartbeat_interval),
             ("maintenance_interval", maintenance_interval),
+            ("limits_interval", limits_interval),
         ):
             if not 0 < value <= 3600:
                 raise InvalidInput(f"{label} must be more than 0 and at most 3600 seconds")
@@ -317,10 +336,15 @@ class RemoteExecutors:
         self.max_result_bytes = max_result_bytes
         self.max_checkpoint_bytes = max_checkpoint_bytes
         self.maintenance_interval = maintenance_interval
+        self.limits_interval = limits_interval
         self.rng = random.Random()  # retry jitter; tests may seed it
         self._synced = False
         self._maintained_at: float | None = None
         self._workers: OrderedDict[str, float] = OrderedDict()  # worker id -> last heartbeat (mono)
+        # worker id -> the groups of its last lease (a ping that names none renews with them)
+        self._groups: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        # task name -> (monotonic time read, the key of the limit covering it, or None)
+        self._limit_of: OrderedDict[str, tuple[float, str | None]] = OrderedDict()
         self._options: OrderedDict[tuple[str, str], dict[str, Any]] = OrderedDict()
         self._bells: dict[frozenset[str], _Doorbell] = {}
         self._finisher: _Finisher | None = None
@@ -329,7 +353,7 @@ class RemoteExecutors:
         self.events: EventRecorder | None = (
             EventRecorder(driver, self.clock) if getattr(driver, "record_events", False) else None
         )
-        self.stats = {"leases": 0, "claimed": 0, "pings": 0, "reports": 0, "refused": 0}
+        self.stats = {"leases": 0, "claimed": 0, "pings": 0, "reports": 0, "refused": 0, "limited": 0}
 
     async def _now(self) -> datetime:
         if not self._synced:
@@ -349,12 +373,17 @@ class RemoteExecutors:
         host: str | None = None,
         pid: int = 0,
         running: int = 0,
+        groups: Sequence[str] = (),
     ) -> Lease:
         """Claim up to ``max_tasks`` due tasks named ``names`` for ``worker_id`` (the consumer's
         claim); when none is due, wait up to ``wait`` seconds (at most ``max_wait``) for one.
-        ``running``: how many attempts the executor holds now (shown in the worker registry)."""
+        ``running``: how many attempts the executor holds now (shown in the worker registry).
+        ``groups``: the groups it belongs to (``Consumer(groups=...)``): it also takes tasks whose
+        ``specific_groups`` name one of them.
+        ``LimitedName`` (nothing claimed, nothing written) when a flow limit covers one of ``names``."""
         worker_id = check_worker_id(worker_id)
         names = _checked_names(names)
+        member_of = checked_groups(groups)
         if not isinstance(max_tasks, int) or not 1 <= max_tasks <= MAX_TASKS_PER_LEASE:
             raise InvalidInput(f"max_tasks must be from 1 to {MAX_TASKS_PER_LEASE}")
         if not isinstance(wait, (int, float)) or not math.isfinite(wait) or wait < 0:
@@ -362,6 +391,11 @@ class RemoteExecutors:
         if host is not None and (not isinstance(host, str) or not 1 <= len(host) <= HOST_MAX):
             raise InvalidInput(f"host: 1 to {HOST_MAX} characters")
         self.stats["leases"] += 1
+        await self._refuse_limited(names)
+        self._groups[worker_id] = member_of
+        self._groups.move_to_end(worker_id)
+        while len(self._groups) > WORKERS_KEPT:
+            self._groups.popitem(last=False)
         now = await self._now()
         if await self._check_in(worker_id, names, max_tasks, host, pid, running, now):
             return Lease([], stop_requested=True)
@@ -369,14 +403,42 @@ class RemoteExecutors:
         pause = _POLL_FIRST
         while True:
             await self._maintain(now)
-            claimed = await self._claim(worker_id, names, max_tasks, host, pid, now)
+            await self._refuse_limited(names)  # a limit may have been set while this lease waited
+            claimed = await self._claim(worker_id, names, member_of, max_tasks, host, pid, now)
             if claimed or self.clock.monotonic() >= deadline:
                 return Lease(claimed)
-            if await self._wait_for_work(worker_id, names, deadline, pause):
+            if await self._wait_for_work(worker_id, names, member_of, deadline, pause):
                 pause = _POLL_FIRST  # a hint came: the next poll, if any, starts short again
             else:
                 pause = min(pause * 2, self.poll_interval)
             now = self.clock.now()
+
+    async def _refuse_limited(self, names: list[str]) -> None:
+        """Raise ``LimitedName`` for the first of ``names`` a flow limit covers: executors take no
+        limit slots, so a claim of such a name could exceed the limit. A name's limit is read
+        again once ``limits_interval`` has passed (one ``limit_keys`` read for the stale ones)."""
+        mono = self.clock.monotonic()
+        known: dict[str, str | None] = {}
+        stale = []
+        for name in names:
+            seen = self._limit_of.get(name)
+            if seen is None or mono - seen[0] >= self.limits_interval:
+                stale.append(name)
+            else:
+                known[name] = seen[1]
+        if stale:
+            found = await self.driver.limit_keys(stale)
+            for name in stale:
+                known[name] = found.get(name)
+                self._limit_of[name] = (mono, known[name])
+                self._limit_of.move_to_end(name)
+            while len(self._limit_of) > LIMIT_NAMES_KEPT:
+                self._limit_of.popitem(last=False)
+        for name in names:
+            key = known[name]
+            if key is not None:
+                self.stats["limited"] += 1
+                raise LimitedName(name, key)
 
     async def _check_in(
         self,
@@ -425,7 +487,14 @@ class RemoteExecutors:
         await self.driver.expire_deadlines(ExpireParams(now))
 
     async def _claim(
-        self, worker_id: str, names: list[str], max_tasks: int, host: str | None, pid: int, now: datetime
+        self,
+        worker_id: str,
+        names: list[str],
+        groups: tuple[str, ...],
+        max_tasks: int,
+        host: str | None,
+        pid: int,
+        now: datetime,
     ) -> list[ClaimedTask]:
         params = ClaimParams(
             worker_id=worker_id,
@@ -434,6 +503,7 @@ class RemoteExecutors:
             attempts=[secrets.token_hex(8) for _ in range(max_tasks)],
             host=host,
             pid=int(pid) or None,
+            groups=groups,
         )
         claimed = await self.driver.claim(params)
         for task in claimed:
@@ -446,16 +516,20 @@ class RemoteExecutors:
         await self._flush_events()
         return claimed
 
-    async def _wait_for_work(self, worker_id: str, names: list[str], deadline: float, pause: float) -> bool:
+    async def _wait_for_work(
+        self, worker_id: str, names: list[str], groups: tuple[str, ...], deadline: float, pause: float
+    ) -> bool:
         """Wait until a claim may succeed: a change event that concerns this executor, the next
         claim or lease-expiry time the store knows of, a poll pause, or the deadline. True when
         woken by a hint rather than by the pause."""
         now = self.clock.now()
-        wakeups = await self.driver.find_wakeups(WakeupParams(worker_id, names, now, limit=WAKEUPS_READ))
+        wakeups = await self.driver.find_wakeups(
+            WakeupParams(worker_id, names, now, limit=WAKEUPS_READ, groups=groups)
+        )
         # Times already past say nothing new (the claim just found nothing it may take).
         times = [w.time for w in wakeups if w.time > now]
         bell = self._bell(frozenset(names))
-        tokens = frozenset(claimer_token(n, who) for n in names for who in (worker_id, ANYONE))
+        tokens = frozenset(claimer_tokens(names, worker_id, groups))
         waiter = _Waiter(worker_id, tokens, next_at=min(times) if times else None)
         bell.add(waiter)
         try:
@@ -509,11 +583,16 @@ class RemoteExecutors:
 
     # -- ping -------------------------------------------------------------------------------------
 
-    async def ping(self, worker_id: str, items: Sequence[AttemptPing]) -> list[PingAnswer]:
+    async def ping(
+        self, worker_id: str, items: Sequence[AttemptPing], *, groups: Sequence[str] | None = None
+    ) -> list[PingAnswer]:
         """Renew the leases of ``worker_id``'s running attempts in one write (fenced: only an
         unexpired running entry of this worker and attempt is renewed), with their checkpoints
-        and progress. Each answer says whether to go on."""
+        and progress. Each answer says whether to go on. ``groups``: the executor's groups (a
+        task aimed at a group it is not in is ``revoked``, as for a consumer); None: those of its
+        last lease through this service (none if it leased elsewhere: give them)."""
         worker_id = check_worker_id(worker_id)
+        member_of = self._groups.get(worker_id, ()) if groups is None else checked_groups(groups)
         if not 1 <= len(items) <= MAX_PINGS:
             raise InvalidInput(f"a ping names 1 to {MAX_PINGS} attempts")
         if len({item.key for item in items}) != len(items):
@@ -534,14 +613,16 @@ class RemoteExecutors:
         self.stats["pings"] += 1
         now = await self._now()
         options = await self._options_of(worker_id, items)
-        groups: dict[datetime, dict[str, str]] = {}
+        by_expire: dict[datetime, dict[str, str]] = {}
         for item in items:
             option = options.get(item.key)
             if option is None:
                 continue  # no such task: lost
             expire = now + timedelta(milliseconds=option["worker_timeout_ms"])
-            groups.setdefault(expire, {})[item.key] = item.attempt
-        result = await self.driver.ping(PingParams(worker_id, now, groups, reports))
+            by_expire.setdefault(expire, {})[item.key] = item.attempt
+        result = await self.driver.ping(
+            PingParams(worker_id, now, by_expire, reports, worker_groups=member_of)
+        )
         recorded = set(result.recorded)
         answers = []
         for item in items:
@@ -713,6 +794,16 @@ def _checked_names(names: Sequence[str]) -> list[str]:
         return sorted({validate_name(n) for n in names})
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
+
+
+def checked_groups(groups: Sequence[str]) -> tuple[str, ...]:
+    """Distinct valid group names (``Consumer(groups=...)``'s rule), at most ``MAX_GROUPS``."""
+    if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence) or len(groups) > MAX_GROUPS:
+        raise InvalidInput(f"groups: a list of at most {MAX_GROUPS} group names")
+    try:
+        return tuple(dict.fromkeys(validate_group(g) for g in groups))
+    except ValueError as exc:
+        raise InvalidInput(f"groups: {exc}") from None
 
 
 def validate_key_input(key: str) -> str:

@@ -1,4 +1,5 @@
-"""The REST API: a thin HTTP layer over ``Operations`` (tasks, plans, workers, stats, health).
+"""The REST API: a thin HTTP layer over ``Operations`` (tasks, plans, flow limits, workers, stats,
+health).
 
 ``create_app(operations=..., tokens=...)`` returns a FastAPI app to run on its own (``mscheduler
 web``) or to mount in yours (``app.mount("/scheduler", create_app(...))``); its state lives on
@@ -13,7 +14,7 @@ request learns nothing about its input.
 
 Errors are JSON ``{"error": ..., "detail": ...}``: bad input (``InvalidInput``, a body or
 parameter the schema refuses, an unknown query parameter — ``?status[$ne]=x`` — or one given
-twice) is a 422 and nothing is queried or written; an unknown task or plan a 404; a refused
+twice) is a 422 and nothing is queried or written; an unknown task, plan or limit a 404; a refused
 transition a 409 naming the task's status and the rule; a storage failure a 503 when retrying
 may help (transient), a 500 otherwise.
 """
@@ -38,9 +39,11 @@ from mscheduler import __version__
 from mscheduler.exceptions import (
     InvalidInput,
     LeaseLost,
+    LimitedName,
     MSchedulerError,
     StorageError,
     TransitionRefused,
+    UnknownLimit,
     UnknownPlan,
     UnknownTask,
 )
@@ -55,6 +58,8 @@ from mscheduler.web.models import (
     CancelBody,
     ErrorOut,
     HealthOut,
+    LimitIn,
+    LimitOut,
     PlanEdit,
     StatsOut,
     StopOut,
@@ -240,6 +245,7 @@ _REFUSED: dict[int | str, dict[str, Any]] = {
 _common = [Depends(_bearer), Depends(known_query)]
 tasks = APIRouter(prefix="/tasks", tags=["tasks"], dependencies=_common, responses=_ERRORS)
 plans = APIRouter(prefix="/plans", tags=["plans"], dependencies=_common, responses=_ERRORS)
+limits = APIRouter(prefix="/limits", tags=["limits"], dependencies=_common, responses=_ERRORS)
 workers = APIRouter(prefix="/workers", tags=["workers"], dependencies=_common, responses=_ERRORS)
 misc = APIRouter(tags=["stats"], dependencies=_common, responses=_ERRORS)
 
@@ -371,6 +377,37 @@ async def remove_plan(plan_id: str, operations: Ops) -> Response:
     return Response(status_code=204)
 
 
+# -- flow limits ----------------------------------------------------------------------------------
+
+_NO_LIMIT: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "description": "no such limit"}}
+
+
+@limits.get("", response_model=list[LimitOut], summary="Flow limits, with their running slots")
+async def list_limits(operations: Ops) -> list[LimitOut]:
+    return [LimitOut.of(info) for info in await operations.list_limits()]
+
+
+@limits.get("/{key}", response_model=LimitOut, responses=_NO_LIMIT, summary="A flow limit and its state")
+async def get_limit(key: str, operations: Ops) -> LimitOut:
+    return LimitOut.of(await operations.get_limit(key))
+
+
+@limits.put("/{key}", response_model=LimitOut, summary="Create or replace a flow limit")
+async def set_limit(key: str, body: LimitIn, operations: Ops) -> LimitOut:
+    """``max_running``, ``rate`` or both over ``names`` (default ``[key]``); applies to every
+    consumer's next claim (their next limit refresh for new names). 422 for a name another
+    limit covers."""
+    info = await operations.set_limit(key, names=body.names, max_running=body.max_running, rate=body.rate)
+    return LimitOut.of(info)
+
+
+@limits.delete("/{key}", status_code=204, responses=_NO_LIMIT, summary="Remove a flow limit")
+async def remove_limit(key: str, operations: Ops) -> Response:
+    """Its names are unlimited from every consumer's next limit refresh."""
+    await operations.remove_limit(key)
+    return Response(status_code=204)
+
+
 # -- workers, stats, health -----------------------------------------------------------------------
 
 
@@ -471,10 +508,12 @@ def domain_error(exc: Exception) -> _ApiError:
     """The HTTP answer of an error from ``Operations``."""
     if isinstance(exc, InvalidInput):
         return _ApiError(422, "invalid_input", str(exc))
-    if isinstance(exc, (UnknownTask, UnknownPlan)):
+    if isinstance(exc, (UnknownTask, UnknownPlan, UnknownLimit)):
         return _ApiError(404, "not_found", str(exc))
     if isinstance(exc, LeaseLost):  # a remote executor's report or ping after its lease moved on
         return _ApiError(409, "lease_lost", str(exc))
+    if isinstance(exc, LimitedName):  # a remote executor's lease of a name under a flow limit
+        return _ApiError(409, "limited_name", str(exc))
     if isinstance(exc, TransitionRefused):
         return _ApiError(409, "transition_refused", str(exc), status=exc.status, rule=exc.rule)
     if isinstance(exc, StorageError) and exc.transient:
@@ -548,7 +587,7 @@ def create_app(
     from mscheduler.web.events import events as events_router
     from mscheduler.web.executors import executors as executors_router
 
-    for router in (tasks, plans, workers, misc, health, events_router, executors_router):
+    for router in (tasks, plans, limits, workers, misc, health, events_router, executors_router):
         app.include_router(router, prefix=API)
     public = PUBLIC_PATHS | ({METRICS_PATH} if metrics and metrics_public else set())
     if metrics:

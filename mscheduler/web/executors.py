@@ -14,10 +14,11 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from mscheduler.model import TaskName
+from mscheduler.model import TaskName, validate_group
 from mscheduler.remote import (
+    MAX_GROUPS,
     MAX_PINGS,
     MAX_TASKS_PER_LEASE,
     WORKER_ID_MAX,
@@ -46,6 +47,7 @@ WorkerId = Annotated[
     ),
 ]
 TaskKey = Annotated[str, Field(min_length=1, max_length=1024)]
+GroupName = Annotated[str, AfterValidator(validate_group)]
 AttemptToken = Annotated[
     str, Field(min_length=1, max_length=64, description="the attempt token of the lease")
 ]
@@ -54,6 +56,9 @@ AttemptToken = Annotated[
 class LeaseIn(_Body):
     worker_id: WorkerId
     names: list[TaskName] = Field(min_length=1, max_length=100, description="task names it runs")
+    groups: list[GroupName] = Field(
+        [], max_length=MAX_GROUPS, description="groups it belongs to: it also takes tasks aimed at them"
+    )
     max_tasks: int = Field(1, ge=1, le=MAX_TASKS_PER_LEASE, description="claim at most this many")
     wait_seconds: float = Field(
         0.0, ge=0, le=WAIT_MAX, description="when nothing is due, wait this long for a task (long poll)"
@@ -99,6 +104,12 @@ class PingItemIn(_Body):
 class PingIn(_Body):
     worker_id: WorkerId
     tasks: list[PingItemIn] = Field(min_length=1, max_length=MAX_PINGS)
+    groups: list[GroupName] | None = Field(
+        None,
+        max_length=MAX_GROUPS,
+        description="its groups (left out: those of its last lease through this server); a task "
+        "aimed at groups it is not in is revoked",
+    )
 
 
 class PingItemOut(BaseModel):
@@ -168,11 +179,21 @@ executors = APIRouter(
 )
 
 
-@executors.post("/lease", response_model=LeaseOut, summary="Lease due tasks (long poll)")
+_LIMITED: dict[int | str, dict[str, Any]] = {
+    409: {
+        "model": ErrorOut,
+        "description": "a name is under a flow limit (error: limited_name): executors cannot take "
+        "limited names yet; nothing was claimed",
+    }
+}
+
+
+@executors.post("/lease", response_model=LeaseOut, responses=_LIMITED, summary="Lease due tasks (long poll)")
 async def lease(body: LeaseIn, service: Service, request: Request) -> LeaseOut:
     """Claim up to ``max_tasks`` due tasks among ``names`` for ``worker_id`` (the consumer's claim:
     targeting, priority, retry budget); when none is due, wait up to ``wait_seconds`` for one.
-    An empty ``tasks`` means nothing came in time: lease again."""
+    An empty ``tasks`` means nothing came in time: lease again. 409 ``limited_name`` when a flow
+    limit covers one of ``names`` (nothing claimed: executors take no limit slots yet)."""
     got = await service.lease(
         body.worker_id,
         body.names,
@@ -181,6 +202,7 @@ async def lease(body: LeaseIn, service: Service, request: Request) -> LeaseOut:
         host=body.host or (request.client.host if request.client is not None else None),
         pid=body.pid,
         running=body.running,
+        groups=body.groups,
     )
     tasks = []
     for task in got.tasks:
@@ -219,7 +241,7 @@ async def ping(body: PingIn, service: Service) -> PingOut:
         )
         for item in body.tasks
     ]
-    answers = await service.ping(body.worker_id, items)
+    answers = await service.ping(body.worker_id, items, groups=body.groups)
     return PingOut(
         tasks=[
             PingItemOut(

@@ -11,6 +11,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mscheduler.limits import MAX_NAMES, MAX_RUNNING_MAX, LimitInfo
 from mscheduler.model import Params, TaskInfo, TaskName, TaskOption
 from mscheduler.operations import REASON_MAX, WorkerView
 from mscheduler.schedule import PlanTiming
@@ -34,6 +35,55 @@ class PlanEdit(_Body):
     timing: PlanTiming | None = None
     allow_overlap: bool | None = None
     max_consecutive_failures: int | None = Field(None, ge=1, le=1_000_000)
+
+
+class LimitIn(_Body):
+    """A flow limit to create or replace (``Operations.set_limit``): ``max_running``, ``rate`` or
+    both; ``names`` default to ``[key]``. A name covered by another limit is refused (422)."""
+
+    # strict: ``"3"`` is not a count, ``true`` not a number (what the schema says, no coercion)
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    names: list[TaskName] | None = Field(
+        None, min_length=1, max_length=MAX_NAMES, description="the task names it covers (default: [key])"
+    )
+    max_running: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_RUNNING_MAX,
+        description="attempts running at once across the cluster (0 holds back)",
+    )
+    rate: str | None = Field(
+        None,
+        min_length=1,
+        max_length=40,
+        description='starts per period: "10/s", "1000/h", "5/2m", "100/500ms"',
+    )
+
+
+class LimitHolderOut(BaseModel):
+    worker_id: str
+    attempt: str
+    expire_time: datetime = Field(description="the slot's expiry (renewed with its task's lease)")
+
+
+class LimitOut(BaseModel):
+    """A flow limit as stored, with its live state."""
+
+    key: str
+    names: list[str]
+    max_running: int | None
+    rate: str | None = Field(description='n/period in milliseconds, e.g. "10/1000ms" (PUT takes it back)')
+    rate_n: int | None
+    rate_period_seconds: float | None
+    running: int = Field(description="live slots: attempts of its names running now")
+    recent_starts: int = Field(description="starts inside the rate's current window")
+    holders: list[LimitHolderOut]
+    update_time: datetime | None
+
+    @classmethod
+    def of(cls, info: LimitInfo) -> LimitOut:
+        return cls.model_validate(info.as_dict())
 
 
 class TaskPageOut(BaseModel):
@@ -99,7 +149,8 @@ class ErrorOut(BaseModel):
 
     error: str = Field(
         description="invalid_input, unauthorized, forbidden, not_found, transition_refused, "
-        "lease_lost (a remote executor's attempt no longer holds the task), storage_unavailable "
+        "lease_lost (a remote executor's attempt no longer holds the task), limited_name (a lease "
+        "named a task name under a flow limit), storage_unavailable "
         "or internal"
     )
     detail: str

@@ -126,6 +126,21 @@ def test_task_controls(store: MemoryDriver) -> None:
         (["plans", "ls", "--state", "bogus"], 2, "error: state: unknown plan state 'bogus'"),
         (["workers", "stop", "nobody"], 1, "error: no running worker with id 'nobody'"),
         (["workers", "stop", "$ne"], 2, "error: invalid worker id '$ne'"),
+        (["limits", "show", "nope"], 1, "error: no limit with key 'nope'"),
+        (["limits", "rm", "nope"], 1, "error: no limit with key 'nope'"),
+        (["limits", "show", "$where"], 2, "error: key: invalid task name '$where'"),
+        (["limits", "set", "job.a"], 2, "error: invalid limit: a limit needs max_running, rate or both\n"),
+        (["limits", "set", "job.a", "--rate", "fast"], 2, "error: invalid limit: rate: invalid rate 'fast'"),
+        (
+            ["limits", "set", "job.a", "--max-running", "-1"],
+            2,
+            "error: invalid limit: max_running: Input should be",
+        ),
+        (
+            ["limits", "set", "job.a", "--names", "a,,b", "--max-running", "1"],
+            2,
+            "error: invalid limit: names: invalid task name ''",
+        ),
     ],
 )
 def test_refusals_are_one_line_with_their_exit_code(
@@ -193,6 +208,44 @@ def test_workers_and_stats(store: MemoryDriver) -> None:
     assert code == 0 and "total" in out and "4" in out
 
 
+def test_limits_commands(store: MemoryDriver) -> None:
+    code, out, err = cli("limits", "set", "job.a", "--max-running", "4")
+    assert (code, out, err) == (0, "set limit 'job.a' on job.a: max running 4\n", "")
+    code, out, err = cli("limits", "set", "partner", "--names", "job.boom, job.b", "--rate", "10/s", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert (doc["key"], doc["names"], doc["max_running"], doc["rate"]) == (
+        "partner",
+        ["job.boom", "job.b"],
+        None,
+        "10/1000ms",
+    )
+    code, out, _ = cli("limits", "ls")
+    assert code == 0 and "limits (2)" in out and "job.a" in out and "10 per 1 s" in out
+    code, out, _ = cli("limits", "ls", "--json")
+    assert code == 0 and [d["key"] for d in json.loads(out)] == ["job.a", "partner"]
+    code, out, _ = cli("limits", "show", "job.a")
+    assert code == 0 and "limit job.a" in out and "slots" in out
+    code, out, _ = cli("limits", "show", "job.a", "--json")
+    assert code == 0 and json.loads(out)["max_running"] == 4 and json.loads(out)["holders"] == []
+    assert cli("limits", "rm", "job.a") == (0, "removed limit 'job.a'\n", "")
+    assert [i.limit.key for i in asyncio.run(Operations(store).list_limits())] == ["partner"]
+
+
+def test_refused_limit_input_writes_nothing(store: MemoryDriver) -> None:
+    asyncio.run(Operations(store).set_limit("held", names=["job.boom"], max_running=1))
+    for args in (
+        ["limits", "set", "other", "--names", "job.boom", "--max-running", "1"],
+        ["limits", "set", '{"$gt": ""}', "--max-running", "1"],
+        ["limits", "set", "held", "--max-running", "x"],
+        ["limits", "set", "held", "--rate", "0/s"],
+    ):
+        code, out, err = cli(*args)
+        assert code == 2 and "Traceback" not in out + err, (args, out, err)
+    [info] = asyncio.run(Operations(store).list_limits())
+    assert (info.limit.key, info.limit.max_running) == ("held", 1)
+
+
 def test_a_missing_uri_is_a_usage_error() -> None:
     result = CliRunner(env={"MSCHEDULER_MONGODB_URI": None}).invoke(app, ["stats"])
     assert result.exit_code == 2
@@ -219,6 +272,8 @@ COMMANDS = [
     ["workers", "ls"],
     ["workers", "stop"],
     ["stats"],
+    ["limits"],
+    *(["limits", c] for c in ("ls", "show", "set", "rm")),
 ]
 
 

@@ -27,6 +27,7 @@ EXPECTED = [
     "InvalidInput",
     "LeaseLost",
     "LimitInfo",
+    "LimitedName",
     "ListParams",
     "MSchedulerError",
     "MemoryDriver",

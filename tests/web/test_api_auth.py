@@ -36,7 +36,7 @@ READS = [(m, p) for m, p in ROUTES if m in ("GET", "HEAD")]
 
 
 def test_the_route_list_covers_the_api() -> None:
-    assert (len(READS), len(CHANGES)) == (9, 16)  # 16: + executors lease, ping, report
+    assert (len(READS), len(CHANGES)) == (11, 18)  # + executors lease, ping, report; limits
 
 
 @pytest.mark.parametrize(

@@ -59,3 +59,30 @@ async def test_the_api_over_mongo_on_mongomock() -> None:
 
         assert (await client.post("/api/v1/plans/p/suspend", headers=ADMIN)).json()["state"] == "suspended"
         assert (await client.get("/api/v1/health")).json() == {"status": "ok"}
+
+
+async def test_limits_routes_and_the_executor_refusal_on_mongomock() -> None:
+    clock = FakeClock()
+    driver = MongoDriver(mongomock_database())
+    await driver.setup()
+    async with client_for(Operations(driver, clock=clock)) as client:
+        body = {"names": ["fetch", "push"], "max_running": 2, "rate": "5/s"}
+        put = await client.put("/api/v1/limits/partner", json=body, headers=ADMIN)
+        assert put.status_code == 200, put.text
+        assert (put.json()["names"], put.json()["rate_n"]) == (["fetch", "push"], 5)
+        taken = await client.put(
+            "/api/v1/limits/other", json={"names": ["push"], "max_running": 1}, headers=ADMIN
+        )
+        assert taken.status_code == 422
+        assert [d["key"] for d in (await client.get("/api/v1/limits", headers=READ)).json()] == ["partner"]
+
+        await Publisher(driver, clock=clock).send_many([Task("f1", "fetch"), Task("m1", "mail")])
+        lease = {"worker_id": "ex-1", "names": ["fetch"]}
+        refused = await client.post("/api/v1/executors/lease", json=lease, headers=ADMIN)
+        assert refused.status_code == 409 and refused.json()["error"] == "limited_name"
+        lease["names"] = ["mail"]
+        leased = await client.post("/api/v1/executors/lease", json=lease, headers=ADMIN)
+        assert [t["key"] for t in leased.json()["tasks"]] == ["m1"]
+
+        assert (await client.delete("/api/v1/limits/partner", headers=ADMIN)).status_code == 204
+        assert (await client.get("/api/v1/limits/partner", headers=READ)).status_code == 404

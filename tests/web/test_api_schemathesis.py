@@ -19,7 +19,7 @@ from mscheduler.schedule import EverySchedule
 from mscheduler.web import create_app
 from tests.web.support import ADMIN, TOKENS
 
-EXAMPLES = 25  # per operation (20 of them): about 30 s on this machine
+EXAMPLES = 25  # per operation (24 of them): about 30 s on this machine
 # Not ``positive_data_acceptance``: the domain refuses values a schema cannot describe (a cursor
 # it did not make, '$' in a filter, a naive time, a bad cron expression) with a 422, by design.
 CHECKS = [
@@ -41,6 +41,7 @@ def _app() -> object:
         await Publisher(driver, clock=clock).send_many([Task(k, "job", {"n": 1}) for k in ("0", "a", "x")])
         await driver.claim(ClaimParams("w1", ["job"], clock.now(), ["a1"]))
         await driver.register_worker(WorkerInfo("x", "host", 1, ("job",), 1, clock.now()))
+        await operations.set_limit("x", max_running=2, rate="10/s")
         start = datetime(2030, 1, 1, tzinfo=UTC)
         for plan_id in ("0", "x"):
             timing = PlanTiming(schedule=EverySchedule(interval=60, start=start))

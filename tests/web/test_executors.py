@@ -263,6 +263,49 @@ async def test_a_remote_stop_reaches_the_executor(http: httpx.AsyncClient, drive
     assert (await driver.get_task("t1"))["state"]["status"] == "pending"  # type: ignore[index]
 
 
+async def test_a_name_under_a_flow_limit_is_refused_and_nothing_is_claimed(
+    http: httpx.AsyncClient, driver: CountingDriver, operations: Operations
+) -> None:
+    await publisher(driver).send_many([Task("capped", "job", None), Task("free", "other", None)])
+    await operations.set_limit("k", names=["job"], max_running=1)
+    for names in (["job"], ["other", "job"]):
+        response = await http.post(LEASE, json={"worker_id": "ex-1", "names": names}, headers=EXEC)
+        assert response.status_code == 409, response.text
+        assert response.json() == {
+            "error": "limited_name",
+            "detail": "name 'job' is under flow limit 'k': remote executors cannot take limited names yet",
+        }
+    assert (await driver.get_task("capped"))["state"]["status"] == "pending"  # type: ignore[index]
+    assert (await driver.get_task("free"))["state"]["status"] == "pending"  # type: ignore[index]
+    assert await driver.list_workers() == []  # refused before the executor was registered
+    assert [t["key"] for t in (await lease(http, names=["other"]))["tasks"]] == ["free"]
+
+    await operations.remove_limit("k")
+    assert (
+        await http.post(LEASE, json={"worker_id": "ex-1", "names": ["job"]}, headers=EXEC)
+    ).status_code == 409
+    tick(driver, 2_000)  # the service re-reads a name's limit after limits_interval (2 s)
+    assert [t["key"] for t in (await lease(http))["tasks"]] == ["capped"]
+
+
+async def test_a_task_aimed_at_a_group_goes_to_an_executor_in_that_group(
+    http: httpx.AsyncClient, driver: CountingDriver
+) -> None:
+    await publisher(driver).send(Task("gpu-job", "job", None, option=TaskOption(specific_groups=("gpu",))))
+    assert (await lease(http, "ex-cpu", groups=["cpu"]))["tasks"] == []
+    assert (await lease(http, "ex-none"))["tasks"] == []
+    [task] = (await lease(http, "ex-gpu", groups=["gpu", "eu"]))["tasks"]
+    assert task["key"] == "gpu-job"
+    # a ping without groups renews with those of the lease; naming other groups revokes it
+    item = {"key": "gpu-job", "attempt": task["attempt"]}
+    alive = await http.post(PING, json={"worker_id": "ex-gpu", "tasks": [item]}, headers=EXEC)
+    assert alive.json()["tasks"][0]["state"] == "alive"
+    body = {"worker_id": "ex-gpu", "tasks": [item], "groups": ["gpu"]}
+    assert (await http.post(PING, json=body, headers=EXEC)).json()["tasks"][0]["state"] == "alive"
+    body["groups"] = ["cpu"]
+    assert (await http.post(PING, json=body, headers=EXEC)).json()["tasks"][0]["state"] == "revoked"
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [
@@ -272,6 +315,9 @@ async def test_a_remote_stop_reaches_the_executor(http: httpx.AsyncClient, drive
         (LEASE, {"worker_id": "ex", "names": ["job"], "max_tasks": 0}),
         (LEASE, {"worker_id": "ex", "names": ["job"], "$where": 1}),
         (LEASE, {"worker_id": {"$gt": ""}, "names": ["job"]}),
+        (LEASE, {"worker_id": "ex", "names": ["job"], "groups": ["$gpu"]}),
+        (LEASE, {"worker_id": "ex", "names": ["job"], "groups": "gpu"}),
+        (PING, {"worker_id": "ex", "tasks": [{"key": "t1", "attempt": "a"}], "groups": ["bad group"]}),
         (PING, {"worker_id": "ex", "tasks": []}),
         (PING, {"worker_id": "ex", "tasks": [{"key": "t1", "attempt": "a", "progress": {"fraction": 2}}]}),
         (PING, {"worker_id": "ex", "tasks": [{"key": "t1", "attempt": "a", "checkpoint": {"$set": 1}}]}),
