@@ -162,8 +162,9 @@ class Limiter:
             )
             if not result.limited:
                 return [], attempts, True
-            roomy = self.reserve_enabled and not result.rate and result.max_running is not None
-            if roomy and result.live + n * RESERVE_ROUNDS <= result.max_running // 2:  # type: ignore[operator]
+            cap = result.max_running
+            roomy = self.reserve_enabled and not result.rate and cap is not None
+            if roomy and cap is not None and result.live + n * RESERVE_ROUNDS <= cap // 2:
                 self.roomy.add(key)
             else:
                 self.roomy.discard(key)
