@@ -34,10 +34,11 @@ from mscheduler.drivers.base import (
     PlanAdvance,
     RunOutcome,
 )
-from mscheduler.exceptions import InvalidInput, MSchedulerError, StorageError
+from mscheduler.exceptions import InvalidInput
 from mscheduler.model import TERMINAL_STATUSES, TaskOption, TaskStatus
 from mscheduler.plans import PlanState, occurrence_key, plan_state, timing_from_storage
 from mscheduler.schedule import PlanProgress, next_fire_after_completion, plan_step, utc_ms
+from mscheduler.service import PeriodicService
 
 log = logging.getLogger("mscheduler.planner")
 
@@ -163,7 +164,7 @@ def decide(
     )
 
 
-class Planner:
+class Planner(PeriodicService):
     """Materialises due occurrences of plans as tasks; run any number of them at once.
 
     :param driver: the storage.
@@ -172,6 +173,8 @@ class Planner:
     :param interval: seconds between passes of ``run``.
     :param recheck: seconds between looks at a plan waiting for its previous run to end.
     """
+
+    what = "planner"
 
     def __init__(
         self,
@@ -234,32 +237,3 @@ class Planner:
         applied = await self.driver.advance_plans(AdvancePlansParams([d.advance for d in decisions], now))
         self.conflicts += len(decisions) - applied
         return created
-
-    async def run(self) -> None:
-        """Pass every ``interval`` seconds until ``stop``; storage errors are logged and retried
-        at the next pass, except configuration errors (raised: retrying cannot help)."""
-        while not self._stopping.is_set():
-            try:
-                await self.run_once()
-            except StorageError as exc:
-                if exc.config:
-                    raise
-                log.warning("planner pass failed (%s); trying again in %.1fs", exc, self.interval)
-            except MSchedulerError as exc:
-                log.error("planner pass failed (%s); trying again in %.1fs", exc, self.interval)
-            await self._sleep(self.interval)
-
-    async def _sleep(self, seconds: float) -> None:
-        sleeper = asyncio.ensure_future(self.clock.sleep(seconds))
-        stopper = asyncio.ensure_future(self._stopping.wait())
-        try:
-            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            # no await in here: awaiting while this task is being cancelled could swallow the
-            # cancellation (a second cancel() would be caught and the loop would go on)
-            sleeper.cancel()
-            stopper.cancel()
-
-    def stop(self) -> None:
-        """Ask ``run`` to return after the current pass (idempotent)."""
-        self._stopping.set()

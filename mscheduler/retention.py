@@ -8,11 +8,12 @@ write that made the task terminal; a restart clears it).
   status on ``state.finish_time`` (partial on the status), changed with ``collMod`` when a period
   changes; the TTL monitor deletes about once a minute.
 * ``RetentionService.run_once`` deletes what is due, in bounded batches (one read of the oldest
-  keys through the status's index and one delete per batch). On a real server a harmless backstop;
-  with the memory driver and on mongomock (no TTL monitor) it is the mechanism.
+  keys through the ``finished`` index and one delete per batch). On a real server a backstop for
+  tasks of no family and the mechanism for families (child tasks); with the memory driver and on
+  mongomock (no TTL monitor) the mechanism.
 
-Run it as a consumer's side task (``Consumer(retention=Retention(...))``), from the command line
-(``mscheduler maintenance``), or yourself (``await RetentionService(driver).run_once()``). Any
+Run it as a consumer's side task (``Consumer(retention=Retention(...))``) or yourself
+(``await RetentionService(driver).run_once()``). Any
 number may run at once: a delete is idempotent. Periods are per store: give every consumer the
 same ``Retention`` (the last one to start sets the TTL indexes).
 
@@ -29,8 +30,9 @@ from datetime import datetime, timedelta
 
 from mscheduler.clock import Clock, SystemClock
 from mscheduler.drivers.base import Driver, PurgeParams, RetentionParams
-from mscheduler.exceptions import InvalidInput, MSchedulerError, StorageError
+from mscheduler.exceptions import InvalidInput
 from mscheduler.schedule import utc_ms
+from mscheduler.service import PeriodicService
 
 log = logging.getLogger("mscheduler.retention")
 
@@ -71,7 +73,7 @@ class Retention:
         }
 
 
-class RetentionService:
+class RetentionService(PeriodicService):
     """Removes finished tasks past their retention; run any number of them at once.
 
     :param driver: the storage.
@@ -80,6 +82,8 @@ class RetentionService:
     :param batch: tasks removed per command (one read and one delete each).
     :param interval: seconds between passes of ``run``.
     """
+
+    what = "retention"
 
     def __init__(
         self,
@@ -133,30 +137,3 @@ class RetentionService:
         if removed:
             log.info("retention: removed %d finished task(s)", removed, extra={"removed": removed})
         return removed
-
-    async def run(self) -> None:
-        """Pass every ``interval`` seconds until ``stop``; storage errors are logged and retried
-        at the next pass, except configuration errors (raised: retrying cannot help)."""
-        while not self._stopping.is_set():
-            try:
-                await self.run_once()
-            except StorageError as exc:
-                if exc.config:
-                    raise
-                log.warning("retention pass failed (%s); trying again in %.0fs", exc, self.interval)
-            except MSchedulerError as exc:
-                log.error("retention pass failed (%s); trying again in %.0fs", exc, self.interval)
-            await self._sleep(self.interval)
-
-    async def _sleep(self, seconds: float) -> None:
-        sleeper = asyncio.ensure_future(self.clock.sleep(seconds))
-        stopper = asyncio.ensure_future(self._stopping.wait())
-        try:
-            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeper.cancel()  # no await here: see Planner._sleep
-            stopper.cancel()
-
-    def stop(self) -> None:
-        """Ask ``run`` to return after the current pass (idempotent)."""
-        self._stopping.set()
