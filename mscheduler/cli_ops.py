@@ -38,7 +38,7 @@ from mscheduler.cli import (
     out,
     redact,
 )
-from mscheduler.cli_stats import stats_renderables
+from mscheduler.cli_stats import stats_renderables, stats_with_progress
 from mscheduler.drivers.mongo import MongoDriver
 from mscheduler.exceptions import (
     InvalidInput,
@@ -567,7 +567,8 @@ def workers_ls(
         print_json([asdict(w) for w in workers])
         return
     table = Table(title=f"workers ({len(workers)})")
-    for column in ("worker id", "host", "pid", "names", "slots", "running", "live", "stop", "last seen"):
+    columns = ("worker id", "host", "pid", "names", "groups", "slots", "running", "live", "stop", "last seen")
+    for column in columns:
         table.add_column(column)
     for w in workers:
         table.add_row(
@@ -575,6 +576,7 @@ def workers_ls(
             w.host,
             str(w.pid),
             ", ".join(w.names),
+            ", ".join(w.groups),
             str(w.concurrency),
             str(w.running_cnt),
             "yes" if w.live else "no",
@@ -614,9 +616,13 @@ def stats(
     server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Task statistics: counts by status and name, first- and second-attempt success rates,
-    duration p50 / p95, the oldest due pending task, throughput over the last hour."""
+    duration p50 / p95, the oldest due pending task, throughput over the last hour. While the
+    store computes them, a line on stderr (a terminal only) names the phase and the time spent."""
     conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
-    result = run(conn, lambda ops: ops.stats(window=timedelta(minutes=window), names=name or None))
+    show = not as_json and err.is_terminal
+    result = run(
+        conn, lambda ops: stats_with_progress(ops, timedelta(minutes=window), name or None, err, show)
+    )
     if as_json:
         print_json(result.model_dump(mode="json"))
         return

@@ -1,12 +1,16 @@
-"""How ``mscheduler stats`` prints ``TaskStats`` (Rich tables); the numbers come from
-``Operations.stats`` and nothing is computed here but their formatting."""
+"""How ``mscheduler stats`` prints ``TaskStats`` (Rich tables) and shows its progress; the
+numbers come from ``Operations.stats`` and nothing is computed here but their formatting."""
 
 from __future__ import annotations
 
-from rich.console import RenderableType
+from datetime import timedelta
+
+from rich.console import Console, RenderableType
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from mscheduler.operations import Operations
 from mscheduler.stats import TaskStats
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -36,6 +40,22 @@ def sparkline(values: list[int]) -> str:
     if top == 0:
         return SPARKS[0] * len(values)
     return "".join(SPARKS[min(len(SPARKS) - 1, v * len(SPARKS) // (top + 1))] for v in values)
+
+
+async def stats_with_progress(
+    ops: Operations, window: timedelta, names: list[str] | None, console: Console, show: bool
+) -> TaskStats:
+    """``Operations.stats`` with, when ``show``, a transient line on ``console`` (stderr) naming
+    the read in progress and the time spent: the store's aggregations report nothing while they
+    run, so their phases are the progress there is to show (a large store takes seconds)."""
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True, disable=not show) as progress:
+        line = progress.add_task("statistics", total=None)
+
+        def on_step(what: str) -> None:
+            progress.update(line, description=what)
+
+        return await ops.stats(window=window, names=names, on_step=on_step)
 
 
 def stats_renderables(stats: TaskStats) -> list[RenderableType]:

@@ -55,7 +55,7 @@ from mscheduler.plans import (
 )
 from mscheduler.schedule import to_storage_dict
 from mscheduler.stats import DEFAULT_WINDOW as DEFAULT_STATS_WINDOW
-from mscheduler.stats import TaskStats
+from mscheduler.stats import StatsStep, TaskStats
 from mscheduler.stats import checked_input as checked_stats_input
 
 MANY_MAX = 1000  # keys of one get_tasks / restart_many call
@@ -120,6 +120,7 @@ class WorkerView:
     stop_requested: bool
     stop_time: datetime | None
     live: bool  # running, with a recent heartbeat
+    groups: tuple[str, ...] = ()  # the worker groups it serves (none: only tasks without groups)
 
 
 class Operations:
@@ -163,6 +164,7 @@ class Operations:
                     stop_requested=bool(w.get("stop_requested")),
                     stop_time=stop_time,
                     live=stop_time is None and w["last_seen"] >= now - WORKER_LIVENESS,
+                    groups=tuple(w.get("groups") or ()),  # workers registered before groups: none
                 )
             )
         return sorted(views, key=lambda v: (v.start_time, v.worker_id))
@@ -303,15 +305,18 @@ class Operations:
         window: timedelta | float | None = DEFAULT_STATS_WINDOW,
         names: Sequence[str] | None = None,
         statuses: Sequence[str] | None = None,
+        on_step: StatsStep | None = None,
     ) -> TaskStats:
         """Statistics (SPEC F27; definitions in ``mscheduler.stats``): counts by status and name,
         the oldest due pending task's age, and over the ``window`` (a timedelta or seconds, 1
         minute to 7 days) first- and second-attempt success rates, duration p50 / p95 per name,
         and the last hour's throughput per minute. ``window=None``: counts and ages only (one
-        aggregation, what the metrics' gauges read). ``names`` / ``statuses``: only these."""
+        aggregation, what the metrics' gauges read). ``names`` / ``statuses``: only these.
+        ``on_step(what)``: called before each read of the store (the progress a caller can show
+        of a long computation over a large store)."""
         checked_window, checked_names, checked_statuses = checked_stats_input(window, names, statuses)
         params = StatsParams(await self._now(), checked_window, checked_names, checked_statuses)
-        return await self.driver.task_stats(params)
+        return await self.driver.task_stats(params, on_step)
 
     # -- task control -------------------------------------------------------------------------
 

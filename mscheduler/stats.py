@@ -30,7 +30,7 @@ Definitions:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -48,6 +48,12 @@ WINDOW_MAX = timedelta(days=7)
 NAMES_MAX = 100
 FINISHED_STATUSES = (TaskStatus.SUCCEEDED.value, TaskStatus.FAILED.value)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Told what a statistics read is about to do, before each read of the store (its argument says
+# what, for people): a server-side aggregation reports nothing while it runs, so the phases are
+# the progress a caller can show (``mscheduler stats``: a spinner naming the phase, with the time).
+StatsStep = Callable[[str], None]
+COUNT_STEP = "counting tasks by name and status"
+WINDOW_STEP = "reading the tasks finished in the window"
 
 
 def to_ms(value: datetime) -> int:

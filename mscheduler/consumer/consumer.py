@@ -434,7 +434,7 @@ class Consumer:
         now = self.clock.now()
         names = sorted(self._handlers)
         await self.driver.register_worker(
-            WorkerInfo(self.worker_id, self.host, self.pid, names, self.concurrency, now)
+            WorkerInfo(self.worker_id, self.host, self.pid, names, self.concurrency, now, self.groups)
         )
         self.child_sync = ChildSync(self.driver, clock=self.clock, interval=self.children_interval)
         self.discovery = Discovery(

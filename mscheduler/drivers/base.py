@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from mscheduler.state import derive, family_inputs, lifecycle
-from mscheduler.stats import TaskStats
+from mscheduler.stats import StatsStep, TaskStats
 
 
 @dataclass(slots=True, frozen=True)
@@ -387,6 +387,7 @@ class WorkerInfo:
     names: Sequence[str]
     concurrency: int
     start_time: datetime
+    groups: Sequence[str] = ()  # the worker groups it serves (F31), shown by ``workers ls``
 
 
 @dataclass(slots=True, frozen=True)
@@ -575,7 +576,9 @@ class Driver(Protocol):
 
     async def count_by_status(self) -> dict[str, int]: ...
 
-    async def task_stats(self, params: StatsParams) -> TaskStats: ...
+    async def task_stats(self, params: StatsParams, on_step: StatsStep | None = None) -> TaskStats:
+        """Statistics (see StatsParams); ``on_step`` is called before each read of the store."""
+        ...
 
     async def control_task(self, params: ControlParams) -> dict[str, Any] | None:
         """One atomic operator change (see ControlParams): the task as that write left it (for

@@ -14,9 +14,12 @@ from typing import Any
 from mscheduler.clock import truncate_ms
 from mscheduler.drivers.base import StatsParams
 from mscheduler.stats import (
+    COUNT_STEP,
     FINISHED_STATUSES,
     PERCENTILES,
+    WINDOW_STEP,
     RawStats,
+    StatsStep,
     TaskStats,
     assemble,
     attempt_class,
@@ -34,7 +37,10 @@ class MemoryStats:
 
     _tasks: dict[str, dict[str, Any]]
 
-    async def task_stats(self, params: StatsParams) -> TaskStats:
+    async def task_stats(self, params: StatsParams, on_step: StatsStep | None = None) -> TaskStats:
+        # one pass over every task does both parts: one step, named after the first
+        if on_step is not None:
+            on_step(COUNT_STEP if params.window is None else f"{COUNT_STEP}; {WINDOW_STEP}")
         raw = RawStats()
         now = truncate_ms(params.now)
         names = set(params.names) if params.names is not None else None

@@ -35,9 +35,12 @@ from mscheduler.drivers.mongo_common import (
     _resolve,
 )
 from mscheduler.stats import (
+    COUNT_STEP,
     FINISHED_STATUSES,
     PERCENTILES,
+    WINDOW_STEP,
     RawStats,
+    StatsStep,
     TaskStats,
     assemble,
     finished_range,
@@ -179,14 +182,18 @@ class MongoStats:
 
         return await self._call(what, read)
 
-    async def task_stats(self, params: StatsParams) -> TaskStats:
+    async def task_stats(self, params: StatsParams, on_step: StatsStep | None = None) -> TaskStats:
         raw = RawStats()
+        if on_step is not None:
+            on_step(COUNT_STEP)
         for row in await self._aggregate("count tasks", counts_pipeline(params), STATS_COUNTS_INDEX):
             name, status = row["_id"]["name"], row["_id"]["status"]
             raw.counts[(name, status)] = row["n"]
             if row.get("due") is not None:
                 raw.oldest_due[name] = row["due"]
         if params.window is not None:
+            if on_step is not None:
+                on_step(WINDOW_STEP)
             rows = await self._aggregate("finished tasks", finished_pipeline(params), STATS_FINISHED_INDEX)
             facets = rows[0] if rows else {}
             for row in facets.get("window", []):

@@ -35,6 +35,7 @@ class MongoWorkers:
                 "host": info.host,
                 "pid": info.pid,
                 "names": list(info.names),
+                "groups": list(info.groups),
                 "concurrency": info.concurrency,
                 "start_time": info.start_time,
                 "last_seen": info.start_time,

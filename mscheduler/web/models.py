@@ -105,6 +105,7 @@ class WorkerOut(BaseModel):
     stop_requested: bool
     stop_time: datetime | None
     live: bool = Field(description="running, with a recent heartbeat")
+    groups: list[str] = Field(default_factory=list, description="the worker groups it serves")
 
     @classmethod
     def of(cls, view: WorkerView) -> WorkerOut:
@@ -119,6 +120,7 @@ class WorkerOut(BaseModel):
             running_cnt=view.running_cnt,
             stop_requested=view.stop_requested,
             stop_time=view.stop_time,
+            groups=list(view.groups),
             live=view.live,
         )
 

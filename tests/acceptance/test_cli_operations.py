@@ -40,7 +40,7 @@ async def _seed(driver: MemoryDriver) -> None:
                 break
             await asyncio.sleep(0.01)
     now = datetime.now(UTC)
-    await driver.register_worker(WorkerInfo("w-live", "host-1", 42, ("job.a",), 4, now))
+    await driver.register_worker(WorkerInfo("w-live", "host-1", 42, ("job.a",), 4, now, ("gpu",)))
     ops = Operations(driver)
     await ops.add_plan(
         Plan(
@@ -189,10 +189,11 @@ def test_plans_commands(store: MemoryDriver) -> None:
 
 def test_workers_and_stats(store: MemoryDriver) -> None:
     code, out, _ = cli("workers", "ls")
-    assert code == 0 and "w-live" in out and "host-1" in out
+    assert code == 0 and "w-live" in out and "host-1" in out and "gpu" in out
     code, out, _ = cli("workers", "ls", "--json")
     workers = {w["worker_id"]: w for w in json.loads(out)}
     assert workers["w-live"]["live"] is True and workers["w-boom"]["live"] is False
+    assert (workers["w-live"]["groups"], workers["w-boom"]["groups"]) == (["gpu"], [])
     assert cli("workers", "stop", "w-live") == (0, "asked worker 'w-live' to stop\n", "")
     assert json.loads(cli("workers", "ls", "--json")[1])[1]["stop_requested"] is True
     code, out, _ = cli("stats", "--json")

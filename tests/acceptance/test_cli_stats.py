@@ -4,15 +4,19 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from mscheduler import FakeClock, InvalidInput, MemoryDriver, Operations, cli_ops
 from mscheduler.cli import app
+from mscheduler.cli_stats import stats_with_progress
+from mscheduler.stats import COUNT_STEP
 from tests.conformance.support import Store
 
 URI = {"MSCHEDULER_MONGODB_URI": "mongodb://unused.invalid/"}
@@ -84,3 +88,33 @@ async def test_operations_stats_validates_its_input() -> None:
             await ops.stats(**bad)  # type: ignore[arg-type]
     stats = await ops.stats(window=120, statuses=["running"])
     assert stats.window_seconds == 120 and stats.counts == {"running": 0}
+
+
+def test_stats_progress_names_the_phase_on_a_terminal_and_is_gone_after() -> None:
+    """On a terminal, ``stats`` shows which read is running and for how long (transient: erased
+    once the numbers are in); elsewhere (a pipe, ``--json``) it writes nothing."""
+    clock = FakeClock()
+    driver = MemoryDriver(clock)
+    asyncio.run(_seed(driver, clock))
+    ops = Operations(driver, clock=clock)
+    shown = io.StringIO()
+    console = Console(file=shown, force_terminal=True, width=120)
+    stats = asyncio.run(stats_with_progress(ops, timedelta(minutes=5), None, console, True))
+    assert stats.total == 4
+    text = shown.getvalue()
+    assert COUNT_STEP in text and "0:00:00" in text  # the phase and the elapsed time
+    assert text.endswith("\x1b[2K"), "the line is erased at the end (transient)"
+
+    hidden = io.StringIO()
+    asyncio.run(
+        stats_with_progress(ops, timedelta(minutes=5), None, Console(file=hidden, force_terminal=True), False)
+    )
+    assert hidden.getvalue() == ""
+    code, _, err = cli_with(driver, clock, "stats")
+    assert code == 0 and err == "", "CliRunner's stderr is no terminal: no progress line"
+
+
+def cli_with(driver: MemoryDriver, clock: FakeClock, *args: str) -> tuple[int, str, str]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cli_ops, "operations_override", lambda: Operations(driver, clock=clock))
+        return cli(*args)

@@ -159,6 +159,8 @@ async def seed(driver: MemoryDriver) -> Seeded:
         )
     )
     await driver.register_worker(
-        WorkerInfo(IDLE_WORKER, "batch-host-2", 4242, ("send_invoice", "report"), 8, datetime.now(UTC))
+        WorkerInfo(
+            IDLE_WORKER, "batch-host-2", 4242, ("send_invoice", "report"), 8, datetime.now(UTC), ("gpu",)
+        )
     )
     return Seeded(consumer, long_started)

@@ -100,6 +100,8 @@ def test_login_and_every_page(page: Any, dashboard: DashboardServer) -> None:
     page.locator("#workers table").wait_for()
     live = page.locator('tr[data-worker="worker-live-1"]')
     assert "1 / 4" in live.inner_text() and "live" in live.inner_text()
+    assert "groups" not in live.inner_text()
+    assert page.locator(f'tr[data-worker="{IDLE_WORKER}"] [data-groups]').inner_text() == "groups: gpu"
     shot(page, "workers")
 
 

@@ -175,15 +175,17 @@ async def test_worker_registry_round_trip(store: Store) -> None:
     started = store.now
     await driver.register_worker(WorkerInfo("w1", "host-a", 11, ["job", "other"], 4, started))
     store.advance(1)
-    await driver.register_worker(WorkerInfo("w2", "host-b", 22, ["job"], 1, store.now))
+    await driver.register_worker(WorkerInfo("w2", "host-b", 22, ["job"], 1, store.now, ["gpu", "eu"]))
     workers = {w["worker_id"]: w for w in await driver.list_workers()}
     assert set(workers) == {"w1", "w2"}
     w1 = workers["w1"]
+    assert workers["w2"]["groups"] == ["gpu", "eu"]
     expected = {
         "worker_id": "w1",
         "host": "host-a",
         "pid": 11,
         "names": ["job", "other"],
+        "groups": [],
         "concurrency": 4,
         "start_time": started,
         "last_seen": started,

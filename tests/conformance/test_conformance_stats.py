@@ -6,6 +6,7 @@ from datetime import timedelta
 
 from mscheduler.drivers.base import ControlParams, NewTask, StatsParams
 from mscheduler.model import TaskStatus
+from mscheduler.stats import COUNT_STEP, WINDOW_STEP
 from tests.conformance.support import Store
 
 MINUTE = 60
@@ -158,3 +159,17 @@ async def test_stats_restricted_to_names_statuses_or_without_a_window(store: Sto
     empty = await store.driver.task_stats(StatsParams(store.now, timedelta(hours=1), names=["nothing"]))
     assert empty.names == [] and empty.total == 0 and empty.oldest_pending_age is None
     assert sum(bk.succeeded + bk.failed for bk in empty.throughput) == 0
+
+
+async def test_stats_tell_each_read_before_it_runs(store: Store) -> None:
+    """``on_step`` names the phase before each read of the store (what ``mscheduler stats``
+    shows while a large store computes): the counts first, the window's tasks when asked."""
+    await store.add("x1", "x")
+    steps: list[str] = []
+    counted = await store.driver.task_stats(StatsParams(store.now), steps.append)
+    assert counted.total == 1 and steps and steps[0].startswith(COUNT_STEP)
+    assert not any(WINDOW_STEP in step for step in steps), "no window asked: nothing read for it"
+
+    steps.clear()
+    await store.driver.task_stats(StatsParams(store.now, timedelta(hours=1)), steps.append)
+    assert steps[0].startswith(COUNT_STEP) and WINDOW_STEP in steps[-1]

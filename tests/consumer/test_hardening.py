@@ -450,12 +450,13 @@ async def test_consumer_state_goes_created_running_stopping_stopped(harness: Har
 async def test_operations_list_workers_and_stop_one_remotely(harness: Harness) -> None:
     operations = Operations(harness.driver, clock=harness.clock)
     a = harness.consumer("A", {"work": _ok}, heartbeat_interval=5.0)
-    b = harness.consumer("B", {"work": _ok, "other": _ok}, heartbeat_interval=5.0)
+    b = harness.consumer("B", {"work": _ok, "other": _ok}, heartbeat_interval=5.0, groups=["gpu"])
     await harness.start(a, b)
     views = {v.worker_id: v for v in await operations.list_workers()}
     assert set(views) == {"A", "B"}
     assert views["A"].live and not views["A"].stop_requested and views["A"].stop_time is None
     assert views["B"].names == ("other", "work")
+    assert (views["A"].groups, views["B"].groups) == ((), ("gpu",))
 
     assert await operations.request_worker_stop("A")
     assert not await operations.request_worker_stop("nobody")

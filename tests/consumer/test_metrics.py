@@ -37,9 +37,9 @@ class CountingDriver(WrappedDriver):
         super().__init__(inner)
         self.stats_reads = 0
 
-    async def task_stats(self, params: Any) -> Any:
+    async def task_stats(self, params: Any, on_step: Any = None) -> Any:
         self.stats_reads += 1
-        return await self.inner.task_stats(params)
+        return await self.inner.task_stats(params, on_step)
 
 
 async def test_counters_and_histograms_follow_the_consumer(harness: Harness) -> None:

@@ -92,11 +92,12 @@ async def test_plan_refusals(client: httpx.AsyncClient) -> None:
 
 async def test_workers_list_and_stop(client: httpx.AsyncClient, driver: CountingDriver) -> None:
     now = driver.clock.now()
-    await driver.register_worker(WorkerInfo("w-1", "host-1", 42, ("job",), 4, now))
+    await driver.register_worker(WorkerInfo("w-1", "host-1", 42, ("job",), 4, now, ("gpu",)))
     listed = await client.get("/api/v1/workers", headers=READ)
     assert listed.status_code == 200
     (worker,) = listed.json()
     assert worker["worker_id"] == "w-1" and worker["live"] is True and worker["names"] == ["job"]
+    assert worker["groups"] == ["gpu"]
     stopped = await client.post("/api/v1/workers/w-1/stop", headers=ADMIN)
     assert stopped.status_code == 202 and stopped.json() == {"worker_id": "w-1", "stop_requested": True}
     assert (await client.get("/api/v1/workers", headers=READ)).json()[0]["stop_requested"] is True

@@ -40,7 +40,12 @@ export async function workersPage(ctx) {
       { dataset: { worker: w.worker_id } },
       h("td", { class: "key ident" }, h("a", { href: tasksHref({ worker_id: w.worker_id }), title: "tasks this worker attempted" }, w.worker_id)),
       h("td", { class: "nowrap" }, w.host, h("span", { class: "hint" }, ` pid ${w.pid}`)),
-      h("td", {}, w.names.length ? w.names.join(", ") : h("span", { class: "hint" }, "—")),
+      h(
+        "td",
+        {},
+        w.names.length ? w.names.join(", ") : h("span", { class: "hint" }, "—"),
+        (w.groups || []).length ? h("div", { class: "hint", dataset: { groups: "" } }, `groups: ${w.groups.join(", ")}`) : null,
+      ),
       h("td", { class: "num" }, h("span", { class: "meter" }, h("span", { style: { width: `${share * 100}%` } })), `${w.running_cnt} / ${w.concurrency}`),
       h("td", {}, time(w.start_time)),
       h("td", {}, time(w.last_seen), h("div", { class: "hint" }, relative(w.last_seen))),
