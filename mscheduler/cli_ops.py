@@ -637,4 +637,4 @@ app.command(short_help="Task statistics: counts, success rates, durations.")(sta
 
 # `mscheduler web` (mscheduler.cli_web) and send, edit, plans add, events and the helpers of show
 # and restart (mscheduler.cli_tasks) share these options; imported last for that reason
-from mscheduler import cli_limits, cli_tasks, cli_web  # noqa: E402, F401
+from mscheduler import cli_limits, cli_maintenance, cli_tasks, cli_web  # noqa: E402, F401
