@@ -377,13 +377,21 @@ def tasks_cancel(
 def tasks_pause(
     key: KeyArg,
     mongodb_uri: UriOpt,
+    stop_running: Annotated[
+        bool,
+        typer.Option(
+            "--stop-running",
+            help="Also stop its running attempts (released, not counted against its retries).",
+        ),
+    ] = False,
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
-    """Stop claims of task KEY (pending or running) until it is resumed."""
+    """Stop claims of task KEY (pending or running) until it is resumed; with --stop-running its
+    running handlers are stopped too and the resumed task starts from its last checkpoint."""
     conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
-    info = run(conn, lambda ops: ops.pause(key))
+    info = run(conn, lambda ops: ops.pause(key, stop_running=stop_running))
     _done(f"paused task {info.key!r} ({info.status.value})")
 
 
@@ -399,6 +407,31 @@ def tasks_resume(
     conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     info = run(conn, lambda ops: ops.resume(key))
     _done(f"resumed task {info.key!r} ({info.status.value})")
+
+
+@tasks_app.command("set-status", short_help="Set a task's (or a child's) status by hand.")
+def tasks_set_status(
+    key: KeyArg,
+    status: Annotated[str, typer.Argument(metavar="STATUS", hidden=True)],
+    mongodb_uri: UriOpt,
+    child: Annotated[
+        str | None, typer.Option(metavar="NAME", help="The child of task KEY with this name.")
+    ] = None,
+    reason: Annotated[str, typer.Option(metavar="TEXT", help="Why (kept on the task).")] = "",
+    database: DatabaseOpt = None,
+    prefix: PrefixOpt = "",
+    server_selection_timeout_ms: TimeoutMs = None,
+) -> None:
+    """Set task KEY's status by hand: succeeded (a step done by hand; not running, not succeeded
+    yet) or failed (pending, nothing running). With --child NAME: that child of KEY, which may
+    also be set cancelled or pending (run again); its parent follows (the next sequential step
+    starts). A parent's own status comes from its children: set theirs."""
+    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
+    if child is None:
+        info = run(conn, lambda ops: ops.set_status(key, status, reason=reason, by="cli"))
+    else:
+        info = run(conn, lambda ops: ops.set_child_status(key, child, status, reason=reason, by="cli"))
+    _done(f"task {info.key!r} is now {info.status.value}")
 
 
 @tasks_app.command("restart", short_help="Run failed, cancelled or expired tasks again.")

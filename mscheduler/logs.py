@@ -81,12 +81,28 @@ def _safe(value: Any) -> Any:
     return value
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a record is emitted, not the one of the time it
+    was made: a process that swaps its stderr (a test runner, a daemoniser) keeps its logs."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:  # StreamHandler's own assignments: the property wins
+        pass
+
+
 def configure_logging(level: int, log_format: LogFormat = "text") -> None:
     """Send every record at ``level`` or above to stderr, as text or as JSON lines.
 
     Replaces the root logger's handlers, so calling it twice does not double the output.
     """
-    handler = logging.StreamHandler(sys.stderr)
+    handler: logging.Handler = _StderrHandler()
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:

@@ -62,6 +62,7 @@ from mscheduler.web.models import (
     LimitOut,
     PlanEdit,
     StatsOut,
+    StatusBody,
     StopOut,
     TaskPageOut,
     WhoAmIOut,
@@ -291,9 +292,11 @@ async def cancel_task(key: str, operations: Ops, body: CancelBody | None = None)
 
 
 @tasks.post("/{key:path}/pause", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
-async def pause_task(key: str, operations: Ops) -> TaskInfo:
-    """Stop claims of a pending or running task until it is resumed."""
-    return await operations.pause(key)
+async def pause_task(key: str, operations: Ops, stop_running: bool = False) -> TaskInfo:
+    """Stop claims of a pending or running task until it is resumed. ``stop_running=true``: its
+    running attempts are also stopped and released (not counted against the retry budget); the
+    resumed task runs again from its last checkpoint."""
+    return await operations.pause(key, stop_running=stop_running)
 
 
 @tasks.post("/{key:path}/resume", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
@@ -306,6 +309,14 @@ async def resume_task(key: str, operations: Ops) -> TaskInfo:
 async def restart_task(key: str, operations: Ops, force: bool = False) -> TaskInfo:
     """Run a failed, cancelled or expired task again (a succeeded one with ``force=true``)."""
     return await operations.restart(key, force=force)
+
+
+@tasks.post("/{key:path}/status", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
+async def set_task_status(key: str, body: StatusBody, operations: Ops) -> TaskInfo:
+    """Set a task's status by hand: ``succeeded`` (not running, not succeeded yet) or ``failed``
+    (pending, nothing running). A child's parent follows (a sequential parent's next step
+    starts); a parent's own status comes from its children (409: set a child's, by its key)."""
+    return await operations.set_status(key, body.status, reason=body.reason, by="api")
 
 
 @tasks.patch("/{key:path}/option", response_model=TaskOption, responses=_NOT_FOUND | _REFUSED)

@@ -8,6 +8,7 @@ body here refuses unknown fields (``extra="forbid"``): ``{"$where": ...}`` is a 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,6 +24,14 @@ class _Body(BaseModel):
 
 
 class CancelBody(_Body):
+    reason: str = Field("", max_length=REASON_MAX, description="why (kept on the task)")
+
+
+class StatusBody(_Body):
+    """A status set by hand (``Operations.set_status``): ``succeeded`` (a step done by hand) or
+    ``failed``; recorded on the task with the reason, ``by: "api"`` and the time."""
+
+    status: Literal["succeeded", "failed"]
     reason: str = Field("", max_length=REASON_MAX, description="why (kept on the task)")
 
 

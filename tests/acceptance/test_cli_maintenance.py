@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -50,6 +51,9 @@ def world(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Store, Operations]]
     ops = Operations(store.driver, clock=clock)
     asyncio.run(_seed(store, ops))
     monkeypatch.setattr(cli_ops, "operations_override", lambda: ops)
+    # as in a fresh process: no logging set up by an earlier command of this test session
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    monkeypatch.setattr(logging.getLogger(), "level", logging.WARNING)
     yield store, ops
 
 

@@ -111,12 +111,64 @@ def test_task_controls(store: MemoryDriver) -> None:
     assert "a-2" not in _keys(store)
 
 
+def test_set_status_by_hand_of_a_task_and_of_a_child(store: MemoryDriver) -> None:
+    code, out, _ = cli("tasks", "set-status", "a-3", "succeeded", "--reason", "done by hand")
+    assert (code, out) == (0, "task 'a-3' is now succeeded\n")
+    marked = asyncio.run(Operations(store).get_task("a-3")).marked
+    assert marked is not None and (marked["reason"], marked["by"]) == ("done by hand", "cli")
+
+    asyncio.run(
+        Publisher(store).send(Task("etl", "job.etl", children=["fetch", "load"], children_mode="sequential"))
+    )
+    assert cli("tasks", "set-status", "etl", "--child", "fetch", "succeeded")[:2] == (
+        0,
+        "task 'etl/fetch' is now succeeded\n",
+    )
+    children = {c.name: c.status.value for c in asyncio.run(Operations(store).get_task("etl")).children or []}
+    assert children == {"fetch": "succeeded", "load": "pending"}, "the next step was unblocked"
+    code, _, err = cli("tasks", "set-status", "etl", "--child", "nope", "failed")
+    assert code == 2 and err.startswith(
+        "error: task 'etl' has no child named 'nope' (its children: 'fetch', 'load')"
+    )
+    assert cli("tasks", "set-status", "etl", "--child", "load", "cancelled")[:2] == (
+        0,
+        "task 'etl/load' is now cancelled\n",
+    )
+    assert cli("tasks", "set-status", "etl", "--child", "load", "pending")[:2] == (
+        0,
+        "task 'etl/load' is now pending\n",
+    )
+    code, _, err = cli("tasks", "set-status", "etl", "succeeded")
+    assert code == 1 and "a task with children takes its status from them" in err
+
+
+def test_pause_can_stop_the_running_attempt(store: MemoryDriver) -> None:
+    async def claim() -> None:
+        from mscheduler.drivers.base import ClaimParams
+
+        now = datetime.now(UTC)
+        assert [c.key for c in await store.claim(ClaimParams("w-x", ["job.a"], now, ["w-x#1"]))] == ["a-1"]
+
+    asyncio.run(claim())
+    assert status_of(store, "a-1") == "running"
+    assert cli("tasks", "pause", "a-1", "--stop-running")[:2] == (0, "paused task 'a-1' (pending)\n")
+    info = asyncio.run(Operations(store).get_task("a-1"))
+    assert info.paused and [e.status.value for e in info.worker_states] == ["released"]
+
+
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
         (["tasks", "show", "nope"], 1, "error: no task with key 'nope'"),
         (["tasks", "cancel", "boom-1"], 1, "error: cannot cancel task 'boom-1': it is failed"),
         (["tasks", "restart", "a-1"], 1, "error: cannot restart task 'a-1': it is pending"),
+        (
+            ["tasks", "set-status", "a-1", "running"],
+            2,
+            "error: status: one of succeeded, failed, got 'running'",
+        ),
+        (["tasks", "set-status", "boom-1", "failed"], 1, "error: cannot set status failed task 'boom-1'"),
+        (["tasks", "set-status", "a-1", "failed", "--child", "x"], 2, "error: task 'a-1' has no children"),
         (["tasks", "ls", "--status", "lost"], 2, "error: status: unknown status 'lost'"),
         (["tasks", "ls", "--limit", "0"], 2, "error: limit: must be an integer from 1 to 1000"),
         (["tasks", "ls", "--name", "bad name!"], 2, "error: name: invalid task name"),
@@ -158,6 +210,8 @@ def test_refusals_are_one_line_with_their_exit_code(
         ["tasks", "ls", "--status", '{"$gt": ""}'],
         ["tasks", "ls", "--name", '{"$gt": ""}'],
         ["tasks", "cancel", '{"$gt": ""}'],
+        ["tasks", "set-status", '{"$gt": ""}', "succeeded"],
+        ["tasks", "set-status", "a-1", '{"$gt": ""}'],
         ["tasks", "remove", '{"$gt": ""}', "--force"],
         ["plans", "remove", '{"$gt": ""}'],
         ["workers", "stop", '{"$gt": ""}'],
@@ -266,7 +320,8 @@ def test_an_unreachable_server_exits_3_in_one_line() -> None:
 
 COMMANDS = [
     ["tasks"],
-    *(["tasks", c] for c in ("ls", "show", "cancel", "pause", "resume", "restart", "remove")),
+    *(["tasks", c] for c in ("ls", "show", "cancel", "pause", "resume", "restart", "remove", "set-status")),
+    ["maintenance"],
     ["plans"],
     *(["plans", c] for c in ("ls", "show", "suspend", "resume", "skip", "remove")),
     ["workers"],

@@ -206,3 +206,36 @@ async def test_an_invalid_option_change_is_422_and_changes_nothing(
         response = await client.patch(f"{TASKS}/t/option", json=body, headers=ADMIN)
         assert response.status_code == 422, body
     assert await Operations(driver, clock=driver.clock).get_task("t") == before
+
+
+async def test_set_status_by_hand_and_pause_stopping_the_running_attempt(
+    client: httpx.AsyncClient, driver: CountingDriver
+) -> None:
+    await _seed(driver)
+    marked = await client.post(
+        f"{TASKS}/inv-0/status", json={"status": "succeeded", "reason": "done by hand"}, headers=ADMIN
+    )
+    assert marked.status_code == 200, marked.text
+    assert marked.json()["status"] == "succeeded"
+    info = await Operations(driver, clock=driver.clock).get_task("inv-0")
+    assert info.marked is not None and (info.marked["reason"], info.marked["by"]) == ("done by hand", "api")
+    failed = await client.post(f"{TASKS}/inv-1/status", json={"status": "failed"}, headers=ADMIN)
+    assert failed.status_code == 200 and failed.json()["status"] == "failed"
+
+    running = await client.post(f"{TASKS}/inv-run/status", json={"status": "failed"}, headers=ADMIN)
+    assert running.status_code == 409 and running.json()["status"] == "running"
+    assert (
+        await client.post(f"{TASKS}/nope/status", json={"status": "failed"}, headers=ADMIN)
+    ).status_code == 404
+    for body in ({"status": "pending"}, {"status": {"$gt": ""}}, {}, {"status": "failed", "$where": "1"}):
+        response = await client.post(f"{TASKS}/inv-2/status", json=body, headers=ADMIN)
+        assert response.status_code == 422, body
+    read_only = await client.post(f"{TASKS}/inv-2/status", json={"status": "failed"}, headers=READ)
+    assert read_only.status_code == 403
+    assert (await Operations(driver, clock=driver.clock).get_task("inv-2")).status.value == "pending"
+
+    stopped = await client.post(f"{TASKS}/inv-run/pause", params={"stop_running": "true"}, headers=ADMIN)
+    assert stopped.status_code == 200, stopped.text
+    body = stopped.json()
+    assert body["paused"] is True and body["status"] == "pending"  # the attempt was released
+    assert [e["status"] for e in body["worker_states"]] == ["released"]
