@@ -144,7 +144,11 @@ class Discovery:
                 # claimable by us; no claim_at in the event: its time did not change (due now
                 # or known already), so try now
                 self.queue.push(event.key, event.claim_at or self.clock.now(), CLAIM)
-        elif event.specific_worker_ids and self.worker_id not in event.specific_worker_ids:
+        elif (
+            event.specific_worker_ids and self.worker_id not in event.specific_worker_ids and not self.groups
+        ):
+            # aimed at others (a member of a group may still be named by the task's groups, which
+            # an event without claimers does not carry: it keeps its wake-up)
             self.queue.discard(event.key, CLAIM)
         elif event.claim_at is not None:
             self.queue.push(event.key, event.claim_at, CLAIM)
