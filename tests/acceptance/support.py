@@ -110,3 +110,20 @@ class Running:
         self._reader.join(timeout=5)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+# -- in process: the CLI on a store the test set up (``cli_ops.operations_override``) ----------
+
+URI = {"MSCHEDULER_MONGODB_URI": "mongodb://unused.invalid/"}  # never dialled with an override
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    """``mscheduler ARGS`` in this process: (exit code, stdout, stderr); a crash is raised."""
+    from typer.testing import CliRunner
+
+    from mscheduler.cli import app
+
+    result = CliRunner(env={**URI, "COLUMNS": "200", "NO_COLOR": "1"}).invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr

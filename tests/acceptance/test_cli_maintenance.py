@@ -10,17 +10,15 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from typer.testing import CliRunner
 
 from mscheduler import FakeClock, MemoryDriver, Operations, cli_maintenance, cli_ops
-from mscheduler.cli import app
 from mscheduler.expiry import ExpiryService
 from mscheduler.plans import Plan, PlanTiming
 from mscheduler.retention import Retention
 from mscheduler.schedule import EverySchedule
+from tests.acceptance.support import cli
 from tests.conformance.support import Store
 
-URI = {"MSCHEDULER_MONGODB_URI": "mongodb://unused.invalid/"}
 DAY = 86_400
 
 
@@ -55,13 +53,6 @@ def world(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Store, Operations]]
     monkeypatch.setattr(logging.getLogger(), "handlers", [])
     monkeypatch.setattr(logging.getLogger(), "level", logging.WARNING)
     yield store, ops
-
-
-def cli(*args: str) -> tuple[int, str, str]:
-    result = CliRunner(env={**URI, "COLUMNS": "200", "NO_COLOR": "1"}).invoke(app, list(args))
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, result.stderr
 
 
 def status_of(store: Store, key: str) -> str | None:

@@ -17,9 +17,7 @@ from mscheduler.cli import app
 from mscheduler.drivers.base import WorkerInfo
 from mscheduler.plans import Plan
 from mscheduler.schedule import EverySchedule, PlanTiming
-from tests.acceptance.support import command, run
-
-URI = {"MSCHEDULER_MONGODB_URI": "mongodb://unused.invalid/"}
+from tests.acceptance.support import cli, command, run
 
 
 async def _seed(driver: MemoryDriver) -> None:
@@ -57,13 +55,6 @@ def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[MemoryDriver]:
     asyncio.run(_seed(driver))
     monkeypatch.setattr(cli_ops, "operations_override", lambda: Operations(driver))
     yield driver
-
-
-def cli(*args: str) -> tuple[int, str, str]:
-    result = CliRunner(env={**URI, "COLUMNS": "200", "NO_COLOR": "1"}).invoke(app, list(args))
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, result.stderr
 
 
 def status_of(driver: MemoryDriver, key: str) -> str | None:

@@ -11,15 +11,12 @@ from datetime import timedelta
 
 import pytest
 from rich.console import Console
-from typer.testing import CliRunner
 
 from mscheduler import FakeClock, InvalidInput, MemoryDriver, Operations, cli_ops
-from mscheduler.cli import app
 from mscheduler.cli_stats import stats_with_progress
 from mscheduler.stats import COUNT_STEP
+from tests.acceptance.support import cli
 from tests.conformance.support import Store
-
-URI = {"MSCHEDULER_MONGODB_URI": "mongodb://unused.invalid/"}
 
 
 async def _seed(driver: MemoryDriver, clock: FakeClock) -> None:
@@ -41,13 +38,6 @@ def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[MemoryDriver]:
     asyncio.run(_seed(driver, clock))
     monkeypatch.setattr(cli_ops, "operations_override", lambda: Operations(driver, clock=clock))
     yield driver
-
-
-def cli(*args: str) -> tuple[int, str, str]:
-    result = CliRunner(env={**URI, "COLUMNS": "200", "NO_COLOR": "1"}).invoke(app, list(args))
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, result.stderr
 
 
 def test_stats_tables_and_json(store: MemoryDriver) -> None:

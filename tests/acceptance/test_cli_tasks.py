@@ -16,9 +16,8 @@ from typer.testing import CliRunner
 
 from mscheduler import Consumer, Fail, MemoryDriver, Operations, Publisher, Task, TaskStatus, cli_ops
 from mscheduler.cli import app
+from tests.acceptance.support import cli
 from tests.acceptance.test_cli_operations import COMMANDS
-
-URI = {"MSCHEDULER_MONGODB_URI": "mongodb://unused.invalid/"}
 
 
 async def _fail_all(driver: MemoryDriver, keys: list[str], name: str = "job.boom") -> None:
@@ -46,13 +45,6 @@ def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[MemoryDriver]:
     asyncio.run(_fail_all(driver, ["other-1"], name="job.other"))
     monkeypatch.setattr(cli_ops, "operations_override", lambda: Operations(driver))
     yield driver
-
-
-def cli(*args: str) -> tuple[int, str, str]:
-    result = CliRunner(env={**URI, "COLUMNS": "200", "NO_COLOR": "1"}).invoke(app, list(args))
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, result.stderr
 
 
 def info(driver: MemoryDriver, key: str) -> Any:
