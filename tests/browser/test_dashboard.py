@@ -213,6 +213,17 @@ def test_admin_cancels_a_task_after_confirming(page: Any, dashboard: DashboardSe
     page.locator("#confirm-yes").click()
     page.locator("#banner.error", has_text="HTTP 409").wait_for()
 
+    # set a status by hand, with a reason (Operations.set_status)
+    open_hash(page, task_hash("invoice-1002"), "#task-actions")
+    page.locator('button[data-action="mark-failed"]').click()
+    page.locator("#confirm-reason").fill("customer closed the account")
+    page.locator("#confirm-yes").click()
+    page.locator("#banner.info", has_text="Set invoice-1002 failed").wait_for()
+    page.locator("#task .title-row .badge", has_text="failed").wait_for()
+    marked = dashboard.run(dashboard.operations.get_task("invoice-1002"))
+    assert marked.status is TaskStatus.FAILED and marked.marked is not None
+    assert (marked.marked["reason"], marked.marked["by"]) == ("customer closed the account", "api")
+
     # remove: asked first, then back to the list
     open_hash(page, task_hash("invoice-0999"), "#task-actions")
     page.locator('button[data-action="remove"]').click()

@@ -37,8 +37,13 @@ function actions(ctx, task) {
       if (answer) await run("cancel", () => api(taskPath(key, "/cancel"), { method: "POST", body: { reason: answer.reason } }), `Cancelled ${key}.`);
     }),
     button("Pause", "pause", "plain", async () => {
-      const answer = await ctx.confirm({ title: "Pause this task?", text: `${key} is not claimed again until resumed.`, confirmLabel: "Pause" });
-      if (answer) await run("pause", () => api(taskPath(key, "/pause"), { method: "POST" }), `Paused ${key}.`);
+      const answer = await ctx.confirm({
+        title: "Pause this task?",
+        text: `${key} is not claimed again until resumed.`,
+        confirmLabel: "Pause",
+        fields: [{ type: "checkbox", name: "stop_running", label: "also stop its running attempts (released, not counted against its retries)" }],
+      });
+      if (answer) await run("pause", () => api(taskPath(key, "/pause"), { method: "POST", query: { stop_running: answer.stop_running ? "true" : "" } }), `Paused ${key}.`);
     }),
     button("Resume", "resume", "plain", () => run("resume", () => api(taskPath(key, "/resume"), { method: "POST" }), `Resumed ${key}.`)),
     button("Restart", "restart", "plain", async () => {
@@ -50,6 +55,17 @@ function actions(ctx, task) {
       });
       if (answer) await run("restart", () => api(taskPath(key, "/restart"), { method: "POST", query: { force: answer.force ? "true" : "" } }), `Restarted ${key}.`);
     }),
+    ...["succeeded", "failed"].map((status) =>
+      button(`Mark ${status}`, `mark-${status}`, "plain", async () => {
+        const answer = await ctx.confirm({
+          title: `Set this task ${status} by hand?`,
+          text: `${key} becomes ${status} and is not claimed again until restarted; a child's parent follows.`,
+          confirmLabel: `Mark ${status}`,
+          fields: [{ type: "text", name: "reason", label: "Reason", value: "" }],
+        });
+        if (answer) await run(`mark-${status}`, () => api(taskPath(key, "/status"), { method: "POST", body: { status, reason: answer.reason } }), `Set ${key} ${status}.`);
+      }),
+    ),
     button("Remove", "remove", "danger", async () => {
       const answer = await ctx.confirm({
         title: "Remove this task?",
