@@ -535,7 +535,7 @@ async def test_stats_read_live_keys_and_only_the_finished_documents(backlog: Bac
     """F27: the metrics' counts (pending, running) are covered by ``stats_counts`` and seek past
     the finished tasks' keys; the window's part fetches only tasks finished in the window."""
     from mscheduler.drivers.base import StatsParams
-    from mscheduler.drivers.mongo_common import STATS_COUNTS_INDEX, STATS_FINISHED_INDEX
+    from mscheduler.drivers.mongo_common import FINISHED_INDEX, STATS_COUNTS_INDEX
 
     live = StatsParams(NOW, statuses=("pending", "running"))
     command = await backlog.command_of("aggregate", lambda d: d.task_stats(live))
@@ -547,9 +547,9 @@ async def test_stats_read_live_keys_and_only_the_finished_documents(backlog: Bac
 
     window = StatsParams(NOW, timedelta(hours=1))
     command = await backlog.command_of("aggregate", lambda d: d.task_stats(window))
-    assert command.get("hint") == STATS_FINISHED_INDEX
+    assert command.get("hint") == FINISHED_INDEX
     plan = await backlog.explain(command)
     finished = await backlog.driver.tasks.count_documents({"state.finish_time": {"$ne": None}})
     total = await backlog.count()
     assert finished < total // 10  # the backlog is mostly live tasks: a scan would show
-    assert_plan(plan, STATS_FINISHED_INDEX, max_keys=finished + 2, max_docs=finished, what="stats window")
+    assert_plan(plan, FINISHED_INDEX, max_keys=finished + 2, max_docs=finished, what="stats window")
