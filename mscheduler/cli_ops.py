@@ -172,21 +172,21 @@ def print_json(value: Any) -> None:
     out.print_json(json.dumps(value, default=str))
 
 
-def task_rows(tasks: list[TaskInfo]) -> Table:
+def task_rows(tasks: list[TaskInfo], *, finished: bool = False) -> Table:
+    """The task list's table; ``finished``: with the finish time (the order of a finished range)."""
     table = Table(title=f"tasks ({len(tasks)})")
-    for column in ("key", "name", "status", "attempts", "paused", "updated", "last error"):
+    columns = ["key", "name", "status", "attempts", "paused", "updated", "last error"]
+    if finished:
+        columns.insert(5, "finished")
+    for column in columns:
         table.add_column(column)
     for t in tasks:
         error = t.last_error
-        table.add_row(
-            t.key,
-            t.name,
-            t.status.value,
-            str(t.attempts),
-            "yes" if t.paused else "",
-            _when(t.update_time),
-            f"{error.type}: {error.message}" if error else "",
-        )
+        cells = [t.key, t.name, t.status.value, str(t.attempts), "yes" if t.paused else ""]
+        if finished:
+            cells.append(_when(t.finish_time))
+        cells += [_when(t.update_time), f"{error.type}: {error.message}" if error else ""]
+        table.add_row(*cells)
     return table
 
 
@@ -292,6 +292,17 @@ def tasks_ls(
     created_to: Annotated[
         str | None, typer.Option(metavar="TIME", help="Created before (ISO-8601 with offset).")
     ] = None,
+    finished_from: Annotated[
+        str | None,
+        typer.Option(metavar="TIME", help="Finished at or after (ISO-8601 with offset; by finish time)."),
+    ] = None,
+    finished_to: Annotated[
+        str | None,
+        typer.Option(metavar="TIME", help="Finished before (ISO-8601 with offset; by finish time)."),
+    ] = None,
+    group: Annotated[
+        str | None, typer.Option(metavar="GROUP", help="Only tasks aimed at this worker group.")
+    ] = None,
     cursor: Annotated[
         str | None, typer.Option(metavar="CURSOR", help="Go on from a previous page (same filters).")
     ] = None,
@@ -304,11 +315,14 @@ def tasks_ls(
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
-    """List tasks oldest first (with --key-prefix: in key order), filtered by status, name, key
-    prefix, worker and creation time. When more tasks follow, the next page's --cursor is
-    printed after the table (with --json: on stderr, stdout stays a JSON list)."""
+    """List tasks oldest first (with --key-prefix: in key order; with --finished-from / --to and
+    no prefix: by finish time, finished tasks only), filtered by status, name, key prefix,
+    worker, group, creation and finish time. When more tasks follow, the next page's --cursor
+    is printed after the table (with --json: on stderr, stdout stays a JSON list)."""
     conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     since, until = _instant(created_from, "--created-from"), _instant(created_to, "--created-to")
+    done_since = _instant(finished_from, "--finished-from")
+    done_until = _instant(finished_to, "--finished-to")
     page = run(
         conn,
         lambda ops: ops.page_tasks(
@@ -318,6 +332,9 @@ def tasks_ls(
             worker_id=worker,
             created_from=since,
             created_to=until,
+            finished_from=done_since,
+            finished_to=done_until,
+            group=group,
             cursor=cursor,
             limit=limit,
             skip=skip,
@@ -328,7 +345,7 @@ def tasks_ls(
         if page.next_cursor is not None:
             err.print(f"next_cursor: {page.next_cursor}")
     else:
-        out.print(task_rows(page.tasks))
+        out.print(task_rows(page.tasks, finished=done_since is not None or done_until is not None))
         if page.next_cursor is not None:
             out.print(Text(f"more: --cursor {page.next_cursor}"))
 

@@ -1,13 +1,15 @@
 """Task listings: the filters an operator may use and the opaque cursor of cursor paging.
 
 Every filter is a typed value from an allow-list (a status from ``TaskStatus``, a task name, a
-key prefix, a worker id, a time range); anything else — a dict, a list, a string carrying ``$``
-— is refused with ``InvalidInput`` before the store is asked. ``Operations.page_tasks`` is the
+key prefix, a worker id, a worker group, a creation or finish time range); anything else — a
+dict, a list, a string carrying ``$`` — is refused with ``InvalidInput`` before the store is
+asked. ``Operations.page_tasks`` is the
 one user; the CLI and the REST API pass their input through it unchanged.
 
-A cursor is the sort key of a page's last task, base64url-encoded JSON: the next page starts
-strictly after it, through the index, so page 1,000 costs what page 1 does (no skip). Keys
-created meanwhile after the cursor appear on later pages; none is returned twice.
+A cursor is the sort key of a page's last task, base64url-encoded JSON, and the order it was
+made in (``ListParams.order``: creation, finish time or key): the next page starts strictly
+after it, through the index, so page 1,000 costs what page 1 does (no skip). Keys created (or
+tasks finished) meanwhile after the cursor appear on later pages; none is returned twice.
 """
 
 from __future__ import annotations
@@ -16,18 +18,18 @@ import base64
 import binascii
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from mscheduler.drivers.base import ListParams
+from mscheduler.drivers.base import BY_CREATED, BY_FINISHED, BY_KEY, ListParams
 from mscheduler.exceptions import InvalidInput
-from mscheduler.model import KEY_MAX_LEN, TaskInfo, TaskStatus, validate_name
+from mscheduler.model import KEY_MAX_LEN, TaskInfo, TaskStatus, validate_group, validate_name
 
 LIST_LIMIT_MAX = 1000
 CURSOR_MAX_LEN = 4096
 CURSOR_VERSION = 1
-BY_CREATED, BY_KEY = "created", "key"  # the two listing orders
+ORDERS = (BY_CREATED, BY_KEY, BY_FINISHED)
 WORKER_ID_MAX_LEN = 512
 
 
@@ -47,6 +49,9 @@ def list_params(
     worker_id: object = None,
     created_from: object = None,
     created_to: object = None,
+    finished_from: object = None,
+    finished_to: object = None,
+    group: object = None,
     cursor: object = None,
     limit: object = 100,
     skip: object = 0,
@@ -65,23 +70,20 @@ def list_params(
             name = validate_name(name)
         except ValueError as exc:
             raise InvalidInput(f"name: {exc}") from None
+    if group is not None:
+        try:
+            group = validate_group(group)  # what TaskOption.specific_groups accepts
+        except ValueError as exc:
+            raise InvalidInput(f"group: {exc}") from None
     key_prefix = _plain_string(key_prefix, "key_prefix", KEY_MAX_LEN)
     worker_id = _plain_string(worker_id, "worker_id", WORKER_ID_MAX_LEN)
-    created_from = _instant(created_from, "created_from")
-    created_to = _instant(created_to, "created_to")
-    if created_from is not None and created_to is not None and created_to <= created_from:
-        raise InvalidInput("created_to: must be later than created_from (the range is [from, to))")
+    created_from, created_to = _range(created_from, created_to, "created")
+    finished_from, finished_to = _range(finished_from, finished_to, "finished")
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= LIST_LIMIT_MAX:
         raise InvalidInput(f"limit: must be an integer from 1 to {LIST_LIMIT_MAX}")
     if not isinstance(skip, int) or isinstance(skip, bool) or skip < 0:
         raise InvalidInput("skip: must be a non-negative integer")
-    order = BY_KEY if key_prefix is not None else BY_CREATED
-    after_time, after_key = None, None
-    if cursor is not None:
-        if skip:
-            raise InvalidInput("skip: cannot be combined with a cursor (the cursor says where to go on)")
-        after_time, after_key = decode_cursor(cursor, order)
-    return ListParams(
+    params = ListParams(
         status=status,
         name=name,
         limit=limit + 1,
@@ -90,9 +92,16 @@ def list_params(
         worker_id=worker_id,
         created_from=created_from,
         created_to=created_to,
-        after_time=after_time,
-        after_key=after_key,
+        finished_from=finished_from,
+        finished_to=finished_to,
+        group=group,
     )
+    if cursor is None:
+        return params
+    if skip:
+        raise InvalidInput("skip: cannot be combined with a cursor (the cursor says where to go on)")
+    after_time, after_key = decode_cursor(cursor, params.order)
+    return replace(params, after_time=after_time, after_key=after_key)
 
 
 def task_page(params: ListParams, docs: Sequence[dict[str, Any]]) -> TaskPage:
@@ -100,8 +109,7 @@ def task_page(params: ListParams, docs: Sequence[dict[str, Any]]) -> TaskPage:
     limit = params.limit - 1
     tasks = [TaskInfo.from_storage(doc) for doc in docs[:limit]]
     more = len(docs) > limit and tasks
-    order = BY_KEY if params.key_prefix is not None else BY_CREATED
-    return TaskPage(tasks, encode_cursor(order, tasks[-1]) if more else None)
+    return TaskPage(tasks, encode_cursor(params.order, tasks[-1]) if more else None)
 
 
 # -- the cursor -----------------------------------------------------------------------------------
@@ -110,8 +118,11 @@ def task_page(params: ListParams, docs: Sequence[dict[str, Any]]) -> TaskPage:
 def encode_cursor(order: str, last: TaskInfo) -> str:
     """The cursor after ``last`` in ``order``."""
     body: dict[str, Any] = {"v": CURSOR_VERSION, "o": order, "k": last.key}
-    if order == BY_CREATED:
-        body["t"] = last.create_time.astimezone(UTC).isoformat()
+    when = last.finish_time if order == BY_FINISHED else last.create_time
+    if order != BY_KEY:
+        if when is None:  # the finished range selected it: it has a finish time
+            raise ValueError(f"task {last.key!r} has no finish time: not from a finished listing")
+        body["t"] = when.astimezone(UTC).isoformat()
     raw = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
@@ -126,16 +137,13 @@ def decode_cursor(cursor: object, order: str) -> tuple[datetime | None, str]:
         body = json.loads(raw.decode())
     except (binascii.Error, ValueError):  # UnicodeDecodeError, JSONDecodeError: ValueErrors
         raise bad from None
-    if (
-        not isinstance(body, dict)
-        or body.get("v") != CURSOR_VERSION
-        or body.get("o") not in (BY_CREATED, BY_KEY)
-    ):
+    if not isinstance(body, dict) or body.get("v") != CURSOR_VERSION or body.get("o") not in ORDERS:
         raise bad
     if body["o"] != order:
         raise InvalidInput(
-            "cursor: made for a listing in another order (a key_prefix lists in key order, "
-            "other listings in creation order): keep the same filters from page to page"
+            "cursor: made for a listing in another order (a key_prefix lists in key order, a "
+            "finished range in finish-time order, other listings in creation order): keep the "
+            "same filters from page to page"
         )
     key = body.get("k")
     if not isinstance(key, str) or not key or len(key) > KEY_MAX_LEN:
@@ -175,6 +183,14 @@ def _plain_string(value: object, field: str, max_len: int) -> str | None:
     except UnicodeEncodeError:
         raise InvalidInput(f"{field}: not valid Unicode text (a lone surrogate)") from None
     return value
+
+
+def _range(start: object, end: object, what: str) -> tuple[datetime | None, datetime | None]:
+    """``{what}_from`` (inclusive) and ``{what}_to`` (exclusive), each checked, ``to`` after ``from``."""
+    lower, upper = _instant(start, f"{what}_from"), _instant(end, f"{what}_to")
+    if lower is not None and upper is not None and upper <= lower:
+        raise InvalidInput(f"{what}_to: must be later than {what}_from (the range is [from, to))")
+    return lower, upper
 
 
 def _instant(value: object, field: str) -> datetime | None:

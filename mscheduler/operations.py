@@ -245,12 +245,17 @@ class Operations:
         worker_id: str | None = None,
         created_from: datetime | None = None,
         created_to: datetime | None = None,
+        finished_from: datetime | None = None,
+        finished_to: datetime | None = None,
+        group: str | None = None,
         cursor: str | None = None,
         limit: int = 100,
         skip: int = 0,
     ) -> TaskPage:
-        """One page of tasks oldest first (with ``key_prefix``: in key order), filtered by status,
-        name, key prefix, worker (an entry of that worker) and creation time ``[from, to)``; each
+        """One page of tasks oldest first (with ``key_prefix``: in key order; with a finished range
+        and no prefix: by finish time), filtered by status, name, key prefix, worker (an entry
+        of that worker), group (tasks aimed at that worker group), creation time ``[from, to)``
+        and finish time ``[from, to)`` (finished tasks only: a restart takes a task out); each
         combination is one bounded index range (docs/design.md). Pass ``next_cursor`` back as
         ``cursor`` with the same filters for the next page; ``skip`` still works but reads every
         skipped task (deprecated). Every value is checked (``InvalidInput``, nothing queried)."""
@@ -261,6 +266,9 @@ class Operations:
             worker_id=worker_id,
             created_from=created_from,
             created_to=created_to,
+            finished_from=finished_from,
+            finished_to=finished_to,
+            group=group,
             cursor=cursor,
             limit=limit,
             skip=skip,
@@ -276,6 +284,9 @@ class Operations:
         worker_id: str | None = None,
         created_from: datetime | None = None,
         created_to: datetime | None = None,
+        finished_from: datetime | None = None,
+        finished_to: datetime | None = None,
+        group: str | None = None,
         cursor: str | None = None,
         limit: int = 100,
         skip: int = 0,
@@ -288,6 +299,9 @@ class Operations:
             worker_id=worker_id,
             created_from=created_from,
             created_to=created_to,
+            finished_from=finished_from,
+            finished_to=finished_to,
+            group=group,
             cursor=cursor,
             limit=limit,
             skip=skip,

@@ -13,7 +13,6 @@ benchmarks compare it with MongoDB's ``docsExamined``). Every operation runs wit
 from __future__ import annotations
 
 import asyncio
-import bisect
 import copy
 import heapq
 import itertools
@@ -31,7 +30,6 @@ from mscheduler.drivers.base import (
     ExpireParams,
     FinishParams,
     InsertParams,
-    ListParams,
     PingParams,
     PingResult,
     UpdateOptionParams,
@@ -64,6 +62,7 @@ from mscheduler.drivers.events_common import (
 from mscheduler.drivers.memory_children import MemoryChildren
 from mscheduler.drivers.memory_events import MemoryEvents
 from mscheduler.drivers.memory_limits import MemoryLimits
+from mscheduler.drivers.memory_listing import MemoryListing
 from mscheduler.drivers.memory_maintenance import MemoryMaintenance
 from mscheduler.drivers.memory_plans import MemoryPlans
 from mscheduler.drivers.memory_stats import MemoryStats
@@ -77,7 +76,9 @@ def _copy(value: Any) -> Any:
     return value if isinstance(value, _SCALARS) else copy.deepcopy(value)
 
 
-class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents, MemoryStats, MemoryLimits):
+class MemoryDriver(
+    MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents, MemoryStats, MemoryLimits, MemoryListing
+):
     """Tasks and workers in dictionaries and heaps; the same rules as ``MongoDriver``.
 
     :param events: keep an event log (``mscheduler.events``): the newest ``max_events``.
@@ -88,10 +89,6 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
     ) -> None:
         self.clock: Clock = clock or SystemClock()
         self._tasks: dict[str, dict[str, Any]] = {}
-        # the listing's "indexes" (what list_created and key are on MongoDB): sorted, so a page
-        # starts where its cursor points instead of sorting every task
-        self._by_created: list[tuple[datetime, str]] = []
-        self._by_key: list[str] = []
         self._version: dict[str, int] = {}
         self._seq = itertools.count()
         self._future: dict[str, list[tuple[datetime, int, str, int]]] = {}
@@ -106,6 +103,7 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
         self._init_children()
         self._init_maintenance()
         self._init_limits()
+        self._init_listing()
 
     # -- indexing -----------------------------------------------------------------------------
 
@@ -130,7 +128,9 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
             )
         )
         state["update_time"] = now
+        previous_finish = state.get("finish_time")
         self._note_lifecycle(doc, now)
+        self._relist(doc, previous_finish)
         key = doc["key"]
         version = self._version.get(key, 0) + 1
         self._version[key] = version
@@ -193,8 +193,7 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
             elif doc is None:
                 doc = new_task_document(task, params.now)
                 self._tasks[task.key] = doc
-                bisect.insort(self._by_created, (doc["state"]["create_time"], task.key))
-                bisect.insort(self._by_key, task.key)
+                self._list_new(doc)
                 if task.children is not None:
                     self._parents.add(task.key)
                 self._write(doc, params.now)
@@ -455,65 +454,6 @@ class MemoryDriver(MemoryMaintenance, MemoryPlans, MemoryChildren, MemoryEvents,
     async def get_task(self, key: str) -> dict[str, Any] | None:
         doc = self._tasks.get(key)
         return copy.deepcopy(doc) if doc is not None else None
-
-    async def list_tasks(self, params: ListParams) -> list[dict[str, Any]]:
-        by_key = params.key_prefix is not None  # key order; otherwise (create_time, key)
-
-        def sort_key(doc: dict[str, Any]) -> tuple[Any, ...]:
-            return (doc["key"],) if by_key else (doc["state"]["create_time"], doc["key"])
-
-        after: tuple[Any, ...] | None = None
-        if params.after_key is not None:
-            after = (params.after_key,) if by_key else (params.after_time, params.after_key)
-
-        def wanted(doc: dict[str, Any]) -> bool:
-            state = doc["state"]
-            created = state["create_time"]
-            return (
-                (params.status is None or state["status"] == params.status)
-                and (params.name is None or doc["name"] == params.name)
-                and (params.key_prefix is None or doc["key"].startswith(params.key_prefix))
-                and (
-                    params.worker_id is None
-                    or any(e["worker_id"] == params.worker_id for e in state["worker_states"])
-                )
-                and (params.created_from is None or created >= params.created_from)
-                and (params.created_to is None or created < params.created_to)
-                and (after is None or sort_key(doc) > after)
-            )
-
-        # walk the sorted index from the first possible position (the cursor, the key prefix, the
-        # creation time), stop at the end of the range or once the page is full
-        wanted_count = params.skip + params.limit
-        found: list[dict[str, Any]] = []
-        if by_key:
-            prefix = params.key_prefix or ""
-            start = bisect.bisect_left(self._by_key, prefix)
-            if params.after_key is not None:
-                start = max(start, bisect.bisect_right(self._by_key, params.after_key))
-            for key in itertools.islice(self._by_key, start, None):
-                if not key.startswith(prefix):
-                    break  # past the prefix's range
-                doc = self._tasks[key]
-                if wanted(doc):
-                    found.append(doc)
-                    if len(found) == wanted_count:
-                        break
-        else:
-            start = 0
-            if params.created_from is not None:
-                start = bisect.bisect_left(self._by_created, (params.created_from,))
-            if after is not None:
-                start = max(start, bisect.bisect_right(self._by_created, after))
-            for created, key in itertools.islice(self._by_created, start, None):
-                if params.created_to is not None and created >= params.created_to:
-                    break
-                doc = self._tasks[key]
-                if wanted(doc):
-                    found.append(doc)
-                    if len(found) == wanted_count:
-                        break
-        return [copy.deepcopy(d) for d in found[params.skip :]]
 
     async def count_by_status(self) -> dict[str, int]:
         return dict(Counter(doc["state"]["status"] for doc in self._tasks.values()))

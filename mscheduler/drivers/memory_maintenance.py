@@ -5,13 +5,12 @@ heap per status ordered by finish time (no scan of the store)."""
 
 from __future__ import annotations
 
-import bisect
 import copy
 import heapq
 import itertools
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mscheduler.drivers.base import PurgeParams, RetentionParams, UniqueParamsTaken
 from mscheduler.state import LIVE, lifecycle
@@ -21,10 +20,12 @@ class MemoryMaintenance:
     """Finish times, live params hashes and the retention pass (uses ``_tasks``, ``_version``)."""
 
     _tasks: dict[str, dict[str, Any]]
-    _by_created: list[tuple[datetime, str]]
-    _by_key: list[str]
     _version: dict[str, int]
     _seq: itertools.count[int]
+
+    if TYPE_CHECKING:
+
+        def _unlist(self, doc: dict[str, Any]) -> None: ...
 
     def _init_maintenance(self) -> None:
         self._live_hashes: dict[str, str] = {}  # unique_hash -> key of the live task holding it
@@ -70,14 +71,8 @@ class MemoryMaintenance:
             raise UniqueParamsTaken(doc["key"], holder)
 
     def _forget(self, doc: dict[str, Any]) -> None:
-        """A task was deleted: its params hash is free again, and it leaves the listing."""
-        entry = (doc["state"]["create_time"], doc["key"])
-        i = bisect.bisect_left(self._by_created, entry)
-        if i < len(self._by_created) and self._by_created[i] == entry:
-            del self._by_created[i]
-        i = bisect.bisect_left(self._by_key, doc["key"])
-        if i < len(self._by_key) and self._by_key[i] == doc["key"]:
-            del self._by_key[i]
+        """A task was deleted: its params hash is free again, and it leaves the listings."""
+        self._unlist(doc)
         live = doc["state"].get("unique_live")
         if live is not None and self._live_hashes.get(live) == doc["key"]:
             del self._live_hashes[live]

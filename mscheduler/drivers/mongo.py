@@ -256,11 +256,13 @@ class MongoDriver(
         raise AssertionError("unreachable")
 
     async def setup(self) -> None:
-        """Create the indexes (idempotent) and probe what the server can do."""
+        """Create the indexes (idempotent), drop the retired ones of earlier builds
+        (``RETIRED_INDEXES``) and probe what the server can do."""
 
         async def create() -> None:
             for keys, options in INDEXES:
                 await self._create_task_index(keys, options)
+            await self._drop_retired_indexes()  # after their replacements exist
 
         await self._call("create indexes", create)
         await self._call("create plan indexes", self._create_plan_indexes)

@@ -74,11 +74,18 @@ STATUS_INDEX = "list_status"
 NAME_INDEX = "list_name"
 CREATED_INDEX = "list_created"
 WORKER_INDEX = "list_worker"
+GROUP_INDEX = "list_group"
 DEADLINE_INDEX = "deadline"
 UNIQUE_LIVE_INDEX = "unique_live"
 PARENTS_INDEX = "parents"
 STATS_COUNTS_INDEX = "stats_counts"
-STATS_FINISHED_INDEX = "finished"
+FINISHED_INDEX = "finished_key"
+# Index names of earlier builds that ``setup`` drops: ``finished`` was (state.status,
+# state.finish_time, name); ``finished_key`` replaced it (the finished listing's order needs key).
+RETIRED_INDEXES = ("finished",)
+# The group listing's partial index holds the aimed tasks only; a query must state the same
+# clause for the planner to use (or be hinted to) it.
+AIMED_AT_GROUPS = {"option.specific_groups.0": {"$exists": True}}
 INDEXES: list[tuple[Any, dict[str, Any]]] = [
     ("key", {"unique": True, "name": KEY_INDEX}),
     # claim: equality on who may claim (this worker's or anyone's token, per name), then the
@@ -106,6 +113,12 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
     # list by worker: multikey on the entries' worker ids, then the listing order (a task with
     # several entries of one worker is returned once: the scan de-duplicates)
     ([(f"{WS}.worker_id", 1), ("state.create_time", 1), ("key", 1)], {"name": WORKER_INDEX}),
+    # list by group: multikey on the groups a task is aimed at, then the listing order; partial,
+    # so the (many) tasks aimed at no group cost nothing here
+    (
+        [("option.specific_groups", 1), ("state.create_time", 1), ("key", 1)],
+        {"name": GROUP_INDEX, "partialFilterExpression": AIMED_AT_GROUPS},
+    ),
     # the deadline pass: tasks whose deadline is past (null deadlines sort below every date)
     ([("option.deadline", 1), ("state.status", 1)], {"name": DEADLINE_INDEX}),
     # unique_by="params": one live task per params hash (unique_live is null once finished, and
@@ -124,10 +137,13 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
         {"name": PARENTS_INDEX, "partialFilterExpression": {"children": {"$exists": True}}},
     ),
     # statistics (drivers/mongo_stats.py): counts by name and status with the due pending tasks'
-    # claim_at (covered); the tasks finished in a time window (only those are fetched: one range
-    # per finished status), and the retention pass's oldest finished tasks of one status
+    # claim_at (covered)
     ([("name", 1), ("state.status", 1), ("state.claim_at", 1)], {"name": STATS_COUNTS_INDEX}),
-    ([("state.status", 1), ("state.finish_time", 1), ("name", 1)], {"name": STATS_FINISHED_INDEX}),
+    # finished tasks by finish time: the finished listing (finish_time, key order: one range per
+    # terminal status, merged), the stats' tasks finished in a time window (only those are
+    # fetched: one range per finished status) and the retention pass's oldest finished tasks of
+    # one status. Both of the latter fetch the documents (they filter on name / parent there).
+    ([("state.status", 1), ("state.finish_time", 1), ("key", 1)], {"name": FINISHED_INDEX}),
 ]
 INDEX_NAMES = tuple(options["name"] for _, options in INDEXES)
 

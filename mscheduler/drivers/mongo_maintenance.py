@@ -33,8 +33,9 @@ from mscheduler.drivers.base import (
     trim_entries,
 )
 from mscheduler.drivers.mongo_common import (
+    FINISHED_INDEX,
     KEY_INDEX,
-    STATS_FINISHED_INDEX,
+    RETIRED_INDEXES,
     WS,
     T,
     _derive_stages,
@@ -50,6 +51,7 @@ RETENTION_INDEX_PREFIX = "retention_"
 # createIndex refusals that mean "this server cannot hold these indexes" (an old server that
 # allows one index per key pattern: IndexOptionsConflict, IndexKeySpecsConflict; CannotCreateIndex)
 TTL_UNSUPPORTED_CODES = frozenset({85, 86, 67})
+INDEX_NOT_FOUND = 27  # dropIndexes of a name that is not there
 
 
 def retention_index(status: str) -> str:
@@ -94,6 +96,26 @@ class MongoMaintenance:
             cursor = await _resolve(self.tasks.list_indexes())
             if options["name"] not in [ix["name"] async for ix in cursor]:
                 raise
+
+    async def _drop_retired_indexes(self) -> list[str]:
+        """Drop the indexes of ``RETIRED_INDEXES`` a store made by an earlier build still has
+        (called after the indexes replacing them exist, so no query is left without one);
+        returns the names dropped. Another node that already dropped one is no error."""
+        cursor = await _resolve(self.tasks.list_indexes())
+        present = {ix["name"] async for ix in cursor}
+        dropped = []
+        for name in RETIRED_INDEXES:
+            if name not in present:
+                continue
+            try:
+                await self.tasks.drop_index(name)
+            except OperationFailure as exc:
+                if exc.code != INDEX_NOT_FOUND:
+                    raise
+            else:
+                log.info("dropped the retired index %r of %s", name, self.tasks.name)
+                dropped.append(name)
+        return dropped
 
     # -- the entry cap --------------------------------------------------------------------------
 
@@ -255,7 +277,7 @@ class MongoMaintenance:
                 self.tasks.find(filter_, {"_id": 0, "key": 1, "children.keys": 1})
                 .sort("state.finish_time", 1)
                 .limit(params.limit)
-                .hint(STATS_FINISHED_INDEX)  # (status, finish_time, name): the range, in order
+                .hint(FINISHED_INDEX)  # (status, finish_time, key): the range, in order
             )
             return [doc async for doc in cursor]
 

@@ -5,12 +5,16 @@ restart). The claim path lives in ``mongo.py``."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
 from mscheduler.drivers.base import (
+    BY_CREATED,
+    BY_FINISHED,
+    BY_KEY,
     ControlParams,
     ListParams,
     UniqueParamsTaken,
@@ -18,8 +22,11 @@ from mscheduler.drivers.base import (
     paused_error,
 )
 from mscheduler.drivers.mongo_common import (
+    AIMED_AT_GROUPS,
     ALL_STATUSES,
     CREATED_INDEX,
+    FINISHED_INDEX,
+    GROUP_INDEX,
     KEY_INDEX,
     NAME_INDEX,
     STATUS_INDEX,
@@ -36,19 +43,28 @@ from mscheduler.drivers.mongo_common import (
     stop_expression,
 )
 from mscheduler.exceptions import InvalidInput
+from mscheduler.state import TERMINAL
 
 
 def list_query(params: ListParams) -> tuple[dict[str, Any], list[tuple[str, int]], str]:
     """The filter, sort and index of a task listing (docs/design.md, "Listing tasks").
 
-    One index serves each listing as a bounded range in its order: ``key_prefix`` is a range of
-    the ``key`` index (key order); otherwise the order is (create_time, key) and the index is
-    the worker index (``worker_id``), the name index (``name``, with every status listed when no
-    status is given, so the per-status ranges merge in order), the status index, or the created
-    index. The created range and the cursor bound ``state.create_time`` inside that index;
-    filters the chosen index does not hold are checked on the documents it yields."""
+    One index serves each listing as a bounded range in its order (``params.order``):
+
+    * key order (``key_prefix``): a range of the ``key`` index;
+    * finish-time order (a finished range): the ``finished_key`` index (status, finish_time,
+      key), with the status or every terminal status listed, so the per-status ranges merge in
+      (finish_time, key) order;
+    * creation order: the worker index (``worker_id``), the group index (``group``, partial:
+      the query states its clause), the name index (``name``, with every status listed when no
+      status is given), the status index, or the created index.
+
+    The order's time range and the cursor bound its time field inside that index; filters the
+    chosen index does not hold are checked on the documents it yields."""
     filter_: dict[str, Any] = {}
-    if params.key_prefix is not None:
+    order_by = params.order
+    if order_by == BY_KEY:
+        assert params.key_prefix is not None
         key_range: dict[str, Any] = {"$gte": params.key_prefix}
         end = prefix_end(params.key_prefix)
         if end is not None:
@@ -57,39 +73,61 @@ def list_query(params: ListParams) -> tuple[dict[str, Any], list[tuple[str, int]
             key_range["$gt"] = params.after_key
         filter_["key"] = key_range
         order, index = [("key", 1)], KEY_INDEX
+    elif order_by == BY_FINISHED:
+        order, index = [("state.finish_time", 1), ("key", 1)], FINISHED_INDEX
     else:
         order = [("state.create_time", 1), ("key", 1)]
         index = CREATED_INDEX
         if params.worker_id is not None:
             index = WORKER_INDEX
+        elif params.group is not None:
+            index = GROUP_INDEX
         elif params.name is not None:
             index = NAME_INDEX
         elif params.status is not None:
             index = STATUS_INDEX
     if params.worker_id is not None:
         filter_[f"{WS}.worker_id"] = params.worker_id
+    if params.group is not None:
+        filter_["option.specific_groups"] = params.group
+        filter_.update(AIMED_AT_GROUPS)  # implied by the equality; stated for the partial index
     if params.name is not None:
         filter_["name"] = params.name
     if params.status is not None:
         filter_["state.status"] = params.status
     elif index == NAME_INDEX:
         filter_["state.status"] = {"$in": ALL_STATUSES}
-    created: dict[str, Any] = {}
-    lower = params.created_from
-    if params.key_prefix is None and params.after_time is not None:
-        lower = params.after_time if lower is None else max(lower, params.after_time)
-        # the cursor: later, or as late and after the key (only ties are filtered here)
-        filter_["$or"] = [
-            {"state.create_time": {"$gt": params.after_time}},
-            {"key": {"$gt": params.after_key}},
-        ]
-    if lower is not None:
-        created["$gte"] = lower
-    if params.created_to is not None:
-        created["$lt"] = params.created_to
+    elif index == FINISHED_INDEX:
+        filter_["state.status"] = {"$in": list(TERMINAL)}  # only these have a finish time
+    created = _time_range(params.created_from, params.created_to, params, order_by == BY_CREATED)
     if created:
         filter_["state.create_time"] = created
+    finished = _time_range(params.finished_from, params.finished_to, params, order_by == BY_FINISHED)
+    if finished:
+        filter_["state.finish_time"] = finished
+    if order_by != BY_KEY and params.after_time is not None:
+        # the cursor: later, or as late and after the key (only ties are filtered here)
+        filter_["$or"] = [
+            {order[0][0]: {"$gt": params.after_time}},
+            {"key": {"$gt": params.after_key}},
+        ]
     return _out(filter_), order, index
+
+
+def _time_range(
+    start: datetime | None, end: datetime | None, params: ListParams, ordered: bool
+) -> dict[str, Any]:
+    """``{$gte, $lt}`` of a ``[start, end)`` range; in the listing's own order, the cursor's
+    time raises the lower bound (the index range starts at the cursor)."""
+    lower = start
+    if ordered and params.after_time is not None:
+        lower = params.after_time if lower is None else max(lower, params.after_time)
+    bounds: dict[str, Any] = {}
+    if lower is not None:
+        bounds["$gte"] = lower
+    if end is not None:
+        bounds["$lt"] = end
+    return bounds
 
 
 def prefix_end(prefix: str) -> str | None:

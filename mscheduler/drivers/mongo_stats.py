@@ -8,9 +8,11 @@ that neither grows with the finished tasks outside the window:
   earliest due time of due pending tasks per name. Covered: only index keys are read, no
   document. Asked for some statuses (the metrics' gauges ask for pending and running), the scan
   seeks from status range to status range: it reads the keys of those tasks only.
-* ``finished`` (``state.status, state.finish_time, name``): the tasks finished since ``min(now - window,
-  start of the throughput hour)``, the only documents fetched; one ``$facet`` computes the
-  window's counts, the duration percentiles and the per-minute throughput from them.
+* ``finished_key`` (``state.status, state.finish_time, key``; it also serves the finished
+  listing): the tasks finished since ``min(now - window, start of the throughput hour)``, the
+  only documents fetched (a ``names`` filter is checked on them: the index does not hold the
+  name); one ``$facet`` computes the window's counts, the duration percentiles and the
+  per-minute throughput from them.
 
 Percentiles: MongoDB 7's ``$percentile`` is approximate and mongomock lacks it, so durations are
 sorted per name and the nearest ranks picked with ``$arrayElemAt``: exact, the same on every
@@ -25,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 from mscheduler.drivers.base import StatsParams
 from mscheduler.drivers.mongo_common import (
     ALL_STATUSES,
+    FINISHED_INDEX,
     STATS_COUNTS_INDEX,
-    STATS_FINISHED_INDEX,
     WS,
     T,
     _in,
@@ -194,7 +196,7 @@ class MongoStats:
         if params.window is not None:
             if on_step is not None:
                 on_step(WINDOW_STEP)
-            rows = await self._aggregate("finished tasks", finished_pipeline(params), STATS_FINISHED_INDEX)
+            rows = await self._aggregate("finished tasks", finished_pipeline(params), FINISHED_INDEX)
             facets = rows[0] if rows else {}
             for row in facets.get("window", []):
                 raw.finished[row["_id"]] = [row["finished"], row["succeeded"], row["first"], row["second"]]

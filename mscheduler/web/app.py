@@ -263,10 +263,18 @@ async def list_tasks(
     worker_id: Annotated[str | None, Query(description="tasks with an attempt of this worker")] = None,
     created_from: Annotated[IsoTime | None, Query(description="created at or after (with offset)")] = None,
     created_to: Annotated[IsoTime | None, Query(description="created before (with offset)")] = None,
+    finished_from: Annotated[
+        IsoTime | None, Query(description="finished at or after (with offset): listed by finish time")
+    ] = None,
+    finished_to: Annotated[
+        IsoTime | None, Query(description="finished before (with offset): listed by finish time")
+    ] = None,
+    group: Annotated[str | None, Query(description="tasks aimed at this worker group")] = None,
     cursor: Annotated[str | None, Query(max_length=CURSOR_MAX_LEN, description="next_cursor")] = None,
     limit: Annotated[int, Query(ge=1, le=LIST_LIMIT_MAX)] = 100,
 ) -> TaskPageOut:
-    """Tasks oldest first (with ``key_prefix``: in key order), one page; ``next_cursor`` goes on."""
+    """Tasks oldest first (with ``key_prefix``: in key order; with a finished range and no
+    prefix: by finish time, finished tasks only), one page; ``next_cursor`` goes on."""
     page = await operations.page_tasks(
         status=status.value if status is not None else None,
         name=name,
@@ -274,6 +282,9 @@ async def list_tasks(
         worker_id=worker_id,
         created_from=created_from,
         created_to=created_to,
+        finished_from=finished_from,
+        finished_to=finished_to,
+        group=group,
         cursor=cursor,
         limit=limit,
     )

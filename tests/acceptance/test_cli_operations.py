@@ -12,7 +12,17 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from mscheduler import Consumer, Fail, MemoryDriver, Operations, Publisher, Task, TaskStatus, cli_ops
+from mscheduler import (
+    Consumer,
+    Fail,
+    MemoryDriver,
+    Operations,
+    Publisher,
+    Task,
+    TaskOption,
+    TaskStatus,
+    cli_ops,
+)
 from mscheduler.cli import app
 from mscheduler.drivers.base import WorkerInfo
 from mscheduler.plans import Plan
@@ -76,6 +86,31 @@ def test_tasks_ls_table_filters_and_json(store: MemoryDriver) -> None:
     assert [r["key"] for r in rows] == ["boom-1"] and rows[0]["status"] == "failed"
     code, out, _ = cli("tasks", "ls", "--name", "job.a", "--limit", "2", "--skip", "1", "--json")
     assert code == 0 and [r["key"] for r in json.loads(out)] == ["a-2", "a-3"]
+
+
+def test_tasks_ls_by_finish_time_and_group(store: MemoryDriver) -> None:
+    started = asyncio.run(Operations(store).get_task("a-1")).create_time.isoformat()
+    asyncio.run(
+        Publisher(store).send(Task("gpu-1", "job.a", {}, option=TaskOption(specific_groups=("gpu",))))
+    )
+    assert cli("tasks", "cancel", "a-2")[0] == 0  # finished after boom-1
+    code, out, err = cli("tasks", "ls", "--finished-from", started, "--json")
+    assert code == 0, err
+    assert [r["key"] for r in json.loads(out)] == ["boom-1", "a-2"]
+    code, out, err = cli("tasks", "ls", "--finished-from", started)
+    assert code == 0 and "finished" in out.splitlines()[2] and "a-2" in out and "a-1" not in out, out
+    code, out, err = cli("tasks", "ls", "--finished-from", started, "--limit", "1", "--json")
+    assert [r["key"] for r in json.loads(out)] == ["boom-1"] and err.startswith("next_cursor: ")
+    cursor = err.split()[1]
+    code, out, _ = cli("tasks", "ls", "--finished-from", started, "--cursor", cursor, "--json")
+    assert code == 0 and [r["key"] for r in json.loads(out)] == ["a-2"]
+    boom_done = json.loads(cli("tasks", "show", "boom-1", "--json")[1])["finish_time"]
+    code, out, _ = cli("tasks", "ls", "--finished-to", boom_done, "--json")
+    assert code == 0 and json.loads(out) == []
+    code, out, _ = cli("tasks", "ls", "--group", "gpu", "--json")
+    assert code == 0 and [r["key"] for r in json.loads(out)] == ["gpu-1"]
+    code, out, _ = cli("tasks", "ls", "--group", "gpu", "--finished-from", started, "--json")
+    assert code == 0 and json.loads(out) == []
 
 
 def test_tasks_show_prints_the_attempt_timeline(store: MemoryDriver) -> None:
@@ -163,6 +198,25 @@ def test_pause_can_stop_the_running_attempt(store: MemoryDriver) -> None:
         (["tasks", "ls", "--status", "lost"], 2, "error: status: unknown status 'lost'"),
         (["tasks", "ls", "--limit", "0"], 2, "error: limit: must be an integer from 1 to 1000"),
         (["tasks", "ls", "--name", "bad name!"], 2, "error: name: invalid task name"),
+        (["tasks", "ls", "--group", "gpu eu"], 2, "error: group: invalid group 'gpu eu'"),
+        (["tasks", "ls", "--finished-from", "yesterday"], 2, "error: --finished-from: an ISO-8601 time"),
+        (
+            ["tasks", "ls", "--finished-to", "2030-01-01T00:00:00"],
+            2,
+            "error: --finished-to: an ISO-8601 time",
+        ),
+        (
+            [
+                "tasks",
+                "ls",
+                "--finished-from",
+                "2030-01-02T00:00:00Z",
+                "--finished-to",
+                "2030-01-01T00:00:00Z",
+            ],
+            2,
+            "error: finished_to: must be later than finished_from",
+        ),
         (["plans", "show", "nope"], 1, "error: no plan with id 'nope'"),
         (["plans", "suspend", "$where"], 2, "error: plan_id: plan_id must not contain NUL"),
         (["plans", "skip", "--", "nightly", "-1"], 2, "error: n: must be an integer from 0"),
@@ -200,6 +254,9 @@ def test_refusals_are_one_line_with_their_exit_code(
     [
         ["tasks", "ls", "--status", '{"$gt": ""}'],
         ["tasks", "ls", "--name", '{"$gt": ""}'],
+        ["tasks", "ls", "--group", '{"$gt": ""}'],
+        ["tasks", "ls", "--group", "$where"],
+        ["tasks", "ls", "--finished-from", '{"$gt": ""}'],
         ["tasks", "cancel", '{"$gt": ""}'],
         ["tasks", "set-status", '{"$gt": ""}', "succeeded"],
         ["tasks", "set-status", "a-1", '{"$gt": ""}'],

@@ -147,6 +147,19 @@ def test_filter_the_task_list_and_page_on(page: Any, dashboard: DashboardServer)
     assert "created_from=2001-01-0" in page.url  # local time, sent in UTC
     page.get_by_text("No task matches these filters.").wait_for()
 
+    # a finished range: finished tasks only, by finish time, with their finish times shown
+    open_hash(page, "#/tasks", "#task-filters")
+    page.locator("#f-finished_from").fill("2001-01-01T00:00")
+    apply_filters(page)
+    assert "finished_from=2001-01-0" in page.url
+    page.get_by_text("by finish time").wait_for()
+    listed = page.locator("#tasks tbody a.task-link").all_inner_texts()
+    assert FAILED_KEY in listed and "resize-late" in listed and "invoice-1001" not in listed
+    finished = page.locator("#tasks tbody td:nth-child(8) time").evaluate_all(
+        "els => els.map((e) => e.getAttribute('datetime'))"
+    )
+    assert len(finished) == len(listed) and finished == sorted(finished)
+
 
 def test_open_a_task_from_the_list(page: Any, dashboard: DashboardServer) -> None:
     login(page, dashboard, ADMIN_TOKEN)

@@ -46,8 +46,8 @@ from mscheduler.drivers.mongo import (
     STATUS_INDEX,
     WAKEUP_INDEX,
 )
-from mscheduler.drivers.mongo_common import WORKER_INDEX
-from mscheduler.state import claimer_tokens
+from mscheduler.drivers.mongo_common import FINISHED_INDEX, GROUP_INDEX, WORKER_INDEX
+from mscheduler.state import TERMINAL, claimer_tokens
 from tests.conftest import REAL_URI
 
 pytestmark = [
@@ -66,6 +66,7 @@ ABSENT = "w-absent"  # never runs: 10,000 tasks wait for it
 FINISHER = "w-finisher"  # ran the finished tasks
 DEAD = "w-dead"  # claimed tasks with short leases and died
 TARGETED_AT_ABSENT = 10_000
+GROUP = "g-nobody"  # no worker of these tests is in it: 150 tasks wait for its members
 SCRATCH_PREFIX = "explain_scratch_"
 
 # Arguments every command may carry that are not part of what is explained (and that explain
@@ -312,6 +313,10 @@ async def build_backlog(driver: MongoDriver) -> tuple[dict[str, str], int]:
             for i in range(TARGETED_AT_ABSENT)
         ]
     )
+    # due, aimed at a group none of these workers is in (the group listing's partial index)
+    await publisher.send_many(
+        [Task(f"grp-{i:04}", "beta", option=TaskOption(specific_groups=(GROUP,))) for i in range(150)]
+    )
     # due, aimed at WORKER
     await publisher.send_many(
         [Task(f"mine-{i:04}", "beta", option=TaskOption(specific_worker_ids=(WORKER,))) for i in range(20)]
@@ -461,6 +466,12 @@ LISTINGS = [
     pytest.param(ListParams(key_prefix="due-alpha-"), KEY_INDEX, 1, id="key-prefix"),
     pytest.param(ListParams(worker_id=WORKER, limit=20), WORKER_INDEX, 1, id="worker"),
     pytest.param(ListParams(created_from=T0), CREATED_INDEX, 1, id="created-range"),
+    # a finished range: (finish_time, key) order on finished_key, one range per terminal status
+    # (merged) or one for a status; a group: an equality on the partial group index
+    pytest.param(ListParams(finished_from=T0), FINISHED_INDEX, len(TERMINAL), id="finished-range"),
+    pytest.param(ListParams(finished_to=NOW, status="failed"), FINISHED_INDEX, 1, id="finished-range-status"),
+    pytest.param(ListParams(group=GROUP), GROUP_INDEX, 1, id="group"),
+    pytest.param(ListParams(group=GROUP, status="pending", limit=50), GROUP_INDEX, 1, id="group-status"),
 ]
 
 
@@ -535,7 +546,7 @@ async def test_stats_read_live_keys_and_only_the_finished_documents(backlog: Bac
     """F27: the metrics' counts (pending, running) are covered by ``stats_counts`` and seek past
     the finished tasks' keys; the window's part fetches only tasks finished in the window."""
     from mscheduler.drivers.base import StatsParams
-    from mscheduler.drivers.mongo_common import STATS_COUNTS_INDEX, STATS_FINISHED_INDEX
+    from mscheduler.drivers.mongo_common import FINISHED_INDEX, STATS_COUNTS_INDEX
 
     live = StatsParams(NOW, statuses=("pending", "running"))
     command = await backlog.command_of("aggregate", lambda d: d.task_stats(live))
@@ -547,9 +558,9 @@ async def test_stats_read_live_keys_and_only_the_finished_documents(backlog: Bac
 
     window = StatsParams(NOW, timedelta(hours=1))
     command = await backlog.command_of("aggregate", lambda d: d.task_stats(window))
-    assert command.get("hint") == STATS_FINISHED_INDEX
+    assert command.get("hint") == FINISHED_INDEX
     plan = await backlog.explain(command)
     finished = await backlog.driver.tasks.count_documents({"state.finish_time": {"$ne": None}})
     total = await backlog.count()
     assert finished < total // 10  # the backlog is mostly live tasks: a scan would show
-    assert_plan(plan, STATS_FINISHED_INDEX, max_keys=finished + 2, max_docs=finished, what="stats window")
+    assert_plan(plan, FINISHED_INDEX, max_keys=finished + 2, max_docs=finished, what="stats window")

@@ -10,11 +10,21 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from mscheduler.drivers.base import ListParams
-from mscheduler.drivers.mongo_common import CREATED_INDEX, KEY_INDEX, NAME_INDEX, STATUS_INDEX, WORKER_INDEX
+from mscheduler.drivers.mongo_common import (
+    AIMED_AT_GROUPS,
+    CREATED_INDEX,
+    FINISHED_INDEX,
+    GROUP_INDEX,
+    KEY_INDEX,
+    NAME_INDEX,
+    STATUS_INDEX,
+    WORKER_INDEX,
+)
 from mscheduler.drivers.mongo_queries import list_query, prefix_end
 from mscheduler.exceptions import InvalidInput
-from mscheduler.listing import BY_CREATED, BY_KEY, decode_cursor, encode_cursor, list_params
-from mscheduler.model import TaskInfo
+from mscheduler.listing import BY_CREATED, BY_FINISHED, BY_KEY, decode_cursor, encode_cursor, list_params
+from mscheduler.model import TaskInfo, TaskOption
+from mscheduler.state import TERMINAL
 
 T = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -50,6 +60,19 @@ def _info(key: str, created: datetime = T) -> TaskInfo:
         {"created_from": datetime(2030, 1, 1)},
         {"created_to": 0},
         {"created_from": T, "created_to": T},
+        {"finished_from": "2030-01-01T00:00:00Z"},
+        {"finished_from": datetime(2030, 1, 1)},
+        {"finished_to": {"$gt": ""}},
+        {"finished_from": T, "finished_to": T - timedelta(seconds=1)},
+        # both round up to the same stored millisecond: an empty range
+        {"finished_from": T + timedelta(microseconds=1), "finished_to": T + timedelta(milliseconds=1)},
+        {"group": {"$gt": ""}},
+        {"group": "$where"},
+        {"group": "g\x00"},
+        {"group": "gpu eu"},
+        {"group": ["gpu"]},
+        {"group": ""},
+        {"group": "g" * 201},
         {"cursor": {"$gt": ""}},
         {"cursor": "garbage!"},
         {"cursor": "x" * 5000},
@@ -144,3 +167,75 @@ def test_each_mongo_listing_names_its_index() -> None:
         "state.create_time": {"$gte": lower},
     }
     assert sort == [("state.create_time", 1), ("key", 1)]
+
+
+def test_group_and_finished_filters_become_params_and_choose_the_order() -> None:
+    params = list_params(
+        group="gpu.eu-1",
+        finished_from=T + timedelta(microseconds=1),
+        finished_to=datetime(2030, 1, 1, 2, tzinfo=timezone(timedelta(hours=1))),
+    )
+    assert params == ListParams(
+        limit=101,
+        group="gpu.eu-1",
+        finished_from=T + timedelta(milliseconds=1),  # rounded up, like the created range
+        finished_to=T + timedelta(hours=1),
+    )
+    assert params.order == BY_FINISHED
+    assert list_params(finished_to=T).order == BY_FINISHED
+    assert list_params(group="gpu").order == BY_CREATED
+    assert list_params(group="gpu", key_prefix="k", finished_from=T).order == BY_KEY
+    # the same names TaskOption.specific_groups accepts
+    for group in ("gpu", "a:b", "x_y.z-1"):
+        assert TaskOption(specific_groups=(group,)).specific_groups == (group,)
+        assert list_params(group=group).group == group
+
+
+def test_finished_cursors_carry_the_finish_time() -> None:
+    info = _info("k1").model_copy(update={"finish_time": T + timedelta(seconds=9)})
+    cursor = encode_cursor(BY_FINISHED, info)
+    assert decode_cursor(cursor, BY_FINISHED) == (T + timedelta(seconds=9), "k1")
+    params = list_params(cursor=cursor, finished_from=T, group="g")
+    assert (params.after_time, params.after_key) == (T + timedelta(seconds=9), "k1")
+    for other in (BY_CREATED, BY_KEY):
+        with pytest.raises(InvalidInput, match="another order"):
+            decode_cursor(cursor, other)
+    with pytest.raises(InvalidInput, match="another order"):
+        list_params(cursor=encode_cursor(BY_CREATED, info), finished_to=T)
+    with pytest.raises(ValueError, match="no finish time"):
+        encode_cursor(BY_FINISHED, _info("k2"))
+
+
+def test_finished_and_group_listings_name_their_index_and_bound_it() -> None:
+    def query(**kwargs: object) -> tuple[dict[str, object], list[tuple[str, int]], str]:
+        return list_query(ListParams(**kwargs))  # type: ignore[arg-type]
+
+    naive = T.replace(tzinfo=None)
+    filter_, sort, index = query(finished_from=T, name="a", group="g", worker_id="w")
+    assert index == FINISHED_INDEX and sort == [("state.finish_time", 1), ("key", 1)]
+    assert filter_["state.status"] == {"$in": list(TERMINAL)}  # one range per terminal status
+    assert filter_["state.finish_time"] == {"$gte": naive}
+    filter_, _, index = query(
+        finished_to=T, status="failed", after_time=T - timedelta(hours=1), after_key="k"
+    )
+    assert index == FINISHED_INDEX
+    assert filter_ == {
+        "state.status": "failed",
+        "state.finish_time": {"$gte": naive - timedelta(hours=1), "$lt": naive},
+        "$or": [{"state.finish_time": {"$gt": naive - timedelta(hours=1)}}, {"key": {"$gt": "k"}}],
+    }
+    # a finished range with a key prefix: the key index, the range checked on the documents
+    filter_, sort, index = query(key_prefix="k", finished_from=T, after_key="k1")
+    assert index == KEY_INDEX and sort == [("key", 1)] and "$or" not in filter_
+    assert filter_["state.finish_time"] == {"$gte": naive}
+    # a group: the partial group index, whose clause the query states
+    filter_, sort, index = query(group="g", status="pending", created_to=T)
+    assert index == GROUP_INDEX and sort == [("state.create_time", 1), ("key", 1)]
+    assert filter_ == {
+        "option.specific_groups": "g",
+        **AIMED_AT_GROUPS,
+        "state.status": "pending",
+        "state.create_time": {"$lt": naive},
+    }
+    assert query(group="g", worker_id="w")[2] == WORKER_INDEX
+    assert AIMED_AT_GROUPS.items() <= query(group="g", worker_id="w")[0].items()

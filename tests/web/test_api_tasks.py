@@ -99,6 +99,41 @@ async def test_a_cursor_of_another_order_is_refused(
     assert response.status_code == 422 and "another order" in response.json()["detail"]
 
 
+async def test_finished_range_and_group_filters(client: httpx.AsyncClient, driver: CountingDriver) -> None:
+    sender = publisher(driver)
+    await sender.send_many(
+        [Task(f"g-{i}", "job", option=TaskOption(specific_groups=("gpu",))) for i in range(3)]
+        + [Task("plain", "job")]
+    )
+    started = driver.clock.now().isoformat()
+    # finished in the order g-2, plain, g-0 (a millisecond apart); g-1 stays pending
+    for key in ("g-2", "plain", "g-0"):
+        tick(driver)
+        others = [k for k in ("g-0", "g-1", "g-2", "plain") if k != key]
+        now = driver.clock.now()
+        (claimed,) = await driver.claim(
+            ClaimParams("w1", ["job"], now, [f"a-{key}"], exclude_keys=others, groups=["gpu"])
+        )
+        assert claimed.key == key
+        assert await Operations(driver, clock=driver.clock).cancel(key) is not None
+
+    async def keys(**params: str | int) -> tuple[list[str], str | None]:
+        answer = await client.get(TASKS, params=params, headers=READ)
+        assert answer.status_code == 200, answer.text
+        return [t["key"] for t in answer.json()["tasks"]], answer.json()["next_cursor"]
+
+    assert await keys(group="gpu") == (["g-0", "g-1", "g-2"], None)  # creation order
+    assert await keys(finished_from=started) == (["g-2", "plain", "g-0"], None)  # finish order
+    assert await keys(finished_from=started, group="gpu", status="cancelled") == (["g-2", "g-0"], None)
+    plain_done = (await client.get(f"{TASKS}/plain", headers=READ)).json()["finish_time"]
+    assert await keys(finished_to=plain_done) == (["g-2"], None)
+    first, cursor = await keys(finished_from=started, limit=2)
+    assert first == ["g-2", "plain"] and cursor is not None
+    assert await keys(finished_from=started, limit=2, cursor=cursor) == (["g-0"], None)
+    response = await client.get(TASKS, params={"cursor": cursor}, headers=READ)  # creation order now
+    assert response.status_code == 422 and "another order" in response.json()["detail"]
+
+
 async def test_controls(client: httpx.AsyncClient, driver: CountingDriver) -> None:
     await _seed(driver)
     paused = await client.post(f"{TASKS}/inv-0/pause", headers=ADMIN)

@@ -1,11 +1,13 @@
-// The task list: the API's filters (status, name, key prefix, worker, created range) and its
-// cursor paging. The filters live in the page's address, so a filtered list can be bookmarked.
+// The task list: the API's filters (status, name, key prefix, worker, group, created and finished
+// ranges) and its cursor paging. The filters live in the page's address, so a filtered list can
+// be bookmarked. A finished range lists by finish time (a key prefix: in key order).
 
 import { api } from "../api.js";
 import { badge, h, isoToLocalInput, localInputToIso, panel, table, taskHref, tasksHref, time } from "../dom.js";
 
 const STATUSES = ["pending", "running", "succeeded", "failed", "expired", "cancelled"];
-const FILTERS = ["status", "name", "key_prefix", "worker_id", "created_from", "created_to"];
+const FILTERS = ["status", "name", "key_prefix", "worker_id", "group", "created_from", "created_to", "finished_from", "finished_to"];
+const TIMES = new Set(["created_from", "created_to", "finished_from", "finished_to"]);
 const LIMITS = ["25", "50", "100", "200"];
 
 function filterForm(query) {
@@ -34,7 +36,7 @@ function filterForm(query) {
         const filters = {};
         for (const name of FILTERS) {
           const value = String(data.get(name) ?? "").trim();
-          filters[name] = name.startsWith("created_") ? localInputToIso(value) : value;
+          filters[name] = TIMES.has(name) ? localInputToIso(value) : value;
         }
         filters.limit = data.get("limit") === "50" ? "" : String(data.get("limit"));
         location.hash = tasksHref(filters);
@@ -44,8 +46,11 @@ function filterForm(query) {
     field("Name", text("name", "send_invoice")),
     field("Key prefix", text("key_prefix", "invoice-")),
     field("Worker", text("worker_id", "worker id")),
+    field("Group", text("group", "gpu")),
     field("Created from", when("created_from")),
     field("Created before", when("created_to")),
+    field("Finished from", when("finished_from")),
+    field("Finished before", when("finished_to")),
     field("Per page", limit),
     h("div", { class: "buttons" }, h("button", { type: "submit", id: "apply-filters" }, "Filter"), h("a", { href: "#/tasks", class: "hint" }, "clear")),
   );
@@ -73,6 +78,7 @@ export async function tasksPage(ctx) {
       h("td", { class: "key ident" }, last ? last.worker_id : ""),
       h("td", {}, time(task.create_time)),
       h("td", {}, time(task.update_time)),
+      h("td", {}, time(task.finish_time)),
       h("td", {}, task.progress ? `${Math.round(task.progress.fraction * 100)} %` : ""),
     );
   });
@@ -86,7 +92,8 @@ export async function tasksPage(ctx) {
       ? h("a", { href: tasksHref({ ...filters, cursor: page.next_cursor }), id: "next-page" }, h("button", { type: "button", tabindex: -1 }, "Next page →"))
       : h("span", { class: "hint" }, "last page"),
   );
-  const order = query.get("key_prefix") ? "in key order" : "oldest first";
+  const byFinish = query.get("finished_from") || query.get("finished_to");
+  const order = query.get("key_prefix") ? "in key order" : byFinish ? "by finish time" : "oldest first";
   return h(
     "div",
     { id: "tasks" },
@@ -94,7 +101,7 @@ export async function tasksPage(ctx) {
     panel(
       "Tasks",
       `${page.tasks.length} shown, ${order}`,
-      table(["Key", "Name", "Status", "Attempts", "Last worker", "Created", "Updated", "Progress"], rows, "No task matches these filters."),
+      table(["Key", "Name", "Status", "Attempts", "Last worker", "Created", "Updated", "Finished", "Progress"], rows, "No task matches these filters."),
       paging,
     ),
   );
