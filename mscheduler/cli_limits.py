@@ -11,16 +11,14 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from mscheduler.cli import TimeoutMs, app, out
+from mscheduler.cli import app, out
 from mscheduler.cli_ops import (
-    DatabaseOpt,
+    Connection,
     JsonOpt,
-    PrefixOpt,
-    UriOpt,
-    _conn,
     _done,
     _typer,
     _when,
+    connected,
     print_json,
     run,
 )
@@ -92,15 +90,12 @@ def limit_detail(info: LimitInfo) -> list[Table]:
 
 
 @limits_app.command("ls", short_help="List flow limits.")
+@connected
 def limits_ls(
-    mongodb_uri: UriOpt,
+    conn: Connection,
     as_json: JsonOpt = False,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """List flow limits with their names, running slots and rate."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     limits = run(conn, lambda ops: ops.list_limits())
     if as_json:
         print_json([_json(info) for info in limits])
@@ -109,16 +104,13 @@ def limits_ls(
 
 
 @limits_app.command("show", short_help="Show a flow limit and its slots.")
+@connected
 def limits_show(
+    conn: Connection,
     key: LimitArg,
-    mongodb_uri: UriOpt,
     as_json: JsonOpt = False,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Show limit KEY: its names, values, running slots (who holds them) and recent starts."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     info = run(conn, lambda ops: ops.get_limit(key))
     if as_json:
         print_json(_json(info))
@@ -128,9 +120,10 @@ def limits_show(
 
 
 @limits_app.command("set", short_help="Create or replace a flow limit.")
+@connected
 def limits_set(
+    conn: Connection,
     key: LimitArg,
-    mongodb_uri: UriOpt,
     names: Annotated[
         str | None,
         typer.Option(metavar="A,B", help="Task names it covers, comma-separated (default: KEY)."),
@@ -142,13 +135,9 @@ def limits_set(
         str | None, typer.Option(metavar="N/PERIOD", help="Starts per period: 10/s, 1000/h, 5/2m.")
     ] = None,
     as_json: JsonOpt = False,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Create or replace limit KEY: --max-running, --rate or both, over --names (default KEY).
     Applies to every consumer's next claim."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     listed = None if names is None else [n.strip() for n in names.split(",")]
     info = run(conn, lambda ops: ops.set_limit(key, names=listed, max_running=max_running, rate=rate))
     if as_json:
@@ -159,15 +148,12 @@ def limits_set(
 
 
 @limits_app.command("rm", short_help="Remove a flow limit.")
+@connected
 def limits_rm(
+    conn: Connection,
     key: LimitArg,
-    mongodb_uri: UriOpt,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Remove limit KEY: its names are unlimited from every consumer's next limit refresh."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     run(conn, lambda ops: ops.remove_limit(key))
     _done(f"removed limit {key!r}")
 

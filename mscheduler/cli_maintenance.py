@@ -20,8 +20,8 @@ from typing import Annotated
 
 import typer
 
-from mscheduler.cli import CliError, TimeoutMs, _fail, app, err
-from mscheduler.cli_ops import EXIT_USAGE, DatabaseOpt, JsonOpt, PrefixOpt, UriOpt, _conn, print_json, run
+from mscheduler.cli import CliError, _fail, app, err
+from mscheduler.cli_ops import EXIT_USAGE, Connection, JsonOpt, connected, print_json, run
 from mscheduler.exceptions import InvalidInput
 from mscheduler.expiry import ExpiryService
 from mscheduler.logs import configure_logging
@@ -139,8 +139,9 @@ async def run_until_stopped(ops: Operations, found: list[PeriodicService]) -> di
 
 
 @app.command(short_help="Expiry, planner and retention passes without a consumer (or --once).")
+@connected
 def maintenance(
-    mongodb_uri: UriOpt,
+    conn: Connection,
     once: Annotated[bool, typer.Option("--once", help="One pass of each, print what it did, exit.")] = False,
     interval: Annotated[
         float,
@@ -172,9 +173,6 @@ def maintenance(
         str, typer.Option(metavar="PERIOD", help="Keep expired tasks this long.")
     ] = shown_period(_DEFAULT.expired),
     as_json: JsonOpt = False,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Run the store's background passes without a consumer: expiry (attempts whose lease ran out
     become lost, tasks past their deadline expire), the planner (recurring plans' due
@@ -203,7 +201,6 @@ def maintenance(
         raise _fail(CliError(str(exc), exit_code=EXIT_USAGE)) from None
     if not (expiry or planner or kept is not None):
         raise _fail(CliError("nothing to run: every pass is switched off", exit_code=EXIT_USAGE))
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     if not once:
         configure_logging(logging.INFO, "text")
 

@@ -13,16 +13,19 @@ malformed URI, a bad option); 3 storage unreachable or failing (``StorageError``
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, get_args, get_type_hints
 
 import typer
 from rich.table import Table
 from rich.text import Text
+from typer.models import ArgumentInfo
 
 from mscheduler.cli import (
     URI_TIMEOUT_HINT,
@@ -157,8 +160,48 @@ def run(conn: Connection, body: Callable[[Operations], Awaitable[T]]) -> T:
         raise _fail(refusal(exc)) from None
 
 
-def _conn(uri: str, database: str | None, prefix: str, timeout_ms: int | None) -> Connection:
-    return Connection(uri, database, prefix, timeout_ms)
+_KW = inspect.Parameter.KEYWORD_ONLY
+_URI_PARAM = inspect.Parameter("mongodb_uri", _KW, annotation=UriOpt)
+_CONNECTION_PARAMS = (
+    inspect.Parameter("database", _KW, default=None, annotation=DatabaseOpt),
+    inspect.Parameter("prefix", _KW, default="", annotation=PrefixOpt),
+    inspect.Parameter("server_selection_timeout_ms", _KW, default=None, annotation=TimeoutMs),
+)
+
+
+def connected(command: Callable[..., None]) -> Callable[..., None]:
+    """A command taking ``conn: Connection`` gets the connection options — ``--mongodb-uri``
+    (or ``MSCHEDULER_MONGODB_URI``) after its arguments, ``--database``, ``--prefix`` and
+    ``--server-selection-timeout-ms`` last — declared once, here, for every operator command.
+
+    Typer reads a command's parameters from its signature: the wrapper shows the command's own
+    (``conn`` left out) with the four options added, and builds the ``Connection`` from them."""
+    hints = get_type_hints(command, include_extras=True)
+    own = [
+        p.replace(kind=_KW, annotation=hints.get(p.name, p.annotation))
+        for p in inspect.signature(command).parameters.values()
+        if p.name != "conn"
+    ]
+    arguments = [
+        p for p in own if get_args(p.annotation) and isinstance(get_args(p.annotation)[-1], ArgumentInfo)
+    ]
+    options = [p for p in own if p not in arguments]
+    params = [*arguments, _URI_PARAM, *options, *_CONNECTION_PARAMS]
+
+    @functools.wraps(command)
+    def wrapper(
+        *,
+        mongodb_uri: str,
+        database: str | None = None,
+        prefix: str = "",
+        server_selection_timeout_ms: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        command(conn=Connection(mongodb_uri, database, prefix, server_selection_timeout_ms), **kwargs)
+
+    wrapper.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+    return wrapper
 
 
 # -- printing -------------------------------------------------------------------------------------
@@ -276,8 +319,9 @@ def _instant(value: str | None, option: str) -> datetime | None:
 
 
 @tasks_app.command("ls", short_help="List tasks, oldest first.")
+@connected
 def tasks_ls(
-    mongodb_uri: UriOpt,
+    conn: Connection,
     status: Annotated[str | None, typer.Option(metavar="STATUS", help="Only this status.")] = None,
     name: Annotated[str | None, typer.Option(metavar="NAME", help="Only this task name.")] = None,
     key_prefix: Annotated[
@@ -311,15 +355,11 @@ def tasks_ls(
         int, typer.Option(metavar="N", help="Skip the first N tasks (deprecated: use --cursor).")
     ] = 0,
     as_json: JsonOpt = False,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """List tasks oldest first (with --key-prefix: in key order; with --finished-from / --to and
     no prefix: by finish time, finished tasks only), filtered by status, name, key prefix,
     worker, group, creation and finish time. When more tasks follow, the next page's --cursor
     is printed after the table (with --json: on stderr, stdout stays a JSON list)."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     since, until = _instant(created_from, "--created-from"), _instant(created_to, "--created-to")
     done_since = _instant(finished_from, "--finished-from")
     done_until = _instant(finished_to, "--finished-to")
@@ -351,17 +391,14 @@ def tasks_ls(
 
 
 @tasks_app.command("show", short_help="Show a task and its attempts.")
+@connected
 def tasks_show(
+    conn: Connection,
     key: KeyArg,
-    mongodb_uri: UriOpt,
     as_json: JsonOpt = False,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Show task KEY: status, counters, attempts (worker, status, start, end, error),
     checkpoint, progress, children and its last events (where the store records events)."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
 
     async def show(ops: Operations) -> tuple[TaskInfo, list[Any]]:
         info = await ops.get_task(key)
@@ -376,24 +413,22 @@ def tasks_show(
 
 
 @tasks_app.command("cancel", short_help="Cancel a pending or running task.")
+@connected
 def tasks_cancel(
+    conn: Connection,
     key: KeyArg,
-    mongodb_uri: UriOpt,
     reason: Annotated[str, typer.Option(metavar="TEXT", help="Why (kept on the task).")] = "",
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Cancel task KEY if pending or running (a running handler stops at its next ping)."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     info = run(conn, lambda ops: ops.cancel(key, reason))
     _done(f"cancelled task {info.key!r} (now {info.status.value})")
 
 
 @tasks_app.command("pause", short_help="Stop claims of a task until resumed.")
+@connected
 def tasks_pause(
+    conn: Connection,
     key: KeyArg,
-    mongodb_uri: UriOpt,
     stop_running: Annotated[
         bool,
         typer.Option(
@@ -401,49 +436,39 @@ def tasks_pause(
             help="Also stop its running attempts (released, not counted against its retries).",
         ),
     ] = False,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Stop claims of task KEY (pending or running) until it is resumed; with --stop-running its
     running handlers are stopped too and the resumed task starts from its last checkpoint."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     info = run(conn, lambda ops: ops.pause(key, stop_running=stop_running))
     _done(f"paused task {info.key!r} ({info.status.value})")
 
 
 @tasks_app.command("resume", short_help="Make a paused task claimable again.")
+@connected
 def tasks_resume(
+    conn: Connection,
     key: KeyArg,
-    mongodb_uri: UriOpt,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Make the paused task KEY claimable again."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     info = run(conn, lambda ops: ops.resume(key))
     _done(f"resumed task {info.key!r} ({info.status.value})")
 
 
 @tasks_app.command("set-status", short_help="Set a task's (or a child's) status by hand.")
+@connected
 def tasks_set_status(
+    conn: Connection,
     key: KeyArg,
     status: Annotated[str, typer.Argument(metavar="STATUS", hidden=True)],
-    mongodb_uri: UriOpt,
     child: Annotated[
         str | None, typer.Option(metavar="NAME", help="The child of task KEY with this name.")
     ] = None,
     reason: Annotated[str, typer.Option(metavar="TEXT", help="Why (kept on the task).")] = "",
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Set task KEY's status by hand: succeeded (a step done by hand; not running, not succeeded
     yet) or failed (pending, nothing running). With --child NAME: that child of KEY, which may
     also be set cancelled or pending (run again); its parent follows (the next sequential step
     starts). A parent's own status comes from its children: set theirs."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     if child is None:
         info = run(conn, lambda ops: ops.set_status(key, status, reason=reason, by="cli"))
     else:
@@ -452,8 +477,9 @@ def tasks_set_status(
 
 
 @tasks_app.command("restart", short_help="Run failed, cancelled or expired tasks again.")
+@connected
 def tasks_restart(
-    mongodb_uri: UriOpt,
+    conn: Connection,
     keys: Annotated[list[str] | None, typer.Argument(metavar="KEY...", hidden=True)] = None,
     status: Annotated[
         str | None, typer.Option(metavar="STATUS", help="Every task of this status (no KEYs).")
@@ -461,14 +487,10 @@ def tasks_restart(
     name: Annotated[str | None, typer.Option(metavar="NAME", help="With --status: of this name.")] = None,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Run tasks KEY... again if failed, cancelled or expired (succeeded: with --force), or
     every task of --status (and --name). Many tasks: a progress bar on stderr, a line per task
     not restarted, exit 1 if any was not."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     if bool(keys) == (status is not None) or (name is not None and status is None):
         message = "give KEY... or --status STATUS [--name NAME], not both"
         raise _fail(CliError(message, exit_code=EXIT_USAGE))
@@ -487,16 +509,13 @@ def tasks_restart(
 
 
 @tasks_app.command("remove", short_help="Delete a task that is not running.")
+@connected
 def tasks_remove(
+    conn: Connection,
     key: KeyArg,
-    mongodb_uri: UriOpt,
     force: ForceOpt = False,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Delete task KEY unless running (a running one with --force: cancelled first)."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     run(conn, lambda ops: ops.remove(key, force=force))
     _done(f"removed task {key!r}")
 
@@ -507,16 +526,13 @@ PlanArg = Annotated[str, typer.Argument(metavar="ID", hidden=True)]
 
 
 @plans_app.command("ls", short_help="List plans, oldest first.")
+@connected
 def plans_ls(
-    mongodb_uri: UriOpt,
+    conn: Connection,
     state: Annotated[str | None, typer.Option(metavar="STATE", help="Only this plan state.")] = None,
     as_json: JsonOpt = False,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """List plans oldest first, optionally of one state."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     plans = run(conn, lambda ops: ops.list_plans(state=state))
     if as_json:
         print_json([p.model_dump(mode="json") for p in plans])
@@ -525,16 +541,13 @@ def plans_ls(
 
 
 @plans_app.command("show", short_help="Show a plan.")
+@connected
 def plans_show(
+    conn: Connection,
     plan_id: PlanArg,
-    mongodb_uri: UriOpt,
     as_json: JsonOpt = False,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Show plan ID: state, next fire time, counters and its last run."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     info = run(conn, lambda ops: ops.get_plan(plan_id))
     if as_json:
         print_json(info.model_dump(mode="json"))
@@ -543,58 +556,46 @@ def plans_show(
 
 
 @plans_app.command("suspend", short_help="Suspend a plan.")
+@connected
 def plans_suspend(
+    conn: Connection,
     plan_id: PlanArg,
-    mongodb_uri: UriOpt,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Suspend plan ID: no occurrence is made until it is resumed."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     info = run(conn, lambda ops: ops.suspend_plan(plan_id))
     _done(f"suspended plan {info.plan_id!r} ({info.state.value})")
 
 
 @plans_app.command("resume", short_help="Resume a suspended or failing plan.")
+@connected
 def plans_resume(
+    conn: Connection,
     plan_id: PlanArg,
-    mongodb_uri: UriOpt,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Resume plan ID if suspended or parked in the error state."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     info = run(conn, lambda ops: ops.resume_plan(plan_id))
     _done(f"resumed plan {info.plan_id!r} ({info.state.value})")
 
 
 @plans_app.command("skip", short_help="Skip a plan's next N occurrences.")
+@connected
 def plans_skip(
+    conn: Connection,
     plan_id: PlanArg,
-    mongodb_uri: UriOpt,
     n: Annotated[int, typer.Argument(metavar="N", hidden=True)] = 1,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Skip the next N occurrences of plan ID (default 1; sets the count: 0 cancels skips)."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     info = run(conn, lambda ops: ops.skip_plan(plan_id, n))
     _done(f"plan {info.plan_id!r} skips its next {info.skip_next} occurrence(s)")
 
 
 @plans_app.command("remove", short_help="Delete a plan (its tasks stay).")
+@connected
 def plans_remove(
+    conn: Connection,
     plan_id: PlanArg,
-    mongodb_uri: UriOpt,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Delete plan ID; the tasks it already made stay."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     run(conn, lambda ops: ops.remove_plan(plan_id))
     _done(f"removed plan {plan_id!r}")
 
@@ -603,15 +604,12 @@ def plans_remove(
 
 
 @workers_app.command("ls", short_help="List registered workers.")
+@connected
 def workers_ls(
-    mongodb_uri: UriOpt,
+    conn: Connection,
     as_json: JsonOpt = False,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """List registered workers, oldest first, with whether each is live."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     workers = run(conn, lambda ops: ops.list_workers())
     if as_json:
         print_json([asdict(w) for w in workers])
@@ -637,15 +635,12 @@ def workers_ls(
 
 
 @workers_app.command("stop", short_help="Ask a running worker to stop gracefully.")
+@connected
 def workers_stop(
-    mongodb_uri: UriOpt,
+    conn: Connection,
     worker_id: Annotated[str, typer.Argument(metavar="WORKER_ID", hidden=True)],
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Ask the running worker WORKER_ID to stop gracefully (at its next heartbeat)."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     if not run(conn, lambda ops: ops.request_worker_stop(worker_id)):
         raise _fail(CliError(f"no running worker with id {worker_id!r}", exit_code=EXIT_REFUSED))
     _done(f"asked worker {worker_id!r} to stop")
@@ -654,21 +649,18 @@ def workers_stop(
 # -- stats ----------------------------------------------------------------------------------------
 
 
+@connected
 def stats(
-    mongodb_uri: UriOpt,
+    conn: Connection,
     as_json: JsonOpt = False,
     window: Annotated[
         int, typer.Option(metavar="MINUTES", help="Window of rates and durations (1-10080).")
     ] = 60,
     name: Annotated[list[str] | None, typer.Option(metavar="NAME", help="Only this task name.")] = None,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Task statistics: counts by status and name, first- and second-attempt success rates,
     duration p50 / p95, the oldest due pending task, throughput over the last hour. While the
     store computes them, a line on stderr (a terminal only) names the phase and the time spent."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     show = not as_json and err.is_terminal
     result = run(
         conn, lambda ops: stats_with_progress(ops, timedelta(minutes=window), name or None, err, show)

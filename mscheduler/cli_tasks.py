@@ -19,19 +19,17 @@ from pydantic import ValidationError
 from rich.table import Table
 from rich.text import Text
 
-from mscheduler.cli import CliError, TimeoutMs, _fail, _one_line, app, err, out
+from mscheduler.cli import CliError, _fail, _one_line, app, err, out
 from mscheduler.cli_ops import (
     EXIT_USAGE,
-    DatabaseOpt,
+    Connection,
     JsonOpt,
     KeyArg,
-    PrefixOpt,
-    UriOpt,
-    _conn,
     _done,
     _instant,
     _typer,
     _when,
+    connected,
     plan_detail,
     plans_app,
     print_json,
@@ -120,9 +118,10 @@ WorkerOpt = Annotated[
 
 
 @tasks_app.command("send", short_help="Send a task (idempotent by key).")
+@connected
 def tasks_send(
+    conn: Connection,
     name: Annotated[str, typer.Argument(metavar="NAME", hidden=True)],
-    mongodb_uri: UriOpt,
     key: Annotated[str, typer.Option(metavar="KEY", help="The task's unique key.")],
     params: Annotated[str | None, typer.Option(metavar="JSON", help="The params, as JSON.")] = None,
     priority: PriorityOpt = None,
@@ -138,9 +137,6 @@ def tasks_send(
         bool, typer.Option("--reset-finished", help="Reset a finished task with this key.")
     ] = False,
     as_json: JsonOpt = False,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Send task NAME with --key and --params (JSON). A key that exists is left alone (exit 0,
     "exists"); --reset-finished resets a succeeded or failed one."""
@@ -155,7 +151,6 @@ def tasks_send(
         )
     except (ValidationError, InvalidInput) as exc:
         raise invalid(exc, "task") from None
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
 
     async def send(ops: Operations) -> bool:
         return await Publisher(ops.driver).send(task, reset_finished=reset_finished)
@@ -168,9 +163,10 @@ def tasks_send(
 
 
 @tasks_app.command("edit", short_help="Change a pending or running task's options.")
+@connected
 def tasks_edit(
+    conn: Connection,
     key: KeyArg,
-    mongodb_uri: UriOpt,
     priority: PriorityOpt = None,
     run_at: RunAtOpt = None,
     deadline: DeadlineOpt = None,
@@ -179,9 +175,6 @@ def tasks_edit(
     specific_worker: WorkerOpt = None,
     any_worker: Annotated[bool, typer.Option("--any-worker", help="Let any worker run it.")] = False,
     as_json: JsonOpt = False,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Change options of task KEY (pending or running); options left out stay."""
     fields = _option_fields(priority, run_at, deadline, max_retries, retry_delay, specific_worker)
@@ -195,7 +188,6 @@ def tasks_edit(
         change = OptionChange(**fields)
     except (ValidationError, InvalidInput) as exc:
         raise invalid(exc, "option") from None
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     option = run(conn, lambda ops: ops.edit(key, change))
     if as_json:
         print_json(option.model_dump(mode="json"))
@@ -208,8 +200,9 @@ def tasks_edit(
 
 
 @plans_app.command("add", short_help="Create a plan (cron, interval or once).")
+@connected
 def plans_add(
-    mongodb_uri: UriOpt,
+    conn: Connection,
     plan_id: Annotated[str | None, typer.Argument(metavar="ID", hidden=True)] = None,
     name: Annotated[str | None, typer.Argument(metavar="NAME", hidden=True)] = None,
     cron: Annotated[str | None, typer.Option(metavar="EXPR", help="Cron expression.")] = None,
@@ -226,9 +219,6 @@ def plans_add(
         Path | None, typer.Option("--file", metavar="FILE", help="The plan as JSON (a Plan).")
     ] = None,
     as_json: JsonOpt = False,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Create plan ID running task NAME: --cron EXPR, --every SECONDS or --at TIME (one of
     them), or --file FILE with the whole plan as JSON (ID and NAME then come from it)."""
@@ -268,7 +258,6 @@ def plans_add(
             raise invalid(exc, "plan") from None
     elif any(v is not None for v in (plan_id, name, cron, every, at, start, end, repeat, params)):
         raise usage("--file gives the whole plan: no ID, NAME or timing options with it")
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     info = run(conn, lambda ops: ops.add_plan(plan))
     if as_json:
         print_json(info.model_dump(mode="json"))
@@ -323,8 +312,9 @@ def event_line(e: Event) -> str:
 
 
 @events_app.command("ls", short_help="List recorded events, oldest first.")
+@connected
 def events_ls(
-    mongodb_uri: UriOpt,
+    conn: Connection,
     key: EventKeyOpt = None,
     name: EventNameOpt = None,
     kind: KindOpt = None,
@@ -335,12 +325,8 @@ def events_ls(
     limit: Annotated[int, typer.Option(metavar="N", help=f"At most N (1-{LIST_LIMIT_MAX}).")] = 100,
     skip: Annotated[int, typer.Option(metavar="N", help="Skip the first N.")] = 0,
     as_json: JsonOpt = False,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """List events in time order, filtered by task, name, kind, plan, worker and time."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     first, last = _instant(since, "--since"), _instant(until, "--until")
 
     async def listing(ops: Operations) -> list[Event]:
@@ -366,8 +352,9 @@ def events_ls(
 
 
 @events_app.command("tail", short_help="Follow new events (Ctrl+C stops).")
+@connected
 def events_tail(
-    mongodb_uri: UriOpt,
+    conn: Connection,
     key: EventKeyOpt = None,
     name: EventNameOpt = None,
     kind: KindOpt = None,
@@ -375,13 +362,9 @@ def events_tail(
     since: SinceOpt = None,
     count: Annotated[int | None, typer.Option(metavar="N", min=1, help="Stop after N events.")] = None,
     as_json: JsonOpt = False,
-    database: DatabaseOpt = None,
-    prefix: PrefixOpt = "",
-    server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Print new events as they are stored, one a line (--json: one JSON object a line), from
     now or from --since; until Ctrl+C or --count events."""
-    conn = _conn(mongodb_uri, database, prefix, server_selection_timeout_ms)
     first = _instant(since, "--since")
 
     async def follow(ops: Operations) -> int:
