@@ -427,8 +427,8 @@ class FaultyDriver:
     async def control_task(self, params: ControlParams) -> dict[str, Any] | None:
         return await self._invoke("control_task", lambda: self.inner.control_task(params), params)
 
-    async def register_worker(self, info: WorkerInfo) -> None:
-        await self._invoke("register_worker", lambda: self.inner.register_worker(info), info)
+    async def register_worker(self, info: WorkerInfo) -> bool:
+        return await self._invoke("register_worker", lambda: self.inner.register_worker(info), info)
 
     async def heartbeat_worker(self, worker_id: str, now: datetime, running_cnt: int) -> bool:
         return await self._invoke(

@@ -456,16 +456,19 @@ class RemoteExecutors:
         mono = self.clock.monotonic()
         last = self._workers.get(worker_id)
         if last is None:
+            # another API server may have registered it already, and an operator asked it to
+            # stop since: the registration keeps that stop and says so
             info = WorkerInfo(worker_id, host or "remote", int(pid), names, max_tasks, now)
-            await self.driver.register_worker(info)
+            stop = await self.driver.register_worker(info)
         elif mono - last >= self.heartbeat_interval:
-            if await self.driver.heartbeat_worker(worker_id, now, max(0, int(running))):
-                self._workers.pop(worker_id, None)
-                await self.driver.unregister_worker(worker_id, now)
-                log.info("executor %s: stop requested through the database", worker_id)
-                return True
+            stop = await self.driver.heartbeat_worker(worker_id, now, max(0, int(running)))
         else:
             return False
+        if stop:
+            self._workers.pop(worker_id, None)
+            await self.driver.unregister_worker(worker_id, now)
+            log.info("executor %s: stop requested through the database", worker_id)
+            return True
         self._workers[worker_id] = mono
         self._workers.move_to_end(worker_id)
         while len(self._workers) > WORKERS_KEPT:

@@ -586,7 +586,12 @@ class Driver(Protocol):
 
     async def update_option(self, params: UpdateOptionParams) -> bool: ...
 
-    async def register_worker(self, info: WorkerInfo) -> None: ...
+    async def register_worker(self, info: WorkerInfo) -> bool:
+        """Register (or re-register) a worker; True when a stop is pending for it. A registration
+        that has not ended (no ``stop_time``: e.g. an executor another API server registered)
+        keeps its pending stop, ``start_time`` and running count; a new one, or one after an
+        unregistration, starts afresh (no stop)."""
+        ...
 
     async def heartbeat_worker(self, worker_id: str, now: datetime, running_cnt: int) -> bool: ...
 

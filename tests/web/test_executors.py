@@ -263,6 +263,23 @@ async def test_a_remote_stop_reaches_the_executor(http: httpx.AsyncClient, drive
     assert (await driver.get_task("t1"))["state"]["status"] == "pending"  # type: ignore[index]
 
 
+async def test_a_remote_stop_survives_the_executor_reaching_another_server(
+    http: httpx.AsyncClient, driver: CountingDriver, operations: Operations
+) -> None:
+    """Two API servers over one store: the executor leases through one, an operator stops it,
+    its next lease reaches the other (which registers it, never having seen it): that
+    registration keeps the stop, and the lease answers it without claiming."""
+    await lease(http, "ex-1")
+    assert (await http.post("/api/v1/workers/ex-1/stop", headers=ADMIN)).status_code == 202
+    await publisher(driver).send(Task("t1", "job", None))
+    other = create_app(operations=operations, tokens=TOKENS)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=other), base_url="http://test") as second:
+        assert await lease(second, "ex-1") == {"tasks": [], "stop_requested": True}
+    assert (await driver.get_task("t1"))["state"]["status"] == "pending"  # type: ignore[index]
+    [worker] = await driver.list_workers()
+    assert worker["stop_time"] is not None  # served: a later lease registers it afresh
+
+
 async def test_a_name_under_a_flow_limit_is_refused_and_nothing_is_claimed(
     http: httpx.AsyncClient, driver: CountingDriver, operations: Operations
 ) -> None:
