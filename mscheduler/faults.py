@@ -75,6 +75,7 @@ OPERATIONS = (
     "acquire_slots",
     "update_slots",
     "limit_keys",
+    "held_slots",
     "setup",
     "server_time",
     "insert_tasks",
@@ -484,6 +485,11 @@ class FaultyDriver:
 
     async def update_slots(self, params: SlotsParams) -> list[str]:
         return await self._invoke("update_slots", lambda: self.inner.update_slots(params), params)
+
+    async def held_slots(self, worker_id: str, attempts: Sequence[str], now: datetime) -> dict[str, str]:
+        return await self._invoke(
+            "held_slots", lambda: self.inner.held_slots(worker_id, attempts, now), worker_id, attempts, now
+        )
 
     async def limit_keys(self, names: Sequence[str]) -> dict[str, str]:
         return await self._invoke("limit_keys", lambda: self.inner.limit_keys(names), names)

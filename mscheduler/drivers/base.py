@@ -682,6 +682,12 @@ class Driver(Protocol):
         """Which limit covers each of these names (names without one are left out)."""
         ...
 
+    async def held_slots(self, worker_id: str, attempts: Sequence[str], now: datetime) -> dict[str, str]:
+        """Which limit holds a live slot of ``worker_id`` for each of ``attempts`` (attempts
+        without one are left out): the store's own record of a slot's owner, for a process that
+        did not acquire it (a remote executor's ping or report reaching another API server)."""
+        ...
+
     async def acquire_slots(self, params: AcquireParams) -> AcquireResult: ...
 
     async def update_slots(self, params: SlotsParams) -> list[str]:
