@@ -352,7 +352,6 @@ class Consumer:
         # flow limits (SPEC G5): slots acquired before claims of limited names, see limiter.py
         self.limiter = Limiter(
             driver,
-            self.worker_id,
             refresh=limits_interval,
             backoff=limit_backoff,
             slot_lease=claim_lease,
@@ -828,7 +827,7 @@ class Consumer:
             del self._running[claimed.key]
         if running.slot is not None and not submitted:
             # no outcome sent (lost, cancelled, paused): the finisher releases the slot now
-            self.limiter.release(running.slot, claimed.attempt)
+            self.limiter.release(running.slot, self.worker_id, claimed.attempt)
             self._pending_added.set()
         stat = outcome if accepted and outcome is not None else "lost"
         if running.cancel_reason == "paused":  # released by the pause: not a lost lease
@@ -1000,7 +999,7 @@ class Consumer:
                 p.future.set_result(ok)
         for p in batch:  # written (or refused: the lease had gone): the slot is free; released
             if p.slot is not None:  # with the next finish batch, or by the next loop turn
-                self.limiter.release(p.slot, p.params.attempt)
+                self.limiter.release(p.slot, self.worker_id, p.params.attempt)
 
     async def _drain_finisher(self) -> None:
         finisher = self._side.get("finisher")
@@ -1131,7 +1130,7 @@ class Consumer:
                     key_of[attempt] = key
         if not slots:
             return groups
-        gone, unknown = await self.limiter.extend(now, slots)
+        gone, unknown = await self.limiter.extend(now, self.worker_id, slots)
         for attempt in gone:
             self._lose(snapshot[key_of[attempt]], "lost")
         skipped = gone | unknown

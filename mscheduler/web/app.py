@@ -39,7 +39,6 @@ from mscheduler import __version__
 from mscheduler.exceptions import (
     InvalidInput,
     LeaseLost,
-    LimitedName,
     MSchedulerError,
     StorageError,
     TransitionRefused,
@@ -512,8 +511,6 @@ def domain_error(exc: Exception) -> _ApiError:
         return _ApiError(404, "not_found", str(exc))
     if isinstance(exc, LeaseLost):  # a remote executor's report or ping after its lease moved on
         return _ApiError(409, "lease_lost", str(exc))
-    if isinstance(exc, LimitedName):  # a remote executor's lease of a name under a flow limit
-        return _ApiError(409, "limited_name", str(exc))
     if isinstance(exc, TransitionRefused):
         return _ApiError(409, "transition_refused", str(exc), status=exc.status, rule=exc.rule)
     if isinstance(exc, StorageError) and exc.transient:

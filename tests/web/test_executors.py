@@ -280,31 +280,6 @@ async def test_a_remote_stop_survives_the_executor_reaching_another_server(
     assert worker["stop_time"] is not None  # served: a later lease registers it afresh
 
 
-async def test_a_name_under_a_flow_limit_is_refused_and_nothing_is_claimed(
-    http: httpx.AsyncClient, driver: CountingDriver, operations: Operations
-) -> None:
-    await publisher(driver).send_many([Task("capped", "job", None), Task("free", "other", None)])
-    await operations.set_limit("k", names=["job"], max_running=1)
-    for names in (["job"], ["other", "job"]):
-        response = await http.post(LEASE, json={"worker_id": "ex-1", "names": names}, headers=EXEC)
-        assert response.status_code == 409, response.text
-        assert response.json() == {
-            "error": "limited_name",
-            "detail": "name 'job' is under flow limit 'k': remote executors cannot take limited names yet",
-        }
-    assert (await driver.get_task("capped"))["state"]["status"] == "pending"  # type: ignore[index]
-    assert (await driver.get_task("free"))["state"]["status"] == "pending"  # type: ignore[index]
-    assert await driver.list_workers() == []  # refused before the executor was registered
-    assert [t["key"] for t in (await lease(http, names=["other"]))["tasks"]] == ["free"]
-
-    await operations.remove_limit("k")
-    assert (
-        await http.post(LEASE, json={"worker_id": "ex-1", "names": ["job"]}, headers=EXEC)
-    ).status_code == 409
-    tick(driver, 2_000)  # the service re-reads a name's limit after limits_interval (2 s)
-    assert [t["key"] for t in (await lease(http))["tasks"]] == ["capped"]
-
-
 async def test_a_task_aimed_at_a_group_goes_to_an_executor_in_that_group(
     http: httpx.AsyncClient, driver: CountingDriver
 ) -> None:
