@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -525,6 +527,14 @@ def domain_error(exc: Exception) -> _ApiError:
 # -- the app --------------------------------------------------------------------------------------
 
 
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """At shutdown, the executors' outcomes and flow-limit slot releases still waiting are written
+    (slots whose release is never written run out at their expiry)."""
+    yield
+    await app.state.executors.aclose()
+
+
 class _MetricsEndpoint:
     """``Metrics.asgi_app()`` as a route's ASGI endpoint (a plain function would be taken for a
     request handler); a route, not a mount, so ``/metrics`` answers without a redirect."""
@@ -573,6 +583,7 @@ def create_app(
         raise InvalidInput(f"tokens: an ApiTokens, got {type(tokens).__name__}")
     app = FastAPI(
         title=title,
+        lifespan=_lifespan,
         version=__version__,
         description="Look at and steer mscheduler's tasks, plans and workers.",
         openapi_url=OPENAPI_PATH,
