@@ -1016,11 +1016,15 @@ class Consumer:
     # -- pinger ---------------------------------------------------------------------------------
 
     def _ping_interval(self) -> float:
-        """The shortest ping interval of the running tasks; a capped first lease (claim_lease)
-        is renewed within a third of it."""
+        """The shortest ping interval of the running tasks; a capped first lease (claim_lease,
+        or a flow-limit slot's lease for an attempt holding a slot) is renewed within a third of
+        it."""
         intervals = [float(r.option["ping_interval_ms"]) / 1000 for r in self._running.values()]
-        if self.claim_lease is not None:
-            intervals.append(self.claim_lease.total_seconds() / 3)
+        cap = self.claim_lease
+        if cap is None and any(r.slot is not None for r in self._running.values()):
+            cap = self.limiter.slot_lease
+        if cap is not None:
+            intervals.append(cap.total_seconds() / 3)
         return min(intervals)
 
     async def _run_pinger(self) -> None:
