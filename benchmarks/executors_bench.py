@@ -6,8 +6,11 @@ tasks published before it starts) and, in this process, ``--executors`` ``Execut
 Measured from the first lease sent to the last report answered: tasks/s, and the HTTP requests
 the executors sent (lease, ping, report) per task. ``--asgi`` runs the app in this process
 through httpx's ASGI transport instead (no sockets, one event loop for both sides).
+``--limit N`` puts the task name under a flow limit ``max_running=N`` (a never-reached limit when
+N is above the executors' concurrency): each lease then takes slots, each ping extends them and
+each report releases them.
 
-    python -m benchmarks.executors_bench [--tasks 3000] [--executors 10] [--asgi]
+    python -m benchmarks.executors_bench [--tasks 3000] [--executors 10] [--asgi] [--limit 1000]
 """
 
 from __future__ import annotations
@@ -31,20 +34,27 @@ TOKEN = "bench-executor-token-0123456789"
 NAME = "noop"
 
 
-async def build_app(tasks: int) -> Any:
-    """The API over a MemoryDriver holding ``tasks`` no-op tasks (published before it serves)."""
+async def build_app(tasks: int, limit: int | None = None) -> Any:
+    """The API over a MemoryDriver holding ``tasks`` no-op tasks (published before it serves),
+    their name under a flow limit of ``max_running=limit`` if given."""
     driver = MemoryDriver()
     await Publisher(driver).send_many([Task(f"t{n}", NAME, None) for n in range(tasks)])
+    if limit is not None:
+        await Operations(driver).set_limit(NAME, max_running=limit)
     return create_app(
         operations=Operations(driver), tokens=ApiTokens(executor=[TOKEN]), metrics=False, dashboard=False
     )
 
 
-def serve(port: int, tasks: int) -> None:
+def serve(port: int, tasks: int, limit: int | None) -> None:
     import uvicorn
 
     uvicorn.run(
-        asyncio.run(build_app(tasks)), host="127.0.0.1", port=port, log_level="warning", access_log=False
+        asyncio.run(build_app(tasks, limit)),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        access_log=False,
     )
 
 
@@ -125,8 +135,12 @@ async def drive(
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     if args.asgi:
-        transport = httpx.ASGITransport(app=await build_app(args.tasks))
-        return await drive("http://bench", args.tasks, args.executors, transport)
+        app = await build_app(args.tasks, args.limit)
+        result = await drive("http://bench", args.tasks, args.executors, httpx.ASGITransport(app=app))
+        if args.limit is not None:  # the server's store commands for the limit (in process only)
+            commands = app.state.executors.limiter.commands
+            result["limit_commands_per_task"] = {k: round(v / args.tasks, 3) for k, v in commands.items()}
+        return result
     port = free_port()
     server = await asyncio.create_subprocess_exec(
         *[
@@ -137,6 +151,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             str(port),
             "--tasks",
             str(args.tasks),
+            *(["--limit", str(args.limit)] if args.limit is not None else []),
         ],
         env=os.environ | {"PYTHONPATH": os.getcwd()},
     )
@@ -154,10 +169,13 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=3000)
     parser.add_argument("--executors", type=int, default=10)
     parser.add_argument("--asgi", action="store_true", help="the app in process (no uvicorn)")
+    parser.add_argument(
+        "--limit", type=int, metavar="N", help="a flow limit max_running=N on the tasks' name"
+    )
     parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve, args.tasks)
+        serve(args.serve, args.tasks, args.limit)
         return
     result = asyncio.run(main_async(args))
     emit(
@@ -165,6 +183,7 @@ def main() -> None:
             "benchmark": "executors",
             "server": "in-process ASGI" if args.asgi else "uvicorn on 127.0.0.1 (separate process)",
             "executors": args.executors,
+            "limit": {"max_running": args.limit} if args.limit is not None else None,
             **result,
             "machine": machine(),
         }

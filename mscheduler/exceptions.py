@@ -30,18 +30,6 @@ class UnknownLimit(MSchedulerError, LookupError):
         self.key = key
 
 
-class LimitedName(MSchedulerError):
-    """A remote executor asked for a task name that a flow limit covers: executors cannot take
-    limit slots yet, so the lease is refused (nothing claimed) rather than exceed the limit."""
-
-    def __init__(self, name: str, limit_key: str) -> None:
-        super().__init__(
-            f"name {name!r} is under flow limit {limit_key!r}: remote executors cannot take limited names yet"
-        )
-        self.name = name
-        self.limit_key = limit_key
-
-
 class UnknownPlan(MSchedulerError, LookupError):
     """No plan with that id exists."""
 

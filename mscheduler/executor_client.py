@@ -54,6 +54,7 @@ class RemoteTask:
     ping_interval: float
     lease_seconds: float
     run_timeout: float | None
+    first_lease_seconds: float | None = None  # the lease the lease answer granted (may be shorter)
     _client: ExecutorClient | None = field(default=None, repr=False)
     _checkpoint: tuple[Any] | None = field(default=None, repr=False)
     _progress: dict[str, Any] | None = field(default=None, repr=False)
@@ -76,9 +77,11 @@ class RemoteTask:
             ping_interval=data["ping_interval_seconds"],
             lease_seconds=data["lease_seconds"],
             run_timeout=data["run_timeout_seconds"],
+            first_lease_seconds=data.get("first_lease_seconds"),
             _client=client,
         )
-        task._trusted_until = sent_at + task.lease_seconds - min(LEASE_MARGIN, task.lease_seconds / 10)
+        first = task.lease_seconds if task.first_lease_seconds is None else task.first_lease_seconds
+        task._trusted_until = sent_at + first - min(LEASE_MARGIN, first / 10)
         return task
 
     async def checkpoint(self, data: Any) -> None:

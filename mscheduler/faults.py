@@ -75,6 +75,7 @@ OPERATIONS = (
     "acquire_slots",
     "update_slots",
     "limit_keys",
+    "held_slots",
     "setup",
     "server_time",
     "insert_tasks",
@@ -427,8 +428,8 @@ class FaultyDriver:
     async def control_task(self, params: ControlParams) -> dict[str, Any] | None:
         return await self._invoke("control_task", lambda: self.inner.control_task(params), params)
 
-    async def register_worker(self, info: WorkerInfo) -> None:
-        await self._invoke("register_worker", lambda: self.inner.register_worker(info), info)
+    async def register_worker(self, info: WorkerInfo) -> bool:
+        return await self._invoke("register_worker", lambda: self.inner.register_worker(info), info)
 
     async def heartbeat_worker(self, worker_id: str, now: datetime, running_cnt: int) -> bool:
         return await self._invoke(
@@ -484,6 +485,11 @@ class FaultyDriver:
 
     async def update_slots(self, params: SlotsParams) -> list[str]:
         return await self._invoke("update_slots", lambda: self.inner.update_slots(params), params)
+
+    async def held_slots(self, worker_id: str, attempts: Sequence[str], now: datetime) -> dict[str, str]:
+        return await self._invoke(
+            "held_slots", lambda: self.inner.held_slots(worker_id, attempts, now), worker_id, attempts, now
+        )
 
     async def limit_keys(self, names: Sequence[str]) -> dict[str, str]:
         return await self._invoke("limit_keys", lambda: self.inner.limit_keys(names), names)

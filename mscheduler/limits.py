@@ -26,7 +26,7 @@ same as an update pipeline; the conformance suite checks that they agree).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -230,6 +230,20 @@ def granted_of(doc: Mapping[str, Any], worker_id: str, attempts: Sequence[str], 
     """Which of ``attempts`` hold a live slot of ``worker_id`` in ``doc`` (in asked order)."""
     held = {s["a"] for s in doc.get("slots", []) if s["w"] == worker_id and s["e"] > now}
     return [a for a in attempts if a in held]
+
+
+def held_in(
+    docs: Iterable[Mapping[str, Any]], worker_id: str, attempts: Sequence[str], now: datetime
+) -> dict[str, str]:
+    """``held_slots`` over limit documents: attempt -> the key of the limit where ``worker_id``
+    holds a live slot for it (an attempt token is granted by one limit at most)."""
+    wanted = set(attempts)
+    return {
+        s["a"]: doc["_id"]
+        for doc in docs
+        for s in doc.get("slots", [])
+        if s["a"] in wanted and s["w"] == worker_id and s["e"] > now
+    }
 
 
 def acquire_result_fields(doc: Mapping[str, Any], now: datetime) -> dict[str, Any]:

@@ -17,11 +17,20 @@ waiting lease), at the next known claim or lease-expiry time, and otherwise poll
 backoff; it is bounded by the wait asked for. Outcomes of concurrent reports are written in
 batches (one ``finish`` command for whatever piled up while the last one was in flight).
 
-Flow limits (``Operations.set_limit``): executors do not take limit slots yet, so a lease naming
-a task name that a limit covers is refused (``LimitedName``; the API answers 409 ``limited_name``)
-and nothing is claimed — a limit is never exceeded through this door. Which names are limited is
-read from the store (the consumer's ``limit_keys``) at most every ``limits_interval`` seconds per
-name, as a consumer re-reads it: a limit set meanwhile applies to leases after that.
+Flow limits (``Operations.set_limit``) hold for executors as for consumers, by the consumer's own
+``Limiter`` (``mscheduler.consumer.limiter``; one per service, shared by its executors): a lease
+of limited names acquires slots for the executor's attempts (stamped with its worker id) and
+claims with the grants, the same ``now`` and a first lease capped at the slot's expiry; a limit
+that refused waits a backoff (a rate: until its window frees a start) while the lease's other
+names are still claimed, and a waiting lease re-checks then, or at once when a report through
+this service frees a slot of it. A ping extends the attempts' slots before their leases (an
+attempt whose slot is gone is ``lost``); a report releases the slot alongside the next finish
+batch; an attempt never reported keeps its slot until the slot's expiry (its lease's end).
+
+Several API servers may serve one executor (a ping or report may reach another server than its
+lease): which limit holds an attempt's slot is remembered from the lease, else read from the store
+(``held_slots``: the slot records its attempt token and worker id), never guessed from the
+current name -> limit mapping, which may have changed since the lease.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from mscheduler.clock import Clock, ServerClock
+from mscheduler.consumer.limiter import Limiter
 from mscheduler.consumer.reports import DEFAULT_MAX_CHECKPOINT_BYTES, checked_checkpoint, checked_progress
 from mscheduler.drivers.base import (
     FAILURE_STATUSES,
@@ -59,11 +69,11 @@ from mscheduler.events import EventKind, EventRecorder, outcome_detail, outcome_
 from mscheduler.exceptions import (
     InvalidInput,
     LeaseLost,
-    LimitedName,
     MSchedulerError,
     StorageError,
     UnknownTask,
 )
+from mscheduler.limits import DEFAULT_SLOT_LEASE
 from mscheduler.model import AttemptStatus, validate_group, validate_key, validate_name
 from mscheduler.outcomes import (
     DEFAULT_MAX_RESULT_BYTES,
@@ -86,9 +96,8 @@ MAX_PINGS = 1000  # attempts in one ping
 DEFAULT_MAX_WAIT = 30.0  # seconds a lease may wait for work at most
 WORKER_ID_MAX = 200
 HOST_MAX = 200
-OPTIONS_KEPT = 100_000  # (key, attempt) -> option of leased attempts, to renew leases without a read
+OPTIONS_KEPT = 100_000  # (key, attempt) -> option and slot of leased attempts, to renew without a read
 WORKERS_KEPT = 10_000  # executors whose registration this service remembers
-LIMIT_NAMES_KEPT = 10_000  # task names whose flow limit (or none) this service remembers
 REPORT_OUTCOMES = ("succeeded", "failed", "snoozed", "released")
 WAKEUPS_READ = 16  # wake-ups a waiting lease reads (those already due say nothing new)
 _POLL_FIRST = 0.05  # the first pause of a polling wait; it doubles up to poll_interval
@@ -116,6 +125,23 @@ class Lease:
 
     tasks: list[ClaimedTask]
     stop_requested: bool = False
+    claimed_at: datetime | None = None  # the claim's ``now`` (the start of the first leases)
+
+    def first_lease(self, task: ClaimedTask) -> float:
+        """Seconds of the lease this answer grants: the task's ``worker_timeout``, or less when a
+        flow-limit slot capped it."""
+        full = float(task.option["worker_timeout_ms"]) / 1000
+        if self.claimed_at is None:
+            return full
+        return min(full, max((task.ping_expire_time - self.claimed_at).total_seconds(), 0.0))
+
+    def ping_interval(self, task: ClaimedTask) -> float:
+        """How soon to ping: the task's ``ping_interval``, or a third of a capped first lease
+        (the consumer's rule for ``claim_lease``), so that the first ping comes in time."""
+        interval: float = task.option["ping_interval_ms"] / 1000
+        if self.first_lease(task) < task.option["worker_timeout_ms"] / 1000:
+            interval = min(interval, self.first_lease(task) / 3)
+        return interval
 
 
 @dataclass(slots=True, frozen=True)
@@ -180,6 +206,10 @@ class _Waiter:
     tokens: frozenset[str]
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     next_at: datetime | None = None  # the earliest future time the stream told of
+    limits: frozenset[str] = frozenset()  # the flow limits covering its names
+    # claim now: an event told of a task claimable now, or a slot of one of its limits was
+    # released through this service (a later time the stream told of does not hide either)
+    ready: bool = False
 
 
 class _Doorbell:
@@ -234,6 +264,8 @@ class _Doorbell:
                 continue
             if when > now:
                 waiter.next_at = when if waiter.next_at is None else min(waiter.next_at, when)
+            else:
+                waiter.ready = True
             waiter.wake.set()
 
 
@@ -241,28 +273,48 @@ class _Doorbell:
 class _PendingFinish:
     params: FinishParams
     future: asyncio.Future[bool]
+    slot: str | None = None  # the flow limit whose slot to release once the outcome is written
 
 
 class _Finisher:
     """Writes the outcomes of concurrent reports in batches: one ``finish`` command for what
-    piled up while the last was in flight (SPEC G2)."""
+    piled up while the last was in flight (SPEC G2). Flow-limit slots of the attempts whose
+    outcome was written (or refused) are released alongside the next batch (the consumer's
+    finisher does the same), or on their own once no report is waiting."""
 
-    def __init__(self, driver: Driver) -> None:
+    def __init__(self, driver: Driver, limiter: Limiter, clock: Clock) -> None:
         self.driver = driver
+        self.limiter = limiter
+        self.clock = clock
         self.loop = asyncio.get_running_loop()
         self.pending: list[_PendingFinish] = []
         self.task: asyncio.Task[None] | None = None
 
-    async def submit(self, params: FinishParams) -> bool:
-        pending = _PendingFinish(params, self.loop.create_future())
+    async def submit(self, params: FinishParams, slot: str | None) -> bool:
+        pending = _PendingFinish(params, self.loop.create_future(), slot)
         self.pending.append(pending)
-        if self.task is None or self.task.done():
-            self.task = asyncio.ensure_future(self._run())
+        self.kick()
         return await asyncio.shield(pending.future)
 
+    def kick(self) -> None:
+        """Make sure the loop runs (outcomes or slot releases are waiting)."""
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(self._run())
+
+    async def idle(self) -> None:
+        """Wait until nothing is waiting to be written (tests, and ``RemoteExecutors.aclose``)."""
+        while self.task is not None and not self.task.done():
+            await asyncio.shield(self.task)
+
     async def _run(self) -> None:
-        while self.pending:
+        while self.pending or self.limiter.releases:
             batch, self.pending = self.pending, []
+            if not batch:  # releases only: one try; those refused run out at their expiry
+                await self.limiter.flush(self.clock.now())
+                return
+            release = (
+                asyncio.ensure_future(self.limiter.flush(self.clock.now())) if self.limiter.releases else None
+            )
             try:
                 accepted = await self.driver.finish([p.params for p in batch])
             except BaseException as exc:  # each caller gets the error (the API maps it)
@@ -270,12 +322,27 @@ class _Finisher:
                     if not p.future.done():
                         p.future.set_exception(exc)
                         p.future.exception()  # retrieved: a caller that went away stays quiet
+                if release is not None:
+                    await asyncio.gather(release, return_exceptions=True)
                 if isinstance(exc, asyncio.CancelledError):
                     raise
                 continue
+            if release is not None:
+                await release
             for p, ok in zip(batch, accepted, strict=True):
+                if p.slot is not None:  # written, or refused (the lease had gone): the slot is free
+                    self.limiter.release(p.slot, p.params.worker_id, p.params.attempt)
                 if not p.future.done():
                     p.future.set_result(ok)
+
+
+@dataclass(slots=True, frozen=True)
+class _Held:
+    """What this service remembers of a leased attempt: its task's option (the lease length) and
+    the flow limit whose slot it holds (None: none)."""
+
+    option: dict[str, Any]
+    slot: str | None
 
 
 class RemoteExecutors:
@@ -298,6 +365,10 @@ class RemoteExecutors:
         executors alone recovers the tasks of a dead one.
     :param limits_interval: seconds a name's flow limit (or its having none) is remembered before
         a lease reads it again (``Consumer(limits_interval=...)``'s role).
+    :param limit_backoff: after a limit refused a slot, about this many seconds (jittered) before
+        this service asks it again for any executor (``Consumer(limit_backoff=...)``).
+    :param slot_lease: a flow-limit slot's first lease, and so the cap of a limited task's first
+        lease (``Consumer(claim_lease=...)``'s role for limits; default 30 s); pings extend both.
     """
 
     def __init__(
@@ -313,6 +384,8 @@ class RemoteExecutors:
         max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
         maintenance_interval: float = 1.0,
         limits_interval: float = 2.0,
+        limit_backoff: float = 0.2,
+        slot_lease: float | None = None,
     ) -> None:
         if not 0 <= max_wait <= 300:
             raise InvalidInput("max_wait must be from 0 to 300 seconds")
@@ -322,6 +395,8 @@ class RemoteExecutors:
             ("heartbeat_interval", heartbeat_interval),
             ("maintenance_interval", maintenance_interval),
             ("limits_interval", limits_interval),
+            ("limit_backoff", limit_backoff),
+            ("slot_lease", DEFAULT_SLOT_LEASE.total_seconds() if slot_lease is None else slot_lease),
         ):
             if not 0 < value <= 3600:
                 raise InvalidInput(f"{label} must be more than 0 and at most 3600 seconds")
@@ -338,14 +413,21 @@ class RemoteExecutors:
         self.maintenance_interval = maintenance_interval
         self.limits_interval = limits_interval
         self.rng = random.Random()  # retry jitter; tests may seed it
+        # flow limits (SPEC G5): the consumer's limiter, its slots stamped with each executor's id
+        self.limiter = Limiter(
+            driver,
+            refresh=limits_interval,
+            backoff=limit_backoff,
+            slot_lease=timedelta(seconds=slot_lease) if slot_lease is not None else None,
+            rng=self.rng,
+            on_free=self._slot_freed,
+        )
         self._synced = False
         self._maintained_at: float | None = None
         self._workers: OrderedDict[str, float] = OrderedDict()  # worker id -> last heartbeat (mono)
         # worker id -> the groups of its last lease (a ping that names none renews with them)
         self._groups: OrderedDict[str, tuple[str, ...]] = OrderedDict()
-        # task name -> (monotonic time read, the key of the limit covering it, or None)
-        self._limit_of: OrderedDict[str, tuple[float, str | None]] = OrderedDict()
-        self._options: OrderedDict[tuple[str, str], dict[str, Any]] = OrderedDict()
+        self._held: OrderedDict[tuple[str, str], _Held] = OrderedDict()
         self._bells: dict[frozenset[str], _Doorbell] = {}
         self._finisher: _Finisher | None = None
         # report numbers of checkpoints / progress (read back to tell whether one landed)
@@ -353,7 +435,7 @@ class RemoteExecutors:
         self.events: EventRecorder | None = (
             EventRecorder(driver, self.clock) if getattr(driver, "record_events", False) else None
         )
-        self.stats = {"leases": 0, "claimed": 0, "pings": 0, "reports": 0, "refused": 0, "limited": 0}
+        self.stats = {"leases": 0, "claimed": 0, "pings": 0, "reports": 0, "refused": 0, "slot_lost": 0}
 
     async def _now(self) -> datetime:
         if not self._synced:
@@ -380,7 +462,7 @@ class RemoteExecutors:
         ``running``: how many attempts the executor holds now (shown in the worker registry).
         ``groups``: the groups it belongs to (``Consumer(groups=...)``): it also takes tasks whose
         ``specific_groups`` name one of them.
-        ``LimitedName`` (nothing claimed, nothing written) when a flow limit covers one of ``names``."""
+        Names under a flow limit are claimed with the limit's slots (as a consumer's)."""
         worker_id = check_worker_id(worker_id)
         names = _checked_names(names)
         member_of = checked_groups(groups)
@@ -391,59 +473,33 @@ class RemoteExecutors:
         if host is not None and (not isinstance(host, str) or not 1 <= len(host) <= HOST_MAX):
             raise InvalidInput(f"host: 1 to {HOST_MAX} characters")
         self.stats["leases"] += 1
-        await self._refuse_limited(names)
         self._groups[worker_id] = member_of
         self._groups.move_to_end(worker_id)
         while len(self._groups) > WORKERS_KEPT:
             self._groups.popitem(last=False)
         now = await self._now()
-        if await self._check_in(worker_id, names, max_tasks, host, pid, running, now):
+        if await self._check_in(worker_id, names, member_of, max_tasks, host, pid, running, now):
             return Lease([], stop_requested=True)
         deadline = self.clock.monotonic() + min(float(wait), self.max_wait)
         pause = _POLL_FIRST
         while True:
             await self._maintain(now)
-            await self._refuse_limited(names)  # a limit may have been set while this lease waited
+            # a limit set or removed meanwhile applies from here (re-read every limits_interval)
+            await self.limiter.maybe_refresh(names, self.clock.monotonic())
             claimed = await self._claim(worker_id, names, member_of, max_tasks, host, pid, now)
             if claimed or self.clock.monotonic() >= deadline:
-                return Lease(claimed)
+                return Lease(claimed, claimed_at=now)
             if await self._wait_for_work(worker_id, names, member_of, deadline, pause):
                 pause = _POLL_FIRST  # a hint came: the next poll, if any, starts short again
             else:
                 pause = min(pause * 2, self.poll_interval)
             now = self.clock.now()
 
-    async def _refuse_limited(self, names: list[str]) -> None:
-        """Raise ``LimitedName`` for the first of ``names`` a flow limit covers: executors take no
-        limit slots, so a claim of such a name could exceed the limit. A name's limit is read
-        again once ``limits_interval`` has passed (one ``limit_keys`` read for the stale ones)."""
-        mono = self.clock.monotonic()
-        known: dict[str, str | None] = {}
-        stale = []
-        for name in names:
-            seen = self._limit_of.get(name)
-            if seen is None or mono - seen[0] >= self.limits_interval:
-                stale.append(name)
-            else:
-                known[name] = seen[1]
-        if stale:
-            found = await self.driver.limit_keys(stale)
-            for name in stale:
-                known[name] = found.get(name)
-                self._limit_of[name] = (mono, known[name])
-                self._limit_of.move_to_end(name)
-            while len(self._limit_of) > LIMIT_NAMES_KEPT:
-                self._limit_of.popitem(last=False)
-        for name in names:
-            key = known[name]
-            if key is not None:
-                self.stats["limited"] += 1
-                raise LimitedName(name, key)
-
     async def _check_in(
         self,
         worker_id: str,
         names: list[str],
+        groups: Sequence[str],
         max_tasks: int,
         host: str | None,
         pid: int,
@@ -456,16 +512,19 @@ class RemoteExecutors:
         mono = self.clock.monotonic()
         last = self._workers.get(worker_id)
         if last is None:
-            info = WorkerInfo(worker_id, host or "remote", int(pid), names, max_tasks, now)
-            await self.driver.register_worker(info)
+            # another API server may have registered it already, and an operator asked it to
+            # stop since: the registration keeps that stop and says so
+            info = WorkerInfo(worker_id, host or "remote", int(pid), names, max_tasks, now, groups)
+            stop = await self.driver.register_worker(info)
         elif mono - last >= self.heartbeat_interval:
-            if await self.driver.heartbeat_worker(worker_id, now, max(0, int(running))):
-                self._workers.pop(worker_id, None)
-                await self.driver.unregister_worker(worker_id, now)
-                log.info("executor %s: stop requested through the database", worker_id)
-                return True
+            stop = await self.driver.heartbeat_worker(worker_id, now, max(0, int(running)))
         else:
             return False
+        if stop:
+            self._workers.pop(worker_id, None)
+            await self.driver.unregister_worker(worker_id, now)
+            log.info("executor %s: stop requested through the database", worker_id)
+            return True
         self._workers[worker_id] = mono
         self._workers.move_to_end(worker_id)
         while len(self._workers) > WORKERS_KEPT:
@@ -505,9 +564,10 @@ class RemoteExecutors:
             pid=int(pid) or None,
             groups=groups,
         )
-        claimed = await self.driver.claim(params)
+        # limited names: slots first, then the claim with the grants (mscheduler.consumer.limiter)
+        claimed = await self.limiter.claim(params, self.driver.claim)
         for task in claimed:
-            self._remember(task.key, task.attempt, task.option)
+            self._remember(task.key, task.attempt, task.option, task.slot)
             if self.events is not None:
                 self.events.attempt_event(
                     EventKind.CLAIMED, task.key, task.name, task.attempt, task.attempt_no, worker_id
@@ -520,17 +580,24 @@ class RemoteExecutors:
         self, worker_id: str, names: list[str], groups: tuple[str, ...], deadline: float, pause: float
     ) -> bool:
         """Wait until a claim may succeed: a change event that concerns this executor, the next
-        claim or lease-expiry time the store knows of, a poll pause, or the deadline. True when
-        woken by a hint rather than by the pause."""
+        claim or lease-expiry time the store knows of, the end of a flow limit's backoff or a slot
+        of it freed here, a poll pause, or the deadline. True when woken by a hint rather than by
+        the pause."""
         now = self.clock.now()
         wakeups = await self.driver.find_wakeups(
             WakeupParams(worker_id, names, now, limit=WAKEUPS_READ, groups=groups)
         )
-        # Times already past say nothing new (the claim just found nothing it may take).
+        # Times already past say nothing new (the claim just found nothing it may take; for a
+        # limited name, perhaps because its limit is full: the limit's retry time covers that).
         times = [w.time for w in wakeups if w.time > now]
         bell = self._bell(frozenset(names))
         tokens = frozenset(claimer_tokens(names, worker_id, groups))
-        waiter = _Waiter(worker_id, tokens, next_at=min(times) if times else None)
+        limits = frozenset(self.limiter.limits_of(names))
+        # A limit that refused is asked again once its backoff ends. Only a future end counts: a
+        # past one is a limit the claim did not reach this time (its attempts were used up).
+        retry = self.limiter.next_retry(set(limits)) if limits else None
+        retry = retry if retry is not None and retry > now else None
+        waiter = _Waiter(worker_id, tokens, next_at=min(times) if times else None, limits=limits)
         bell.add(waiter)
         try:
             while True:
@@ -538,6 +605,10 @@ class RemoteExecutors:
                 left = deadline - self.clock.monotonic()
                 floor = self.stream_poll_interval if bell.streaming else pause
                 timeout = min(left, floor)
+                if waiter.ready or (retry is not None and retry <= now):
+                    return True  # a task is claimable, or a limit may grant a slot, now
+                if retry is not None:
+                    timeout = min(timeout, (retry - now).total_seconds())
                 if waiter.next_at is not None:
                     if waiter.next_at <= now:
                         await self._maintain(now, force=True)  # a lease may have expired
@@ -548,10 +619,11 @@ class RemoteExecutors:
                 waiter.wake.clear()
                 if not await self._sleep_or_wake(waiter.wake, timeout):
                     # the pause (or the deadline) passed: a known time may have come
-                    if waiter.next_at is not None and waiter.next_at <= self.clock.now():
+                    now = self.clock.now()
+                    if waiter.next_at is not None and waiter.next_at <= now:
                         continue
-                    return False
-                if waiter.next_at is None or waiter.next_at <= self.clock.now():
+                    return False  # (a limit's retry time that came: claimed again the same way)
+                if waiter.ready or waiter.next_at is None or waiter.next_at <= self.clock.now():
                     return True
                 # else the event only announced a later time: wait for it
         finally:
@@ -575,11 +647,20 @@ class RemoteExecutors:
             bell = self._bells[names] = _Doorbell(self.driver, self.clock, names)
         return bell
 
-    def _remember(self, key: str, attempt: str, option: Mapping[str, Any]) -> None:
-        self._options[(key, attempt)] = dict(option)
-        self._options.move_to_end((key, attempt))
-        while len(self._options) > OPTIONS_KEPT:
-            self._options.popitem(last=False)
+    def _remember(self, key: str, attempt: str, option: Mapping[str, Any], slot: str | None) -> None:
+        self._held[(key, attempt)] = _Held(dict(option), slot)
+        self._held.move_to_end((key, attempt))
+        while len(self._held) > OPTIONS_KEPT:
+            self._held.popitem(last=False)
+
+    def _slot_freed(self, limit_key: str) -> None:
+        """A report through this service freed a slot of a limit that had refused: the leases
+        waiting on it claim again now rather than at the end of their backoff."""
+        for bell in self._bells.values():
+            for waiter in bell.waiters:
+                if limit_key in waiter.limits:
+                    waiter.ready = True
+                    waiter.wake.set()
 
     # -- ping -------------------------------------------------------------------------------------
 
@@ -612,23 +693,40 @@ class RemoteExecutors:
                 reports[item.key] = AttemptReport(self._seq, item.save_checkpoint, checkpoint, progress)
         self.stats["pings"] += 1
         now = await self._now()
-        options = await self._options_of(worker_id, items)
+        held = await self._held_of(worker_id, items, now)
         by_expire: dict[datetime, dict[str, str]] = {}
+        slots: dict[str, dict[str, datetime]] = {}
         for item in items:
-            option = options.get(item.key)
-            if option is None:
+            attempt_held = held.get(item.key)
+            if attempt_held is None:
                 continue  # no such task: lost
-            expire = now + timedelta(milliseconds=option["worker_timeout_ms"])
+            expire = now + timedelta(milliseconds=attempt_held.option["worker_timeout_ms"])
             by_expire.setdefault(expire, {})[item.key] = item.attempt
-        result = await self.driver.ping(
-            PingParams(worker_id, now, by_expire, reports, worker_groups=member_of)
-        )
+            if attempt_held.slot is not None:
+                slots.setdefault(attempt_held.slot, {})[item.attempt] = expire
+        # The slots first, to the same expiry (the consumer's pinger does the same): a lease is
+        # never renewed past its slot. One whose slot is gone is not renewed (lost).
+        gone: set[str] = set()
+        if slots:
+            gone, unknown = await self.limiter.extend(now, worker_id, slots)
+            if unknown:  # not confirmed: renew nothing; the executor pings again (503)
+                raise StorageError(
+                    "could not extend the flow-limit slots of the pinged attempts", transient=True
+                )
+            self.stats["slot_lost"] += len(gone)
+            by_expire = {
+                expire: {k: a for k, a in attempts.items() if a not in gone}
+                for expire, attempts in by_expire.items()
+            }
+        renew = {expire: attempts for expire, attempts in by_expire.items() if attempts}
+        result = await self.driver.ping(PingParams(worker_id, now, renew, reports, worker_groups=member_of))
         recorded = set(result.recorded)
         answers = []
         for item in items:
-            option = result.alive.get(item.key)
+            option = result.alive.get(item.key) if item.attempt not in gone else None
             if option is not None:
-                self._remember(item.key, item.attempt, option)
+                slot = held[item.key].slot
+                self._remember(item.key, item.attempt, option, slot)
                 answers.append(
                     PingAnswer(
                         item.key,
@@ -648,19 +746,31 @@ class RemoteExecutors:
             ):
                 if item.key in keys:
                     state = name
-            self._options.pop((item.key, item.attempt), None)
+            gone_held = self._held.pop((item.key, item.attempt), None) or held.get(item.key)
+            if gone_held is not None and gone_held.slot is not None and item.attempt not in gone:
+                # the attempt ended without an outcome: its slot goes back (the consumer's rule)
+                self.limiter.release(gone_held.slot, worker_id, item.attempt)
             answers.append(PingAnswer(item.key, item.attempt, state))
+        if self.limiter.releases:
+            self._finisher_here().kick()
         return answers
 
-    async def _options_of(self, worker_id: str, items: Sequence[AttemptPing]) -> dict[str, dict[str, Any]]:
-        """The options of the pinged attempts' tasks (their lease length): remembered from the
-        lease or the last ping, else read (one read for all that are not)."""
-        options = {i.key: o for i in items if (o := self._options.get((i.key, i.attempt))) is not None}
-        missing = [i.key for i in items if i.key not in options]
+    async def _held_of(self, worker_id: str, items: Sequence[AttemptPing], now: datetime) -> dict[str, _Held]:
+        """The option (lease length) and the slot's limit of each pinged attempt: remembered from
+        the lease or the last ping through this service, else read — one read of the tasks and
+        one of the slots they hold (``held_slots``: the store's record, right whatever server
+        leased them; an attempt without a live slot there has no lease to renew either, as a
+        lease never outlives its slot)."""
+        known = {i.key: h for i in items if (h := self._held.get((i.key, i.attempt))) is not None}
+        missing = [i for i in items if i.key not in known]
         if missing:
-            for doc in await self.driver.get_tasks(missing):
-                options[doc["key"]] = dict(doc["option"])
-        return options
+            docs = await self.driver.get_tasks([i.key for i in missing])
+            slot_of = await self.driver.held_slots(worker_id, [i.attempt for i in missing], now)
+            options = {doc["key"]: dict(doc["option"]) for doc in docs}
+            for item in missing:
+                if item.key in options:
+                    known[item.key] = _Held(options[item.key], slot_of.get(item.attempt))
+        return known
 
     # -- report -----------------------------------------------------------------------------------
 
@@ -691,12 +801,12 @@ class RemoteExecutors:
             outcome.retry_at,
             outcome.final,
         )
-        accepted = await self._finish(params)
+        accepted = await self._finish(params, await self._slot_of(worker_id, key, attempt, now))
+        self._held.pop((key, attempt), None)
         duplicate = False
         if not accepted:
             doc = await self.driver.get_task(key)
             duplicate = self._refused(doc, key, worker_id, attempt, outcome)
-        self._options.pop((key, attempt), None)
         if self.events is not None and not duplicate:
             self._record_outcome(doc, key, worker_id, attempt, outcome)
             await self._flush_events()
@@ -731,11 +841,32 @@ class RemoteExecutors:
             return Outcome(AttemptStatus.FAILED.value, error=error, retry_at=now)
         return failed(error, doc["option"], _failures_before(doc, entry), now, self.rng)
 
-    async def _finish(self, params: FinishParams) -> bool:
+    async def _slot_of(self, worker_id: str, key: str, attempt: str, now: datetime) -> str | None:
+        """The flow limit whose slot the attempt holds (to release it with the outcome):
+        remembered from its lease or last ping here, else read from the store."""
+        held = self._held.get((key, attempt))
+        if held is not None:
+            return held.slot
+        return (await self.driver.held_slots(worker_id, [attempt], now)).get(attempt)
+
+    def _finisher_here(self) -> _Finisher:
         finisher = self._finisher
         if finisher is None or finisher.loop is not asyncio.get_running_loop():
-            finisher = self._finisher = _Finisher(self.driver)
-        return await finisher.submit(params)
+            finisher = self._finisher = _Finisher(self.driver, self.limiter, self.clock)
+        return finisher
+
+    async def _finish(self, params: FinishParams, slot: str | None) -> bool:
+        return await self._finisher_here().submit(params, slot)
+
+    async def aclose(self) -> None:
+        """Write what is waiting (outcomes, slot releases) before the server stops; slots whose
+        release fails run out at their expiry."""
+        finisher = self._finisher
+        if finisher is None or finisher.loop is not asyncio.get_running_loop():
+            return
+        await finisher.idle()
+        if self.limiter.releases:
+            await self.limiter.flush(self.clock.now())
 
     def _refused(
         self, doc: Mapping[str, Any] | None, key: str, worker_id: str, attempt: str, outcome: Outcome

@@ -352,7 +352,6 @@ class Consumer:
         # flow limits (SPEC G5): slots acquired before claims of limited names, see limiter.py
         self.limiter = Limiter(
             driver,
-            self.worker_id,
             refresh=limits_interval,
             backoff=limit_backoff,
             slot_lease=claim_lease,
@@ -828,7 +827,7 @@ class Consumer:
             del self._running[claimed.key]
         if running.slot is not None and not submitted:
             # no outcome sent (lost, cancelled, paused): the finisher releases the slot now
-            self.limiter.release(running.slot, claimed.attempt)
+            self.limiter.release(running.slot, self.worker_id, claimed.attempt)
             self._pending_added.set()
         stat = outcome if accepted and outcome is not None else "lost"
         if running.cancel_reason == "paused":  # released by the pause: not a lost lease
@@ -1000,7 +999,7 @@ class Consumer:
                 p.future.set_result(ok)
         for p in batch:  # written (or refused: the lease had gone): the slot is free; released
             if p.slot is not None:  # with the next finish batch, or by the next loop turn
-                self.limiter.release(p.slot, p.params.attempt)
+                self.limiter.release(p.slot, self.worker_id, p.params.attempt)
 
     async def _drain_finisher(self) -> None:
         finisher = self._side.get("finisher")
@@ -1017,11 +1016,15 @@ class Consumer:
     # -- pinger ---------------------------------------------------------------------------------
 
     def _ping_interval(self) -> float:
-        """The shortest ping interval of the running tasks; a capped first lease (claim_lease)
-        is renewed within a third of it."""
+        """The shortest ping interval of the running tasks; a capped first lease (claim_lease,
+        or a flow-limit slot's lease for an attempt holding a slot) is renewed within a third of
+        it."""
         intervals = [float(r.option["ping_interval_ms"]) / 1000 for r in self._running.values()]
-        if self.claim_lease is not None:
-            intervals.append(self.claim_lease.total_seconds() / 3)
+        cap = self.claim_lease
+        if cap is None and any(r.slot is not None for r in self._running.values()):
+            cap = self.limiter.slot_lease
+        if cap is not None:
+            intervals.append(cap.total_seconds() / 3)
         return min(intervals)
 
     async def _run_pinger(self) -> None:
@@ -1131,7 +1134,7 @@ class Consumer:
                     key_of[attempt] = key
         if not slots:
             return groups
-        gone, unknown = await self.limiter.extend(now, slots)
+        gone, unknown = await self.limiter.extend(now, self.worker_id, slots)
         for attempt in gone:
             self._lose(snapshot[key_of[attempt]], "lost")
         skipped = gone | unknown

@@ -12,13 +12,24 @@ Per ping: the slots of the running attempts are extended first (one write per li
 expiry their leases get; an attempt whose slot is gone is not pinged (its lease runs out; its
 handler is given up like a lost lease). Per finish: the slots are released after the outcomes are
 written (one write per limit per batch). Which limit covers which name is read from the store every
-``refresh`` seconds.
+``refresh`` seconds (per name, for the names a claim asks for).
+
+One ``Limiter`` serves one consumer, or one API server's remote executors
+(``mscheduler.remote``): the worker id of each operation is the claim's (``ClaimParams.worker_id``)
+or given, so the slots it takes are stamped with the worker that runs the attempt; a limit's
+backoff is shared by the workers of one ``Limiter`` (a refusal for one executor holds back the
+others' acquires too, as one consumer's claims are held back). Everything that must outlive a
+request is in the store (the slots, by attempt token and worker): the in-memory state is the
+name -> limit mapping cache, the backoff, the releases not yet flushed (they run out at their
+expiry if never sent) and the optional reserve.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -29,59 +40,86 @@ from mscheduler.limits import DEFAULT_SLOT_LEASE
 
 log = logging.getLogger("mscheduler.consumer")
 RESERVE_ROUNDS = 4  # an acquire far from max_running asks for this many claim batches
+NAMES_KEPT = 10_000  # task names whose limit (or none) a Limiter remembers
 
 
 class Limiter:
-    """Limit bookkeeping of one consumer (no I/O of its own beyond the driver's operations)."""
+    """Limit bookkeeping of one consumer, or of one API server's remote executors (no I/O of its
+    own beyond the driver's operations).
+
+    :param on_free: called with a limit's key when a release frees a slot of a limit that had
+        refused (the API server wakes the leases waiting on it).
+    """
 
     def __init__(
         self,
         driver: Driver,
-        worker_id: str,
         *,
         refresh: float,
         backoff: float,
         slot_lease: timedelta | None,
         rng: random.Random,
         reserve: bool = False,
+        on_free: Callable[[str], None] | None = None,
     ) -> None:
         self.driver = driver
-        self.worker_id = worker_id
         self.refresh = refresh
         self.backoff = backoff
         self.slot_lease = slot_lease or DEFAULT_SLOT_LEASE
         self.rng = rng
         self.reserve_enabled = reserve
-        self.limit_of: dict[str, str] = {}  # name -> limit key
-        self._read_at: float | None = None  # monotonic time of the last read of the mapping
+        self.on_free = on_free
+        self.limit_of: dict[str, str] = {}  # name -> limit key (names without a limit: absent)
+        self._read_at: OrderedDict[str, float] = OrderedDict()  # name -> monotonic time read
         self.wait_until: dict[str, datetime] = {}  # limit key -> when to ask again after a refusal
-        self.releases: dict[str, list[str]] = {}  # limit key -> attempts whose slot to release
+        # (limit key, worker id) -> attempts whose slot to release
+        self.releases: dict[tuple[str, str], list[str]] = {}
         self.commands = {"acquire": 0, "settle": 0, "extend": 0, "release": 0, "refused": 0}
-        # With ``reserve`` (Consumer(limit_reserve=True)): grants kept for the next claims (limit
-        # key -> [(attempt, slot expiry)]). While a limit without a rate is far from its
-        # max_running, an acquire asks for RESERVE_ROUNDS batches and the claims of the next
-        # rounds use the spare grants without an acquire of their own. Spare grants are live
+        # With ``reserve`` (Consumer(limit_reserve=True)): grants kept for the next claims
+        # ((limit key, worker id) -> [(attempt, slot expiry)]). While a limit without a rate is far
+        # from its max_running, an acquire asks for RESERVE_ROUNDS batches and the claims of the
+        # next rounds use the spare grants without an acquire of their own. Spare grants are live
         # slots (counted against max_running; given back when half a slot lease old, or at stop).
         # Not exact for a rate added to the limit later: a reserved grant carries no start.
-        self.reserve: dict[str, list[tuple[str, datetime]]] = {}
+        self.reserve: dict[tuple[str, str], list[tuple[str, datetime]]] = {}
         self.roomy: set[str] = set()  # limits whose last acquire left room for a reserve
 
     async def maybe_refresh(self, names: Sequence[str], monotonic: float) -> None:
-        if self._read_at is not None and monotonic - self._read_at < self.refresh:
+        """Read which limit covers those of ``names`` not read for ``refresh`` seconds (one
+        ``limit_keys`` read for all of them); on a storage error keep the last known mapping."""
+        stale = [n for n in names if monotonic - self._read_at.get(n, -math.inf) >= self.refresh]
+        if not stale:
             return
-        self._read_at = monotonic
+        for name in stale:
+            self._read_at[name] = monotonic
+            self._read_at.move_to_end(name)
         try:
-            self.limit_of = await self.driver.limit_keys(list(names))
-        except StorageError as exc:  # keep the last known mapping; the next refresh tries again
+            found = await self.driver.limit_keys(stale)
+        except StorageError as exc:  # the next refresh tries again
             log.warning("could not read the flow limits (%s); keeping the last known ones", exc)
-        for key in [k for k in self.wait_until if k not in self.limit_of.values()]:
+            return
+        for name in stale:
+            key = found.get(name)
+            if key is None:
+                self.limit_of.pop(name, None)
+            else:
+                self.limit_of[name] = key
+        while len(self._read_at) > NAMES_KEPT:
+            self.limit_of.pop(self._read_at.popitem(last=False)[0], None)
+        keys = set(self.limit_of.values())
+        for key in [k for k in self.wait_until if k not in keys]:
             del self.wait_until[key]
+
+    def limits_of(self, names: Sequence[str]) -> set[str]:
+        """The keys of the limits (as last read) that cover some of ``names``."""
+        return {key for name in names if (key := self.limit_of.get(name)) is not None}
 
     def retry_due(self, now: datetime) -> bool:
         return any(when <= now for when in self.wait_until.values())
 
-    def next_retry(self) -> datetime | None:
-        return min(self.wait_until.values(), default=None)
+    def next_retry(self, keys: set[str] | None = None) -> datetime | None:
+        """When a limit that refused may be asked again (of ``keys`` only, if given)."""
+        return min((w for k, w in self.wait_until.items() if keys is None or k in keys), default=None)
 
     def _refused(self, key: str, now: datetime, hint: datetime | None) -> None:
         self.commands["refused"] += 1
@@ -118,18 +156,20 @@ class Limiter:
             claimed += await claim(replace(params, names=free_names, attempts=attempts))
         return claimed
 
-    def _from_reserve(self, key: str, n: int, now: datetime) -> tuple[list[tuple[str, datetime]], list[str]]:
-        """Up to ``n`` fresh reserved grants of ``key`` (unused for less than half a slot lease)
-        with their slots' expiry, and the stale ones (to give back)."""
+    def _from_reserve(
+        self, key: str, worker_id: str, n: int, now: datetime
+    ) -> tuple[list[tuple[str, datetime]], list[str]]:
+        """Up to ``n`` fresh reserved grants of ``key`` for ``worker_id`` (unused for less than
+        half a slot lease) with their slots' expiry, and the stale ones (to give back)."""
         fresh: list[tuple[str, datetime]] = []
         stale: list[str] = []
-        for attempt, expire in self.reserve.pop(key, []):
+        for attempt, expire in self.reserve.pop((key, worker_id), []):
             if expire - now > self.slot_lease / 2:
                 fresh.append((attempt, expire))
             else:
                 stale.append(attempt)
         if fresh[n:]:
-            self.reserve[key] = fresh[n:]
+            self.reserve[(key, worker_id)] = fresh[n:]
         return fresh[:n], stale
 
     async def _claim_limited(
@@ -140,25 +180,25 @@ class Limiter:
         attempts: list[str],
         claim: Callable[[ClaimParams], Awaitable[list[ClaimedTask]]],
     ) -> tuple[list[ClaimedTask], list[str], bool]:
-        now = params.now
+        now, worker_id = params.now, params.worker_id
         n = len(attempts)
-        reserved, stale = self._from_reserve(key, n, now)
+        reserved, stale = self._from_reserve(key, worker_id, n, now)
         if stale:
-            self.releases.setdefault(key, []).extend(stale)  # with the next finish batch
+            self.releases.setdefault((key, worker_id), []).extend(stale)  # with the next finish batch
         retry_at: datetime | None = None
         if len(reserved) == n:  # no acquire this round: the claim uses reserved grants
             granted = [a for a, _ in reserved]
             rest = attempts
             expire = min(e for _, e in reserved)  # every first lease ends by then
         else:
-            self.releases.setdefault(key, []).extend(a for a, _ in reserved)  # too few: afresh
+            self.releases.setdefault((key, worker_id), []).extend(a for a, _ in reserved)  # afresh
             extra = (
                 [f"{a}r{i}" for i in range(RESERVE_ROUNDS - 1) for a in attempts] if key in self.roomy else []
             )
             expire = now + self.slot_lease
             self.commands["acquire"] += 1
             result = await self.driver.acquire_slots(
-                AcquireParams(key, self.worker_id, [*attempts, *extra], now, expire)
+                AcquireParams(key, worker_id, [*attempts, *extra], now, expire)
             )
             if not result.limited:
                 return [], attempts, True
@@ -170,7 +210,7 @@ class Limiter:
                 self.roomy.discard(key)
             granted, spare = result.granted[:n], result.granted[n:]
             if spare:
-                self.reserve.setdefault(key, []).extend((a, expire) for a in spare)
+                self.reserve.setdefault((key, worker_id), []).extend((a, expire) for a in spare)
             rest = [a for a in attempts if a not in set(granted)]
             retry_at = result.retry_at
             if not granted:
@@ -190,33 +230,31 @@ class Limiter:
         used = {task.attempt: task.ping_expire_time for task in got}
         unused = [a for a in granted if a not in used and a not in uncertain]
         if unused and key in self.roomy:  # kept for the next rounds: no write now
-            self.reserve.setdefault(key, []).extend((a, expire) for a in unused)
+            self.reserve.setdefault((key, worker_id), []).extend((a, expire) for a in unused)
             unused = []
         shorten = {a: e for a, e in used.items() if e < expire}
         if unused or shorten:
             self.commands["settle"] += 1
             try:
                 await self.driver.update_slots(
-                    SlotsParams(key, self.worker_id, now, extend=shorten, unused=unused)
+                    SlotsParams(key, worker_id, now, extend=shorten, unused=unused)
                 )
             except StorageError as exc:  # the slots run out at their expiry: only later, not wrong
                 log.warning("could not settle the slots of limit %s (%s)", key, exc)
         return [replace(task, slot=key) for task in got], rest, False
 
     async def extend(
-        self, now: datetime, slots: Mapping[str, Mapping[str, datetime]]
+        self, now: datetime, worker_id: str, slots: Mapping[str, Mapping[str, datetime]]
     ) -> tuple[set[str], set[str]]:
-        """Extend the slots ``{limit key: {attempt: new expiry}}`` before their leases are renewed.
-        Returns (attempts whose slot is gone: give them up, attempts not confirmed: a storage
-        error — do not renew their leases this time)."""
+        """Extend ``worker_id``'s slots ``{limit key: {attempt: new expiry}}`` before their leases
+        are renewed. Returns (attempts whose slot is gone: give them up, attempts not confirmed:
+        a storage error — do not renew their leases this time)."""
         gone: set[str] = set()
         unknown: set[str] = set()
         for key, extend in slots.items():
             self.commands["extend"] += 1
             try:
-                live = set(
-                    await self.driver.update_slots(SlotsParams(key, self.worker_id, now, extend=extend))
-                )
+                live = set(await self.driver.update_slots(SlotsParams(key, worker_id, now, extend=extend)))
             except StorageError as exc:
                 log.warning("could not extend the slots of limit %s (%s)", key, exc)
                 unknown |= set(extend)
@@ -226,27 +264,31 @@ class Limiter:
 
     def give_back_reserve(self) -> None:
         """At stop: the reserved grants go with the last release."""
-        for key, grants in self.reserve.items():
-            self.releases.setdefault(key, []).extend(a for a, _ in grants)
+        for where, grants in self.reserve.items():
+            self.releases.setdefault(where, []).extend(a for a, _ in grants)
         self.reserve.clear()
 
-    def release(self, key: str, attempt: str) -> None:
-        self.releases.setdefault(key, []).append(attempt)
+    def release(self, key: str, worker_id: str, attempt: str) -> None:
+        """The attempt ended (its outcome written or refused, or its lease lost): its slot is
+        released with the next ``flush``."""
+        self.releases.setdefault((key, worker_id), []).append(attempt)
 
     async def flush(self, now: datetime) -> bool:
-        """Release the slots of the attempts that ended (one write per limit); on an error they
-        are kept for the next flush (and run out at their expiry anyway): False."""
+        """Release the slots of the attempts that ended (one write per limit and worker); on an
+        error they are kept for the next flush (and run out at their expiry anyway): False."""
         releases, self.releases = self.releases, {}
-        for key, attempts in releases.items():
+        for (key, worker_id), attempts in releases.items():
             self.commands["release"] += 1
             try:
-                await self.driver.update_slots(SlotsParams(key, self.worker_id, now, release=attempts))
+                await self.driver.update_slots(SlotsParams(key, worker_id, now, release=attempts))
             except StorageError as exc:
                 log.warning("could not release the slots of limit %s (%s)", key, exc)
-                for k, a in releases.items():  # this one and the ones not tried yet
-                    if k == key or k not in self.releases:
-                        self.releases.setdefault(k, []).extend(a)
+                for where, a in releases.items():  # this one and the ones not tried yet
+                    if where == (key, worker_id) or where not in self.releases:
+                        self.releases.setdefault(where, []).extend(a)
                 return False
             if key in self.wait_until:  # refused before (there is work): a slot is free now
                 self.wait_until[key] = now
+                if self.on_free is not None:
+                    self.on_free(key)
         return True

@@ -608,7 +608,12 @@ class Driver(Protocol):
 
     async def update_option(self, params: UpdateOptionParams) -> bool: ...
 
-    async def register_worker(self, info: WorkerInfo) -> None: ...
+    async def register_worker(self, info: WorkerInfo) -> bool:
+        """Register (or re-register) a worker; True when a stop is pending for it. A registration
+        that has not ended (no ``stop_time``: e.g. an executor another API server registered)
+        keeps its pending stop, ``start_time`` and running count; a new one, or one after an
+        unregistration, starts afresh (no stop)."""
+        ...
 
     async def heartbeat_worker(self, worker_id: str, now: datetime, running_cnt: int) -> bool: ...
 
@@ -697,6 +702,12 @@ class Driver(Protocol):
 
     async def limit_keys(self, names: Sequence[str]) -> dict[str, str]:
         """Which limit covers each of these names (names without one are left out)."""
+        ...
+
+    async def held_slots(self, worker_id: str, attempts: Sequence[str], now: datetime) -> dict[str, str]:
+        """Which limit holds a live slot of ``worker_id`` for each of ``attempts`` (attempts
+        without one are left out): the store's own record of a slot's owner, for a process that
+        did not acquire it (a remote executor's ping or report reaching another API server)."""
         ...
 
     async def acquire_slots(self, params: AcquireParams) -> AcquireResult: ...

@@ -525,7 +525,9 @@ class MemoryDriver(
         self._write(doc, params.now)
         return copy.deepcopy(doc)
 
-    async def register_worker(self, info: WorkerInfo) -> None:
+    async def register_worker(self, info: WorkerInfo) -> bool:
+        old = self._workers.get(info.worker_id)
+        live = old is not None and old["stop_time"] is None
         self._workers[info.worker_id] = {
             "worker_id": info.worker_id,
             "host": info.host,
@@ -533,12 +535,13 @@ class MemoryDriver(
             "names": list(info.names),
             "groups": list(info.groups),
             "concurrency": info.concurrency,
-            "start_time": info.start_time,
+            "start_time": old["start_time"] if old is not None and live else info.start_time,
             "last_seen": info.start_time,
-            "running_cnt": 0,
-            "stop_requested": False,
+            "running_cnt": old["running_cnt"] if old is not None and live else 0,
+            "stop_requested": bool(old is not None and live and old["stop_requested"]),
             "stop_time": None,
         }
+        return bool(self._workers[info.worker_id]["stop_requested"])
 
     async def heartbeat_worker(self, worker_id: str, now: datetime, running_cnt: int) -> bool:
         worker = self._workers.get(worker_id)

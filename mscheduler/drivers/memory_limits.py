@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from mscheduler.drivers.base import AcquireParams, AcquireResult, LimitNameTaken, PutLimitParams, SlotsParams
-from mscheduler.limits import acquire_result_fields, grant, granted_of, settle
+from mscheduler.limits import acquire_result_fields, grant, granted_of, held_in, settle
 
 
 class MemoryLimits:
@@ -59,6 +60,9 @@ class MemoryLimits:
 
     async def limit_keys(self, names: Sequence[str]) -> dict[str, str]:
         return {n: self._limit_of_name[n] for n in names if n in self._limit_of_name}
+
+    async def held_slots(self, worker_id: str, attempts: Sequence[str], now: datetime) -> dict[str, str]:
+        return held_in(self._limits.values(), worker_id, attempts, now)
 
     async def acquire_slots(self, params: AcquireParams) -> AcquireResult:
         doc = self._limits.get(params.key)

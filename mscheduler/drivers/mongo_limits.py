@@ -15,6 +15,8 @@ Indexes (every read names its index with ``hint``):
 ``_id_``           ``_id``                      acquire, update_slots, get, delete, list
 ``limits_names``   ``names`` (unique, multikey) ``limit_keys`` (which limit covers a name);
                                                 a name belongs to at most one limit
+``limits_slots``   ``slots.a`` (multikey)       ``held_slots`` (which limit holds an attempt's
+                                                slot: a ping or report on another API server)
 ================= ============================ ===========================================
 """
 
@@ -29,15 +31,17 @@ from pymongo.errors import DuplicateKeyError
 
 from mscheduler.drivers.base import AcquireParams, AcquireResult, LimitNameTaken, PutLimitParams, SlotsParams
 from mscheduler.drivers.mongo_common import _in, _lit, _out
-from mscheduler.limits import acquire_result_fields, epoch_ms, granted_of
+from mscheduler.limits import acquire_result_fields, epoch_ms, granted_of, held_in
 
 T = TypeVar("T")
 
 LIMITS = "mscheduler_limits"
 ID_INDEX = "_id_"
 LIMITS_NAMES_INDEX = "limits_names"
+LIMITS_SLOTS_INDEX = "limits_slots"
 LIMIT_INDEXES: list[tuple[Any, dict[str, Any]]] = [
     ([("names", 1)], {"name": LIMITS_NAMES_INDEX, "unique": True}),
+    ([("slots.a", 1)], {"name": LIMITS_SLOTS_INDEX}),
 ]
 
 
@@ -217,6 +221,14 @@ class MongoLimits:
             return {n: doc["_id"] async for doc in cursor for n in doc["names"] if n in names}
 
         return await self._call("read limit keys", read)
+
+    async def held_slots(self, worker_id: str, attempts: Sequence[str], now: datetime) -> dict[str, str]:
+        async def read() -> dict[str, str]:
+            filter_ = {"slots.a": {"$in": list(attempts)}}
+            cursor = self.limits.find(filter_, {"slots": 1}).hint(LIMITS_SLOTS_INDEX)
+            return held_in([_in(doc) async for doc in cursor], worker_id, attempts, now)
+
+        return await self._call("read held slots", read)
 
     async def acquire_slots(self, params: AcquireParams) -> AcquireResult:
         pipeline = acquire_pipeline(params)

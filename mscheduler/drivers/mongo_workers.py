@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pymongo import ReturnDocument
 
 from mscheduler.drivers.base import WorkerInfo
-from mscheduler.drivers.mongo_common import T, _in, _out
+from mscheduler.drivers.mongo_common import T, _in, _lit, _out
 
 
 class MongoWorkers:
@@ -29,25 +29,48 @@ class MongoWorkers:
             session: Any = None,
         ) -> T: ...
 
-    async def register_worker(self, info: WorkerInfo) -> None:
-        doc = _out(
+    async def register_worker(self, info: WorkerInfo) -> bool:
+        # One pipeline upsert, so that it reads and writes the registration atomically: one that
+        # has not ended (no stop_time; e.g. an executor another API server registered first)
+        # keeps its pending stop, start time and running count; a new one, or one after an
+        # unregistration, starts afresh. A plain ``$set`` would wipe a stop an operator asked for.
+        live = {
+            "$and": [
+                {"$ne": [{"$ifNull": ["$start_time", None]}, None]},
+                {"$eq": [{"$ifNull": ["$stop_time", None]}, None]},
+            ]
+        }
+
+        def kept(field: str, fresh: Any) -> dict[str, Any]:
+            return {"$cond": [live, {"$ifNull": [f"${field}", _lit(fresh)]}, _lit(fresh)]}
+
+        update = [
             {
-                "host": info.host,
-                "pid": info.pid,
-                "names": list(info.names),
-                "groups": list(info.groups),
-                "concurrency": info.concurrency,
-                "start_time": info.start_time,
-                "last_seen": info.start_time,
-                "running_cnt": 0,
-                "stop_requested": False,
-                "stop_time": None,
+                "$set": {
+                    "host": _lit(info.host),
+                    "pid": _lit(info.pid),
+                    "names": _lit(list(info.names)),
+                    "groups": _lit(list(info.groups)),
+                    "concurrency": _lit(info.concurrency),
+                    "start_time": kept("start_time", _out(info.start_time)),
+                    "last_seen": _lit(_out(info.start_time)),
+                    "running_cnt": kept("running_cnt", 0),
+                    "stop_requested": kept("stop_requested", False),
+                    "stop_time": None,
+                }
             }
-        )
-        await self._call(
+        ]
+        doc = await self._call(
             "register worker",
-            lambda: self.workers.update_one({"_id": info.worker_id}, {"$set": doc}, upsert=True),
+            lambda: self.workers.find_one_and_update(
+                {"_id": info.worker_id},
+                update,
+                projection={"stop_requested": 1},
+                upsert=True,
+                return_document=ReturnDocument.AFTER,
+            ),
         )
+        return bool(doc and doc.get("stop_requested"))
 
     async def heartbeat_worker(self, worker_id: str, now: datetime, running_cnt: int) -> bool:
         doc = await self._call(

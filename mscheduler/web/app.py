@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -39,7 +41,6 @@ from mscheduler import __version__
 from mscheduler.exceptions import (
     InvalidInput,
     LeaseLost,
-    LimitedName,
     MSchedulerError,
     StorageError,
     TransitionRefused,
@@ -534,8 +535,6 @@ def domain_error(exc: Exception) -> _ApiError:
         return _ApiError(404, "not_found", str(exc))
     if isinstance(exc, LeaseLost):  # a remote executor's report or ping after its lease moved on
         return _ApiError(409, "lease_lost", str(exc))
-    if isinstance(exc, LimitedName):  # a remote executor's lease of a name under a flow limit
-        return _ApiError(409, "limited_name", str(exc))
     if isinstance(exc, TransitionRefused):
         return _ApiError(409, "transition_refused", str(exc), status=exc.status, rule=exc.rule)
     if isinstance(exc, StorageError) and exc.transient:
@@ -548,6 +547,14 @@ def domain_error(exc: Exception) -> _ApiError:
 
 
 # -- the app --------------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """At shutdown, the executors' outcomes and flow-limit slot releases still waiting are written
+    (slots whose release is never written run out at their expiry)."""
+    yield
+    await app.state.executors.aclose()
 
 
 class _MetricsEndpoint:
@@ -598,6 +605,7 @@ def create_app(
         raise InvalidInput(f"tokens: an ApiTokens, got {type(tokens).__name__}")
     app = FastAPI(
         title=title,
+        lifespan=_lifespan,
         version=__version__,
         description="Look at and steer mscheduler's tasks, plans and workers.",
         openapi_url=OPENAPI_PATH,

@@ -6,6 +6,7 @@ consumer's rules: the same claim, the same fenced ping and finish, the same outc
 executor token (``executor:<token>``) may use these routes and nothing else; an admin token may
 too; a read token may not (403). A report or ping of an attempt whose lease moved on changes
 nothing: the report answers 409 ``lease_lost`` (an unknown task: 404), the ping says ``lost``.
+Task names under a flow limit are leased with the limit's slots, as a consumer claims them.
 """
 
 from __future__ import annotations
@@ -77,8 +78,14 @@ class LeasedTaskOut(BaseModel):
     attempt: str = Field(description="send it back with every ping and the report")
     attempt_no: int
     lease_expires: datetime = Field(description="ping before this (the store's time)")
-    ping_interval_seconds: float = Field(description="how often to ping")
+    ping_interval_seconds: float = Field(
+        description="how often to ping (shorter than the task's when a flow limit capped the first lease)"
+    )
     lease_seconds: float = Field(description="the lease a ping renews (the task's worker_timeout)")
+    first_lease_seconds: float = Field(
+        description="the lease this answer grants: lease_seconds, or less for a name under a flow "
+        "limit (capped at the limit slot's lease)"
+    )
     run_timeout_seconds: float | None = Field(description="report a failure when the work runs longer")
     checkpoint: Any = Field(description="what an earlier attempt saved (null: nothing)")
     failures: int = Field(description="failures counted before this attempt")
@@ -179,21 +186,13 @@ executors = APIRouter(
 )
 
 
-_LIMITED: dict[int | str, dict[str, Any]] = {
-    409: {
-        "model": ErrorOut,
-        "description": "a name is under a flow limit (error: limited_name): executors cannot take "
-        "limited names yet; nothing was claimed",
-    }
-}
-
-
-@executors.post("/lease", response_model=LeaseOut, responses=_LIMITED, summary="Lease due tasks (long poll)")
+@executors.post("/lease", response_model=LeaseOut, summary="Lease due tasks (long poll)")
 async def lease(body: LeaseIn, service: Service, request: Request) -> LeaseOut:
     """Claim up to ``max_tasks`` due tasks among ``names`` for ``worker_id`` (the consumer's claim:
     targeting, priority, retry budget); when none is due, wait up to ``wait_seconds`` for one.
-    An empty ``tasks`` means nothing came in time: lease again. 409 ``limited_name`` when a flow
-    limit covers one of ``names`` (nothing claimed: executors take no limit slots yet)."""
+    An empty ``tasks`` means nothing came in time: lease again. Names under a flow limit are
+    claimed only with a free slot of the limit (``max_running``, ``rate``), shared with every
+    consumer and executor; a full limit makes its names wait while the others are leased."""
     got = await service.lease(
         body.worker_id,
         body.names,
@@ -216,8 +215,9 @@ async def lease(body: LeaseIn, service: Service, request: Request) -> LeaseOut:
                 attempt=task.attempt,
                 attempt_no=task.attempt_no,
                 lease_expires=task.ping_expire_time,
-                ping_interval_seconds=option["ping_interval_ms"] / 1000,
+                ping_interval_seconds=got.ping_interval(task),
                 lease_seconds=option["worker_timeout_ms"] / 1000,
+                first_lease_seconds=got.first_lease(task),
                 run_timeout_seconds=run_timeout / 1000 if run_timeout else None,
                 checkpoint=task.checkpoint,
                 failures=task.fail_cnt,

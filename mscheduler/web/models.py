@@ -160,8 +160,7 @@ class ErrorOut(BaseModel):
 
     error: str = Field(
         description="invalid_input, unauthorized, forbidden, not_found, transition_refused, "
-        "lease_lost (a remote executor's attempt no longer holds the task), limited_name (a lease "
-        "named a task name under a flow limit), storage_unavailable "
+        "lease_lost (a remote executor's attempt no longer holds the task), storage_unavailable "
         "or internal"
     )
     detail: str

@@ -126,6 +126,24 @@ async def test_an_expired_slot_comes_back_at_its_expiry_not_before(limits: Limit
     assert await limits.live("job") == ["b1"]
 
 
+async def test_held_slots_name_the_limit_of_each_live_slot_of_the_worker(limits: Limits) -> None:
+    """The store's record of who holds which slot: what an API server that did not acquire a
+    slot reads to extend or release it."""
+    await limits.put("api", names=("fetch", "push"), max_running=5)
+    await limits.put("import", max_running=5)
+    assert await limits.acquire("api", "w1", "a1", "a2") == ["a1", "a2"]
+    assert await limits.acquire("import", "w1", "b1", lease=timedelta(seconds=10)) == ["b1"]
+    assert await limits.acquire("import", "w2", "c1") == ["c1"]
+    now = limits.clock.now()
+    asked = ["a1", "a2", "b1", "c1", "never"]
+    assert await limits.driver.held_slots("w1", asked, now) == {"a1": "api", "a2": "api", "b1": "import"}
+    assert await limits.driver.held_slots("w2", asked, now) == {"c1": "import"}  # owner-fenced
+    await limits.update("api", "w1", release=["a2"])
+    limits.advance(10)  # b1's slot expires
+    assert await limits.driver.held_slots("w1", asked, limits.clock.now()) == {"a1": "api"}
+    assert await limits.driver.held_slots("w1", ["never"], limits.clock.now()) == {}
+
+
 async def test_release_extend_and_unused(limits: Limits) -> None:
     await limits.put("job", max_running=2, rate="100/s")
     assert await limits.acquire("job", "w1", "a1", "a2") == ["a1", "a2"]

@@ -211,6 +211,32 @@ async def test_worker_registry_round_trip(store: Store) -> None:
     assert await driver.request_worker_stop("w1", store.now) is False  # already stopped
 
 
+async def test_registration_keeps_a_pending_stop_of_a_live_registration(store: Store) -> None:
+    """An executor is registered by each API server that first sees it: a second registration
+    of a live worker must not wipe the stop an operator asked for (nor its start time or running
+    count), while a registration after the worker unregistered starts afresh."""
+    driver = store.driver
+    started = store.now
+    assert await driver.register_worker(WorkerInfo("ex", "server-a", 1, ["job"], 2, started)) is False
+    assert await driver.heartbeat_worker("ex", store.now, 2) is False
+    assert await driver.request_worker_stop("ex", store.now) is True
+    store.advance(3)
+    # another server sees the executor for the first time: the stop is still pending, and said
+    assert await driver.register_worker(WorkerInfo("ex", "server-b", 0, ["job", "x"], 4, store.now)) is True
+    [worker] = await driver.list_workers()
+    assert (worker["stop_requested"], worker["start_time"], worker["running_cnt"]) == (True, started, 2)
+    assert (worker["host"], worker["names"], worker["last_seen"]) == ("server-b", ["job", "x"], store.now)
+    assert await driver.heartbeat_worker("ex", store.now, 1) is True
+
+    await driver.unregister_worker("ex", store.now)  # the stop was served
+    store.advance(1)
+    assert await driver.register_worker(WorkerInfo("ex", "server-a", 1, ["job"], 2, store.now)) is False
+    [worker] = await driver.list_workers()
+    assert (worker["stop_requested"], worker["stop_time"], worker["start_time"]) == (False, None, store.now)
+    assert worker["running_cnt"] == 0
+    assert await driver.heartbeat_worker("ex", store.now, 0) is False
+
+
 async def test_unknown_workers_are_not_invented(store: Store) -> None:
     driver = store.driver
     assert await driver.heartbeat_worker("ghost", store.now, 1) is False

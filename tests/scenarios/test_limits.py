@@ -192,3 +192,35 @@ async def test_limits_through_consumers_on_mongomock(fake_clock: FakeClock) -> N
     assert peak == 2
     assert took <= 40 * 0.5 / 2 * 1.5 + 2
     assert (await ops.get_limit("db")).running == 0  # every slot released with its finish
+
+
+async def test_a_limited_task_with_a_long_ping_interval_keeps_its_capped_first_lease(
+    fake_clock: FakeClock,
+) -> None:
+    """Without ``claim_lease``, a limited task's first lease is still capped at the slot's lease
+    (30 s): the pinger must renew it within a third of that, not at the task's own 40 s
+    ``ping_interval``, or the lease is lost before the first ping."""
+    store = MemoryDriver(clock=fake_clock)
+    await Operations(store, clock=fake_clock).set_limit("slow", max_running=1)
+    option = TaskOption(ping_interval=timedelta(seconds=40), worker_timeout=timedelta(seconds=120))
+    await Publisher(store, clock=fake_clock).send(Task("long", "slow", option=option))
+    consumer = Consumer(store, worker_id="c", clock=fake_clock, poll_interval=1.0, planner=False)
+
+    async def handle(params: Any, ctx: TaskContext) -> str:
+        await fake_clock.sleep(60)
+        return "done"
+
+    consumer.register("slow", handle)
+    await consumer.start()
+    try:
+
+        async def ended() -> bool:
+            doc = await store.get_task("long")
+            return doc is not None and doc["state"]["status"] in ("succeeded", "failed")
+
+        await advance_until(fake_clock, ended, step=1.0, limit=120)
+    finally:
+        await consumer.stop(grace=0)
+    doc = await store.get_task("long")
+    assert doc is not None
+    assert [e["status"] for e in doc["state"]["worker_states"]] == ["succeeded"]

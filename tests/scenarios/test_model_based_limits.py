@@ -104,7 +104,6 @@ class LimitMachine(RuleBasedStateMachine):
     def new_limiter(self, w: str) -> Limiter:
         return Limiter(
             self.drivers[w],
-            w,
             refresh=0.001,
             backoff=0.5,
             slot_lease=SLOT_LEASE,
@@ -159,7 +158,7 @@ class LimitMachine(RuleBasedStateMachine):
         for _key, (attempt, slot) in self.held[w].items():
             if slot is not None:
                 slots.setdefault(slot, {})[attempt] = expire
-        gone, unknown = self.run(self.limiters[w].extend(now, slots))
+        gone, unknown = self.run(self.limiters[w].extend(now, w, slots))
         renew = {k: a for k, (a, _) in self.held[w].items() if a not in gone | unknown}
         for key in [k for k, (a, _) in self.held[w].items() if a in gone]:
             del self.held[w][key]  # given up, like a lost lease
@@ -172,7 +171,7 @@ class LimitMachine(RuleBasedStateMachine):
         for key in result.lost:
             attempt, slot = self.held[w].pop(key)
             if slot is not None:
-                self.limiters[w].release(slot, attempt)
+                self.limiters[w].release(slot, w, attempt)
 
     @rule(w=_worker, i=st.integers(0, 5))
     def finish(self, w: str, i: int) -> None:
@@ -189,7 +188,7 @@ class LimitMachine(RuleBasedStateMachine):
             self.held[w][key] = (attempt, slot)
             return
         if slot is not None:
-            self.limiters[w].release(slot, attempt)
+            self.limiters[w].release(slot, w, attempt)
         self.run(self.limiters[w].flush(now))
 
     @rule(w=_worker)
@@ -321,12 +320,12 @@ def test_a_reserved_grant_bounds_the_first_lease() -> None:
     try:
         m.claim("w0", 1)  # learns that the limit has room
         m.claim("w0", 1)  # acquires 4 grants: uses 1, keeps 3
-        assert len(m.limiters["w0"].reserve["lim"]) == 3
+        assert len(m.limiters["w0"].reserve[("lim", "w0")]) == 3
         m.time_passes(3, False)
         m.time_passes(0.5, False)  # 3.5 s: a full worker_timeout (5 s) would outlive the slots
         m.fault("w0", "update_slots", False)  # and no settle write may fix it afterwards
         m.claim("w0", 2)  # from the reserve, no acquire
-        assert len(m.held["w0"]) == 4 and len(m.limiters["w0"].reserve["lim"]) == 1
+        assert len(m.held["w0"]) == 4 and len(m.limiters["w0"].reserve[("lim", "w0")]) == 1
         m.limits_hold()
         m.time_passes(1, False)  # the last reserved grant is now older than half a slot lease
         m.claim("w0", 1)  # stale: given back, and a fresh acquire

@@ -27,7 +27,6 @@ EXPECTED = [
     "InvalidInput",
     "LeaseLost",
     "LimitInfo",
-    "LimitedName",
     "ListParams",
     "MSchedulerError",
     "MemoryDriver",

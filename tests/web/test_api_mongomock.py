@@ -61,7 +61,10 @@ async def test_the_api_over_mongo_on_mongomock() -> None:
         assert (await client.get("/api/v1/health")).json() == {"status": "ok"}
 
 
-async def test_limits_routes_and_the_executor_refusal_on_mongomock() -> None:
+async def test_limits_routes_and_executors_taking_slots_on_mongomock() -> None:
+    """The limit routes, and an executor leasing limited names through the Mongo driver's slot
+    pipelines: slots stamped with its id and attempts, extended by its ping to the lease's
+    expiry, released after its reports."""
     clock = FakeClock()
     driver = MongoDriver(mongomock_database())
     await driver.setup()
@@ -76,13 +79,38 @@ async def test_limits_routes_and_the_executor_refusal_on_mongomock() -> None:
         assert taken.status_code == 422
         assert [d["key"] for d in (await client.get("/api/v1/limits", headers=READ)).json()] == ["partner"]
 
-        await Publisher(driver, clock=clock).send_many([Task("f1", "fetch"), Task("m1", "mail")])
-        lease = {"worker_id": "ex-1", "names": ["fetch"]}
-        refused = await client.post("/api/v1/executors/lease", json=lease, headers=ADMIN)
-        assert refused.status_code == 409 and refused.json()["error"] == "limited_name"
-        lease["names"] = ["mail"]
-        leased = await client.post("/api/v1/executors/lease", json=lease, headers=ADMIN)
-        assert [t["key"] for t in leased.json()["tasks"]] == ["m1"]
+        tasks = [Task(f"f{n}", "fetch") for n in range(3)] + [Task("m1", "mail")]
+        await Publisher(driver, clock=clock).send_many(tasks)
+        lease = {"worker_id": "ex-1", "names": ["fetch", "mail"], "max_tasks": 4}
+        leased = (await client.post("/api/v1/executors/lease", json=lease, headers=ADMIN)).json()["tasks"]
+        fetched = [t for t in leased if t["name"] == "fetch"]
+        assert len(fetched) == 2 and [t["key"] for t in leased if t["name"] == "mail"] == ["m1"]
+        limit = (await client.get("/api/v1/limits/partner", headers=READ)).json()
+        assert limit["running"] == 2 and limit["recent_starts"] == 2
+        assert sorted((h["worker_id"], h["attempt"]) for h in limit["holders"]) == sorted(
+            ("ex-1", t["attempt"]) for t in fetched
+        )
+
+        clock.advance(10)
+        ping = {"worker_id": "ex-1", "tasks": [{"key": t["key"], "attempt": t["attempt"]} for t in fetched]}
+        answers = (await client.post("/api/v1/executors/ping", json=ping, headers=ADMIN)).json()["tasks"]
+        assert [a["state"] for a in answers] == ["alive", "alive"]
+        holders = (await client.get("/api/v1/limits/partner", headers=READ)).json()["holders"]
+        assert {h["expire_time"] for h in holders} == {a["lease_expires"] for a in answers}
+
+        for task in fetched:
+            done = {"worker_id": "ex-1", "key": task["key"], "attempt": task["attempt"]}
+            reported = await client.post(
+                "/api/v1/executors/report", json=done | {"outcome": "succeeded"}, headers=ADMIN
+            )
+            assert reported.status_code == 200
+        for _ in range(100):  # the releases ride the finisher's next turn
+            if (await client.get("/api/v1/limits/partner", headers=READ)).json()["running"] == 0:
+                break
+        assert (await client.get("/api/v1/limits/partner", headers=READ)).json()["running"] == 0
+        again = (await client.post("/api/v1/executors/lease", json=lease, headers=ADMIN)).json()["tasks"]
+        rest = [t.key for t in tasks[:3] if t.key not in {f["key"] for f in fetched}]
+        assert [t["key"] for t in again] == rest  # the third, now that slots are free
 
         assert (await client.delete("/api/v1/limits/partner", headers=ADMIN)).status_code == 204
         assert (await client.get("/api/v1/limits/partner", headers=READ)).status_code == 404

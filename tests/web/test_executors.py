@@ -263,29 +263,21 @@ async def test_a_remote_stop_reaches_the_executor(http: httpx.AsyncClient, drive
     assert (await driver.get_task("t1"))["state"]["status"] == "pending"  # type: ignore[index]
 
 
-async def test_a_name_under_a_flow_limit_is_refused_and_nothing_is_claimed(
+async def test_a_remote_stop_survives_the_executor_reaching_another_server(
     http: httpx.AsyncClient, driver: CountingDriver, operations: Operations
 ) -> None:
-    await publisher(driver).send_many([Task("capped", "job", None), Task("free", "other", None)])
-    await operations.set_limit("k", names=["job"], max_running=1)
-    for names in (["job"], ["other", "job"]):
-        response = await http.post(LEASE, json={"worker_id": "ex-1", "names": names}, headers=EXEC)
-        assert response.status_code == 409, response.text
-        assert response.json() == {
-            "error": "limited_name",
-            "detail": "name 'job' is under flow limit 'k': remote executors cannot take limited names yet",
-        }
-    assert (await driver.get_task("capped"))["state"]["status"] == "pending"  # type: ignore[index]
-    assert (await driver.get_task("free"))["state"]["status"] == "pending"  # type: ignore[index]
-    assert await driver.list_workers() == []  # refused before the executor was registered
-    assert [t["key"] for t in (await lease(http, names=["other"]))["tasks"]] == ["free"]
-
-    await operations.remove_limit("k")
-    assert (
-        await http.post(LEASE, json={"worker_id": "ex-1", "names": ["job"]}, headers=EXEC)
-    ).status_code == 409
-    tick(driver, 2_000)  # the service re-reads a name's limit after limits_interval (2 s)
-    assert [t["key"] for t in (await lease(http))["tasks"]] == ["capped"]
+    """Two API servers over one store: the executor leases through one, an operator stops it,
+    its next lease reaches the other (which registers it, never having seen it): that
+    registration keeps the stop, and the lease answers it without claiming."""
+    await lease(http, "ex-1")
+    assert (await http.post("/api/v1/workers/ex-1/stop", headers=ADMIN)).status_code == 202
+    await publisher(driver).send(Task("t1", "job", None))
+    other = create_app(operations=operations, tokens=TOKENS)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=other), base_url="http://test") as second:
+        assert await lease(second, "ex-1") == {"tasks": [], "stop_requested": True}
+    assert (await driver.get_task("t1"))["state"]["status"] == "pending"  # type: ignore[index]
+    [worker] = await driver.list_workers()
+    assert worker["stop_time"] is not None  # served: a later lease registers it afresh
 
 
 async def test_a_task_aimed_at_a_group_goes_to_an_executor_in_that_group(
@@ -296,6 +288,8 @@ async def test_a_task_aimed_at_a_group_goes_to_an_executor_in_that_group(
     assert (await lease(http, "ex-none"))["tasks"] == []
     [task] = (await lease(http, "ex-gpu", groups=["gpu", "eu"]))["tasks"]
     assert task["key"] == "gpu-job"
+    registered = {w["worker_id"]: w["groups"] for w in await driver.list_workers()}
+    assert (registered["ex-gpu"], registered["ex-none"]) == (["gpu", "eu"], [])  # shown by workers ls
     # a ping without groups renews with those of the lease; naming other groups revokes it
     item = {"key": "gpu-job", "attempt": task["attempt"]}
     alive = await http.post(PING, json={"worker_id": "ex-gpu", "tasks": [item]}, headers=EXEC)
