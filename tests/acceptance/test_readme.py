@@ -1,10 +1,12 @@
-"""The README's quick start runs as printed, and its links point at files that exist (or are due)."""
+"""The README's quick start runs as printed, its tables match the code, and every relative link in
+the README and ``docs/*.md`` points at a file and heading that exist."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.acceptance.support import REPO, environment
 
@@ -43,10 +45,76 @@ def test_task_option_defaults_in_the_table_match_the_code() -> None:
         assert rows[name] == f"{getattr(option, name).total_seconds():g} s", name
 
 
-def test_local_links_exist() -> None:
-    # guarantees.md and benchmarks/README.md are written alongside; the rest must exist now.
-    for target in re.findall(r"\]\(([^)#:]+)\)", README):
-        assert (REPO / target).exists() or target in {"docs/guarantees.md", "benchmarks/README.md"}, target
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation (backticks included) dropped, spaces
+    turned into hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _without_fences(text: str) -> str:
+    """The text outside fenced blocks: a ``#`` comment in a shell block is no heading."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.DOTALL | re.MULTILINE)
+
+
+def _without_code(text: str) -> str:
+    """The text outside fenced blocks and inline code: ``x[0](y)`` in code is no link."""
+    return re.sub(r"`[^`\n]*`", "", _without_fences(text))
+
+
+def _anchors(path: Path) -> set[str]:
+    """The anchors of a markdown file's headings (a repeated heading gets ``-1``, ``-2``, …)."""
+    seen: dict[str, int] = {}
+    anchors = set()
+    text = _without_fences(path.read_text(encoding="utf-8"))
+    for heading in re.findall(r"^#{1,6} (.+)$", text, flags=re.MULTILINE):
+        slug = _slug(heading)
+        anchors.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def _broken_links(path: Path) -> list[str]:
+    """The relative links of ``path`` whose file does not exist, or whose ``#anchor`` names no
+    heading of that file."""
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", _without_code(path.read_text(encoding="utf-8"))):
+        if re.match(r"[a-z]+:", target):
+            continue  # https:, mailto:: not ours to check offline
+        file_part, _, anchor = target.partition("#")
+        linked = (path.parent / file_part).resolve() if file_part else path
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+            broken.append(f"{target}: no heading with that anchor")
+    return broken
+
+
+def _documentation() -> list[Path]:
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def test_every_relative_link_points_at_an_existing_file_and_heading() -> None:
+    pages = _documentation()
+    broken = {p.relative_to(REPO).as_posix(): _broken_links(p) for p in pages}
+    assert {page: links for page, links in broken.items() if links} == {}
+
+
+def test_the_link_check_finds_a_missing_file_and_a_missing_anchor(tmp_path: Path) -> None:
+    (tmp_path / "other.md").write_text(
+        "# Other\n\n## Flow limits: rate and `concurrency`\n\n## Step\n\n## Step\n"
+    )
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Page\n\n[ok](other.md#flow-limits-rate-and-concurrency) [ok](other.md#step-1) [ok](#page)\n"
+        "[gone](missing.md) [bad anchor](other.md#nothing) [bad here](#nowhere) [web](https://example.com)\n"
+        "`[in code](missing-too.md)`\n\n```sh\n# not a heading\n```\n[not an anchor](#not-a-heading)\n"
+    )
+    assert _broken_links(page) == [
+        "missing.md: no such file",
+        "other.md#nothing: no heading with that anchor",
+        "#nowhere: no heading with that anchor",
+        "#not-a-heading: no heading with that anchor",
+    ]
 
 
 def test_consumer_defaults_in_the_table_match_the_code() -> None:
