@@ -1,7 +1,7 @@
 """``mscheduler limits``: list, show, set and remove flow limits (``Operations.set_limit`` and
-friends; see README "Flow limits"). Same options and exit codes as the other operator commands
-(``mscheduler.cli_ops``): 0 done; 1 an unknown limit; 2 bad input (nothing written); 3 MongoDB
-unreachable or failing."""
+friends; see docs/features.md, "Flow limits"). Same options and exit codes as the other operator
+commands (``mscheduler.cli_ops``): 0 done; 1 an unknown limit; 2 bad input (nothing written); 3
+MongoDB unreachable or failing."""
 
 from __future__ import annotations
 

@@ -11,10 +11,12 @@ from pathlib import Path
 from tests.acceptance.support import REPO, environment
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
+FEATURES = (REPO / "docs" / "features.md").read_text(encoding="utf-8")
+OPERATIONS = (REPO / "docs" / "operations.md").read_text(encoding="utf-8")
 
 
-def _python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README, flags=re.DOTALL)
+def _python_blocks(page: str = README) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page, flags=re.DOTALL)
 
 
 def test_quick_start_runs_and_prints_what_the_readme_says() -> None:
@@ -95,6 +97,7 @@ def _documentation() -> list[Path]:
 
 def test_every_relative_link_points_at_an_existing_file_and_heading() -> None:
     pages = _documentation()
+    assert {"cli.md", "api.md", "dashboard.md", "operations.md", "features.md"} <= {p.name for p in pages}
     broken = {p.relative_to(REPO).as_posix(): _broken_links(p) for p in pages}
     assert {page: links for page, links in broken.items() if links} == {}
 
@@ -146,9 +149,9 @@ def _block_with(text: str) -> str:
     return block
 
 
-def _table_first_column(heading: str) -> set[str]:
-    """The backticked first cells of the table after ``heading``'s paragraph(s)."""
-    section = README.split(heading, 1)[1]
+def _table_first_column(heading: str, page: str = README) -> set[str]:
+    """The backticked first cells of the table after ``heading``'s paragraph(s) in ``page``."""
+    section = page.split(heading, 1)[1]
     rows = re.findall(r"^\| `(\w+)` \|", section.split("\n## ", 1)[0], flags=re.MULTILINE)
     return set(rows)
 
@@ -181,7 +184,7 @@ def test_every_listener_event_is_documented() -> None:
     emitted = set(re.findall(r"_emit\(\s*\"(\w+)\"", sources))
     emitted |= {"lost", "revoked"}  # emitted as _emit(reason, ...) by the lease checks
     assert "claimed" in emitted and "finished" in emitted
-    assert _table_first_column("## Watching a consumer") == emitted
+    assert _table_first_column("## Watching a consumer", OPERATIONS) == emitted
 
 
 def test_task_context_fields_are_documented() -> None:
@@ -194,7 +197,7 @@ def test_task_context_fields_are_documented() -> None:
 
 
 def test_flow_limits_example_runs() -> None:
-    block = next(b for b in _python_blocks() if "set_limit" in b)
+    block = next(b for b in _python_blocks(FEATURES) if "set_limit" in b)
     done = subprocess.run(
         [sys.executable, "-c", block], cwd=REPO, env=environment(), capture_output=True, text=True, timeout=30
     )
