@@ -19,13 +19,13 @@ import secrets
 import socket
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from mscheduler.children import ChildSync
 from mscheduler.clock import Clock, ServerClock
 from mscheduler.consumer.discovery import CLAIM, LEASE, Discovery
+from mscheduler.consumer.finisher import ConsumerFinisher, _Pending
 from mscheduler.consumer.limiter import Limiter
 from mscheduler.consumer.reports import DEFAULT_MAX_CHECKPOINT_BYTES
 from mscheduler.consumer.runner import (
@@ -83,14 +83,7 @@ def _silence(future: asyncio.Future[Any]) -> None:
     future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
-@dataclass(slots=True)
-class _Pending:
-    params: FinishParams
-    slot: str | None = None  # the flow limit whose slot is released once the outcome is written
-    future: asyncio.Future[bool] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-
-
-class Consumer(ConsumerRunner):
+class Consumer(ConsumerRunner, ConsumerFinisher):
     """Runs registered handlers for claimed tasks.
 
     :param driver: the storage.
@@ -650,76 +643,6 @@ class Consumer(ConsumerRunner):
             )
         if self.events is not None:  # buffered: no write on the claim path
             self._record_event(running, EventKind.CLAIMED)
-
-    # -- finisher -------------------------------------------------------------------------------
-
-    async def _submit(self, params: FinishParams, slot: str | None = None) -> bool:
-        finisher = self._side.get("finisher")
-        if finisher is None or finisher.done():
-            raise ConsumerStopped("the finisher is not running: the outcome cannot be written")
-        pending = _Pending(params, slot)
-        self._pending.append(pending)
-        self._pending_added.set()
-        return await asyncio.shield(pending.future)
-
-    async def _run_finisher(self) -> None:
-        while True:
-            if not self._pending and not self.limiter.releases:
-                self._pending_added.clear()
-                await self._pending_added.wait()
-            await self._flush()
-
-    async def _flush(self) -> None:
-        batch, self._pending = self._pending, []
-        if not batch:
-            if self.limiter.releases and not await self.limiter.flush(self.clock.now()):
-                await self.clock.sleep(self.poll_interval)  # the store refuses: not in a tight loop
-            return
-        # The slots of the outcomes written by earlier flushes are released alongside this
-        # batch's finish (their outcomes are known already): no round trip of its own.
-        release = (
-            asyncio.ensure_future(self.limiter.flush(self.clock.now())) if self.limiter.releases else None
-        )
-        try:
-            accepted = await self.driver.finish([p.params for p in batch])
-        except StorageError as exc:
-            if release is not None:
-                await release
-            if exc.config:
-                # The consumer stops on this: fail what piled up meanwhile too, so that no
-                # handler waits for ever on a write that nobody will make.
-                failed, self._pending = [*batch, *self._pending], []
-                for p in failed:
-                    if not p.future.done():
-                        p.future.set_exception(exc)
-                raise
-            # Still unknown after the driver's own retries, or refused: keep them and try again
-            # (fenced: once a lease has moved on, the store refuses the outcome and says so).
-            self._pending[:0] = batch
-            await self._storage_trouble("writing outcomes", exc)
-            await self.clock.sleep(self.poll_interval)
-            return
-        if release is not None:
-            await release
-        self._sync_parents_of(p.params.key for p, ok in zip(batch, accepted, strict=True) if ok)
-        for p, ok in zip(batch, accepted, strict=True):
-            if not p.future.done():
-                p.future.set_result(ok)
-        for p in batch:  # written (or refused: the lease had gone): the slot is free; released
-            if p.slot is not None:  # with the next finish batch, or by the next loop turn
-                self.limiter.release(p.slot, self.worker_id, p.params.attempt)
-
-    async def _drain_finisher(self) -> None:
-        finisher = self._side.get("finisher")
-        while self._pending and finisher is not None and not finisher.done():
-            await asyncio.sleep(0)
-            try:
-                await self._flush()
-            except StorageError as exc:  # the futures carry it to the handlers; stop goes on
-                log.error("could not write outcomes while stopping: %s", exc)
-                return
-        if self.limiter.releases:  # one try: slots not released run out at their expiry
-            await self.limiter.flush(self.clock.now())
 
     # -- pinger ---------------------------------------------------------------------------------
 
