@@ -2,11 +2,17 @@
 
 Side tasks, each named and supervised (one dying stops the consumer loudly, STYLE 6):
 
-* ``poller`` and ``watcher`` (``Discovery``): fill the wake-up queue;
-* ``claimer``: sleeps until a task may be claimable, then claims up to the free slots;
-* ``pinger``: one write per interval renews the leases of all running attempts (SPEC G2);
-* ``finisher``: writes outcomes in batches (whatever piled up while the last write was in flight);
+* ``poller`` and ``watcher`` (``Discovery``, discovery.py): fill the wake-up queue;
+* ``claimer`` (claimer.py): sleeps until a task may be claimable, then claims up to the free slots;
+* ``pinger`` (pinger.py): one write per interval renews the leases of all running attempts (SPEC G2);
+* ``finisher`` (finisher.py): writes outcomes in batches (whatever piled up while the last write
+  was in flight);
 * ``heartbeat``: the worker registry (remote stop, SPEC F9) and the server clock offset.
+
+This module holds the constructor, registration, the lifecycle and supervision, and the small
+parts (events, child tasks, planner, storage errors, heartbeat). The claimer, the pinger, the
+finisher and running a handler (runner.py, with ``TaskContext``) are mixins of ``Consumer`` in
+their own modules; each declares the consumer's attributes and methods it uses.
 """
 
 from __future__ import annotations
@@ -19,12 +25,13 @@ import secrets
 import socket
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from mscheduler.children import ChildSync
 from mscheduler.clock import Clock, ServerClock
-from mscheduler.consumer.discovery import CLAIM, LEASE, Discovery
+from mscheduler.consumer.claimer import ConsumerClaimer
+from mscheduler.consumer.discovery import Discovery
 from mscheduler.consumer.finisher import ConsumerFinisher, _Pending
 from mscheduler.consumer.limiter import Limiter
 from mscheduler.consumer.pinger import ConsumerPinger
@@ -42,9 +49,7 @@ from mscheduler.consumer.runner import (
 from mscheduler.drivers.base import (
     DEFAULT_MAX_ENTRIES,
     ClaimedTask,
-    ClaimParams,
     Driver,
-    ExpireParams,
     FinishParams,
     WorkerInfo,
 )
@@ -74,7 +79,7 @@ log = logging.getLogger("mscheduler.consumer")
 ERROR_BACKOFF = 5.0  # seconds a side task waits after a storage error no retry fixed
 
 
-class Consumer(ConsumerRunner, ConsumerFinisher, ConsumerPinger):
+class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger):
     """Runs registered handlers for claimed tasks.
 
     :param driver: the storage.
@@ -495,145 +500,6 @@ class Consumer(ConsumerRunner, ConsumerFinisher, ConsumerPinger):
     def _cancel_all(self, reason: str) -> None:
         for running in self._running.values():
             running.cancel(reason)
-
-    # -- claimer ----------------------------------------------------------------------------------
-
-    async def _run_claimer(self) -> None:
-        assert self.discovery is not None
-        queue = self.discovery.queue
-        names = sorted(self._handlers)
-        batch = 1
-        more = True  # the last claim filled every slot asked for: there may be more now
-        known: set[str] = set()  # keys the queue said are due that no claim has taken yet
-        exact = True  # every claim since the store last ran dry took only tasks in ``known``
-        while True:
-            free = self.concurrency - self._handlers_active
-            if free <= 0:
-                self._slot_freed.clear()
-                await self._slot_freed.wait()
-                continue
-            now = self.clock.now()
-            await self.limiter.maybe_refresh(names, self.clock.monotonic())
-            if not (more or queue.due(now) or self.limiter.retry_due(now)):
-                await self._wait_for_work(queue)
-                continue
-            due = queue.pop_due(now)
-            if exact:
-                known |= due.get(CLAIM, set())
-                if len(known) > queue.max_size:  # too many to follow: claim as if none were known
-                    known.clear()
-                    exact = False
-            if LEASE in due:
-                try:
-                    expired = await self.driver.expire_leases(ExpireParams(now))
-                except StorageError as exc:
-                    await self._storage_trouble("expiring leases", exc)
-                    expired = 0
-                if expired:
-                    self._emit("leases_expired", {"count": expired})
-            # A doubling batch, but no more than the queue says are due while it knows them all:
-            # asking for more would come back partly empty, each empty slot a wasted command.
-            n = min(free, batch, len(known)) if exact and known else min(free, batch)
-            params = ClaimParams(
-                worker_id=self.worker_id,
-                names=names,
-                now=now,
-                attempts=[secrets.token_hex(8) for _ in range(n)],
-                max_lease=self.claim_lease,
-                host=self.host,
-                pid=self.pid,
-                # an attempt whose outcome is still being written (or a stuck one) keeps its key;
-                # untargeted fan-out tasks this worker already ran are excluded by key (filtered
-                # on the claim index's keys, so the store does not fetch them to reject them)
-                exclude_keys=[*self._running, *self._ran_fanout],
-                max_entries=self.max_attempt_entries,
-                groups=self.groups,
-            )
-            # Shielded: a stop that cancels the claimer mid-claim must not orphan tasks the
-            # store has already given us; stop() waits for the call and releases them.
-            call = self.limiter.claim(params, self.driver.claim)
-            if self._tracer is not None:
-                call = self._tracer.claim(call, self.worker_id, n)
-            self._claim_call = asyncio.ensure_future(call)
-            try:
-                claimed = await asyncio.shield(self._claim_call)
-            except StorageError as exc:
-                self._claim_call = None
-                await self._storage_trouble("claim", exc)
-                await self.clock.sleep(self.poll_interval)
-                continue
-            for task in claimed:
-                self._start(task, now)
-            self._claim_call = None
-            if claimed:
-                # Let the handlers just started take their first step: those that finish at once
-                # free their slots now, so the next claim fills them in one round trip, not two.
-                await asyncio.sleep(0)
-            full = len(claimed) == n
-            for task in claimed:  # a wake-up a poll queued again would count it a second time
-                queue.discard(task.key, CLAIM)
-            if not full:  # the store has nothing more for us now: start counting afresh
-                known.clear()
-                exact = True
-            elif exact and all(task.key in known for task in claimed):
-                known.difference_update(task.key for task in claimed)
-            else:  # it had tasks the queue did not know of: the count says nothing
-                known.clear()
-                exact = False
-            # Claim again at once while known tasks remain or there may be ones the queue does not
-            # know of; else wait for the queue rather than send a claim that comes back empty.
-            more = full and (not exact or bool(known) or queue.overflowed or self.discovery.page_full)
-            batch = min(batch * 2, self.max_claim_batch) if full else 1
-            if not more and queue.overflowed:
-                self.discovery.request_poll()
-
-    async def _wait_for_work(self, queue: Any) -> None:
-        queue.changed.clear()
-        when = queue.next_time()
-        retry = self.limiter.next_retry()  # a limit that refused: ask again then
-        if retry is not None and (when is None or retry < when):
-            when = retry
-        timeout = None if when is None else max((when - self.clock.now()).total_seconds(), 0.0)
-        waiter = asyncio.ensure_future(queue.changed.wait())
-        sleeper = asyncio.ensure_future(self.clock.sleep(timeout)) if timeout is not None else None
-        try:
-            await asyncio.wait(
-                {t for t in (waiter, sleeper) if t is not None}, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            waiter.cancel()
-            if sleeper is not None:
-                sleeper.cancel()
-
-    def _start(self, claimed: ClaimedTask, claim_time: datetime) -> None:
-        running = _Running(claimed, claimed.option, claimed.ping_expire_time)
-        running.slot = claimed.slot
-        self._running[claimed.key] = running
-        self._handlers_active += 1
-        self.stats["claimed"] += 1
-        attempt = self._execute(running)
-        if self._tracer is not None:
-            attempt = self._tracer.running(attempt, claimed, self.worker_id)
-        running.task = asyncio.create_task(attempt, name=f"mscheduler:task:{claimed.key}")
-        self._ping_wake.set()
-        if claimed.parent is not None and self.child_sync is not None:
-            self.child_sync.request([claimed.parent])
-        running.started = self.clock.monotonic()
-        if self._listeners:
-            due = claimed.due_time
-            wait = max(0.0, (claim_time - due).total_seconds()) if due is not None else None
-            self._emit(
-                "claimed",
-                {
-                    "key": claimed.key,
-                    "attempt": claimed.attempt,
-                    "worker_id": self.worker_id,
-                    "name": claimed.name,
-                    "queue_wait": wait,
-                },
-            )
-        if self.events is not None:  # buffered: no write on the claim path
-            self._record_event(running, EventKind.CLAIMED)
 
     # -- events ---------------------------------------------------------------------------------
 
