@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from mscheduler.clock import Clock, SystemClock
-from mscheduler.consumer.consumer import RunTimedOut
+from mscheduler.consumer.runner import RunTimedOut
 from mscheduler.exceptions import Fail, InvalidInput, LeaseLost, Retry, Snooze, StorageError, UnknownTask
 
 log = logging.getLogger("mscheduler.executor_client")

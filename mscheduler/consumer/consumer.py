@@ -2,199 +2,84 @@
 
 Side tasks, each named and supervised (one dying stops the consumer loudly, STYLE 6):
 
-* ``poller`` and ``watcher`` (``Discovery``): fill the wake-up queue;
-* ``claimer``: sleeps until a task may be claimable, then claims up to the free slots;
-* ``pinger``: one write per interval renews the leases of all running attempts (SPEC G2);
-* ``finisher``: writes outcomes in batches (whatever piled up while the last write was in flight);
+* ``poller`` and ``watcher`` (``Discovery``, discovery.py): fill the wake-up queue;
+* ``claimer`` (claimer.py): sleeps until a task may be claimable, then claims up to the free slots;
+* ``pinger`` (pinger.py): one write per interval renews the leases of all running attempts (SPEC G2);
+* ``finisher`` (finisher.py): writes outcomes in batches (whatever piled up while the last write
+  was in flight);
 * ``heartbeat``: the worker registry (remote stop, SPEC F9) and the server clock offset.
+
+This module holds the constructor, registration, the lifecycle and supervision, and the small
+parts (events, child tasks, planner, storage errors, heartbeat). The claimer, the pinger, the
+finisher and running a handler (runner.py, with ``TaskContext``) are mixins of ``Consumer`` in
+their own modules; each declares the consumer's attributes and methods it uses.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 import random
 import secrets
 import socket
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any, get_type_hints
-
-from pydantic import BaseModel, ValidationError
+from collections.abc import Callable, Iterable, Sequence
+from datetime import timedelta
+from typing import Any
 
 from mscheduler.children import ChildSync
 from mscheduler.clock import Clock, ServerClock
-from mscheduler.consumer.discovery import CLAIM, LEASE, Discovery
+from mscheduler.consumer.claimer import ConsumerClaimer
+from mscheduler.consumer.discovery import Discovery
+from mscheduler.consumer.finisher import ConsumerFinisher, _Pending
 from mscheduler.consumer.limiter import Limiter
-from mscheduler.consumer.reports import DEFAULT_MAX_CHECKPOINT_BYTES, AttemptReports
+from mscheduler.consumer.pinger import ConsumerPinger
+from mscheduler.consumer.reports import DEFAULT_MAX_CHECKPOINT_BYTES
+from mscheduler.consumer.runner import (
+    ConsumerRunner,
+    Handler,
+    Listener,
+    RunTimedOut,
+    TaskContext,
+    _inspect_handler,
+    _Registered,
+    _Running,
+)
 from mscheduler.drivers.base import (
     DEFAULT_MAX_ENTRIES,
-    AttemptReport,
-    ChangeEvent,
     ClaimedTask,
-    ClaimParams,
     Driver,
-    ExpireParams,
     FinishParams,
-    PingParams,
-    PingResult,
     WorkerInfo,
 )
-from mscheduler.events import EventKind, EventRecorder, outcome_detail, outcome_kind
+from mscheduler.events import EventKind, EventRecorder
 from mscheduler.exceptions import (
     ConsumerStopped,
-    Fail,
     InvalidInput,
     MSchedulerError,
-    Retry,
-    Snooze,
     StorageError,
 )
 from mscheduler.model import (
     AttemptStatus,
-    TaskOption,
     validate_group,
     validate_name,
     validate_worker_id,
 )
-from mscheduler.outcomes import DEFAULT_MAX_RESULT_BYTES, Outcome, error_info, fails_for_good
-from mscheduler.outcomes import fail_for_good as fail_outcome
-from mscheduler.outcomes import failed as failed_outcome
-from mscheduler.outcomes import rejected as rejected_outcome
-from mscheduler.outcomes import retry_after as retry_outcome
-from mscheduler.outcomes import snoozed as snoozed_outcome
-from mscheduler.outcomes import succeeded as succeeded_outcome
+from mscheduler.outcomes import DEFAULT_MAX_RESULT_BYTES, fails_for_good
 from mscheduler.planner import Planner
 from mscheduler.retention import Retention, RetentionService
 from mscheduler.tracing import tracer_for
 
+# TaskContext and RunTimedOut live in runner.py; they stay importable from here, as before.
+__all__ = ["Consumer", "RunTimedOut", "TaskContext"]
+
 log = logging.getLogger("mscheduler.consumer")
 
-Handler = Callable[..., Awaitable[Any]]
-Listener = Callable[[str, dict[str, Any]], None]
-LEASE_SAFETY_MARGIN = timedelta(milliseconds=500)
-# Keys of untargeted fan-out tasks this worker ran, sent with each claim so that the store skips
-# them on the claim index's keys; older ones fall back to the claim filter's check of the entries.
-RAN_FANOUT_KEPT = 256
 ERROR_BACKOFF = 5.0  # seconds a side task waits after a storage error no retry fixed
 
 
-class RunTimedOut(Exception):
-    """An attempt ran longer than its task's ``run_timeout``: it fails and is retried by policy."""
-
-
-def _silence(future: asyncio.Future[Any]) -> None:
-    """Retrieve a future's exception whenever it ends, so that a future given up on (a ping in
-    flight when the consumer stops) is never reported as 'exception was never retrieved'."""
-    future.add_done_callback(lambda f: f.cancelled() or f.exception())
-
-
-@dataclass(slots=True)
-class TaskContext:
-    """What a handler may want to know about the attempt it runs, and how it saves its way.
-
-    ``checkpoint_data``: what an earlier attempt of this task saved with ``checkpoint`` (None if
-    nothing was saved): a handler resumes from it after a crash, a takeover, a retry or a pause.
-    """
-
-    key: str
-    name: str
-    attempt: str
-    attempt_no: int
-    worker_id: str
-    option: TaskOption
-    checkpoint_data: Any = None
-    _reports: AttemptReports | None = field(default=None, repr=False, compare=False)
-
-    async def checkpoint(self, data: Any) -> None:
-        """Save ``data`` (JSON-like, at most ``Consumer(max_checkpoint_bytes=...)``) on the task,
-        for the next attempt's ``checkpoint_data``; returns once it is stored. It rides the
-        pinger's write (checkpoints of many handlers in one command). Raises ``InvalidInput``
-        for data that cannot be stored and ``LeaseLost`` if this attempt no longer holds the
-        task (lost, cancelled, paused): then nothing was saved."""
-        if self._reports is None:
-            raise InvalidInput("this TaskContext is not attached to a running attempt")
-        await self._reports.save_checkpoint(data)
-
-    def progress(self, fraction: float, message: str | None = None) -> None:
-        """Record how far the attempt is (``0 <= fraction <= 1``, an optional message); written
-        with the next ping or checkpoint, shown as ``TaskInfo.progress``. Only the newest value
-        is written; one still unwritten when the attempt ends is dropped."""
-        if self._reports is None:
-            raise InvalidInput("this TaskContext is not attached to a running attempt")
-        self._reports.set_progress(fraction, message)
-
-
-@dataclass(slots=True)
-class _Registered:
-    fn: Handler
-    model: type[BaseModel] | None
-    wants_params: bool
-    wants_context: bool
-
-
-@dataclass(slots=True)
-class _Running:
-    claimed: ClaimedTask
-    option: dict[str, Any]
-    expire: Any  # lease end as last confirmed by the store
-    task: asyncio.Task[None] | None = None
-    cancel_reason: str | None = None  # "lost", "revoked", "released", "cancelled", "paused"
-    handler_done: bool = False
-    reports: AttemptReports | None = None  # checkpoint / progress waiting for the next ping
-    started: float = 0.0  # the clock's monotonic time at the claim (the 'finished' duration)
-    slot: str | None = None  # the flow limit whose slot this attempt holds (mscheduler.limits)
-
-    @property
-    def trust_until(self) -> Any:
-        """When this worker stops trusting its lease: a little before its end (a tenth of the
-        lease, at most LEASE_SAFETY_MARGIN), so that a takeover at the end never overlaps."""
-        margin = min(LEASE_SAFETY_MARGIN, timedelta(milliseconds=self.option["worker_timeout_ms"] / 10))
-        return self.expire - margin
-
-    @property
-    def trusted(self) -> bool:
-        return self.cancel_reason is None and not self.handler_done
-
-    def cancel(self, reason: str) -> None:
-        """Cancel the handler for ``reason`` unless it ended or was cancelled already. Once it has
-        returned, its outcome is being written: cancelling then would drop the attempt's
-        bookkeeping (the ``_running`` entry, the 'finished' event)."""
-        if self.task is None or self.task.done() or self.handler_done or self.cancel_reason is not None:
-            return
-        self.cancel_reason = reason
-        if self.reports is not None:
-            self.reports.close(reason)
-        self.task.cancel()
-
-
-@dataclass(slots=True)
-class _Pending:
-    params: FinishParams
-    slot: str | None = None  # the flow limit whose slot is released once the outcome is written
-    future: asyncio.Future[bool] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-
-
-def _inspect_handler(fn: Handler) -> _Registered:
-    if not inspect.iscoroutinefunction(fn):
-        raise InvalidInput(f"handler {fn!r} must be an async function")
-    parameters = list(inspect.signature(fn).parameters.values())
-    if len(parameters) > 2:
-        raise InvalidInput("a handler takes (params) or (params, ctx)")
-    model = None
-    if parameters:
-        hints = get_type_hints(fn)
-        hint = hints.get(parameters[0].name)
-        if inspect.isclass(hint) and issubclass(hint, BaseModel):
-            model = hint
-    return _Registered(fn, model, len(parameters) >= 1, len(parameters) == 2)
-
-
-class Consumer:
+class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger):
     """Runs registered handlers for claimed tasks.
 
     :param driver: the storage.
@@ -331,7 +216,7 @@ class Consumer:
         if self._tracer is not None:
             self._listeners.append(self._tracer.on_consumer_event)
         self._running: dict[str, _Running] = {}
-        # untargeted fan-out tasks this worker succeeded on, newest last (see RAN_FANOUT_KEPT)
+        # untargeted fan-out tasks this worker succeeded on, newest last (see runner.RAN_FANOUT_KEPT)
         self._ran_fanout: OrderedDict[str, None] = OrderedDict()
         self._handlers_active = 0
         self._slot_freed = asyncio.Event()
@@ -615,615 +500,6 @@ class Consumer:
     def _cancel_all(self, reason: str) -> None:
         for running in self._running.values():
             running.cancel(reason)
-
-    # -- claimer ----------------------------------------------------------------------------------
-
-    async def _run_claimer(self) -> None:
-        assert self.discovery is not None
-        queue = self.discovery.queue
-        names = sorted(self._handlers)
-        batch = 1
-        more = True  # the last claim filled every slot asked for: there may be more now
-        known: set[str] = set()  # keys the queue said are due that no claim has taken yet
-        exact = True  # every claim since the store last ran dry took only tasks in ``known``
-        while True:
-            free = self.concurrency - self._handlers_active
-            if free <= 0:
-                self._slot_freed.clear()
-                await self._slot_freed.wait()
-                continue
-            now = self.clock.now()
-            await self.limiter.maybe_refresh(names, self.clock.monotonic())
-            if not (more or queue.due(now) or self.limiter.retry_due(now)):
-                await self._wait_for_work(queue)
-                continue
-            due = queue.pop_due(now)
-            if exact:
-                known |= due.get(CLAIM, set())
-                if len(known) > queue.max_size:  # too many to follow: claim as if none were known
-                    known.clear()
-                    exact = False
-            if LEASE in due:
-                try:
-                    expired = await self.driver.expire_leases(ExpireParams(now))
-                except StorageError as exc:
-                    await self._storage_trouble("expiring leases", exc)
-                    expired = 0
-                if expired:
-                    self._emit("leases_expired", {"count": expired})
-            # A doubling batch, but no more than the queue says are due while it knows them all:
-            # asking for more would come back partly empty, each empty slot a wasted command.
-            n = min(free, batch, len(known)) if exact and known else min(free, batch)
-            params = ClaimParams(
-                worker_id=self.worker_id,
-                names=names,
-                now=now,
-                attempts=[secrets.token_hex(8) for _ in range(n)],
-                max_lease=self.claim_lease,
-                host=self.host,
-                pid=self.pid,
-                # an attempt whose outcome is still being written (or a stuck one) keeps its key;
-                # untargeted fan-out tasks this worker already ran are excluded by key (filtered
-                # on the claim index's keys, so the store does not fetch them to reject them)
-                exclude_keys=[*self._running, *self._ran_fanout],
-                max_entries=self.max_attempt_entries,
-                groups=self.groups,
-            )
-            # Shielded: a stop that cancels the claimer mid-claim must not orphan tasks the
-            # store has already given us; stop() waits for the call and releases them.
-            call = self.limiter.claim(params, self.driver.claim)
-            if self._tracer is not None:
-                call = self._tracer.claim(call, self.worker_id, n)
-            self._claim_call = asyncio.ensure_future(call)
-            try:
-                claimed = await asyncio.shield(self._claim_call)
-            except StorageError as exc:
-                self._claim_call = None
-                await self._storage_trouble("claim", exc)
-                await self.clock.sleep(self.poll_interval)
-                continue
-            for task in claimed:
-                self._start(task, now)
-            self._claim_call = None
-            if claimed:
-                # Let the handlers just started take their first step: those that finish at once
-                # free their slots now, so the next claim fills them in one round trip, not two.
-                await asyncio.sleep(0)
-            full = len(claimed) == n
-            for task in claimed:  # a wake-up a poll queued again would count it a second time
-                queue.discard(task.key, CLAIM)
-            if not full:  # the store has nothing more for us now: start counting afresh
-                known.clear()
-                exact = True
-            elif exact and all(task.key in known for task in claimed):
-                known.difference_update(task.key for task in claimed)
-            else:  # it had tasks the queue did not know of: the count says nothing
-                known.clear()
-                exact = False
-            # Claim again at once while known tasks remain or there may be ones the queue does not
-            # know of; else wait for the queue rather than send a claim that comes back empty.
-            more = full and (not exact or bool(known) or queue.overflowed or self.discovery.page_full)
-            batch = min(batch * 2, self.max_claim_batch) if full else 1
-            if not more and queue.overflowed:
-                self.discovery.request_poll()
-
-    async def _wait_for_work(self, queue: Any) -> None:
-        queue.changed.clear()
-        when = queue.next_time()
-        retry = self.limiter.next_retry()  # a limit that refused: ask again then
-        if retry is not None and (when is None or retry < when):
-            when = retry
-        timeout = None if when is None else max((when - self.clock.now()).total_seconds(), 0.0)
-        waiter = asyncio.ensure_future(queue.changed.wait())
-        sleeper = asyncio.ensure_future(self.clock.sleep(timeout)) if timeout is not None else None
-        try:
-            await asyncio.wait(
-                {t for t in (waiter, sleeper) if t is not None}, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            waiter.cancel()
-            if sleeper is not None:
-                sleeper.cancel()
-
-    def _start(self, claimed: ClaimedTask, claim_time: datetime) -> None:
-        running = _Running(claimed, claimed.option, claimed.ping_expire_time)
-        running.slot = claimed.slot
-        self._running[claimed.key] = running
-        self._handlers_active += 1
-        self.stats["claimed"] += 1
-        attempt = self._execute(running)
-        if self._tracer is not None:
-            attempt = self._tracer.running(attempt, claimed, self.worker_id)
-        running.task = asyncio.create_task(attempt, name=f"mscheduler:task:{claimed.key}")
-        self._ping_wake.set()
-        if claimed.parent is not None and self.child_sync is not None:
-            self.child_sync.request([claimed.parent])
-        running.started = self.clock.monotonic()
-        if self._listeners:
-            due = claimed.due_time
-            wait = max(0.0, (claim_time - due).total_seconds()) if due is not None else None
-            self._emit(
-                "claimed",
-                {
-                    "key": claimed.key,
-                    "attempt": claimed.attempt,
-                    "worker_id": self.worker_id,
-                    "name": claimed.name,
-                    "queue_wait": wait,
-                },
-            )
-        if self.events is not None:  # buffered: no write on the claim path
-            self._record_event(running, EventKind.CLAIMED)
-
-    # -- running a handler ------------------------------------------------------------------------
-
-    async def _execute(self, running: _Running) -> None:
-        claimed = running.claimed
-        registered = self._handlers[claimed.name]
-        done: Outcome | None  # the shared outcome rules (mscheduler.outcomes) build it
-        result: Any = None
-        run_timeout = running.option.get("run_timeout_ms")
-        try:
-            try:
-                args = self._arguments(registered, claimed, running)
-            except ValidationError as exc:
-                done = rejected_outcome({"type": "InvalidParams", "message": str(exc), "traceback": None})
-            else:
-                if not run_timeout:
-                    result = await registered.fn(*args)
-                else:
-                    try:
-                        async with asyncio.timeout(run_timeout / 1000) as deadline:
-                            result = await registered.fn(*args)
-                    except TimeoutError as exc:
-                        if deadline.expired() and running.cancel_reason is None:
-                            message = f"the attempt ran longer than its run_timeout ({run_timeout} ms)"
-                            raise RunTimedOut(message) from exc
-                        raise
-                done = succeeded_outcome(result, self.max_result_bytes)
-        except Snooze as exc:
-            done = snoozed_outcome(str(exc), exc.after, self.clock.now())
-        except Retry as exc:
-            done = retry_outcome(error_info(exc), exc.after, self.clock.now())
-        except Fail as exc:
-            done = fail_outcome(error_info(exc))
-        except asyncio.CancelledError:
-            reason = running.cancel_reason
-            if reason is None:  # cancelled from outside our bookkeeping: treat as a release
-                reason = "released"
-            # lost: not ours any more; cancelled: the task ended (its finish would be refused)
-            # paused: the store released the entry already (the pause's own write)
-            done = None
-            if reason not in ("lost", "cancelled", "paused"):
-                done = Outcome(
-                    reason, error={"type": "Cancelled", "message": f"attempt {reason}", "traceback": None}
-                )
-        except Exception as exc:
-            done = self._failed(running, error_info(exc))
-        finally:
-            running.handler_done = True
-            self._handlers_active -= 1
-            self._slot_freed.set()
-        outcome = done.status if done is not None else None
-        result, error = (done.result, done.error) if done is not None else (None, None)
-        retry_at, final = (done.retry_at, done.final) if done is not None else (None, False)
-        accepted = submitted = False
-        if outcome is not None:
-            now = self.clock.now()
-            params = FinishParams(
-                claimed.key, self.worker_id, claimed.attempt, now, outcome, result, error, retry_at, final
-            )
-            try:
-                accepted = await self._submit(params, running.slot)
-                submitted = True  # the finisher released the slot with the outcome
-            except MSchedulerError as exc:
-                log.error(
-                    "could not record the outcome of %s: %s",
-                    claimed.key,
-                    exc,
-                    extra=self._fields(running, error=str(exc)),
-                )
-        if self._running.get(claimed.key) is running:
-            del self._running[claimed.key]
-        if running.slot is not None and not submitted:
-            # no outcome sent (lost, cancelled, paused): the finisher releases the slot now
-            self.limiter.release(running.slot, self.worker_id, claimed.attempt)
-            self._pending_added.set()
-        stat = outcome if accepted and outcome is not None else "lost"
-        if running.cancel_reason == "paused":  # released by the pause: not a lost lease
-            stat = AttemptStatus.RELEASED.value
-        option = running.option
-        if (
-            stat == AttemptStatus.SUCCEEDED.value
-            and option["concurrent_worker_cnt"] > 1
-            and not option.get("same_worker_may_repeat")  # it may take that task again
-        ):
-            # tasks aimed at named workers leave our claimer token anyway; "anyone" and group
-            # tokens do not say who ran the task
-            if not option["specific_worker_ids"] or option.get("specific_groups"):
-                self._ran_fanout[claimed.key] = None
-                if len(self._ran_fanout) > RAN_FANOUT_KEPT:
-                    self._ran_fanout.popitem(last=False)
-        self.stats[stat] = self.stats.get(stat, 0) + 1
-        if self.events is not None and accepted:
-            kind = outcome_kind(stat, self._fails_for_good(running, stat, error))
-            if kind is not None:
-                self._record_event(running, kind, outcome_detail(error, retry_at))
-        self._log_outcome(running, stat, error)
-        if self._listeners:
-            self._emit(
-                "finished",
-                {
-                    "key": claimed.key,
-                    "attempt": claimed.attempt,
-                    "outcome": stat,
-                    "error": error,
-                    "name": claimed.name,
-                    "duration": self.clock.monotonic() - running.started,
-                },
-            )
-
-    def _failed(self, running: _Running, error: dict[str, Any]) -> Outcome:
-        """A plain failure, retried by the task's retry policy (the rule in mscheduler.outcomes)."""
-        return failed_outcome(
-            error, running.option, running.claimed.failure_times, self.clock.now(), self.rng
-        )
-
-    def _fields(self, running: _Running, **more: Any) -> dict[str, Any]:
-        """Structured fields for log records about an attempt (``extra=``)."""
-        claimed = running.claimed
-        return {
-            "key": claimed.key,
-            "task_name": claimed.name,
-            "attempt": claimed.attempt,
-            "attempt_no": claimed.attempt_no,
-            "worker_id": self.worker_id,
-        } | more
-
-    def _log_outcome(self, running: _Running, stat: str, error: dict[str, Any] | None) -> None:
-        """Failures are never silent: a failed attempt at INFO, a task failed for good (its budget
-        used, or rejected) at WARNING with the traceback."""
-        if stat not in (AttemptStatus.FAILED.value, AttemptStatus.REJECTED.value) or error is None:
-            return
-        claimed = running.claimed
-        budget = running.option["max_unexpected_retries"]  # None: unlimited
-        final = self._fails_for_good(running, stat, error)
-        fields = self._fields(
-            running,
-            outcome=stat,
-            error_type=error["type"],
-            error_message=error["message"],
-            failures=claimed.fail_cnt + 1,
-            max_unexpected_retries=budget,
-            final=final,
-        )
-        if final:
-            log.warning(
-                "task %s (%s) failed for good on attempt %d: %s: %s\n%s",
-                claimed.key,
-                claimed.name,
-                claimed.attempt_no,
-                error["type"],
-                error["message"],
-                error.get("traceback") or "(no traceback)",
-                extra=fields,
-            )
-        else:
-            log.info(
-                "task %s (%s) attempt %d failed (%d of %d failures tolerated used): %s: %s",
-                claimed.key,
-                claimed.name,
-                claimed.attempt_no,
-                claimed.fail_cnt + 1,
-                budget,
-                error["type"],
-                error["message"],
-                extra=fields,
-            )
-
-    def _arguments(self, registered: _Registered, claimed: ClaimedTask, running: _Running) -> list[Any]:
-        args: list[Any] = []
-        if registered.wants_params:
-            params = claimed.params
-            args.append(registered.model.model_validate(params) if registered.model else params)
-        if registered.wants_context:
-            # checkpoint / progress reports: only handlers that take a context can make them
-            running.reports = AttemptReports(self._ping_now.set, self.max_checkpoint_bytes)
-            args.append(
-                TaskContext(
-                    claimed.key,
-                    claimed.name,
-                    claimed.attempt,
-                    claimed.attempt_no,
-                    self.worker_id,
-                    TaskOption.from_storage(running.option),
-                    claimed.checkpoint,
-                    running.reports,
-                )
-            )
-        return args
-
-    # -- finisher -------------------------------------------------------------------------------
-
-    async def _submit(self, params: FinishParams, slot: str | None = None) -> bool:
-        finisher = self._side.get("finisher")
-        if finisher is None or finisher.done():
-            raise ConsumerStopped("the finisher is not running: the outcome cannot be written")
-        pending = _Pending(params, slot)
-        self._pending.append(pending)
-        self._pending_added.set()
-        return await asyncio.shield(pending.future)
-
-    async def _run_finisher(self) -> None:
-        while True:
-            if not self._pending and not self.limiter.releases:
-                self._pending_added.clear()
-                await self._pending_added.wait()
-            await self._flush()
-
-    async def _flush(self) -> None:
-        batch, self._pending = self._pending, []
-        if not batch:
-            if self.limiter.releases and not await self.limiter.flush(self.clock.now()):
-                await self.clock.sleep(self.poll_interval)  # the store refuses: not in a tight loop
-            return
-        # The slots of the outcomes written by earlier flushes are released alongside this
-        # batch's finish (their outcomes are known already): no round trip of its own.
-        release = (
-            asyncio.ensure_future(self.limiter.flush(self.clock.now())) if self.limiter.releases else None
-        )
-        try:
-            accepted = await self.driver.finish([p.params for p in batch])
-        except StorageError as exc:
-            if release is not None:
-                await release
-            if exc.config:
-                # The consumer stops on this: fail what piled up meanwhile too, so that no
-                # handler waits for ever on a write that nobody will make.
-                failed, self._pending = [*batch, *self._pending], []
-                for p in failed:
-                    if not p.future.done():
-                        p.future.set_exception(exc)
-                raise
-            # Still unknown after the driver's own retries, or refused: keep them and try again
-            # (fenced: once a lease has moved on, the store refuses the outcome and says so).
-            self._pending[:0] = batch
-            await self._storage_trouble("writing outcomes", exc)
-            await self.clock.sleep(self.poll_interval)
-            return
-        if release is not None:
-            await release
-        self._sync_parents_of(p.params.key for p, ok in zip(batch, accepted, strict=True) if ok)
-        for p, ok in zip(batch, accepted, strict=True):
-            if not p.future.done():
-                p.future.set_result(ok)
-        for p in batch:  # written (or refused: the lease had gone): the slot is free; released
-            if p.slot is not None:  # with the next finish batch, or by the next loop turn
-                self.limiter.release(p.slot, self.worker_id, p.params.attempt)
-
-    async def _drain_finisher(self) -> None:
-        finisher = self._side.get("finisher")
-        while self._pending and finisher is not None and not finisher.done():
-            await asyncio.sleep(0)
-            try:
-                await self._flush()
-            except StorageError as exc:  # the futures carry it to the handlers; stop goes on
-                log.error("could not write outcomes while stopping: %s", exc)
-                return
-        if self.limiter.releases:  # one try: slots not released run out at their expiry
-            await self.limiter.flush(self.clock.now())
-
-    # -- pinger ---------------------------------------------------------------------------------
-
-    def _ping_interval(self) -> float:
-        """The shortest ping interval of the running tasks; a capped first lease (claim_lease,
-        or a flow-limit slot's lease for an attempt holding a slot) is renewed within a third of
-        it."""
-        intervals = [float(r.option["ping_interval_ms"]) / 1000 for r in self._running.values()]
-        cap = self.claim_lease
-        if cap is None and any(r.slot is not None for r in self._running.values()):
-            cap = self.limiter.slot_lease
-        if cap is not None:
-            intervals.append(cap.total_seconds() / 3)
-        return min(intervals)
-
-    async def _run_pinger(self) -> None:
-        while True:
-            if not self._running:
-                self._ping_wake.clear()
-                await self._ping_wake.wait()
-                continue
-            # Wake at the next ping, or earlier where a lease stops being trusted (pings failing).
-            sleep = self._ping_interval()
-            ends = [r.trust_until for r in self._running.values() if r.trusted]
-            if ends:
-                sleep = min(sleep, max((min(ends) - self.clock.now()).total_seconds(), 0.0))
-            if await self._sleep_or_ping_now(sleep):
-                # A checkpoint (or a stop to confirm) asked for it: let the other handlers that
-                # are ready run first, so that what they save goes in the same write.
-                await asyncio.sleep(0)
-            if self._running:
-                # A ping that succeeds proves the lease is still ours, even after a long stall;
-                # one that fails or hangs past a lease's trust limit gives that lease up.
-                await self.ping_once()
-
-    async def _sleep_or_ping_now(self, seconds: float) -> bool:
-        """Sleep ``seconds`` on the consumer's clock, or less if a ping is asked for (True)."""
-        if self._ping_now.is_set():
-            return True
-        waiter = asyncio.ensure_future(self._ping_now.wait())
-        sleeper = asyncio.ensure_future(self.clock.sleep(seconds))
-        try:
-            await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            sleeper.cancel()
-        return self._ping_now.is_set()
-
-    async def ping_once(self) -> None:
-        """Renew every running attempt's lease in one write per lease length (SPEC G2), with the
-        checkpoints and progress the handlers saved since the last ping (same write)."""
-        self._ping_now.clear()  # what is asked from here on goes with the next ping
-        now = self.clock.now()
-        groups: dict[Any, dict[str, str]] = {}
-        # Handlers given up on (lost, revoked, released) are not kept alive; a handler that
-        # returned is, until its outcome is written.
-        snapshot = {key: r for key, r in self._running.items() if r.cancel_reason is None}
-        if not snapshot:
-            return
-        reports: dict[str, AttemptReport] = {}
-        for key, running in snapshot.items():
-            expire = now + timedelta(milliseconds=running.option["worker_timeout_ms"])
-            groups.setdefault(expire, {})[key] = running.claimed.attempt
-            report = running.reports.take() if running.reports is not None else None
-            if report is not None:
-                reports[key] = report
-        groups = await self._extend_slots(now, snapshot, groups)
-        if not any(groups.values()):
-            return
-        try:
-            params = PingParams(self.worker_id, now, groups, reports, worker_groups=self.groups)
-            result = await self._ping_within_leases(params, snapshot)
-        except StorageError as exc:
-            for key in reports:
-                self._report_outcome(snapshot[key], landed=False)
-            self._expire_locally(snapshot)
-            await self._storage_trouble("ping", exc, back_off=False)
-            return
-        recorded = set(result.recorded)
-        for key in reports:
-            self._report_outcome(snapshot[key], landed=key in recorded)
-        for key, option in result.alive.items():
-            running = snapshot[key]
-            running.option = option
-            running.expire = now + timedelta(milliseconds=option["worker_timeout_ms"])
-        for key in result.lost:
-            self._lose(snapshot[key], "lost")
-        for key in result.revoked:
-            self._lose(snapshot[key], "revoked")
-        for key in result.cancelled:
-            self._lose(snapshot[key], "cancelled")
-        for key in result.paused:
-            self._lose(snapshot[key], "paused")
-        self._emit(
-            "ping",
-            {
-                "alive": len(result.alive),
-                "lost": len(result.lost),
-                "revoked": len(result.revoked),
-                "cancelled": len(result.cancelled),
-                "paused": len(result.paused),
-                "recorded": len(recorded),
-            },
-        )
-
-    async def _extend_slots(
-        self, now: datetime, snapshot: dict[str, _Running], groups: dict[Any, dict[str, str]]
-    ) -> dict[Any, dict[str, str]]:
-        """Before the leases are renewed, extend the flow-limit slots of those attempts to the
-        same expiry (so a slot never ends before its lease). An attempt whose slot is gone is
-        given up (its lease is not renewed); one whose slot could not be confirmed (a storage
-        error) is not renewed this time."""
-        slots: dict[str, dict[str, Any]] = {}
-        key_of: dict[str, str] = {}
-        for expire, attempts in groups.items():
-            for key, attempt in attempts.items():
-                slot = snapshot[key].slot
-                if slot is not None:
-                    slots.setdefault(slot, {})[attempt] = expire
-                    key_of[attempt] = key
-        if not slots:
-            return groups
-        gone, unknown = await self.limiter.extend(now, self.worker_id, slots)
-        for attempt in gone:
-            self._lose(snapshot[key_of[attempt]], "lost")
-        skipped = gone | unknown
-        if not skipped:
-            return groups
-        self._expire_locally({key_of[a]: snapshot[key_of[a]] for a in unknown})
-        return {
-            expire: {k: a for k, a in attempts.items() if a not in skipped}
-            for expire, attempts in groups.items()
-        }
-
-    @staticmethod
-    def _report_outcome(running: _Running, *, landed: bool) -> None:
-        if running.reports is None:
-            return
-        if landed:
-            running.reports.landed()
-        else:  # sent again with the next ping (a lost lease closes the reports in _lose)
-            running.reports.not_landed()
-
-    def _stop_requested(self, event: ChangeEvent) -> None:
-        """A change event says an operator stopped a task's running attempts (cancel, or pause
-        with ``stop_running``): if one is ours, stop its handler now rather than at its next
-        ping. The store has applied the change already (its later writes are fenced out)."""
-        running = self._running.get(event.key)
-        if running is None or not running.trusted:
-            return
-        if event.stop_attempts is None or event.stop not in ("cancel", "pause"):
-            self._ping_now.set()  # the event does not say whose attempts: ask the store
-            return
-        if running.claimed.attempt in event.stop_attempts:
-            self._lose(running, "cancelled" if event.stop == "cancel" else "paused")
-
-    async def _ping_within_leases(self, params: PingParams, snapshot: dict[str, _Running]) -> PingResult:
-        """Send the ping, but stop trusting each lease at its known end while the reply is late.
-
-        A handler whose lease passed its end is cancelled (and writes nothing) even if the store
-        does not answer: by then another worker may own the task (River's rule; fencing keeps
-        the store safe either way, this keeps the *work* from running twice at once).
-        """
-        ping = asyncio.ensure_future(self.driver.ping(params))
-        _silence(ping)
-        try:
-            while not ping.done():
-                ends = [r.trust_until for r in snapshot.values() if r.trusted]
-                if not ends:
-                    return await ping
-                timeout = max((min(ends) - self.clock.now()).total_seconds(), 0.0)
-                timer = asyncio.ensure_future(self.clock.sleep(timeout))
-                try:
-                    await asyncio.wait({ping, timer}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    timer.cancel()
-                if not ping.done():
-                    self._expire_locally(snapshot)
-            return ping.result()
-        finally:
-            if not ping.done():
-                ping.cancel()
-
-    def _expire_locally(self, snapshot: dict[str, _Running]) -> None:
-        """Without a store to ask, a lease past its known end is lost: stop those handlers."""
-        now = self.clock.now()
-        for running in snapshot.values():
-            if running.trust_until <= now:
-                self._lose(running, "lost")
-
-    def _lose(self, running: _Running, reason: str) -> None:
-        if running.cancel_reason is None and not running.handler_done and reason == "paused":
-            log.info(
-                "task %s: stopped by a pause (attempt released, not counted); cancelling its handler",
-                running.claimed.key,
-                extra=self._fields(running, reason=reason),
-            )
-            self._emit(reason, {"key": running.claimed.key, "attempt": running.claimed.attempt})
-        elif running.cancel_reason is None and not running.handler_done:
-            log.warning(
-                "task %s: lease %s; cancelling its handler",
-                running.claimed.key,
-                {
-                    "lost": "lost",
-                    "cancelled": "of a cancelled task",
-                }.get(reason, "revoked (this worker is no longer allowed)"),
-                extra=self._fields(running, reason=reason),
-            )
-            self._emit(reason, {"key": running.claimed.key, "attempt": running.claimed.attempt})
-            if reason == "lost" and self.events is not None:
-                self._record_event(running, EventKind.LEASE_LOST, {"by": "ping"})
-        running.cancel(reason)
 
     # -- events ---------------------------------------------------------------------------------
 

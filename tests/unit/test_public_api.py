@@ -68,7 +68,7 @@ INTERNAL_EXCEPTIONS = {
     "mscheduler.drivers.base.UniqueParamsTaken": "driver to Operations: raised as TransitionRefused",
     "mscheduler.drivers.base.LimitNameTaken": "driver to Operations: raised as InvalidInput",
     "mscheduler.faults.DriverKilled": "fault injection in tests: simulates a killed process",
-    "mscheduler.consumer.consumer.RunTimedOut": "recorded as an attempt's error type, never raised to users",
+    "mscheduler.consumer.runner.RunTimedOut": "recorded as an attempt's error type, never raised to users",
 }
 
 REPO = Path(__file__).resolve().parents[2]

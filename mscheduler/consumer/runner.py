@@ -1,0 +1,366 @@
+"""Running a handler: what a claimed attempt becomes in this process.
+
+``ConsumerRunner._execute`` calls the registered handler with its params (validated into the
+handler's pydantic model) and a ``TaskContext``, under the task's ``run_timeout``; turns what the
+handler did (returned, raised ``Retry`` / ``Snooze`` / ``Fail``, failed, was cancelled) into an
+outcome by the shared rules (``mscheduler.outcomes``); hands it to the finisher; and then does the
+attempt's bookkeeping (stats, events, logs, the 'finished' listener event). ``_Running`` is an
+attempt's state while it runs, shared by the claimer, the pinger and the finisher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import random
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, get_type_hints
+
+from pydantic import BaseModel, ValidationError
+
+from mscheduler.clock import ServerClock
+from mscheduler.consumer.limiter import Limiter
+from mscheduler.consumer.reports import AttemptReports
+from mscheduler.drivers.base import ClaimedTask, FinishParams
+from mscheduler.events import EventKind, EventRecorder, outcome_detail, outcome_kind
+from mscheduler.exceptions import Fail, InvalidInput, MSchedulerError, Retry, Snooze
+from mscheduler.model import AttemptStatus, TaskOption
+from mscheduler.outcomes import Outcome, error_info
+from mscheduler.outcomes import fail_for_good as fail_outcome
+from mscheduler.outcomes import failed as failed_outcome
+from mscheduler.outcomes import rejected as rejected_outcome
+from mscheduler.outcomes import retry_after as retry_outcome
+from mscheduler.outcomes import snoozed as snoozed_outcome
+from mscheduler.outcomes import succeeded as succeeded_outcome
+
+log = logging.getLogger("mscheduler.consumer")
+
+Handler = Callable[..., Awaitable[Any]]
+Listener = Callable[[str, dict[str, Any]], None]
+LEASE_SAFETY_MARGIN = timedelta(milliseconds=500)
+# Keys of untargeted fan-out tasks this worker ran, sent with each claim so that the store skips
+# them on the claim index's keys; older ones fall back to the claim filter's check of the entries.
+RAN_FANOUT_KEPT = 256
+
+
+class RunTimedOut(Exception):
+    """An attempt ran longer than its task's ``run_timeout``: it fails and is retried by policy."""
+
+
+@dataclass(slots=True)
+class TaskContext:
+    """What a handler may want to know about the attempt it runs, and how it saves its way.
+
+    ``checkpoint_data``: what an earlier attempt of this task saved with ``checkpoint`` (None if
+    nothing was saved): a handler resumes from it after a crash, a takeover, a retry or a pause.
+    """
+
+    key: str
+    name: str
+    attempt: str
+    attempt_no: int
+    worker_id: str
+    option: TaskOption
+    checkpoint_data: Any = None
+    _reports: AttemptReports | None = field(default=None, repr=False, compare=False)
+
+    async def checkpoint(self, data: Any) -> None:
+        """Save ``data`` (JSON-like, at most ``Consumer(max_checkpoint_bytes=...)``) on the task,
+        for the next attempt's ``checkpoint_data``; returns once it is stored. It rides the
+        pinger's write (checkpoints of many handlers in one command). Raises ``InvalidInput``
+        for data that cannot be stored and ``LeaseLost`` if this attempt no longer holds the
+        task (lost, cancelled, paused): then nothing was saved."""
+        if self._reports is None:
+            raise InvalidInput("this TaskContext is not attached to a running attempt")
+        await self._reports.save_checkpoint(data)
+
+    def progress(self, fraction: float, message: str | None = None) -> None:
+        """Record how far the attempt is (``0 <= fraction <= 1``, an optional message); written
+        with the next ping or checkpoint, shown as ``TaskInfo.progress``. Only the newest value
+        is written; one still unwritten when the attempt ends is dropped."""
+        if self._reports is None:
+            raise InvalidInput("this TaskContext is not attached to a running attempt")
+        self._reports.set_progress(fraction, message)
+
+
+@dataclass(slots=True)
+class _Registered:
+    fn: Handler
+    model: type[BaseModel] | None
+    wants_params: bool
+    wants_context: bool
+
+
+@dataclass(slots=True)
+class _Running:
+    claimed: ClaimedTask
+    option: dict[str, Any]
+    expire: Any  # lease end as last confirmed by the store
+    task: asyncio.Task[None] | None = None
+    cancel_reason: str | None = None  # "lost", "revoked", "released", "cancelled", "paused"
+    handler_done: bool = False
+    reports: AttemptReports | None = None  # checkpoint / progress waiting for the next ping
+    started: float = 0.0  # the clock's monotonic time at the claim (the 'finished' duration)
+    slot: str | None = None  # the flow limit whose slot this attempt holds (mscheduler.limits)
+
+    @property
+    def trust_until(self) -> Any:
+        """When this worker stops trusting its lease: a little before its end (a tenth of the
+        lease, at most LEASE_SAFETY_MARGIN), so that a takeover at the end never overlaps."""
+        margin = min(LEASE_SAFETY_MARGIN, timedelta(milliseconds=self.option["worker_timeout_ms"] / 10))
+        return self.expire - margin
+
+    @property
+    def trusted(self) -> bool:
+        return self.cancel_reason is None and not self.handler_done
+
+    def cancel(self, reason: str) -> None:
+        """Cancel the handler for ``reason`` unless it ended or was cancelled already. Once it has
+        returned, its outcome is being written: cancelling then would drop the attempt's
+        bookkeeping (the ``_running`` entry, the 'finished' event)."""
+        if self.task is None or self.task.done() or self.handler_done or self.cancel_reason is not None:
+            return
+        self.cancel_reason = reason
+        if self.reports is not None:
+            self.reports.close(reason)
+        self.task.cancel()
+
+
+def _inspect_handler(fn: Handler) -> _Registered:
+    if not inspect.iscoroutinefunction(fn):
+        raise InvalidInput(f"handler {fn!r} must be an async function")
+    parameters = list(inspect.signature(fn).parameters.values())
+    if len(parameters) > 2:
+        raise InvalidInput("a handler takes (params) or (params, ctx)")
+    model = None
+    if parameters:
+        hints = get_type_hints(fn)
+        hint = hints.get(parameters[0].name)
+        if inspect.isclass(hint) and issubclass(hint, BaseModel):
+            model = hint
+    return _Registered(fn, model, len(parameters) >= 1, len(parameters) == 2)
+
+
+class ConsumerRunner:
+    """Running a handler, for ``Consumer`` (a mixin: it uses the consumer's registry, clock,
+    limiter and bookkeeping, and the finisher's ``_submit``)."""
+
+    _handlers: dict[str, _Registered]
+    _running: dict[str, _Running]
+    _ran_fanout: OrderedDict[str, None]
+    _handlers_active: int
+    _slot_freed: asyncio.Event
+    _pending_added: asyncio.Event
+    _ping_now: asyncio.Event
+    _listeners: list[Listener]
+    clock: ServerClock
+    limiter: Limiter
+    events: EventRecorder | None
+    worker_id: str
+    max_result_bytes: int
+    max_checkpoint_bytes: int
+    rng: random.Random
+    stats: dict[str, int]
+
+    if TYPE_CHECKING:
+
+        async def _submit(self, params: FinishParams, slot: str | None = None) -> bool: ...
+
+        def _emit(self, event: str, data: dict[str, Any]) -> None: ...
+
+        @staticmethod
+        def _fails_for_good(running: _Running, stat: str, error: dict[str, Any] | None) -> bool: ...
+
+        def _record_event(
+            self, running: _Running, kind: EventKind, detail: dict[str, Any] | None = None
+        ) -> None: ...
+
+    async def _execute(self, running: _Running) -> None:
+        claimed = running.claimed
+        registered = self._handlers[claimed.name]
+        done: Outcome | None  # the shared outcome rules (mscheduler.outcomes) build it
+        result: Any = None
+        run_timeout = running.option.get("run_timeout_ms")
+        try:
+            try:
+                args = self._arguments(registered, claimed, running)
+            except ValidationError as exc:
+                done = rejected_outcome({"type": "InvalidParams", "message": str(exc), "traceback": None})
+            else:
+                if not run_timeout:
+                    result = await registered.fn(*args)
+                else:
+                    try:
+                        async with asyncio.timeout(run_timeout / 1000) as deadline:
+                            result = await registered.fn(*args)
+                    except TimeoutError as exc:
+                        if deadline.expired() and running.cancel_reason is None:
+                            message = f"the attempt ran longer than its run_timeout ({run_timeout} ms)"
+                            raise RunTimedOut(message) from exc
+                        raise
+                done = succeeded_outcome(result, self.max_result_bytes)
+        except Snooze as exc:
+            done = snoozed_outcome(str(exc), exc.after, self.clock.now())
+        except Retry as exc:
+            done = retry_outcome(error_info(exc), exc.after, self.clock.now())
+        except Fail as exc:
+            done = fail_outcome(error_info(exc))
+        except asyncio.CancelledError:
+            reason = running.cancel_reason
+            if reason is None:  # cancelled from outside our bookkeeping: treat as a release
+                reason = "released"
+            # lost: not ours any more; cancelled: the task ended (its finish would be refused)
+            # paused: the store released the entry already (the pause's own write)
+            done = None
+            if reason not in ("lost", "cancelled", "paused"):
+                done = Outcome(
+                    reason, error={"type": "Cancelled", "message": f"attempt {reason}", "traceback": None}
+                )
+        except Exception as exc:
+            done = self._failed(running, error_info(exc))
+        finally:
+            running.handler_done = True
+            self._handlers_active -= 1
+            self._slot_freed.set()
+        outcome = done.status if done is not None else None
+        result, error = (done.result, done.error) if done is not None else (None, None)
+        retry_at, final = (done.retry_at, done.final) if done is not None else (None, False)
+        accepted = submitted = False
+        if outcome is not None:
+            now = self.clock.now()
+            params = FinishParams(
+                claimed.key, self.worker_id, claimed.attempt, now, outcome, result, error, retry_at, final
+            )
+            try:
+                accepted = await self._submit(params, running.slot)
+                submitted = True  # the finisher released the slot with the outcome
+            except MSchedulerError as exc:
+                log.error(
+                    "could not record the outcome of %s: %s",
+                    claimed.key,
+                    exc,
+                    extra=self._fields(running, error=str(exc)),
+                )
+        if self._running.get(claimed.key) is running:
+            del self._running[claimed.key]
+        if running.slot is not None and not submitted:
+            # no outcome sent (lost, cancelled, paused): the finisher releases the slot now
+            self.limiter.release(running.slot, self.worker_id, claimed.attempt)
+            self._pending_added.set()
+        stat = outcome if accepted and outcome is not None else "lost"
+        if running.cancel_reason == "paused":  # released by the pause: not a lost lease
+            stat = AttemptStatus.RELEASED.value
+        option = running.option
+        if (
+            stat == AttemptStatus.SUCCEEDED.value
+            and option["concurrent_worker_cnt"] > 1
+            and not option.get("same_worker_may_repeat")  # it may take that task again
+        ):
+            # tasks aimed at named workers leave our claimer token anyway; "anyone" and group
+            # tokens do not say who ran the task
+            if not option["specific_worker_ids"] or option.get("specific_groups"):
+                self._ran_fanout[claimed.key] = None
+                if len(self._ran_fanout) > RAN_FANOUT_KEPT:
+                    self._ran_fanout.popitem(last=False)
+        self.stats[stat] = self.stats.get(stat, 0) + 1
+        if self.events is not None and accepted:
+            kind = outcome_kind(stat, self._fails_for_good(running, stat, error))
+            if kind is not None:
+                self._record_event(running, kind, outcome_detail(error, retry_at))
+        self._log_outcome(running, stat, error)
+        if self._listeners:
+            self._emit(
+                "finished",
+                {
+                    "key": claimed.key,
+                    "attempt": claimed.attempt,
+                    "outcome": stat,
+                    "error": error,
+                    "name": claimed.name,
+                    "duration": self.clock.monotonic() - running.started,
+                },
+            )
+
+    def _failed(self, running: _Running, error: dict[str, Any]) -> Outcome:
+        """A plain failure, retried by the task's retry policy (the rule in mscheduler.outcomes)."""
+        return failed_outcome(
+            error, running.option, running.claimed.failure_times, self.clock.now(), self.rng
+        )
+
+    def _fields(self, running: _Running, **more: Any) -> dict[str, Any]:
+        """Structured fields for log records about an attempt (``extra=``)."""
+        claimed = running.claimed
+        return {
+            "key": claimed.key,
+            "task_name": claimed.name,
+            "attempt": claimed.attempt,
+            "attempt_no": claimed.attempt_no,
+            "worker_id": self.worker_id,
+        } | more
+
+    def _log_outcome(self, running: _Running, stat: str, error: dict[str, Any] | None) -> None:
+        """Failures are never silent: a failed attempt at INFO, a task failed for good (its budget
+        used, or rejected) at WARNING with the traceback."""
+        if stat not in (AttemptStatus.FAILED.value, AttemptStatus.REJECTED.value) or error is None:
+            return
+        claimed = running.claimed
+        budget = running.option["max_unexpected_retries"]  # None: unlimited
+        final = self._fails_for_good(running, stat, error)
+        fields = self._fields(
+            running,
+            outcome=stat,
+            error_type=error["type"],
+            error_message=error["message"],
+            failures=claimed.fail_cnt + 1,
+            max_unexpected_retries=budget,
+            final=final,
+        )
+        if final:
+            log.warning(
+                "task %s (%s) failed for good on attempt %d: %s: %s\n%s",
+                claimed.key,
+                claimed.name,
+                claimed.attempt_no,
+                error["type"],
+                error["message"],
+                error.get("traceback") or "(no traceback)",
+                extra=fields,
+            )
+        else:
+            log.info(
+                "task %s (%s) attempt %d failed (%d of %d failures tolerated used): %s: %s",
+                claimed.key,
+                claimed.name,
+                claimed.attempt_no,
+                claimed.fail_cnt + 1,
+                budget,
+                error["type"],
+                error["message"],
+                extra=fields,
+            )
+
+    def _arguments(self, registered: _Registered, claimed: ClaimedTask, running: _Running) -> list[Any]:
+        args: list[Any] = []
+        if registered.wants_params:
+            params = claimed.params
+            args.append(registered.model.model_validate(params) if registered.model else params)
+        if registered.wants_context:
+            # checkpoint / progress reports: only handlers that take a context can make them
+            running.reports = AttemptReports(self._ping_now.set, self.max_checkpoint_bytes)
+            args.append(
+                TaskContext(
+                    claimed.key,
+                    claimed.name,
+                    claimed.attempt,
+                    claimed.attempt_no,
+                    self.worker_id,
+                    TaskOption.from_storage(running.option),
+                    claimed.checkpoint,
+                    running.reports,
+                )
+            )
+        return args
