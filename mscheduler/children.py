@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime
 
-from mscheduler.clock import Clock, SystemClock
+from mscheduler.clock import Clock, SystemClock, sleep_unless
 from mscheduler.drivers.base import Driver, NewTask, OpenParentsParams, SyncParentsParams
 from mscheduler.exceptions import InvalidInput, MSchedulerError, StorageError
 from mscheduler.family import SEQUENTIAL
@@ -168,16 +168,7 @@ class ChildSync:
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep ``seconds``, or until a request or ``stop``."""
-        waiters = [
-            asyncio.ensure_future(self.clock.sleep(seconds)),
-            asyncio.ensure_future(self._wake.wait()),
-            asyncio.ensure_future(self._stopping.wait()),
-        ]
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:  # no await here: see Planner._sleep
-                waiter.cancel()
+        await sleep_unless(self.clock, seconds, self._wake, self._stopping)
 
     def stop(self) -> None:
         """Ask ``run`` to return (idempotent)."""

@@ -16,6 +16,21 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 
+async def sleep_unless(clock: Clock, seconds: float, *events: asyncio.Event) -> None:
+    """Sleep ``seconds`` on ``clock``, or less: until one of ``events`` is set (none is cleared)."""
+    waiters = [
+        asyncio.ensure_future(clock.sleep(seconds)),
+        *(asyncio.ensure_future(e.wait()) for e in events),
+    ]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        # no await in here: awaiting while this task is being cancelled could swallow the
+        # cancellation (a second cancel() would be caught and the caller's loop would go on)
+        for waiter in waiters:
+            waiter.cancel()
+
+
 def truncate_ms(value: datetime) -> datetime:
     """MongoDB stores milliseconds; every time we compute is cut to that precision."""
     return value.replace(microsecond=value.microsecond // 1000 * 1000)

@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from mscheduler.clock import Clock, SystemClock
+from mscheduler.clock import Clock, SystemClock, sleep_unless
 from mscheduler.consumer.runner import RunTimedOut
 from mscheduler.exceptions import Fail, InvalidInput, LeaseLost, Retry, Snooze, StorageError, UnknownTask
 
@@ -355,13 +355,7 @@ class ExecutorClient:
             interval = min(t.ping_interval for t in self._running.values())
             trust = min(t._trusted_until for t in self._running.values())
             if not self._ping_now.is_set():
-                waiter = asyncio.ensure_future(self._ping_now.wait())
-                sleeper = asyncio.ensure_future(self.clock.sleep(max(0.0, min(interval, trust - now))))
-                try:
-                    await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    waiter.cancel()
-                    sleeper.cancel()
+                await sleep_unless(self.clock, max(0.0, min(interval, trust - now)), self._ping_now)
             self._ping_now.clear()
             await asyncio.sleep(0)  # let other handlers' checkpoints join this ping
             await self._ping_once()

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from mscheduler.clock import Clock, ServerClock
+from mscheduler.clock import Clock, ServerClock, sleep_unless
 from mscheduler.consumer.limiter import Limiter
 from mscheduler.consumer.reports import DEFAULT_MAX_CHECKPOINT_BYTES, checked_checkpoint, checked_progress
 from mscheduler.drivers.base import (
@@ -632,13 +632,7 @@ class RemoteExecutors:
                 del self._bells[bell.names]  # no watch, no entry: name sets do not pile up
 
     async def _sleep_or_wake(self, wake: asyncio.Event, seconds: float) -> bool:
-        waiter = asyncio.ensure_future(wake.wait())
-        sleeper = asyncio.ensure_future(self.clock.sleep(seconds))
-        try:
-            await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            sleeper.cancel()
+        await sleep_unless(self.clock, seconds, wake)
         return wake.is_set()
 
     def _bell(self, names: frozenset[str]) -> _Doorbell:

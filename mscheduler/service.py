@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from mscheduler.clock import Clock
+from mscheduler.clock import Clock, sleep_unless
 from mscheduler.exceptions import MSchedulerError, StorageError
 
 log = logging.getLogger("mscheduler.service")
@@ -40,15 +40,7 @@ class PeriodicService:
             await self._sleep(self.interval)
 
     async def _sleep(self, seconds: float) -> None:
-        sleeper = asyncio.ensure_future(self.clock.sleep(seconds))
-        stopper = asyncio.ensure_future(self._stopping.wait())
-        try:
-            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            # no await in here: awaiting while this task is being cancelled could swallow the
-            # cancellation (a second cancel() would be caught and the loop would go on)
-            sleeper.cancel()
-            stopper.cancel()
+        await sleep_unless(self.clock, seconds, self._stopping)
 
     def stop(self) -> None:
         """Ask ``run`` to return after the current pass (idempotent)."""

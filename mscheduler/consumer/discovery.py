@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from mscheduler.clock import Clock
+from mscheduler.clock import Clock, sleep_unless
 from mscheduler.drivers.base import (
     ChangeEvent,
     ChangeStreamUnsupported,
@@ -196,13 +196,7 @@ class Discovery:
                 log.log(level, "poll failed (%s); trying again next interval", exc, extra={"error": str(exc)})
 
     async def _sleep_or_poll(self, seconds: float) -> None:
-        waiter = asyncio.ensure_future(self._poll_now.wait())
-        sleeper = asyncio.ensure_future(self.clock.sleep(seconds))
-        try:
-            await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            sleeper.cancel()
+        await sleep_unless(self.clock, seconds, self._poll_now)
         # Cleared when the poll starts, not when the sleep does: a request made while the last
         # poll ran (its read may predate what the request is about) makes the next poll at once.
         self._poll_now.clear()

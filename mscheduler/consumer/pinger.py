@@ -13,7 +13,7 @@ import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from mscheduler.clock import ServerClock
+from mscheduler.clock import ServerClock, sleep_unless
 from mscheduler.consumer.limiter import Limiter
 from mscheduler.consumer.runner import _Running
 from mscheduler.drivers.base import AttemptReport, ChangeEvent, Driver, PingParams, PingResult
@@ -92,13 +92,7 @@ class ConsumerPinger:
         """Sleep ``seconds`` on the consumer's clock, or less if a ping is asked for (True)."""
         if self._ping_now.is_set():
             return True
-        waiter = asyncio.ensure_future(self._ping_now.wait())
-        sleeper = asyncio.ensure_future(self.clock.sleep(seconds))
-        try:
-            await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            sleeper.cancel()
+        await sleep_unless(self.clock, seconds, self._ping_now)
         return self._ping_now.is_set()
 
     async def ping_once(self) -> None:

@@ -20,19 +20,16 @@ from mscheduler import Consumer, FakeClock, Operations, Publisher, Task, TaskCon
 from mscheduler.drivers.base import ListParams
 from mscheduler.executor_client import ExecutorClient, RemoteTask
 from mscheduler.remote import RemoteExecutors
-from mscheduler.web import ApiTokens, create_app
+from mscheduler.web import create_app
 from tests.scenarios.harness import advance_until, running_entries
-from tests.scenarios.test_mixed_fleet import DeadConnection
+from tests.scenarios.test_mixed_fleet import STEP, TOKEN, TOKENS, DeadConnection
 
-TOKEN = "executor-token-0123456789abcdef"
-TOKENS = ApiTokens(executor=[TOKEN])
 OPTION = TaskOption(
     ping_interval=timedelta(seconds=1),
     worker_timeout=timedelta(seconds=3),
     retry_delay=timedelta(seconds=1),
     max_unexpected_retries=5,
 )
-STEP = 0.25
 MAX_RUNNING = 3
 
 
