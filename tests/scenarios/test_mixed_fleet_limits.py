@@ -16,20 +16,16 @@ from typing import Any
 
 import httpx
 
-from mscheduler import Consumer, FakeClock, Operations, Publisher, Task, TaskContext, TaskOption
+from mscheduler import Consumer, FakeClock, Operations, Publisher, Task, TaskContext
 from mscheduler.drivers.base import ListParams
 from mscheduler.executor_client import ExecutorClient, RemoteTask
 from mscheduler.remote import RemoteExecutors
 from mscheduler.web import create_app
 from tests.scenarios.harness import advance_until, running_entries
+from tests.scenarios.test_mixed_fleet import OPTION as FLEET_OPTION
 from tests.scenarios.test_mixed_fleet import STEP, TOKEN, TOKENS, DeadConnection
 
-OPTION = TaskOption(
-    ping_interval=timedelta(seconds=1),
-    worker_timeout=timedelta(seconds=3),
-    retry_delay=timedelta(seconds=1),
-    max_unexpected_retries=5,
-)
+OPTION = FLEET_OPTION.model_copy(update={"worker_timeout": timedelta(seconds=3)})
 MAX_RUNNING = 3
 
 
