@@ -17,6 +17,7 @@ from mscheduler import FakeClock, Operations, Task, TaskOption
 from mscheduler.drivers.base import SlotsParams
 from mscheduler.remote import RemoteExecutors
 from mscheduler.web import ApiTokens, create_app
+from tests.consumer.support import FreezableDriver
 from tests.web.support import ADMIN_TOKEN, READ, READ_TOKEN, CountingDriver, publisher
 
 EXECUTOR_TOKEN = "executor-token-0123456789abcdef"
@@ -273,3 +274,33 @@ async def test_pings_and_reports_reaching_another_server_keep_the_slot_rules(
         await settle()
         assert await holders(first) == []
         assert service_b.limiter.commands["release"] == 1
+
+
+async def test_shutdown_waits_for_the_outcomes_in_flight_and_their_slot_releases(
+    driver: CountingDriver, operations: Operations
+) -> None:
+    """The app's lifespan ends with ``RemoteExecutors.aclose()``: a stopping API server first
+    writes the outcomes it accepted and gives their slots back (not left to run out at their
+    expiry)."""
+    stalled = FreezableDriver(driver)  # type: ignore[arg-type]
+    service = RemoteExecutors(stalled, clock=operations.clock, limit_backoff=0.2)  # type: ignore[arg-type]
+    app = create_app(operations=operations, tokens=TOKENS, executors=service)
+    await operations.set_limit("k", names=["job"], max_running=2)
+    await publisher(driver).send_many([Task("a", "job"), Task("b", "job")])
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+    lifespan = app.router.lifespan_context(app)
+    await lifespan.__aenter__()
+    first, second = await lease(http, "ex-1", max_tasks=2)
+    stalled.freeze("finish")
+    report = asyncio.ensure_future(succeed(http, "ex-1", first))
+    await settle()
+    assert stalled.blocked == ["finish"]  # the outcome's write is in flight
+    closing = asyncio.ensure_future(lifespan.__aexit__(None, None, None))
+    await settle()
+    assert not closing.done(), "shutdown waits for the outcome being written"
+    stalled.thaw("finish")
+    await asyncio.wait_for(closing, 5)
+    await asyncio.wait_for(report, 5)
+    assert (await operations.get_task(first["key"])).status.value == "succeeded"
+    assert await holders(http) == [("ex-1", second["attempt"])]  # the finished one's slot is back
+    await http.aclose()
