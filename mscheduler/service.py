@@ -14,12 +14,13 @@ log = logging.getLogger("mscheduler.service")
 
 
 class PeriodicService:
-    """Subclasses set ``what`` (a name for logs), ``interval``, ``clock`` and ``_stopping`` (an
-    ``asyncio.Event``) and define ``run_once``."""
+    """Subclasses set ``what`` (a name for logs), ``interval``, ``clock``, ``passes`` (counted by
+    their ``run_once``) and ``_stopping`` (an ``asyncio.Event``) and define ``run_once``."""
 
     what = "service"
     interval: float
     clock: Clock
+    passes: int
     _stopping: asyncio.Event
 
     async def run_once(self) -> int:

@@ -128,7 +128,7 @@ def test_the_loop_passes_on_the_clock_until_stopped() -> None:
         runner = asyncio.create_task(cli_maintenance.run_until_stopped(ops, found))
         for _ in range(50):
             await asyncio.sleep(0)
-        assert [s.passes for s in found] == [1, 1, 1]  # type: ignore[attr-defined]
+        assert [s.passes for s in found] == [1, 1, 1]
         await store.add("late", deadline=store.at(7))
         for _ in range(2):
             store.advance(5)
