@@ -11,7 +11,7 @@ import logging
 import sys
 from datetime import UTC, date, datetime, timedelta
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 LogFormat = Literal["text", "json"]
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -81,7 +81,7 @@ def _safe(value: Any) -> Any:
     return value
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _StderrHandler(logging.StreamHandler[TextIO]):
     """Writes to whatever ``sys.stderr`` is when a record is emitted, not the one of the time it
     was made: a process that swaps its stderr (a test runner, a daemoniser) keeps its logs."""
 

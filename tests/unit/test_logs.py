@@ -128,3 +128,19 @@ def test_configure_logging_replaces_handlers_instead_of_adding(monkeypatch: pyte
     assert len(lines) == 2, lines
     assert json.loads(lines[0])["worker_id"] == "w1"
     assert lines[1].endswith("WARNING mscheduler.consumer: as text")
+
+
+def test_records_go_to_the_stderr_of_the_moment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that swaps ``sys.stderr`` after setting logging up (a test runner, a daemoniser)
+    gets its later records on the new stream, not on the one of set-up time (maybe closed)."""
+    # force=True closes the handlers it replaces: keep pytest's out of reach (restored after)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    monkeypatch.setattr(logging.getLogger(), "level", logging.getLogger().level)
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    configure_logging(logging.INFO, "text")
+    monkeypatch.setattr(sys, "stderr", second)
+    first.close()
+    logging.getLogger("mscheduler.test").info("after the swap")
+    assert second.getvalue().splitlines() == [second.getvalue().strip()]  # one record, no error
+    assert second.getvalue().rstrip().endswith("INFO mscheduler.test: after the swap")
