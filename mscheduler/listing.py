@@ -20,7 +20,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from mscheduler.drivers.base import BY_CREATED, BY_FINISHED, BY_KEY, ListParams
 from mscheduler.exceptions import InvalidInput
@@ -39,6 +39,24 @@ class TaskPage:
 
     tasks: list[TaskInfo]
     next_cursor: str | None
+
+
+class TaskFilters(TypedDict, total=False):
+    """The keyword arguments of a listing (``Operations.page_tasks`` / ``list_tasks``), each
+    checked by ``list_params``: ranges are ``[from, to)``, aware datetimes."""
+
+    status: str | None
+    name: str | None
+    key_prefix: str | None
+    worker_id: str | None
+    created_from: datetime | None
+    created_to: datetime | None
+    finished_from: datetime | None
+    finished_to: datetime | None
+    group: str | None
+    cursor: str | None
+    limit: int
+    skip: int
 
 
 def list_params(

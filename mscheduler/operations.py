@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
+from typing_extensions import Unpack
 
 from mscheduler.clock import Clock, ServerClock
 from mscheduler.drivers.base import (
@@ -42,7 +43,7 @@ from mscheduler.exceptions import (
     UnknownTask,
 )
 from mscheduler.limits import LimitInfo, Rate, checked_limit, from_storage
-from mscheduler.listing import LIST_LIMIT_MAX, TaskPage, list_params, task_page
+from mscheduler.listing import LIST_LIMIT_MAX, TaskFilters, TaskPage, list_params, task_page
 from mscheduler.model import OptionChange, TaskInfo, TaskOption, TaskStatus, validate_key, validate_name
 from mscheduler.plans import (
     Plan,
@@ -236,77 +237,22 @@ class Operations:
         docs = {doc["key"]: doc for doc in await self.driver.get_tasks(checked)} if checked else {}
         return {key: TaskInfo.from_storage(docs[key]) for key in checked if key in docs}
 
-    async def page_tasks(
-        self,
-        *,
-        status: str | None = None,
-        name: str | None = None,
-        key_prefix: str | None = None,
-        worker_id: str | None = None,
-        created_from: datetime | None = None,
-        created_to: datetime | None = None,
-        finished_from: datetime | None = None,
-        finished_to: datetime | None = None,
-        group: str | None = None,
-        cursor: str | None = None,
-        limit: int = 100,
-        skip: int = 0,
-    ) -> TaskPage:
+    async def page_tasks(self, **filters: Unpack[TaskFilters]) -> TaskPage:
         """One page of tasks oldest first (with ``key_prefix``: in key order; with a finished range
-        and no prefix: by finish time), filtered by status, name, key prefix, worker (an entry
-        of that worker), group (tasks aimed at that worker group), creation time ``[from, to)``
-        and finish time ``[from, to)`` (finished tasks only: a restart takes a task out); each
-        combination is one bounded index range (docs/design.md). Pass ``next_cursor`` back as
-        ``cursor`` with the same filters for the next page; ``skip`` still works but reads every
-        skipped task (deprecated). Every value is checked (``InvalidInput``, nothing queried)."""
-        params = list_params(
-            status=status,
-            name=name,
-            key_prefix=key_prefix,
-            worker_id=worker_id,
-            created_from=created_from,
-            created_to=created_to,
-            finished_from=finished_from,
-            finished_to=finished_to,
-            group=group,
-            cursor=cursor,
-            limit=limit,
-            skip=skip,
-        )
+        and no prefix: by finish time), filtered by ``status``, ``name``, ``key_prefix``,
+        ``worker_id`` (an entry of that worker), ``group`` (tasks aimed at that worker group),
+        creation time ``created_from`` / ``created_to`` and finish time ``finished_from`` /
+        ``finished_to`` (``[from, to)``; finished tasks only: a restart takes a task out); each
+        combination is one bounded index range (docs/design.md). ``limit`` (default 100) tasks a
+        page; pass ``next_cursor`` back as ``cursor`` with the same filters for the next page;
+        ``skip`` still works but reads every skipped task (deprecated). Every value is checked
+        (``InvalidInput``, nothing queried)."""
+        params = list_params(**filters)
         return task_page(params, await self.driver.list_tasks(params))
 
-    async def list_tasks(
-        self,
-        *,
-        status: str | None = None,
-        name: str | None = None,
-        key_prefix: str | None = None,
-        worker_id: str | None = None,
-        created_from: datetime | None = None,
-        created_to: datetime | None = None,
-        finished_from: datetime | None = None,
-        finished_to: datetime | None = None,
-        group: str | None = None,
-        cursor: str | None = None,
-        limit: int = 100,
-        skip: int = 0,
-    ) -> list[TaskInfo]:
+    async def list_tasks(self, **filters: Unpack[TaskFilters]) -> list[TaskInfo]:
         """The tasks of ``page_tasks`` (without the next cursor)."""
-        page = await self.page_tasks(
-            status=status,
-            name=name,
-            key_prefix=key_prefix,
-            worker_id=worker_id,
-            created_from=created_from,
-            created_to=created_to,
-            finished_from=finished_from,
-            finished_to=finished_to,
-            group=group,
-            cursor=cursor,
-            limit=limit,
-            skip=skip,
-        )
-        return page.tasks
+        return (await self.page_tasks(**filters)).tasks
 
     async def count_by_status(self) -> dict[str, int]:
         """How many tasks are in each status (statuses with none are 0)."""
