@@ -20,9 +20,9 @@ import time
 from datetime import UTC, datetime
 
 from benchmarks.common import emit
+from mscheduler.domain.model import TaskOption
 from mscheduler.drivers.base import ClaimParams, InsertParams, NewTask
 from mscheduler.drivers.memory import MemoryDriver
-from mscheduler.model import TaskOption
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 

@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mscheduler.consumer.consumer import Consumer
+from mscheduler.domain.model import Task
 from mscheduler.drivers.base import ChangeEvent, Driver
-from mscheduler.model import Task
 from mscheduler.publisher import Publisher
 
 TASK_NAME = "noop"

@@ -26,9 +26,9 @@ from typing import Any
 import httpx
 
 from benchmarks.common import TASK_NAME, emit
+from mscheduler.domain.model import Task, TaskOption
 from mscheduler.drivers.base import ClaimParams, FinishParams
 from mscheduler.drivers.memory import MemoryDriver
-from mscheduler.model import Task, TaskOption
 from mscheduler.operations import Operations
 from mscheduler.publisher import Publisher
 from mscheduler.web.app import create_app

@@ -19,13 +19,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from benchmarks.common import emit
-from mscheduler.clock import FakeClock
+from mscheduler.domain.clock import FakeClock
+from mscheduler.domain.plans import Plan
+from mscheduler.domain.schedule import EverySchedule, PlanTiming
 from mscheduler.drivers.base import Driver, InsertPlanParams
 from mscheduler.drivers.memory import MemoryDriver
 from mscheduler.drivers.mongo import MongoDriver
 from mscheduler.planner import Planner
-from mscheduler.plans import Plan
-from mscheduler.schedule import EverySchedule, PlanTiming
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
 

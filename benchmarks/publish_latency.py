@@ -17,9 +17,9 @@ from typing import Any
 
 from benchmarks.common import emit
 from mscheduler.consumer.consumer import Consumer
+from mscheduler.domain.model import Task
 from mscheduler.drivers.base import ClaimedTask, ClaimParams
 from mscheduler.drivers.memory import MemoryDriver
-from mscheduler.model import Task
 from mscheduler.publisher import Publisher
 
 

@@ -23,11 +23,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from benchmarks.common import emit, machine
-from mscheduler.clock import FakeClock
+from mscheduler.domain.clock import FakeClock
+from mscheduler.domain.model import TaskOption
 from mscheduler.drivers.base import ClaimParams, Driver, FinishParams, InsertParams, NewTask
 from mscheduler.drivers.memory import MemoryDriver
 from mscheduler.drivers.mongo import MongoDriver
-from mscheduler.model import TaskOption
 from mscheduler.operations import Operations
 
 START = datetime(2030, 1, 1, tzinfo=UTC)

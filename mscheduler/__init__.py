@@ -1,11 +1,16 @@
 """mscheduler: a durable asyncio task scheduler on MongoDB."""
 
-from mscheduler.clock import FakeClock
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import types
+import warnings
+from importlib.machinery import ModuleSpec
+
 from mscheduler.consumer import Consumer, TaskContext
-from mscheduler.drivers import Driver, MemoryDriver, MongoDriver
-from mscheduler.drivers.base import ListParams
-from mscheduler.events import Event, EventKind, Events
-from mscheduler.exceptions import (
+from mscheduler.domain.clock import FakeClock
+from mscheduler.domain.exceptions import (
     ConsumerStopped,
     Fail,
     HandlerSignal,
@@ -23,8 +28,8 @@ from mscheduler.exceptions import (
     UnknownPlan,
     UnknownTask,
 )
-from mscheduler.limits import LimitInfo, Rate
-from mscheduler.model import (
+from mscheduler.domain.limits import LimitInfo, Rate
+from mscheduler.domain.model import (
     AttemptStatus,
     Child,
     ErrorInfo,
@@ -35,35 +40,64 @@ from mscheduler.model import (
     TaskStatus,
     WorkerState,
 )
+from mscheduler.domain.plans import Plan, PlanInfo, PlanState
+from mscheduler.domain.retry import (
+    ExponentialRetry,
+    FixedRetry,
+    FixedThenExponentialRetry,
+    Jitter,
+    PerDayRetry,
+    RetryPolicy,
+)
+from mscheduler.domain.schedule import (
+    AtSchedule,
+    CatchUp,
+    CronSchedule,
+    EverySchedule,
+    MonthlySchedule,
+    PlanTiming,
+    Schedule,
+    WeeklySchedule,
+)
+from mscheduler.drivers import Driver, MemoryDriver, MongoDriver
+from mscheduler.drivers.base import ListParams
+from mscheduler.events import Event, EventKind, Events
 from mscheduler.operations import Operations, WorkerView
 from mscheduler.planner import Planner
-from mscheduler.plans import Plan, PlanInfo, PlanState
 from mscheduler.publisher import Publisher
-from mscheduler.schedule import CatchUp, PlanTiming
 
 __all__ = [
+    "AtSchedule",
     "AttemptStatus",
     "CatchUp",
     "Child",
     "Consumer",
     "ConsumerStopped",
+    "CronSchedule",
     "Driver",
     "ErrorInfo",
     "Event",
     "EventKind",
     "Events",
+    "EverySchedule",
+    "ExponentialRetry",
     "Fail",
     "FakeClock",
+    "FixedRetry",
+    "FixedThenExponentialRetry",
     "HandlerSignal",
     "InvalidInput",
+    "Jitter",
     "LeaseLost",
     "LimitInfo",
     "ListParams",
     "MSchedulerError",
     "MemoryDriver",
     "MongoDriver",
+    "MonthlySchedule",
     "Operations",
     "OptionChange",
+    "PerDayRetry",
     "Plan",
     "PlanInfo",
     "PlanState",
@@ -72,6 +106,8 @@ __all__ = [
     "Publisher",
     "Rate",
     "Retry",
+    "RetryPolicy",
+    "Schedule",
     "Snooze",
     "StorageError",
     "Task",
@@ -86,8 +122,58 @@ __all__ = [
     "UnknownLimit",
     "UnknownPlan",
     "UnknownTask",
+    "WeeklySchedule",
     "WorkerState",
     "WorkerView",
 ]
 
 __version__ = "0.1.0"
+
+
+# -- modules that moved when the package was split into layers (2026-11) ------------------------
+# Old import paths keep working: ``import mscheduler.schedule`` gives ``mscheduler.domain.schedule``
+# (the same module object) with a DeprecationWarning naming the new path. Prefer
+# ``from mscheduler import ...``: every type a user constructs is there.
+_MOVED = {
+    f"mscheduler.{old}": f"mscheduler.{new}"
+    for old, new in (
+        ("clock", "domain.clock"),
+        ("exceptions", "domain.exceptions"),
+        ("family", "domain.family"),
+        ("limits", "domain.limits"),
+        ("listing", "domain.listing"),
+        ("model", "domain.model"),
+        ("outcomes", "domain.outcomes"),
+        ("plans", "domain.plans"),
+        ("retry", "domain.retry"),
+        ("schedule", "domain.schedule"),
+        ("state", "domain.state"),
+        ("stats", "domain.stats"),
+        ("unique", "domain.unique"),
+        ("drivers.events_common", "domain.events"),
+    )
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds an old module path and hands out the module at its new one (see ``_MOVED``)."""
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        if fullname not in _MOVED:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: ModuleSpec) -> types.ModuleType:
+        return types.ModuleType(spec.name)  # a stand-in: exec_module puts the real one in its place
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        new = _MOVED[module.__name__]
+        warnings.warn(
+            f"{module.__name__} moved to {new}; import from there, or from mscheduler",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        sys.modules[module.__name__] = importlib.import_module(new)
+
+
+sys.meta_path.insert(0, _MovedModules())

@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime
 
-from mscheduler.clock import Clock, SystemClock, sleep_unless
+from mscheduler.domain.clock import Clock, SystemClock, sleep_unless
+from mscheduler.domain.exceptions import InvalidInput, MSchedulerError, StorageError
+from mscheduler.domain.family import SEQUENTIAL
+from mscheduler.domain.model import Task, child_key
 from mscheduler.drivers.base import Driver, NewTask, OpenParentsParams, SyncParentsParams
-from mscheduler.exceptions import InvalidInput, MSchedulerError, StorageError
-from mscheduler.family import SEQUENTIAL
-from mscheduler.model import Task, child_key
 
 log = logging.getLogger("mscheduler.children")
 

@@ -32,11 +32,11 @@ from rich.text import Text
 
 from mscheduler import __version__
 from mscheduler.consumer import Consumer
+from mscheduler.domain.exceptions import MSchedulerError
 from mscheduler.drivers.base import ChangeStreamUnsupported
 from mscheduler.drivers.memory import MemoryDriver
 from mscheduler.drivers.mongo import MongoDriver
 from mscheduler.drivers.mongo_common import INDEX_NAMES
-from mscheduler.exceptions import MSchedulerError
 from mscheduler.logs import configure_logging
 
 DEFAULT_SERVER_SELECTION_MS = 2000
@@ -643,7 +643,7 @@ async def run_planner(
     """Run a planner on the server at ``uri`` until SIGINT / SIGTERM; returns the exit code.
 
     Any number may run beside consumers' planners: occurrences are never made twice."""
-    from mscheduler.clock import ServerClock
+    from mscheduler.domain.clock import ServerClock
     from mscheduler.planner import Planner
 
     client = mongo_client(uri, server_selection_timeout_ms)

@@ -22,7 +22,7 @@ from mscheduler.cli_ops import (
     print_json,
     run,
 )
-from mscheduler.limits import LimitInfo
+from mscheduler.domain.limits import LimitInfo
 
 limits_app = _typer(
     "limits",

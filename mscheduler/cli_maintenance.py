@@ -22,7 +22,7 @@ import typer
 
 from mscheduler.cli import CliError, _fail, app, err
 from mscheduler.cli_ops import EXIT_USAGE, Connection, JsonOpt, connected, print_json, run
-from mscheduler.exceptions import InvalidInput
+from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.expiry import ExpiryService
 from mscheduler.logs import configure_logging
 from mscheduler.operations import Operations

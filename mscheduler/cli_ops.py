@@ -42,8 +42,7 @@ from mscheduler.cli import (
     redact,
 )
 from mscheduler.cli_stats import stats_renderables, stats_with_progress
-from mscheduler.drivers.mongo import MongoDriver
-from mscheduler.exceptions import (
+from mscheduler.domain.exceptions import (
     InvalidInput,
     MSchedulerError,
     StorageError,
@@ -52,9 +51,10 @@ from mscheduler.exceptions import (
     UnknownPlan,
     UnknownTask,
 )
-from mscheduler.model import TaskInfo
+from mscheduler.domain.model import TaskInfo
+from mscheduler.domain.plans import PlanInfo
+from mscheduler.drivers.mongo import MongoDriver
 from mscheduler.operations import Operations
-from mscheduler.plans import PlanInfo
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_STORAGE = 1, 2, 3
 T = TypeVar("T")

@@ -10,8 +10,8 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from mscheduler.domain.stats import TaskStats
 from mscheduler.operations import Operations
-from mscheduler.stats import TaskStats
 
 SPARKS = "▁▂▃▄▅▆▇█"
 

@@ -36,13 +36,13 @@ from mscheduler.cli_ops import (
     run,
     tasks_app,
 )
+from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.model import OptionChange, Task, TaskOption
+from mscheduler.domain.plans import Plan
+from mscheduler.domain.schedule import PlanTiming
 from mscheduler.events import LIST_LIMIT_MAX, Event, Events
-from mscheduler.exceptions import InvalidInput
-from mscheduler.model import OptionChange, Task, TaskOption
 from mscheduler.operations import Operations
-from mscheduler.plans import Plan
 from mscheduler.publisher import Publisher
-from mscheduler.schedule import PlanTiming
 
 events_app = _typer(
     "events",

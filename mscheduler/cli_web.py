@@ -30,7 +30,7 @@ from mscheduler.cli import (
     redact,
 )
 from mscheduler.cli_ops import EXIT_STORAGE, EXIT_USAGE, DatabaseOpt, PrefixOpt, UriOpt
-from mscheduler.exceptions import InvalidInput
+from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.logs import configure_logging
 from mscheduler.operations import Operations
 

@@ -29,14 +29,14 @@ from rich.table import Table
 from rich.text import Text
 
 from mscheduler.consumer import Consumer, TaskContext
+from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.model import AttemptStatus, Task, TaskInfo, TaskOption, TaskStatus
+from mscheduler.domain.plans import Plan, PlanInfo
+from mscheduler.domain.schedule import CronSchedule, EverySchedule, PlanTiming
 from mscheduler.drivers.base import Driver, ListParams
 from mscheduler.drivers.mongo import MongoDriver
-from mscheduler.exceptions import InvalidInput
-from mscheduler.model import AttemptStatus, Task, TaskInfo, TaskOption, TaskStatus
 from mscheduler.operations import Operations
-from mscheduler.plans import Plan, PlanInfo
 from mscheduler.publisher import Publisher
-from mscheduler.schedule import CronSchedule, EverySchedule, PlanTiming
 
 ProgressCallback = Callable[[int, int, dict[str, int]], None]
 

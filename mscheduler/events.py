@@ -31,7 +31,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mscheduler.clock import Clock, ServerClock
+from mscheduler.domain.clock import Clock, ServerClock
+from mscheduler.domain.events import EventKind, attempt_event_id, error_detail, event_doc
+from mscheduler.domain.exceptions import InvalidInput, StorageError
+from mscheduler.domain.model import validate_key, validate_name
+from mscheduler.domain.plans import checked_plan_id
 from mscheduler.drivers.base import (
     ChangeStreamUnsupported,
     Driver,
@@ -39,10 +43,6 @@ from mscheduler.drivers.base import (
     InsertEventsParams,
     ResumeTokenLost,
 )
-from mscheduler.drivers.events_common import EventKind, attempt_event_id, error_detail, event_doc
-from mscheduler.exceptions import InvalidInput, StorageError
-from mscheduler.model import validate_key, validate_name
-from mscheduler.plans import checked_plan_id
 
 log = logging.getLogger("mscheduler.events")
 

@@ -30,9 +30,17 @@ from typing import Any
 
 import httpx
 
-from mscheduler.clock import Clock, SystemClock, sleep_unless
 from mscheduler.consumer.runner import RunTimedOut
-from mscheduler.exceptions import Fail, InvalidInput, LeaseLost, Retry, Snooze, StorageError, UnknownTask
+from mscheduler.domain.clock import Clock, SystemClock, sleep_unless
+from mscheduler.domain.exceptions import (
+    Fail,
+    InvalidInput,
+    LeaseLost,
+    Retry,
+    Snooze,
+    StorageError,
+    UnknownTask,
+)
 
 log = logging.getLogger("mscheduler.executor_client")
 

@@ -14,10 +14,10 @@ import asyncio
 import logging
 from datetime import datetime
 
-from mscheduler.clock import Clock, SystemClock
+from mscheduler.domain.clock import Clock, SystemClock
+from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.schedule import utc_ms
 from mscheduler.drivers.base import Driver, ExpireParams
-from mscheduler.exceptions import InvalidInput
-from mscheduler.schedule import utc_ms
 from mscheduler.service import PeriodicService
 
 log = logging.getLogger("mscheduler.expiry")

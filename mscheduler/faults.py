@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import (
     AcquireParams,
     AcquireResult,
@@ -64,7 +65,6 @@ from mscheduler.drivers.base import (
     WakeupParams,
     WorkerInfo,
 )
-from mscheduler.exceptions import StorageError
 
 if TYPE_CHECKING:
     from mscheduler.consumer import Consumer

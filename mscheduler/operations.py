@@ -19,7 +19,38 @@ from typing import Any
 from pydantic import ValidationError
 from typing_extensions import Unpack
 
-from mscheduler.clock import Clock, ServerClock
+from mscheduler.domain.clock import Clock, ServerClock
+from mscheduler.domain.exceptions import (
+    InvalidInput,
+    StorageError,
+    TransitionRefused,
+    UnknownLimit,
+    UnknownPlan,
+    UnknownTask,
+)
+from mscheduler.domain.limits import LimitInfo, Rate, checked_limit, from_storage
+from mscheduler.domain.listing import LIST_LIMIT_MAX, TaskFilters, TaskPage, list_params, task_page
+from mscheduler.domain.model import (
+    OptionChange,
+    TaskInfo,
+    TaskOption,
+    TaskStatus,
+    validate_key,
+    validate_name,
+)
+from mscheduler.domain.plans import (
+    Plan,
+    PlanInfo,
+    PlanState,
+    checked_plan_id,
+    option_to_storage,
+    plan_state,
+    refire_time,
+)
+from mscheduler.domain.schedule import to_storage_dict
+from mscheduler.domain.stats import DEFAULT_WINDOW as DEFAULT_STATS_WINDOW
+from mscheduler.domain.stats import StatsStep, TaskStats
+from mscheduler.domain.stats import checked_input as checked_stats_input
 from mscheduler.drivers.base import (
     ControlParams,
     Driver,
@@ -34,30 +65,6 @@ from mscheduler.drivers.base import (
     UpdateOptionParams,
     UpdatePlanParams,
 )
-from mscheduler.exceptions import (
-    InvalidInput,
-    StorageError,
-    TransitionRefused,
-    UnknownLimit,
-    UnknownPlan,
-    UnknownTask,
-)
-from mscheduler.limits import LimitInfo, Rate, checked_limit, from_storage
-from mscheduler.listing import LIST_LIMIT_MAX, TaskFilters, TaskPage, list_params, task_page
-from mscheduler.model import OptionChange, TaskInfo, TaskOption, TaskStatus, validate_key, validate_name
-from mscheduler.plans import (
-    Plan,
-    PlanInfo,
-    PlanState,
-    checked_plan_id,
-    option_to_storage,
-    plan_state,
-    refire_time,
-)
-from mscheduler.schedule import to_storage_dict
-from mscheduler.stats import DEFAULT_WINDOW as DEFAULT_STATS_WINDOW
-from mscheduler.stats import StatsStep, TaskStats
-from mscheduler.stats import checked_input as checked_stats_input
 
 MANY_MAX = 1000  # keys of one get_tasks / restart_many call
 MANY_AT_ONCE = 16  # restarts of restart_many in flight at once

@@ -24,7 +24,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from mscheduler.clock import Clock, SystemClock
+from mscheduler.domain.clock import Clock, SystemClock
+from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.model import TERMINAL_STATUSES, TaskOption, TaskStatus
+from mscheduler.domain.plans import PlanState, occurrence_key, plan_state, timing_from_storage
+from mscheduler.domain.schedule import PlanProgress, next_fire_after_completion, plan_step, utc_ms
 from mscheduler.drivers.base import (
     AdvancePlansParams,
     Driver,
@@ -34,10 +38,6 @@ from mscheduler.drivers.base import (
     PlanAdvance,
     RunOutcome,
 )
-from mscheduler.exceptions import InvalidInput
-from mscheduler.model import TERMINAL_STATUSES, TaskOption, TaskStatus
-from mscheduler.plans import PlanState, occurrence_key, plan_state, timing_from_storage
-from mscheduler.schedule import PlanProgress, next_fire_after_completion, plan_step, utc_ms
 from mscheduler.service import PeriodicService
 
 log = logging.getLogger("mscheduler.planner")

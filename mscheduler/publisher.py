@@ -8,9 +8,8 @@ from datetime import timedelta
 from typing import Any
 
 from mscheduler.children import child_names, expand
-from mscheduler.clock import Clock, SystemClock
-from mscheduler.drivers.base import Driver, InsertParams, NewTask, encoded_size
-from mscheduler.exceptions import (
+from mscheduler.domain.clock import Clock, SystemClock
+from mscheduler.domain.exceptions import (
     InvalidInput,
     MSchedulerError,
     TaskCancelled,
@@ -18,11 +17,12 @@ from mscheduler.exceptions import (
     TaskFailed,
     UnknownTask,
 )
-from mscheduler.model import OptionChange, Task, TaskInfo, TaskOption, TaskStatus, validate_key
+from mscheduler.domain.model import OptionChange, Task, TaskInfo, TaskOption, TaskStatus, validate_key
+from mscheduler.domain.state import CHILD_ENDED_BADLY
+from mscheduler.domain.unique import params_hash
+from mscheduler.drivers.base import Driver, InsertParams, NewTask, encoded_size
 from mscheduler.operations import change_option
-from mscheduler.state import CHILD_ENDED_BADLY
 from mscheduler.tracing import tracer_for
-from mscheduler.unique import params_hash
 
 SEND_MANY_BATCH = 1000
 DEFAULT_MAX_PARAMS_BYTES = 512 * 1024

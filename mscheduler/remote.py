@@ -47,9 +47,30 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from mscheduler.clock import Clock, ServerClock, sleep_unless
 from mscheduler.consumer.limiter import Limiter
 from mscheduler.consumer.reports import DEFAULT_MAX_CHECKPOINT_BYTES, checked_checkpoint, checked_progress
+from mscheduler.domain.clock import Clock, ServerClock, sleep_unless
+from mscheduler.domain.exceptions import (
+    InvalidInput,
+    LeaseLost,
+    MSchedulerError,
+    StorageError,
+    UnknownTask,
+)
+from mscheduler.domain.limits import DEFAULT_SLOT_LEASE
+from mscheduler.domain.model import AttemptStatus, validate_group, validate_key, validate_name
+from mscheduler.domain.outcomes import (
+    DEFAULT_MAX_RESULT_BYTES,
+    Outcome,
+    error_dict,
+    fail_for_good,
+    failed,
+    fails_for_good,
+    retry_after,
+    snoozed,
+    succeeded,
+)
+from mscheduler.domain.state import claimer_tokens
 from mscheduler.drivers.base import (
     FAILURE_STATUSES,
     AttemptReport,
@@ -66,27 +87,6 @@ from mscheduler.drivers.base import (
     WorkerInfo,
 )
 from mscheduler.events import EventKind, EventRecorder, outcome_detail, outcome_kind
-from mscheduler.exceptions import (
-    InvalidInput,
-    LeaseLost,
-    MSchedulerError,
-    StorageError,
-    UnknownTask,
-)
-from mscheduler.limits import DEFAULT_SLOT_LEASE
-from mscheduler.model import AttemptStatus, validate_group, validate_key, validate_name
-from mscheduler.outcomes import (
-    DEFAULT_MAX_RESULT_BYTES,
-    Outcome,
-    error_dict,
-    fail_for_good,
-    failed,
-    fails_for_good,
-    retry_after,
-    snoozed,
-    succeeded,
-)
-from mscheduler.state import claimer_tokens
 
 log = logging.getLogger("mscheduler.remote")
 

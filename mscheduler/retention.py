@@ -28,10 +28,10 @@ import logging
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 
-from mscheduler.clock import Clock, SystemClock
+from mscheduler.domain.clock import Clock, SystemClock
+from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.schedule import utc_ms
 from mscheduler.drivers.base import Driver, PurgeParams, RetentionParams
-from mscheduler.exceptions import InvalidInput
-from mscheduler.schedule import utc_ms
 from mscheduler.service import PeriodicService
 
 log = logging.getLogger("mscheduler.retention")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from mscheduler.clock import Clock, sleep_unless
-from mscheduler.exceptions import MSchedulerError, StorageError
+from mscheduler.domain.clock import Clock, sleep_unless
+from mscheduler.domain.exceptions import MSchedulerError, StorageError
 
 log = logging.getLogger("mscheduler.service")
 

@@ -26,7 +26,7 @@ import contextlib
 from collections.abc import Awaitable, Coroutine, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from mscheduler.exceptions import InvalidInput
+from mscheduler.domain.exceptions import InvalidInput
 
 if TYPE_CHECKING:
     from mscheduler.drivers.base import ClaimedTask

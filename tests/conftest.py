@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from mscheduler.clock import FakeClock
+from mscheduler.domain.clock import FakeClock
 from mscheduler.drivers.base import Driver
 from mscheduler.drivers.memory import MemoryDriver
 from mscheduler.drivers.mongo import MongoDriver

@@ -15,13 +15,13 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from mscheduler.children import ChildSync
-from mscheduler.clock import ServerClock
 from mscheduler.consumer.discovery import CLAIM, LEASE, Discovery
 from mscheduler.consumer.limiter import Limiter
 from mscheduler.consumer.runner import Listener, _Registered, _Running
+from mscheduler.domain.clock import ServerClock
+from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import ClaimedTask, ClaimParams, Driver, ExpireParams
 from mscheduler.events import EventKind, EventRecorder
-from mscheduler.exceptions import StorageError
 from mscheduler.tracing import TaskTracer
 
 

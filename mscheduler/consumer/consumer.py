@@ -29,7 +29,6 @@ from datetime import timedelta
 from typing import Any
 
 from mscheduler.children import ChildSync
-from mscheduler.clock import Clock, ServerClock
 from mscheduler.consumer.claimer import ConsumerClaimer
 from mscheduler.consumer.discovery import Discovery
 from mscheduler.consumer.finisher import ConsumerFinisher, _Pending
@@ -46,6 +45,20 @@ from mscheduler.consumer.runner import (
     _Registered,
     _Running,
 )
+from mscheduler.domain.clock import Clock, ServerClock
+from mscheduler.domain.exceptions import (
+    ConsumerStopped,
+    InvalidInput,
+    MSchedulerError,
+    StorageError,
+)
+from mscheduler.domain.model import (
+    AttemptStatus,
+    validate_group,
+    validate_name,
+    validate_worker_id,
+)
+from mscheduler.domain.outcomes import DEFAULT_MAX_RESULT_BYTES, fails_for_good
 from mscheduler.drivers.base import (
     DEFAULT_MAX_ENTRIES,
     ClaimedTask,
@@ -54,19 +67,6 @@ from mscheduler.drivers.base import (
     WorkerInfo,
 )
 from mscheduler.events import EventKind, EventRecorder
-from mscheduler.exceptions import (
-    ConsumerStopped,
-    InvalidInput,
-    MSchedulerError,
-    StorageError,
-)
-from mscheduler.model import (
-    AttemptStatus,
-    validate_group,
-    validate_name,
-    validate_worker_id,
-)
-from mscheduler.outcomes import DEFAULT_MAX_RESULT_BYTES, fails_for_good
 from mscheduler.planner import Planner
 from mscheduler.retention import Retention, RetentionService
 from mscheduler.tracing import tracer_for

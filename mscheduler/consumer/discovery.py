@@ -13,7 +13,9 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from mscheduler.clock import Clock, sleep_unless
+from mscheduler.domain.clock import Clock, sleep_unless
+from mscheduler.domain.exceptions import StorageError
+from mscheduler.domain.state import claimer_tokens
 from mscheduler.drivers.base import (
     ChangeEvent,
     ChangeStreamUnsupported,
@@ -24,8 +26,6 @@ from mscheduler.drivers.base import (
     Wakeup,
     WakeupParams,
 )
-from mscheduler.exceptions import StorageError
-from mscheduler.state import claimer_tokens
 
 log = logging.getLogger("mscheduler.consumer")
 

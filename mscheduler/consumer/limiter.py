@@ -34,9 +34,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+from mscheduler.domain.exceptions import StorageError
+from mscheduler.domain.limits import DEFAULT_SLOT_LEASE
 from mscheduler.drivers.base import AcquireParams, ClaimedTask, ClaimParams, Driver, SlotsParams
-from mscheduler.exceptions import StorageError
-from mscheduler.limits import DEFAULT_SLOT_LEASE
 
 log = logging.getLogger("mscheduler.consumer")
 RESERVE_ROUNDS = 4  # an acquire far from max_running asks for this many claim batches

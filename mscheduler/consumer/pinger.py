@@ -13,12 +13,12 @@ import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from mscheduler.clock import ServerClock, sleep_unless
 from mscheduler.consumer.limiter import Limiter
 from mscheduler.consumer.runner import _Running
+from mscheduler.domain.clock import ServerClock, sleep_unless
+from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import AttemptReport, ChangeEvent, Driver, PingParams, PingResult
 from mscheduler.events import EventKind, EventRecorder
-from mscheduler.exceptions import StorageError
 
 log = logging.getLogger("mscheduler.consumer")
 

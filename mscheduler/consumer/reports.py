@@ -18,9 +18,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from mscheduler.domain.exceptions import InvalidInput, LeaseLost
+from mscheduler.domain.model import check_params
 from mscheduler.drivers.base import AttemptReport, encoded_size
-from mscheduler.exceptions import InvalidInput, LeaseLost
-from mscheduler.model import check_params
 
 DEFAULT_MAX_CHECKPOINT_BYTES = 256 * 1024
 PROGRESS_MESSAGE_MAX = 1000

@@ -22,20 +22,20 @@ from typing import TYPE_CHECKING, Any, get_type_hints
 
 from pydantic import BaseModel, ValidationError
 
-from mscheduler.clock import ServerClock
 from mscheduler.consumer.limiter import Limiter
 from mscheduler.consumer.reports import AttemptReports
+from mscheduler.domain.clock import ServerClock
+from mscheduler.domain.exceptions import Fail, InvalidInput, MSchedulerError, Retry, Snooze
+from mscheduler.domain.model import AttemptStatus, TaskOption
+from mscheduler.domain.outcomes import Outcome, error_info
+from mscheduler.domain.outcomes import fail_for_good as fail_outcome
+from mscheduler.domain.outcomes import failed as failed_outcome
+from mscheduler.domain.outcomes import rejected as rejected_outcome
+from mscheduler.domain.outcomes import retry_after as retry_outcome
+from mscheduler.domain.outcomes import snoozed as snoozed_outcome
+from mscheduler.domain.outcomes import succeeded as succeeded_outcome
 from mscheduler.drivers.base import ClaimedTask, FinishParams
 from mscheduler.events import EventKind, EventRecorder, outcome_detail, outcome_kind
-from mscheduler.exceptions import Fail, InvalidInput, MSchedulerError, Retry, Snooze
-from mscheduler.model import AttemptStatus, TaskOption
-from mscheduler.outcomes import Outcome, error_info
-from mscheduler.outcomes import fail_for_good as fail_outcome
-from mscheduler.outcomes import failed as failed_outcome
-from mscheduler.outcomes import rejected as rejected_outcome
-from mscheduler.outcomes import retry_after as retry_outcome
-from mscheduler.outcomes import snoozed as snoozed_outcome
-from mscheduler.outcomes import succeeded as succeeded_outcome
 
 log = logging.getLogger("mscheduler.consumer")
 

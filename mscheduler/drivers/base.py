@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
-from mscheduler.state import derive, family_inputs, lifecycle
-from mscheduler.stats import StatsStep, TaskStats
+from mscheduler.domain.state import derive, family_inputs, lifecycle
+from mscheduler.domain.stats import StatsStep, TaskStats
 
 
 @dataclass(slots=True, frozen=True)

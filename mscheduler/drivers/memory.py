@@ -21,7 +21,17 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from mscheduler.clock import Clock, SystemClock
+from mscheduler.domain.clock import Clock, SystemClock
+from mscheduler.domain.events import (
+    CONTROL_KINDS,
+    DEFAULT_MAX_EVENTS,
+    EventKind,
+    expired_event,
+    lost_lease_event,
+    task_event,
+)
+from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.state import claimer_tokens, derive, family_inputs
 from mscheduler.drivers.base import (
     ChangeEvent,
     ClaimedTask,
@@ -51,14 +61,6 @@ from mscheduler.drivers.base import (
     stop_record,
     trim_entries,
 )
-from mscheduler.drivers.events_common import (
-    CONTROL_KINDS,
-    DEFAULT_MAX_EVENTS,
-    EventKind,
-    expired_event,
-    lost_lease_event,
-    task_event,
-)
 from mscheduler.drivers.memory_children import MemoryChildren
 from mscheduler.drivers.memory_events import MemoryEvents
 from mscheduler.drivers.memory_limits import MemoryLimits
@@ -66,8 +68,6 @@ from mscheduler.drivers.memory_listing import MemoryListing
 from mscheduler.drivers.memory_maintenance import MemoryMaintenance
 from mscheduler.drivers.memory_plans import MemoryPlans
 from mscheduler.drivers.memory_stats import MemoryStats
-from mscheduler.exceptions import InvalidInput
-from mscheduler.state import claimer_tokens, derive, family_inputs
 
 _SCALARS = (str, int, float, bool, type(None), datetime)
 

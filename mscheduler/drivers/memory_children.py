@@ -8,8 +8,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from mscheduler.domain.family import child_keys_of, plan_or_skip
 from mscheduler.drivers.base import MarkParams, OpenParentsParams, SyncParentsParams
-from mscheduler.family import child_keys_of, plan_or_skip
 
 _OPEN = ("pending", "running")
 

@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from mscheduler.domain.events import DEFAULT_MAX_EVENTS, matches
+from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.drivers.base import EventQuery, EventStream, InsertEventsParams, ResumeTokenLost
-from mscheduler.drivers.events_common import DEFAULT_MAX_EVENTS, matches
-from mscheduler.exceptions import InvalidInput
 
 
 def _copy(doc: Mapping[str, Any]) -> dict[str, Any]:

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from mscheduler.domain.limits import acquire_result_fields, grant, granted_of, held_in, settle
 from mscheduler.drivers.base import AcquireParams, AcquireResult, LimitNameTaken, PutLimitParams, SlotsParams
-from mscheduler.limits import acquire_result_fields, grant, granted_of, held_in, settle
 
 
 class MemoryLimits:

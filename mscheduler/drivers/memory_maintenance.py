@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from mscheduler.domain.state import LIVE, lifecycle
 from mscheduler.drivers.base import PurgeParams, RetentionParams, UniqueParamsTaken
-from mscheduler.state import LIVE, lifecycle
 
 
 class MemoryMaintenance:

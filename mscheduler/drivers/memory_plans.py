@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from mscheduler.domain.plans import PLANNER_STATES
 from mscheduler.drivers.base import (
     AdvancePlansParams,
     DuePlansParams,
@@ -22,7 +23,6 @@ from mscheduler.drivers.base import (
     RunOutcome,
     UpdatePlanParams,
 )
-from mscheduler.plans import PLANNER_STATES
 
 
 class MemoryPlans:

@@ -11,9 +11,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from mscheduler.clock import truncate_ms
-from mscheduler.drivers.base import StatsParams
-from mscheduler.stats import (
+from mscheduler.domain.clock import truncate_ms
+from mscheduler.domain.stats import (
     COUNT_STEP,
     FINISHED_STATUSES,
     PERCENTILES,
@@ -27,6 +26,7 @@ from mscheduler.stats import (
     hour_start,
     rank_index,
 )
+from mscheduler.drivers.base import StatsParams
 
 _MS = timedelta(milliseconds=1)
 _MINUTE = timedelta(minutes=1)

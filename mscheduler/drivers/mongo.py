@@ -41,6 +41,9 @@ from pymongo.errors import (
 )
 from pymongo.read_concern import ReadConcern
 
+from mscheduler.domain.events import DEFAULT_RETENTION
+from mscheduler.domain.exceptions import StorageError
+from mscheduler.domain.state import claimer_tokens
 from mscheduler.drivers.base import (
     ChangeEvent,
     ChangeStreamUnsupported,
@@ -59,7 +62,6 @@ from mscheduler.drivers.base import (
     new_entry,
     new_task_document,
 )
-from mscheduler.drivers.events_common import DEFAULT_RETENTION
 from mscheduler.drivers.mongo_children import MongoChildren
 from mscheduler.drivers.mongo_common import (  # noqa: F401  (re-exported for tests and the CLI)
     _FAILURE_STATUSES,
@@ -116,8 +118,6 @@ from mscheduler.drivers.mongo_plans import MongoPlans, plans_collection
 from mscheduler.drivers.mongo_queries import MongoTaskQueries
 from mscheduler.drivers.mongo_stats import MongoStats
 from mscheduler.drivers.mongo_workers import MongoWorkers
-from mscheduler.exceptions import StorageError
-from mscheduler.state import claimer_tokens
 
 
 class MongoDriver(

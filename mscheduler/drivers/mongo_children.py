@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from pymongo import UpdateOne
 
+from mscheduler.domain.family import SYNC_TRIES, child_keys_of, plan_or_skip
 from mscheduler.drivers.base import MarkParams, OpenParentsParams, SyncParentsParams
 from mscheduler.drivers.mongo_common import KEY_INDEX, PARENTS_INDEX, T, _derive_stages, _in, _lit
-from mscheduler.family import SYNC_TRIES, child_keys_of, plan_or_skip
 
 _OPEN = ["pending", "running"]
 PARENT_FIELDS = {

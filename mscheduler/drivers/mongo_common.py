@@ -24,6 +24,9 @@ from pymongo.errors import (
     WriteConcernError,
 )
 
+from mscheduler.domain.exceptions import StorageError
+from mscheduler.domain.model import GROUP_PREFIX, TaskStatus
+from mscheduler.domain.state import ANYONE, CHILD_ENDED_BADLY, LIVE, TERMINAL
 from mscheduler.drivers.base import (
     ENTRY_FIELDS,
     ChangeEvent,
@@ -31,9 +34,6 @@ from mscheduler.drivers.base import (
     ResumeTokenLost,
     event_for,
 )
-from mscheduler.exceptions import StorageError
-from mscheduler.model import GROUP_PREFIX, TaskStatus
-from mscheduler.state import ANYONE, CHILD_ENDED_BADLY, LIVE, TERMINAL
 
 log = logging.getLogger("mscheduler.mongo")
 

@@ -38,6 +38,14 @@ from typing import TYPE_CHECKING, Any
 from pymongo import WriteConcern
 from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 
+from mscheduler.domain.events import (
+    CONTROL_KINDS,
+    EventKind,
+    expired_event,
+    lost_lease_event,
+    task_event,
+)
+from mscheduler.domain.exceptions import InvalidInput, StorageError
 from mscheduler.drivers.base import (
     ChangeStreamUnsupported,
     ControlParams,
@@ -47,13 +55,6 @@ from mscheduler.drivers.base import (
     InsertEventsParams,
     InsertParams,
     UpdateOptionParams,
-)
-from mscheduler.drivers.events_common import (
-    CONTROL_KINDS,
-    EventKind,
-    expired_event,
-    lost_lease_event,
-    task_event,
 )
 from mscheduler.drivers.mongo_common import (
     CONFIG_CODES,
@@ -69,7 +70,6 @@ from mscheduler.drivers.mongo_common import (
     log,
     watch_error,
 )
-from mscheduler.exceptions import InvalidInput, StorageError
 
 EVENTS = "mscheduler_events"
 EVENTS_TTL_INDEX = "events_ttl"

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pymongo import ReturnDocument, WriteConcern
 from pymongo.errors import DuplicateKeyError
 
+from mscheduler.domain.limits import acquire_result_fields, epoch_ms, granted_of, held_in
 from mscheduler.drivers.base import AcquireParams, AcquireResult, LimitNameTaken, PutLimitParams, SlotsParams
 from mscheduler.drivers.mongo_common import _in, _lit, _out
-from mscheduler.limits import acquire_result_fields, epoch_ms, granted_of, held_in
 
 T = TypeVar("T")
 

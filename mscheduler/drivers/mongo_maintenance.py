@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError, OperationFailure
 
+from mscheduler.domain.exceptions import StorageError
+from mscheduler.domain.state import TERMINAL
 from mscheduler.drivers.base import (
     UNCOUNTED_STATUSES,
     ClaimParams,
@@ -44,8 +46,6 @@ from mscheduler.drivers.mongo_common import (
     _resolve,
     log,
 )
-from mscheduler.exceptions import StorageError
-from mscheduler.state import TERMINAL
 
 RETENTION_INDEX_PREFIX = "retention_"
 # createIndex refusals that mean "this server cannot hold these indexes" (an old server that

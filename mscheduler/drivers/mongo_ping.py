@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pymongo import UpdateMany, UpdateOne
 from pymongo.errors import WriteConcernError
 
+from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import (
     AttemptReport,
     PingParams,
@@ -27,7 +28,6 @@ from mscheduler.drivers.base import (
     report_fields,
 )
 from mscheduler.drivers.mongo_common import KEY_INDEX, WS, T, _in, _lit, _out, _rebuild_entries
-from mscheduler.exceptions import StorageError
 
 
 class MongoPing:

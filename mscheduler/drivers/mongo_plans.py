@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pymongo import UpdateOne, WriteConcern
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
+from mscheduler.domain.plans import PLANNER_STATES
 from mscheduler.drivers.base import (
     AdvancePlansParams,
     DuePlansParams,
@@ -40,7 +41,6 @@ from mscheduler.drivers.mongo_common import (
     _write_concern_codes,
     read_page,
 )
-from mscheduler.plans import PLANNER_STATES
 
 T = TypeVar("T")
 

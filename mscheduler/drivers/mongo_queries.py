@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
+from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.state import TERMINAL
 from mscheduler.drivers.base import (
     BY_CREATED,
     BY_FINISHED,
@@ -42,8 +44,6 @@ from mscheduler.drivers.mongo_common import (
     read_page,
     stop_expression,
 )
-from mscheduler.exceptions import InvalidInput
-from mscheduler.state import TERMINAL
 
 
 def list_query(params: ListParams) -> tuple[dict[str, Any], list[tuple[str, int]], str]:

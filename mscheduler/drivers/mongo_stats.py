@@ -24,6 +24,18 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from mscheduler.domain.stats import (
+    COUNT_STEP,
+    FINISHED_STATUSES,
+    PERCENTILES,
+    WINDOW_STEP,
+    RawStats,
+    StatsStep,
+    TaskStats,
+    assemble,
+    finished_range,
+    hour_start,
+)
 from mscheduler.drivers.base import StatsParams
 from mscheduler.drivers.mongo_common import (
     ALL_STATUSES,
@@ -35,18 +47,6 @@ from mscheduler.drivers.mongo_common import (
     _lit,
     _out,
     _resolve,
-)
-from mscheduler.stats import (
-    COUNT_STEP,
-    FINISHED_STATUSES,
-    PERCENTILES,
-    WINDOW_STEP,
-    RawStats,
-    StatsStep,
-    TaskStats,
-    assemble,
-    finished_range,
-    hour_start,
 )
 
 

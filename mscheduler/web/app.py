@@ -38,7 +38,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mscheduler import __version__
-from mscheduler.exceptions import (
+from mscheduler.domain.exceptions import (
     InvalidInput,
     LeaseLost,
     MSchedulerError,
@@ -48,10 +48,10 @@ from mscheduler.exceptions import (
     UnknownPlan,
     UnknownTask,
 )
-from mscheduler.listing import CURSOR_MAX_LEN, LIST_LIMIT_MAX
-from mscheduler.model import OptionChange, TaskInfo, TaskOption, TaskStatus
+from mscheduler.domain.listing import CURSOR_MAX_LEN, LIST_LIMIT_MAX
+from mscheduler.domain.model import OptionChange, TaskInfo, TaskOption, TaskStatus
+from mscheduler.domain.plans import Plan, PlanInfo, PlanState
 from mscheduler.operations import Operations
-from mscheduler.plans import Plan, PlanInfo, PlanState
 from mscheduler.remote import RemoteExecutors
 from mscheduler.web.auth import ApiTokens, Role
 from mscheduler.web.dashboard import is_dashboard_path, mount_dashboard

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
 
-from mscheduler.exceptions import InvalidInput
+from mscheduler.domain.exceptions import InvalidInput
 
 TOKEN_MIN_LEN = 16
 TOKEN_MAX_LEN = 512

@@ -27,8 +27,8 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
+from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.events import LIST_LIMIT_MAX, Event, Events
-from mscheduler.exceptions import InvalidInput
 from mscheduler.web.app import _ERRORS, IsoTime, Ops, _ApiError, _bearer, known_query
 from mscheduler.web.models import ErrorOut
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Request
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from mscheduler.model import TaskName, validate_group
+from mscheduler.domain.model import TaskName, validate_group
 from mscheduler.remote import (
     MAX_GROUPS,
     MAX_PINGS,

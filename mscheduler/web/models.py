@@ -12,11 +12,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mscheduler.limits import MAX_NAMES, MAX_RUNNING_MAX, LimitInfo
-from mscheduler.model import Params, TaskInfo, TaskName, TaskOption
+from mscheduler.domain.limits import MAX_NAMES, MAX_RUNNING_MAX, LimitInfo
+from mscheduler.domain.model import Params, TaskInfo, TaskName, TaskOption
+from mscheduler.domain.schedule import PlanTiming
+from mscheduler.domain.stats import TaskStats
 from mscheduler.operations import REASON_MAX, WorkerView
-from mscheduler.schedule import PlanTiming
-from mscheduler.stats import TaskStats
 
 
 class _Body(BaseModel):

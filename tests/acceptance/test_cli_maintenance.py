@@ -12,10 +12,10 @@ from datetime import timedelta
 import pytest
 
 from mscheduler import FakeClock, MemoryDriver, Operations, cli_maintenance, cli_ops
+from mscheduler.domain.plans import Plan, PlanTiming
+from mscheduler.domain.schedule import EverySchedule
 from mscheduler.expiry import ExpiryService
-from mscheduler.plans import Plan, PlanTiming
 from mscheduler.retention import Retention
-from mscheduler.schedule import EverySchedule
 from tests.acceptance.support import cli
 from tests.conformance.support import Store
 

@@ -24,9 +24,9 @@ from mscheduler import (
     cli_ops,
 )
 from mscheduler.cli import app
+from mscheduler.domain.plans import Plan
+from mscheduler.domain.schedule import EverySchedule, PlanTiming
 from mscheduler.drivers.base import WorkerInfo
-from mscheduler.plans import Plan
-from mscheduler.schedule import EverySchedule, PlanTiming
 from tests.acceptance.support import cli, command, run
 
 

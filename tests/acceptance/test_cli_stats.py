@@ -14,7 +14,7 @@ from rich.console import Console
 
 from mscheduler import FakeClock, InvalidInput, MemoryDriver, Operations, cli_ops
 from mscheduler.cli_stats import stats_with_progress
-from mscheduler.stats import COUNT_STEP
+from mscheduler.domain.stats import COUNT_STEP
 from tests.acceptance.support import cli
 from tests.conformance.support import Store
 

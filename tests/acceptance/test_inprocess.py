@@ -9,8 +9,8 @@ import pytest
 from mscheduler import Consumer, MemoryDriver
 from mscheduler.cli import EXPECTED_INDEXES, CliError, check_server, import_target, redact, resolve_consumers
 from mscheduler.demo import DemoConfig, check_report, run_demo, run_demo_on_database
+from mscheduler.domain.model import AttemptStatus
 from mscheduler.drivers.mongo import MongoDriver
-from mscheduler.model import AttemptStatus
 from mscheduler.testing import mongomock_database
 
 
@@ -74,7 +74,7 @@ async def test_setup_replaces_the_retired_finished_index_of_an_earlier_build() -
     from datetime import timedelta
 
     from mscheduler import Operations, Publisher, Task
-    from mscheduler.clock import FakeClock
+    from mscheduler.domain.clock import FakeClock
     from mscheduler.drivers.base import ClaimParams, FinishParams, PurgeParams
 
     database = mongomock_database()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mscheduler.model import TaskStatus
+from mscheduler.domain.model import TaskStatus
 from tests.browser.conftest import SCREENSHOTS, DashboardServer
 from tests.browser.seed import CANCEL_ME, DOTS_KEY, FAILED_KEY, IDLE_WORKER, LONG_KEY, XSS_KEY
 from tests.web.support import ADMIN_TOKEN, READ_TOKEN

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mscheduler.clock import FakeClock
+from mscheduler.domain.clock import FakeClock
 from mscheduler.drivers.base import Driver
 from tests.conformance.support import Store
 

@@ -13,7 +13,9 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from mscheduler.clock import FakeClock
+from mscheduler.domain.clock import FakeClock
+from mscheduler.domain.model import TaskOption, check_params
+from mscheduler.domain.state import DERIVED_FIELDS, LIVE, TERMINAL, derive, family_inputs
 from mscheduler.drivers.base import (
     ClaimedTask,
     ClaimParams,
@@ -27,8 +29,6 @@ from mscheduler.drivers.base import (
     PingResult,
     UpdateOptionParams,
 )
-from mscheduler.model import TaskOption, check_params
-from mscheduler.state import DERIVED_FIELDS, LIVE, TERMINAL, derive, family_inputs
 
 NAME = "job"
 LEASE = timedelta(seconds=30)

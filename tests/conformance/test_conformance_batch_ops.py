@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mscheduler import Operations
-from mscheduler.exceptions import InvalidInput
+from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.operations import MANY_MAX
 from tests.conformance.support import Store
 from tests.conformance.test_conformance_maintenance import finished

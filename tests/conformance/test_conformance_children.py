@@ -10,10 +10,10 @@ from datetime import timedelta
 from typing import Any
 
 from mscheduler.children import expand
+from mscheduler.domain.model import Child, OptionChange, Task, TaskOption
 from mscheduler.drivers.base import MarkParams, NewTask, OpenParentsParams, SyncParentsParams
 from mscheduler.drivers.memory import MemoryDriver
 from mscheduler.drivers.mongo import MongoDriver
-from mscheduler.model import Child, OptionChange, Task, TaskOption
 from tests.conformance.support import Store
 
 FAST = TaskOption(retry_delay=timedelta(0), max_unexpected_retries=0)

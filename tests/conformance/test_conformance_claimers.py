@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+from mscheduler.domain.model import TaskOption
 from mscheduler.drivers.base import ClaimParams, InsertParams, NewTask, WakeupParams
 from mscheduler.drivers.memory import MemoryDriver
-from mscheduler.model import TaskOption
 from tests.conformance.support import NAME, Store
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from mscheduler.domain.events import EventKind, attempt_event_id, event_doc, task_event
+from mscheduler.domain.plans import occurrence_key
 from mscheduler.drivers.base import (
     ChangeStreamUnsupported,
     ControlParams,
@@ -20,9 +22,7 @@ from mscheduler.drivers.base import (
     ExpireParams,
     InsertEventsParams,
 )
-from mscheduler.drivers.events_common import EventKind, attempt_event_id, event_doc, task_event
 from mscheduler.drivers.memory import MemoryDriver
-from mscheduler.plans import occurrence_key
 from tests.conformance.support import Store
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from mscheduler.domain.model import TaskOption
 from mscheduler.drivers.base import WakeupParams
-from mscheduler.model import TaskOption
 from tests.conformance.support import Store
 
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from mscheduler.clock import FakeClock
+from mscheduler.domain.clock import FakeClock
+from mscheduler.domain.limits import Limit, Rate, grant, settle
 from mscheduler.drivers.base import AcquireParams, Driver, LimitNameTaken, PutLimitParams, SlotsParams
-from mscheduler.limits import Limit, Rate, grant, settle
 
 LEASE = timedelta(seconds=30)
 
@@ -200,7 +200,7 @@ async def test_no_limit_means_everything_is_granted(limits: Limits) -> None:
 
 async def test_operations_validate_and_report(driver: Driver, fake_clock: FakeClock) -> None:
     from mscheduler import InvalidInput, Operations
-    from mscheduler.exceptions import UnknownLimit
+    from mscheduler.domain.exceptions import UnknownLimit
 
     ops = Operations(driver, clock=fake_clock)
     info = await ops.set_limit("api", names=["fetch", "push"], max_running=4, rate="1000/h")

@@ -16,13 +16,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mscheduler.clock import FakeClock
+from mscheduler.domain.clock import FakeClock
+from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.state import TERMINAL
 from mscheduler.drivers.base import ControlParams, Driver, FinishParams, ListParams
 from mscheduler.drivers.memory import MemoryDriver
 from mscheduler.drivers.mongo import MongoDriver
-from mscheduler.exceptions import InvalidInput
 from mscheduler.operations import Operations
-from mscheduler.state import TERMINAL
 from mscheduler.testing import mongomock_database
 from tests.conformance.support import NAME, Store
 

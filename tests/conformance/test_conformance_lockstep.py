@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mscheduler.clock import FakeClock
+from mscheduler.domain.clock import FakeClock
 from mscheduler.drivers.base import (
     ClaimParams,
     Driver,

@@ -14,6 +14,10 @@ from datetime import timedelta
 import pytest
 
 from mscheduler import Operations
+from mscheduler.domain.exceptions import TransitionRefused
+from mscheduler.domain.plans import Plan
+from mscheduler.domain.schedule import EverySchedule, PlanTiming
+from mscheduler.domain.unique import params_hash
 from mscheduler.drivers.base import (
     ClaimParams,
     ControlParams,
@@ -24,12 +28,8 @@ from mscheduler.drivers.base import (
     RetentionParams,
     UniqueParamsTaken,
 )
-from mscheduler.exceptions import TransitionRefused
 from mscheduler.planner import Planner
-from mscheduler.plans import Plan
 from mscheduler.retention import Retention, RetentionService
-from mscheduler.schedule import EverySchedule, PlanTiming
-from mscheduler.unique import params_hash
 from tests.conformance.support import NAME, Store
 
 DAY = 24 * 3600.0

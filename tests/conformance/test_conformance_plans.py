@@ -5,17 +5,9 @@ from __future__ import annotations
 from datetime import time, timedelta
 from typing import Any
 
-from mscheduler.drivers.base import (
-    AdvancePlansParams,
-    DuePlansParams,
-    InsertPlanParams,
-    PlanAdvance,
-    PlanListParams,
-    UpdatePlanParams,
-)
-from mscheduler.model import TaskOption
-from mscheduler.plans import Plan, PlanInfo, PlanState
-from mscheduler.schedule import (
+from mscheduler.domain.model import TaskOption
+from mscheduler.domain.plans import Plan, PlanInfo, PlanState
+from mscheduler.domain.schedule import (
     AtSchedule,
     CatchUp,
     CronSchedule,
@@ -23,6 +15,14 @@ from mscheduler.schedule import (
     MonthlySchedule,
     PlanTiming,
     WeeklySchedule,
+)
+from mscheduler.drivers.base import (
+    AdvancePlansParams,
+    DuePlansParams,
+    InsertPlanParams,
+    PlanAdvance,
+    PlanListParams,
+    UpdatePlanParams,
 )
 from tests.conformance.support import Store, naive_datetimes
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from mscheduler.domain.model import TaskStatus
+from mscheduler.domain.stats import COUNT_STEP, WINDOW_STEP
 from mscheduler.drivers.base import ControlParams, NewTask, StatsParams
-from mscheduler.model import TaskStatus
-from mscheduler.stats import COUNT_STEP, WINDOW_STEP
 from tests.conformance.support import Store
 
 MINUTE = 60

@@ -6,8 +6,8 @@ import asyncio
 from typing import Any
 
 from mscheduler import Consumer, FakeClock, MongoDriver, Publisher, Task, TaskStatus
+from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import ChangeStreamUnsupported
-from mscheduler.exceptions import StorageError
 from mscheduler.testing import mongomock_database
 from tests.consumer.support import Harness, ScriptedStreamDriver, settle
 from tests.helpers import Recorder

@@ -17,10 +17,10 @@ from mscheduler import (
     TaskStatus,
     UnknownTask,
 )
+from mscheduler.domain.exceptions import TransitionRefused
+from mscheduler.domain.retry import ExponentialRetry
 from mscheduler.drivers.base import ClaimParams, FinishParams
-from mscheduler.exceptions import TransitionRefused
 from mscheduler.operations import Operations
-from mscheduler.retry import ExponentialRetry
 
 
 async def test_edit_changes_a_pending_tasks_options_and_refuses_finished_ones(make_driver: Any) -> None:

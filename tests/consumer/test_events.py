@@ -22,10 +22,10 @@ from mscheduler import (
     TaskContext,
     TaskOption,
 )
+from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import Driver, EventQuery
 from mscheduler.drivers.mongo import MongoDriver
 from mscheduler.events import EventRecorder
-from mscheduler.exceptions import StorageError
 from mscheduler.faults import FaultyDriver, crash_consumer
 from mscheduler.testing import mongomock_database
 from tests.consumer.support import Harness, settle

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from mscheduler import Consumer, InvalidInput, OptionChange, Task, TaskContext, TaskOption, TaskStatus
-from mscheduler.model import AttemptStatus
+from mscheduler.domain.model import AttemptStatus
 from tests.consumer.support import Gate, Harness
 
 

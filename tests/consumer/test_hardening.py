@@ -31,9 +31,9 @@ from mscheduler import (
     TaskStatus,
     UnknownTask,
 )
+from mscheduler.domain.model import AttemptStatus
 from mscheduler.drivers.base import encoded_size
 from mscheduler.faults import FaultyDriver, crash_consumer
-from mscheduler.model import AttemptStatus
 from mscheduler.operations import Operations
 from tests.consumer.support import FailingDriver, Gate, Harness, settle
 

@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 from mscheduler import Consumer, Task, TaskContext, TaskOption, TaskStatus
-from mscheduler.model import AttemptStatus
+from mscheduler.domain.model import AttemptStatus
 from tests.consumer.support import FreezableDriver, Gate, Harness, settle
 
 OPTION = TaskOption(

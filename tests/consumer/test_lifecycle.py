@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from mscheduler import Consumer, Task, TaskContext, TaskOption, TaskStatus
-from mscheduler.exceptions import ConsumerStopped, StorageError
-from mscheduler.model import AttemptStatus
+from mscheduler.domain.exceptions import ConsumerStopped, StorageError
+from mscheduler.domain.model import AttemptStatus
 from tests.consumer.support import FailingDriver, Gate, Harness, settle
 
 LONG_LEASE = TaskOption(

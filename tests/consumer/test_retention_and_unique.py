@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from mscheduler import Operations, Task, TaskStatus
-from mscheduler.exceptions import InvalidInput, TransitionRefused, UnknownTask
+from mscheduler.domain.exceptions import InvalidInput, TransitionRefused, UnknownTask
 from mscheduler.retention import Retention
 from tests.consumer.support import Harness
 

@@ -19,7 +19,7 @@ from mscheduler import (
     TaskOption,
     TaskStatus,
 )
-from mscheduler.model import AttemptStatus
+from mscheduler.domain.model import AttemptStatus
 from tests.consumer.support import Harness
 
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from mscheduler import Fail, Retry, Snooze, Task, TaskContext, TaskExpired, TaskOption, TaskStatus
+from mscheduler.domain.model import AttemptStatus
+from mscheduler.domain.retry import ExponentialRetry, FixedRetry, Jitter
 from mscheduler.drivers.base import ClaimParams, ExpireParams
-from mscheduler.model import AttemptStatus
-from mscheduler.retry import ExponentialRetry, FixedRetry, Jitter
 from tests.consumer.support import Harness
 
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from mscheduler import Consumer, MongoDriver, Publisher, Task, TaskFailed, TaskOption, TaskStatus
-from mscheduler.clock import SystemClock
 from mscheduler.consumer.discovery import CLAIM, Discovery
+from mscheduler.domain.clock import SystemClock
 from mscheduler.drivers.base import ChangeEvent, ClaimParams, ResumeTokenLost, StreamPosition
 from tests.conftest import REAL_URI
 

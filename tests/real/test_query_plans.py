@@ -28,6 +28,7 @@ import pytest_asyncio
 from pymongo import AsyncMongoClient, monitoring
 
 from mscheduler import FakeClock, MongoDriver, Publisher, Task, TaskOption
+from mscheduler.domain.state import TERMINAL, claimer_tokens
 from mscheduler.drivers.base import (
     ClaimParams,
     ExpireParams,
@@ -47,7 +48,6 @@ from mscheduler.drivers.mongo import (
     WAKEUP_INDEX,
 )
 from mscheduler.drivers.mongo_common import FINISHED_INDEX, GROUP_INDEX, WORKER_INDEX
-from mscheduler.state import TERMINAL, claimer_tokens
 from tests.conftest import REAL_URI
 
 pytestmark = [

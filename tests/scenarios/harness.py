@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from mscheduler.clock import FakeClock
+from mscheduler.domain.clock import FakeClock
 from mscheduler.drivers.base import (
     ChangeEvent,
     ClaimedTask,

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from mscheduler import Consumer, FakeClock, Operations, Publisher, Task, TaskContext, TaskOption
-from mscheduler.exceptions import LeaseLost, Snooze
+from mscheduler.domain.exceptions import LeaseLost, Snooze
 from mscheduler.executor_client import ExecutorClient, RemoteTask
 from mscheduler.remote import RemoteExecutors
 from mscheduler.web import ApiTokens, create_app

@@ -62,7 +62,10 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from mscheduler.clock import FakeClock, ServerClock, SkewedClock
+from mscheduler.domain.clock import FakeClock, ServerClock, SkewedClock
+from mscheduler.domain.exceptions import StorageError
+from mscheduler.domain.model import TaskOption
+from mscheduler.domain.state import DERIVED_FIELDS, derive
 from mscheduler.drivers.base import (
     ClaimParams,
     Driver,
@@ -76,10 +79,7 @@ from mscheduler.drivers.base import (
 )
 from mscheduler.drivers.memory import MemoryDriver
 from mscheduler.drivers.mongo import MongoDriver
-from mscheduler.exceptions import StorageError
 from mscheduler.faults import AFTER_APPLY, DriverKilled, FaultyDriver
-from mscheduler.model import TaskOption
-from mscheduler.state import DERIVED_FIELDS, derive
 from mscheduler.testing import mongomock_database
 
 WORKERS = ("w0", "w1", "w2")

@@ -35,8 +35,11 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from mscheduler.clock import FakeClock
 from mscheduler.consumer.limiter import Limiter
+from mscheduler.domain.clock import FakeClock
+from mscheduler.domain.exceptions import StorageError
+from mscheduler.domain.limits import Limit, Rate
+from mscheduler.domain.model import TaskOption
 from mscheduler.drivers.base import (
     ClaimParams,
     Driver,
@@ -49,10 +52,7 @@ from mscheduler.drivers.base import (
 )
 from mscheduler.drivers.memory import MemoryDriver
 from mscheduler.drivers.mongo import MongoDriver
-from mscheduler.exceptions import StorageError
 from mscheduler.faults import FaultyDriver
-from mscheduler.limits import Limit, Rate
-from mscheduler.model import TaskOption
 from mscheduler.testing import mongomock_database
 
 WORKERS = ("w0", "w1", "w2", "w3")

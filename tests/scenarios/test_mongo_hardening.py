@@ -18,9 +18,9 @@ from pymongo.errors import (
 )
 
 from mscheduler import Consumer, FakeClock, Publisher, Task, TaskStatus
+from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import ExpireParams, FinishParams, ListParams, PingParams
 from mscheduler.drivers.mongo import MongoDriver
-from mscheduler.exceptions import StorageError
 from tests.helpers import Recorder
 from tests.scenarios.harness import advance_until
 from tests.scenarios.test_mongo_retries import LEASE, NOW, claim_params, entries, flaky_driver, publish
@@ -136,7 +136,7 @@ async def _claim_meets_a_document_error(*, real_server_hints: bool) -> None:
     assert big["state"]["status"] == "failed"
     assert big["state"]["worker_states"] == []
     # the reason reaches readers: TaskInfo.last_error, and so wait()'s TaskFailed
-    from mscheduler.model import TaskInfo
+    from mscheduler.domain.model import TaskInfo
 
     info = TaskInfo.from_storage(big)
     assert info.last_error is not None and info.last_error.type == "TaskDocumentError"

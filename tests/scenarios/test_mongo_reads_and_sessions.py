@@ -11,8 +11,8 @@ from pymongo import ReadPreference
 from pymongo.errors import OperationFailure
 
 from mscheduler import FakeClock, Publisher, Task
+from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.mongo import MongoDriver
-from mscheduler.exceptions import StorageError
 from mscheduler.testing import mongomock_database
 from tests.scenarios.test_mongo_retries import FlakyCollection
 

@@ -25,9 +25,9 @@ from pymongo.errors import (
 
 import mscheduler.drivers.mongo as mongo_module
 from mscheduler import Consumer, FakeClock, Publisher, Task, TaskOption, TaskStatus
+from mscheduler.domain.exceptions import ConsumerStopped, StorageError
 from mscheduler.drivers.base import ClaimParams, FinishParams, ListParams, PingParams
 from mscheduler.drivers.mongo import MongoDriver
-from mscheduler.exceptions import ConsumerStopped, StorageError
 from mscheduler.testing import mongomock_database
 from tests.helpers import Recorder
 from tests.scenarios.harness import advance_until

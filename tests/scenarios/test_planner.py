@@ -17,14 +17,10 @@ from typing import Any
 
 import pytest
 
-from mscheduler.clock import FakeClock
-from mscheduler.drivers.base import ClaimParams, Driver, FinishParams, ListParams
-from mscheduler.drivers.memory import MemoryDriver
-from mscheduler.model import TaskOption
-from mscheduler.operations import Operations
-from mscheduler.planner import Planner
-from mscheduler.plans import Plan, PlanState, occurrence_key
-from mscheduler.schedule import (
+from mscheduler.domain.clock import FakeClock
+from mscheduler.domain.model import TaskOption
+from mscheduler.domain.plans import Plan, PlanState, occurrence_key
+from mscheduler.domain.schedule import (
     AtSchedule,
     CatchUp,
     CronSchedule,
@@ -33,6 +29,10 @@ from mscheduler.schedule import (
     WeeklySchedule,
     iter_occurrences,
 )
+from mscheduler.drivers.base import ClaimParams, Driver, FinishParams, ListParams
+from mscheduler.drivers.memory import MemoryDriver
+from mscheduler.operations import Operations
+from mscheduler.planner import Planner
 from tests.conftest import DriverFactory
 
 START = datetime(2030, 3, 1, 0, 0, 30, tzinfo=UTC)

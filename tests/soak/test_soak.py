@@ -43,8 +43,8 @@ from typing import Any
 import pytest
 
 from mscheduler import Consumer, FakeClock, MemoryDriver, Publisher, Task, TaskContext, TaskOption
+from mscheduler.domain.state import DERIVED_FIELDS, derive
 from mscheduler.faults import AFTER_APPLY, FaultyDriver, crash_consumer
-from mscheduler.state import DERIVED_FIELDS, derive
 
 N_CONSUMERS = 50
 N_TASKS = 20_000

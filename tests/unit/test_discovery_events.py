@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from mscheduler.clock import FakeClock
 from mscheduler.consumer.discovery import CLAIM, Discovery
+from mscheduler.domain.clock import FakeClock
 from mscheduler.drivers.base import ChangeEvent
 from mscheduler.drivers.memory import MemoryDriver
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from mscheduler.family import plan_sync
-from mscheduler.state import family_status
+from mscheduler.domain.family import plan_sync
+from mscheduler.domain.state import family_status
 
 
 @pytest.mark.parametrize(

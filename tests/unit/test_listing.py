@@ -9,6 +9,17 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
+from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.listing import (
+    BY_CREATED,
+    BY_FINISHED,
+    BY_KEY,
+    decode_cursor,
+    encode_cursor,
+    list_params,
+)
+from mscheduler.domain.model import TaskInfo, TaskOption
+from mscheduler.domain.state import TERMINAL
 from mscheduler.drivers.base import ListParams
 from mscheduler.drivers.mongo_common import (
     AIMED_AT_GROUPS,
@@ -21,17 +32,13 @@ from mscheduler.drivers.mongo_common import (
     WORKER_INDEX,
 )
 from mscheduler.drivers.mongo_queries import list_query, prefix_end
-from mscheduler.exceptions import InvalidInput
-from mscheduler.listing import BY_CREATED, BY_FINISHED, BY_KEY, decode_cursor, encode_cursor, list_params
-from mscheduler.model import TaskInfo, TaskOption
-from mscheduler.state import TERMINAL
 
 T = datetime(2030, 1, 1, tzinfo=UTC)
 
 
 def _info(key: str, created: datetime = T) -> TaskInfo:
+    from mscheduler.domain.model import TaskOption
     from mscheduler.drivers.base import NewTask, new_task_document
-    from mscheduler.model import TaskOption
 
     return TaskInfo.from_storage(
         new_task_document(NewTask(key, "job", None, TaskOption().to_storage(created)), created)

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from mscheduler.domain.model import TaskStatus
 from mscheduler.logs import JsonFormatter, configure_logging
-from mscheduler.model import TaskStatus
 
 
 @pytest.fixture

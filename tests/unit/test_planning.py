@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mscheduler.exceptions import InvalidInput
-from mscheduler.schedule import (
+from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.schedule import (
     AtSchedule,
     CatchUp,
     CronSchedule,

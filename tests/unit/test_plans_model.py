@@ -9,14 +9,14 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from mscheduler.clock import FakeClock
+from mscheduler.domain.clock import FakeClock
+from mscheduler.domain.exceptions import InvalidInput, UnknownPlan
+from mscheduler.domain.model import TaskOption
+from mscheduler.domain.plans import Plan, PlanInfo, PlanState, occurrence_key, plan_state
+from mscheduler.domain.schedule import EverySchedule, PlanTiming
 from mscheduler.drivers.base import PlanListParams
 from mscheduler.drivers.memory import MemoryDriver
-from mscheduler.exceptions import InvalidInput, UnknownPlan
-from mscheduler.model import TaskOption
 from mscheduler.operations import Operations
-from mscheduler.plans import Plan, PlanInfo, PlanState, occurrence_key, plan_state
-from mscheduler.schedule import EverySchedule, PlanTiming
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 

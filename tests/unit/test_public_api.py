@@ -11,28 +11,37 @@ from pathlib import Path
 import mscheduler
 
 EXPECTED = [
+    "AtSchedule",
     "AttemptStatus",
     "CatchUp",
     "Child",
     "Consumer",
     "ConsumerStopped",
+    "CronSchedule",
     "Driver",
     "ErrorInfo",
     "Event",
     "EventKind",
     "Events",
+    "EverySchedule",
+    "ExponentialRetry",
     "Fail",
     "FakeClock",
+    "FixedRetry",
+    "FixedThenExponentialRetry",
     "HandlerSignal",
     "InvalidInput",
+    "Jitter",
     "LeaseLost",
     "LimitInfo",
     "ListParams",
     "MSchedulerError",
     "MemoryDriver",
     "MongoDriver",
+    "MonthlySchedule",
     "Operations",
     "OptionChange",
+    "PerDayRetry",
     "Plan",
     "PlanInfo",
     "PlanState",
@@ -41,6 +50,8 @@ EXPECTED = [
     "Publisher",
     "Rate",
     "Retry",
+    "RetryPolicy",
+    "Schedule",
     "Snooze",
     "StorageError",
     "Task",
@@ -55,6 +66,7 @@ EXPECTED = [
     "UnknownLimit",
     "UnknownPlan",
     "UnknownTask",
+    "WeeklySchedule",
     "WorkerState",
     "WorkerView",
 ]
@@ -123,7 +135,7 @@ def _package_exceptions() -> dict[str, type[BaseException]]:
 
 def test_every_public_exception_is_exported() -> None:
     exceptions = _package_exceptions()
-    assert "mscheduler.exceptions.InvalidInput" in exceptions  # the walk found something
+    assert "mscheduler.domain.exceptions.InvalidInput" in exceptions  # the walk found something
     missing = [
         path
         for path, cls in exceptions.items()

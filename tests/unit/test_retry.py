@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mscheduler.exceptions import InvalidInput
-from mscheduler.retry import (
+from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.retry import (
     AnyRetryPolicy,
     ExponentialRetry,
     FixedRetry,

@@ -16,8 +16,8 @@ from dateutil import tz as dtz
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from mscheduler.exceptions import InvalidInput
-from mscheduler.schedule import (
+from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.schedule import (
     AtSchedule,
     CronSchedule,
     EverySchedule,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from mscheduler.state import DERIVED_FIELDS, derive, lease_expiry
+from mscheduler.domain.state import DERIVED_FIELDS, derive, lease_expiry
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RUN_AT = T0

@@ -13,8 +13,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from mscheduler import Task
-from mscheduler.exceptions import InvalidInput
-from mscheduler.unique import params_hash
+from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.unique import params_hash
 
 keys = st.text(min_size=1, max_size=8).filter(
     lambda k: not k.startswith("$") and "." not in k and "\x00" not in k

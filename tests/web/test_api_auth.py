@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from mscheduler import Operations
-from mscheduler.exceptions import InvalidInput
+from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.web import ApiTokens, Role, create_app, parse_tokens
 from mscheduler.web import auth as auth_module
 from tests.web.support import ADMIN, ADMIN_TOKEN, READ, READ_TOKEN, TOKENS, CountingDriver

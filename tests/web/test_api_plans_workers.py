@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 
 from mscheduler import Operations, Task
+from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import WorkerInfo
-from mscheduler.exceptions import StorageError
 from tests.web.support import ADMIN, READ, CountingDriver, client_for, publisher
 
 PLANS = "/api/v1/plans"

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, settings
 from schemathesis import checks
 
 from mscheduler import FakeClock, MemoryDriver, Operations, Plan, PlanTiming, Publisher, Task
+from mscheduler.domain.schedule import EverySchedule
 from mscheduler.drivers.base import ClaimParams, WorkerInfo
 from mscheduler.remote import RemoteExecutors
-from mscheduler.schedule import EverySchedule
 from mscheduler.web import create_app
 from tests.web.support import ADMIN, TOKENS
 

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 
 from mscheduler import Consumer, FakeClock, MemoryDriver, Operations, Publisher, Task, TaskOption
-from mscheduler.exceptions import Fail, Retry, Snooze
-from mscheduler.retry import FixedRetry
+from mscheduler.domain.exceptions import Fail, Retry, Snooze
+from mscheduler.domain.retry import FixedRetry
 from mscheduler.web import ApiTokens, create_app
 from tests.scenarios.harness import advance_until
 

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from mscheduler import FakeClock, MemoryDriver, Operations, Task, TaskOption
+from mscheduler.domain.retry import FixedRetry
 from mscheduler.drivers.base import EventQuery
-from mscheduler.retry import FixedRetry
 from mscheduler.web import ApiTokens, create_app
 from tests.web.support import ADMIN, ADMIN_TOKEN, READ, READ_TOKEN, CountingDriver, publisher, tick
 

@@ -107,8 +107,8 @@ from pydantic import (
     field_validator,
 )
 
-from mscheduler.clock import truncate_ms
-from mscheduler.exceptions import InvalidInput
+from mscheduler.domain.clock import truncate_ms
+from mscheduler.domain.exceptions import InvalidInput
 
 _MS = timedelta(milliseconds=1)
 _ONE_DAY = timedelta(days=1)

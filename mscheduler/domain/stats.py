@@ -36,8 +36,8 @@ from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict
 
-from mscheduler.exceptions import InvalidInput
-from mscheduler.model import TaskStatus, validate_name
+from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.model import TaskStatus, validate_name
 
 THROUGHPUT_MINUTES = 60
 PERCENTILES = (50, 95)

@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 
+from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.model import KEY_MAX_LEN, TaskInfo, TaskStatus, validate_group, validate_name
 from mscheduler.drivers.base import BY_CREATED, BY_FINISHED, BY_KEY, ListParams
-from mscheduler.exceptions import InvalidInput
-from mscheduler.model import KEY_MAX_LEN, TaskInfo, TaskStatus, validate_group, validate_name
 
 LIST_LIMIT_MAX = 1000
 CURSOR_MAX_LEN = 4096

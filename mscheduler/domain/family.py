@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mscheduler.model import TaskStatus
+from mscheduler.domain.model import TaskStatus
 
 log = logging.getLogger("mscheduler.children")
 

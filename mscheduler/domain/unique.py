@@ -17,7 +17,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from mscheduler.model import check_params
+from mscheduler.domain.model import check_params
 
 HASH_PREFIX = "sha256:"
 

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from mscheduler.plans import plan_of_key
+from mscheduler.domain.plans import plan_of_key
 
 DEFAULT_RETENTION = timedelta(days=7)
 DEFAULT_MAX_EVENTS = 100_000  # the memory driver's cap (newest kept)

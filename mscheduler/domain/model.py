@@ -31,8 +31,8 @@ from pydantic import (
     model_validator,
 )
 
-from mscheduler.exceptions import InvalidInput
-from mscheduler.retry import AnyRetryPolicy, FixedRetry, RetryPolicy
+from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.retry import AnyRetryPolicy, FixedRetry, RetryPolicy
 
 KEY_MAX_LEN = 512
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,199}$")
@@ -154,7 +154,7 @@ class TaskOption(_UserInput):
         if isinstance(data, Mapping) and data.get("retry") is not None:
             policy = data["retry"]
             if not isinstance(policy, RetryPolicy):
-                from mscheduler.retry import parse_retry_policy
+                from mscheduler.domain.retry import parse_retry_policy
 
                 policy = parse_retry_policy(policy)
             data = dict(data)

@@ -59,8 +59,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator
 
-from mscheduler.exceptions import InvalidInput
-from mscheduler.schedule import (
+from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.schedule import (
     FrozenModel,
     LocalTime,
     check_zone_name,

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from mscheduler.model import GROUP_PREFIX, AttemptStatus, TaskStatus
+from mscheduler.domain.model import GROUP_PREFIX, AttemptStatus, TaskStatus
 
 RUNNING = AttemptStatus.RUNNING.value
 SUCCEEDED = AttemptStatus.SUCCEEDED.value

@@ -26,9 +26,9 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from mscheduler.exceptions import InvalidInput
-from mscheduler.model import Params, TaskName, TaskOption
-from mscheduler.schedule import (
+from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.model import Params, TaskName, TaskOption
+from mscheduler.domain.schedule import (
     AtSchedule,
     FrozenModel,
     PlanTiming,

@@ -33,8 +33,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mscheduler.exceptions import InvalidInput
-from mscheduler.model import validate_name
+from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.model import validate_name
 
 MAX_RATE_N = 10_000  # starts kept in one document's sliding log
 MAX_RATE_PERIOD = timedelta(days=7)
