@@ -21,7 +21,7 @@ import gc
 import tracemalloc
 
 from benchmarks.common import TASK_NAME, burn_down, emit, peak_rss_mib
-from mscheduler.drivers.memory import MemoryDriver
+from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.operations import Operations
 
 

@@ -16,7 +16,7 @@ import argparse
 import asyncio
 
 from benchmarks.common import TASK_NAME, LatencyDriver, burn_down, emit
-from mscheduler.drivers.memory import MemoryDriver
+from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.operations import Operations
 
 

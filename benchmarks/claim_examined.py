@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from benchmarks.common import emit
 from mscheduler.domain.model import TaskOption
 from mscheduler.drivers.base import ClaimParams, InsertParams, NewTask
-from mscheduler.drivers.memory import MemoryDriver
+from mscheduler.drivers.memory.driver import MemoryDriver
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from benchmarks.common import TASK_NAME, emit, noop_handler, noop_tasks
 from mscheduler.consumer.consumer import Consumer
-from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.operations import Operations
 from mscheduler.publisher import Publisher
 from mscheduler.testing import mongomock_database

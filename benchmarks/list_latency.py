@@ -28,7 +28,7 @@ import httpx
 from benchmarks.common import TASK_NAME, emit
 from mscheduler.domain.model import Task, TaskOption
 from mscheduler.drivers.base import ClaimParams, FinishParams
-from mscheduler.drivers.memory import MemoryDriver
+from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.operations import Operations
 from mscheduler.publisher import Publisher
 from mscheduler.web.app import create_app

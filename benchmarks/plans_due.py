@@ -23,8 +23,8 @@ from mscheduler.domain.clock import FakeClock
 from mscheduler.domain.plans import Plan
 from mscheduler.domain.schedule import EverySchedule, PlanTiming
 from mscheduler.drivers.base import Driver, InsertPlanParams
-from mscheduler.drivers.memory import MemoryDriver
-from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.memory.driver import MemoryDriver
+from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.planner import Planner
 
 START = datetime(2030, 1, 1, tzinfo=UTC)

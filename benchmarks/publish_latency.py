@@ -19,7 +19,7 @@ from benchmarks.common import emit
 from mscheduler.consumer.consumer import Consumer
 from mscheduler.domain.model import Task
 from mscheduler.drivers.base import ClaimedTask, ClaimParams
-from mscheduler.drivers.memory import MemoryDriver
+from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.publisher import Publisher
 
 

@@ -26,8 +26,8 @@ from benchmarks.common import emit, machine
 from mscheduler.domain.clock import FakeClock
 from mscheduler.domain.model import TaskOption
 from mscheduler.drivers.base import ClaimParams, Driver, FinishParams, InsertParams, NewTask
-from mscheduler.drivers.memory import MemoryDriver
-from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.memory.driver import MemoryDriver
+from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.operations import Operations
 
 START = datetime(2030, 1, 1, tzinfo=UTC)

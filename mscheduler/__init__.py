@@ -151,6 +151,23 @@ _MOVED = {
         ("stats", "domain.stats"),
         ("unique", "domain.unique"),
         ("drivers.events_common", "domain.events"),
+        ("drivers.memory_children", "drivers.memory.children"),
+        ("drivers.memory_events", "drivers.memory.events"),
+        ("drivers.memory_limits", "drivers.memory.limits"),
+        ("drivers.memory_listing", "drivers.memory.listing"),
+        ("drivers.memory_maintenance", "drivers.memory.maintenance"),
+        ("drivers.memory_plans", "drivers.memory.plans"),
+        ("drivers.memory_stats", "drivers.memory.stats"),
+        ("drivers.mongo_children", "drivers.mongo.children"),
+        ("drivers.mongo_common", "drivers.mongo.common"),
+        ("drivers.mongo_events", "drivers.mongo.events"),
+        ("drivers.mongo_limits", "drivers.mongo.limits"),
+        ("drivers.mongo_maintenance", "drivers.mongo.maintenance"),
+        ("drivers.mongo_ping", "drivers.mongo.ping"),
+        ("drivers.mongo_plans", "drivers.mongo.plans"),
+        ("drivers.mongo_queries", "drivers.mongo.queries"),
+        ("drivers.mongo_stats", "drivers.mongo.stats"),
+        ("drivers.mongo_workers", "drivers.mongo.workers"),
     )
 }
 

@@ -34,9 +34,9 @@ from mscheduler import __version__
 from mscheduler.consumer import Consumer
 from mscheduler.domain.exceptions import MSchedulerError
 from mscheduler.drivers.base import ChangeStreamUnsupported
-from mscheduler.drivers.memory import MemoryDriver
-from mscheduler.drivers.mongo import MongoDriver
-from mscheduler.drivers.mongo_common import INDEX_NAMES
+from mscheduler.drivers.memory.driver import MemoryDriver
+from mscheduler.drivers.mongo.common import INDEX_NAMES
+from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.logs import configure_logging
 
 DEFAULT_SERVER_SELECTION_MS = 2000

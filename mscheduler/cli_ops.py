@@ -53,7 +53,7 @@ from mscheduler.domain.exceptions import (
 )
 from mscheduler.domain.model import TaskInfo
 from mscheduler.domain.plans import PlanInfo
-from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.operations import Operations
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_STORAGE = 1, 2, 3

@@ -79,7 +79,7 @@ async def serve(
     """Connect, make sure the indexes exist, and serve until SIGINT / SIGTERM (uvicorn's)."""
     import uvicorn
 
-    from mscheduler.drivers.mongo import MongoDriver
+    from mscheduler.drivers.mongo.driver import MongoDriver
     from mscheduler.web import create_app
 
     client = None

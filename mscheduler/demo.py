@@ -34,7 +34,7 @@ from mscheduler.domain.model import AttemptStatus, Task, TaskInfo, TaskOption, T
 from mscheduler.domain.plans import Plan, PlanInfo
 from mscheduler.domain.schedule import CronSchedule, EverySchedule, PlanTiming
 from mscheduler.drivers.base import Driver, ListParams
-from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.operations import Operations
 from mscheduler.publisher import Publisher
 

@@ -10,8 +10,8 @@ import pytest
 
 from mscheduler.domain.clock import FakeClock
 from mscheduler.drivers.base import Driver
-from mscheduler.drivers.memory import MemoryDriver
-from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.memory.driver import MemoryDriver
+from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.testing import mongomock_database
 
 REAL_URI = os.environ.get("MSCHEDULER_TEST_MONGODB_URI")

@@ -10,7 +10,7 @@ from mscheduler import Consumer, MemoryDriver
 from mscheduler.cli import EXPECTED_INDEXES, CliError, check_server, import_target, redact, resolve_consumers
 from mscheduler.demo import DemoConfig, check_report, run_demo, run_demo_on_database
 from mscheduler.domain.model import AttemptStatus
-from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.testing import mongomock_database
 
 

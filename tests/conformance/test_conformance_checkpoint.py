@@ -10,7 +10,7 @@ import pytest
 
 from mscheduler import Operations, TaskInfo
 from mscheduler.drivers.base import AttemptReport, ClaimedTask, PingParams, PingResult
-from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.mongo.driver import MongoDriver
 from tests.conformance.support import LEASE, Store
 
 

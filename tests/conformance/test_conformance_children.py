@@ -12,8 +12,8 @@ from typing import Any
 from mscheduler.children import expand
 from mscheduler.domain.model import Child, OptionChange, Task, TaskOption
 from mscheduler.drivers.base import MarkParams, NewTask, OpenParentsParams, SyncParentsParams
-from mscheduler.drivers.memory import MemoryDriver
-from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.memory.driver import MemoryDriver
+from mscheduler.drivers.mongo.driver import MongoDriver
 from tests.conformance.support import Store
 
 FAST = TaskOption(retry_delay=timedelta(0), max_unexpected_retries=0)

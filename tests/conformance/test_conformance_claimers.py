@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from mscheduler.domain.model import TaskOption
 from mscheduler.drivers.base import ClaimParams, InsertParams, NewTask, WakeupParams
-from mscheduler.drivers.memory import MemoryDriver
+from mscheduler.drivers.memory.driver import MemoryDriver
 from tests.conformance.support import NAME, Store
 
 

@@ -22,7 +22,7 @@ from mscheduler.drivers.base import (
     ExpireParams,
     InsertEventsParams,
 )
-from mscheduler.drivers.memory import MemoryDriver
+from mscheduler.drivers.memory.driver import MemoryDriver
 from tests.conformance.support import Store
 
 

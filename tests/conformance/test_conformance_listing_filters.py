@@ -20,8 +20,8 @@ from mscheduler.domain.clock import FakeClock
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.state import TERMINAL
 from mscheduler.drivers.base import ControlParams, Driver, FinishParams, ListParams
-from mscheduler.drivers.memory import MemoryDriver
-from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.memory.driver import MemoryDriver
+from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.operations import Operations
 from mscheduler.testing import mongomock_database
 from tests.conformance.support import NAME, Store

@@ -32,8 +32,8 @@ from mscheduler.drivers.base import (
     UpdateOptionParams,
     WakeupParams,
 )
-from mscheduler.drivers.memory import MemoryDriver
-from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.memory.driver import MemoryDriver
+from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.testing import mongomock_database
 from tests.conformance.support import assert_derived, stored_option
 

@@ -306,7 +306,7 @@ async def test_no_ttl_index_where_the_backend_ignores_its_partial_filter(store: 
     """mongomock expires documents on read and ignores a TTL index's partial filter: a TTL index
     per status there would remove failed tasks after the succeeded period. The probe says so and
     no retention index is made (the pass does the work)."""
-    from mscheduler.drivers.mongo import MongoDriver
+    from mscheduler.drivers.mongo.driver import MongoDriver
 
     if not isinstance(store.driver, MongoDriver) or store.driver.date_arithmetic:
         pytest.skip("about mongomock")

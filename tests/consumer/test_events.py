@@ -24,7 +24,7 @@ from mscheduler import (
 )
 from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import Driver, EventQuery
-from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.events import EventRecorder
 from mscheduler.faults import FaultyDriver, crash_consumer
 from mscheduler.testing import mongomock_database

@@ -22,7 +22,7 @@ from mscheduler import (
     TransitionRefused,
 )
 from mscheduler.drivers.base import ChangeEvent, PingParams, PingResult
-from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.mongo.driver import MongoDriver
 from tests.consumer.support import Gate, Harness, NoStreamDriver, ScriptedStreamDriver, WrappedDriver, settle
 from tests.scenarios.harness import is_mongomock
 

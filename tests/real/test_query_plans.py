@@ -37,7 +37,8 @@ from mscheduler.drivers.base import (
     PingParams,
     WakeupParams,
 )
-from mscheduler.drivers.mongo import (
+from mscheduler.drivers.mongo.common import FINISHED_INDEX, GROUP_INDEX, WORKER_INDEX
+from mscheduler.drivers.mongo.driver import (
     ALL_STATUSES,
     CLAIM_INDEX,
     CREATED_INDEX,
@@ -47,7 +48,6 @@ from mscheduler.drivers.mongo import (
     STATUS_INDEX,
     WAKEUP_INDEX,
 )
-from mscheduler.drivers.mongo_common import FINISHED_INDEX, GROUP_INDEX, WORKER_INDEX
 from tests.conftest import REAL_URI
 
 pytestmark = [
@@ -546,7 +546,7 @@ async def test_stats_read_live_keys_and_only_the_finished_documents(backlog: Bac
     """F27: the metrics' counts (pending, running) are covered by ``stats_counts`` and seek past
     the finished tasks' keys; the window's part fetches only tasks finished in the window."""
     from mscheduler.drivers.base import StatsParams
-    from mscheduler.drivers.mongo_common import FINISHED_INDEX, STATS_COUNTS_INDEX
+    from mscheduler.drivers.mongo.common import FINISHED_INDEX, STATS_COUNTS_INDEX
 
     live = StatsParams(NOW, statuses=("pending", "running"))
     command = await backlog.command_of("aggregate", lambda d: d.task_stats(live))

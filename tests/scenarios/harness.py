@@ -27,7 +27,7 @@ from mscheduler.drivers.base import (
     UpdateOptionParams,
     event_for,
 )
-from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.mongo.driver import MongoDriver
 
 # With a real server (MSCHEDULER_TEST_MONGODB_URI) storage calls wait for the network: give them
 # some wall-clock time per step too. (Untested here: no server on this machine.)

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from mscheduler.drivers.base import StreamPosition
-from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.testing import mongomock_database
 
 WHEN = datetime(2030, 1, 1, 12, 0)

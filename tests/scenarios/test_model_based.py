@@ -77,8 +77,8 @@ from mscheduler.drivers.base import (
     UpdateOptionParams,
     first_lease_end,
 )
-from mscheduler.drivers.memory import MemoryDriver
-from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.memory.driver import MemoryDriver
+from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.faults import AFTER_APPLY, DriverKilled, FaultyDriver
 from mscheduler.testing import mongomock_database
 

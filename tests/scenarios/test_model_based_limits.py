@@ -50,8 +50,8 @@ from mscheduler.drivers.base import (
     PingParams,
     PutLimitParams,
 )
-from mscheduler.drivers.memory import MemoryDriver
-from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.memory.driver import MemoryDriver
+from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.faults import FaultyDriver
 from mscheduler.testing import mongomock_database
 

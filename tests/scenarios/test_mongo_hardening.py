@@ -20,7 +20,7 @@ from pymongo.errors import (
 from mscheduler import Consumer, FakeClock, Publisher, Task, TaskStatus
 from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import ExpireParams, FinishParams, ListParams, PingParams
-from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.mongo.driver import MongoDriver
 from tests.helpers import Recorder
 from tests.scenarios.harness import advance_until
 from tests.scenarios.test_mongo_retries import LEASE, NOW, claim_params, entries, flaky_driver, publish

@@ -12,7 +12,7 @@ from pymongo.errors import OperationFailure
 
 from mscheduler import FakeClock, Publisher, Task
 from mscheduler.domain.exceptions import StorageError
-from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.testing import mongomock_database
 from tests.scenarios.test_mongo_retries import FlakyCollection
 

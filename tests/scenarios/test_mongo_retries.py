@@ -23,11 +23,11 @@ from pymongo.errors import (
     WriteConcernError,
 )
 
-import mscheduler.drivers.mongo as mongo_module
+import mscheduler.drivers.mongo.driver as mongo_module
 from mscheduler import Consumer, FakeClock, Publisher, Task, TaskOption, TaskStatus
 from mscheduler.domain.exceptions import ConsumerStopped, StorageError
 from mscheduler.drivers.base import ClaimParams, FinishParams, ListParams, PingParams
-from mscheduler.drivers.mongo import MongoDriver
+from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.testing import mongomock_database
 from tests.helpers import Recorder
 from tests.scenarios.harness import advance_until

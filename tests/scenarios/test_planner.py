@@ -30,7 +30,7 @@ from mscheduler.domain.schedule import (
     iter_occurrences,
 )
 from mscheduler.drivers.base import ClaimParams, Driver, FinishParams, ListParams
-from mscheduler.drivers.memory import MemoryDriver
+from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.operations import Operations
 from mscheduler.planner import Planner
 from tests.conftest import DriverFactory

@@ -7,7 +7,7 @@ from datetime import timedelta
 from mscheduler.consumer.discovery import CLAIM, Discovery
 from mscheduler.domain.clock import FakeClock
 from mscheduler.drivers.base import ChangeEvent
-from mscheduler.drivers.memory import MemoryDriver
+from mscheduler.drivers.memory.driver import MemoryDriver
 
 
 def discovery(worker: str, groups: tuple[str, ...] = ()) -> Discovery:

@@ -21,7 +21,7 @@ from mscheduler.domain.listing import (
 from mscheduler.domain.model import TaskInfo, TaskOption
 from mscheduler.domain.state import TERMINAL
 from mscheduler.drivers.base import ListParams
-from mscheduler.drivers.mongo_common import (
+from mscheduler.drivers.mongo.common import (
     AIMED_AT_GROUPS,
     CREATED_INDEX,
     FINISHED_INDEX,
@@ -31,7 +31,7 @@ from mscheduler.drivers.mongo_common import (
     STATUS_INDEX,
     WORKER_INDEX,
 )
-from mscheduler.drivers.mongo_queries import list_query, prefix_end
+from mscheduler.drivers.mongo.queries import list_query, prefix_end
 
 T = datetime(2030, 1, 1, tzinfo=UTC)
 

@@ -15,7 +15,7 @@ from mscheduler.domain.model import TaskOption
 from mscheduler.domain.plans import Plan, PlanInfo, PlanState, occurrence_key, plan_state
 from mscheduler.domain.schedule import EverySchedule, PlanTiming
 from mscheduler.drivers.base import PlanListParams
-from mscheduler.drivers.memory import MemoryDriver
+from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.operations import Operations
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)

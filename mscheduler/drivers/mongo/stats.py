@@ -37,7 +37,7 @@ from mscheduler.domain.stats import (
     hour_start,
 )
 from mscheduler.drivers.base import StatsParams
-from mscheduler.drivers.mongo_common import (
+from mscheduler.drivers.mongo.common import (
     ALL_STATUSES,
     FINISHED_INDEX,
     STATS_COUNTS_INDEX,

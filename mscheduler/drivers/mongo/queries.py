@@ -23,7 +23,7 @@ from mscheduler.drivers.base import (
     UpdateOptionParams,
     paused_error,
 )
-from mscheduler.drivers.mongo_common import (
+from mscheduler.drivers.mongo.common import (
     AIMED_AT_GROUPS,
     ALL_STATUSES,
     CREATED_INDEX,

@@ -33,7 +33,7 @@ from mscheduler.drivers.base import (
     RunOutcome,
     UpdatePlanParams,
 )
-from mscheduler.drivers.mongo_common import (
+from mscheduler.drivers.mongo.common import (
     CONFIG_CODES,
     KEY_INDEX,
     _in,

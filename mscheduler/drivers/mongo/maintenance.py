@@ -34,7 +34,7 @@ from mscheduler.drivers.base import (
     RetentionParams,
     trim_entries,
 )
-from mscheduler.drivers.mongo_common import (
+from mscheduler.drivers.mongo.common import (
     FINISHED_INDEX,
     KEY_INDEX,
     RETIRED_INDEXES,

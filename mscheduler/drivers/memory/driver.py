@@ -61,13 +61,13 @@ from mscheduler.drivers.base import (
     stop_record,
     trim_entries,
 )
-from mscheduler.drivers.memory_children import MemoryChildren
-from mscheduler.drivers.memory_events import MemoryEvents
-from mscheduler.drivers.memory_limits import MemoryLimits
-from mscheduler.drivers.memory_listing import MemoryListing
-from mscheduler.drivers.memory_maintenance import MemoryMaintenance
-from mscheduler.drivers.memory_plans import MemoryPlans
-from mscheduler.drivers.memory_stats import MemoryStats
+from mscheduler.drivers.memory.children import MemoryChildren
+from mscheduler.drivers.memory.events import MemoryEvents
+from mscheduler.drivers.memory.limits import MemoryLimits
+from mscheduler.drivers.memory.listing import MemoryListing
+from mscheduler.drivers.memory.maintenance import MemoryMaintenance
+from mscheduler.drivers.memory.plans import MemoryPlans
+from mscheduler.drivers.memory.stats import MemoryStats
 
 _SCALARS = (str, int, float, bool, type(None), datetime)
 

@@ -62,8 +62,8 @@ from mscheduler.drivers.base import (
     new_entry,
     new_task_document,
 )
-from mscheduler.drivers.mongo_children import MongoChildren
-from mscheduler.drivers.mongo_common import (  # noqa: F401  (re-exported for tests and the CLI)
+from mscheduler.drivers.mongo.children import MongoChildren
+from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for tests and the CLI)
     _FAILURE_STATUSES,
     ALL_STATUSES,
     ATTEMPT_INDEX,
@@ -110,14 +110,14 @@ from mscheduler.drivers.mongo_common import (  # noqa: F401  (re-exported for te
     watch_error,
     watch_pipeline,
 )
-from mscheduler.drivers.mongo_events import MongoEvents
-from mscheduler.drivers.mongo_limits import MongoLimits, limits_collection
-from mscheduler.drivers.mongo_maintenance import MongoMaintenance
-from mscheduler.drivers.mongo_ping import MongoPing
-from mscheduler.drivers.mongo_plans import MongoPlans, plans_collection
-from mscheduler.drivers.mongo_queries import MongoTaskQueries
-from mscheduler.drivers.mongo_stats import MongoStats
-from mscheduler.drivers.mongo_workers import MongoWorkers
+from mscheduler.drivers.mongo.events import MongoEvents
+from mscheduler.drivers.mongo.limits import MongoLimits, limits_collection
+from mscheduler.drivers.mongo.maintenance import MongoMaintenance
+from mscheduler.drivers.mongo.ping import MongoPing
+from mscheduler.drivers.mongo.plans import MongoPlans, plans_collection
+from mscheduler.drivers.mongo.queries import MongoTaskQueries
+from mscheduler.drivers.mongo.stats import MongoStats
+from mscheduler.drivers.mongo.workers import MongoWorkers
 
 
 class MongoDriver(

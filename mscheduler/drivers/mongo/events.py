@@ -56,7 +56,7 @@ from mscheduler.drivers.base import (
     InsertParams,
     UpdateOptionParams,
 )
-from mscheduler.drivers.mongo_common import (
+from mscheduler.drivers.mongo.common import (
     CONFIG_CODES,
     DEADLINE_INDEX,
     LEASES_INDEX,

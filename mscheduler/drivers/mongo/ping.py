@@ -27,7 +27,7 @@ from mscheduler.drivers.base import (
     paused_entry,
     report_fields,
 )
-from mscheduler.drivers.mongo_common import KEY_INDEX, WS, T, _in, _lit, _out, _rebuild_entries
+from mscheduler.drivers.mongo.common import KEY_INDEX, WS, T, _in, _lit, _out, _rebuild_entries
 
 
 class MongoPing:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pymongo import ReturnDocument
 
 from mscheduler.drivers.base import WorkerInfo
-from mscheduler.drivers.mongo_common import T, _in, _lit, _out
+from mscheduler.drivers.mongo.common import T, _in, _lit, _out
 
 
 class MongoWorkers:

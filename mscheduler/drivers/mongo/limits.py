@@ -31,7 +31,7 @@ from pymongo.errors import DuplicateKeyError
 
 from mscheduler.domain.limits import acquire_result_fields, epoch_ms, granted_of, held_in
 from mscheduler.drivers.base import AcquireParams, AcquireResult, LimitNameTaken, PutLimitParams, SlotsParams
-from mscheduler.drivers.mongo_common import _in, _lit, _out
+from mscheduler.drivers.mongo.common import _in, _lit, _out
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ from pymongo import UpdateOne
 
 from mscheduler.domain.family import SYNC_TRIES, child_keys_of, plan_or_skip
 from mscheduler.drivers.base import MarkParams, OpenParentsParams, SyncParentsParams
-from mscheduler.drivers.mongo_common import KEY_INDEX, PARENTS_INDEX, T, _derive_stages, _in, _lit
+from mscheduler.drivers.mongo.common import KEY_INDEX, PARENTS_INDEX, T, _derive_stages, _in, _lit
 
 _OPEN = ["pending", "running"]
 PARENT_FIELDS = {
