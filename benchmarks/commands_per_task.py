@@ -35,11 +35,11 @@ from collections import Counter
 from typing import Any
 
 from benchmarks.common import TASK_NAME, emit, noop_handler, noop_tasks
-from mscheduler.consumer.consumer import Consumer
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.operations import Operations
-from mscheduler.publisher import Publisher
-from mscheduler.testing import mongomock_database
+from mscheduler.runtime.consumer.consumer import Consumer
+from mscheduler.runtime.publisher import Publisher
+from mscheduler.testing.mongomock import mongomock_database
 
 SEND_BATCH = 100
 TIME_DRIVEN = frozenset(

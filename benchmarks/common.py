@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from mscheduler.consumer.consumer import Consumer
 from mscheduler.domain.model import Task
 from mscheduler.drivers.base import ChangeEvent, Driver
-from mscheduler.publisher import Publisher
+from mscheduler.runtime.consumer.consumer import Consumer
+from mscheduler.runtime.publisher import Publisher
 
 TASK_NAME = "noop"
 

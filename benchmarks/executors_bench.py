@@ -27,7 +27,7 @@ import httpx
 
 from benchmarks.common import emit, machine
 from mscheduler import MemoryDriver, Operations, Publisher, Task
-from mscheduler.executor_client import ExecutorClient, RemoteTask
+from mscheduler.remote.client import ExecutorClient, RemoteTask
 from mscheduler.web import ApiTokens, create_app
 
 TOKEN = "bench-executor-token-0123456789"

@@ -30,7 +30,7 @@ from mscheduler.domain.model import Task, TaskOption
 from mscheduler.drivers.base import ClaimParams, FinishParams
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.operations import Operations
-from mscheduler.publisher import Publisher
+from mscheduler.runtime.publisher import Publisher
 from mscheduler.web.app import create_app
 from mscheduler.web.auth import ApiTokens
 

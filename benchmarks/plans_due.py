@@ -19,13 +19,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from benchmarks.common import emit
-from mscheduler.domain.clock import FakeClock
 from mscheduler.domain.plans import Plan
 from mscheduler.domain.schedule import EverySchedule, PlanTiming
 from mscheduler.drivers.base import Driver, InsertPlanParams
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.drivers.mongo.driver import MongoDriver
-from mscheduler.planner import Planner
+from mscheduler.services.planner import Planner
+from mscheduler.testing.clock import FakeClock
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -52,7 +52,7 @@ async def main_async(plans: int, kind: str, batch: int) -> dict[str, Any]:
     if kind == "memory":
         inner: Driver = MemoryDriver(clock=clock)
     else:
-        from mscheduler.testing import mongomock_database
+        from mscheduler.testing.mongomock import mongomock_database
 
         inner = MongoDriver(mongomock_database())
     await inner.setup()

@@ -16,11 +16,11 @@ import time
 from typing import Any
 
 from benchmarks.common import emit
-from mscheduler.consumer.consumer import Consumer
 from mscheduler.domain.model import Task
 from mscheduler.drivers.base import ClaimedTask, ClaimParams
 from mscheduler.drivers.memory.driver import MemoryDriver
-from mscheduler.publisher import Publisher
+from mscheduler.runtime.consumer.consumer import Consumer
+from mscheduler.runtime.publisher import Publisher
 
 
 class CountingMemoryDriver(MemoryDriver):

@@ -23,12 +23,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from benchmarks.common import emit, machine
-from mscheduler.domain.clock import FakeClock
 from mscheduler.domain.model import TaskOption
 from mscheduler.drivers.base import ClaimParams, Driver, FinishParams, InsertParams, NewTask
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.operations import Operations
+from mscheduler.testing.clock import FakeClock
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
 BATCH = 1000
@@ -89,7 +89,7 @@ async def main_async(finished: int, pending: int, kind: str, repeat: int) -> dic
     if kind == "memory":
         driver: Driver = MemoryDriver(clock=clock)
     else:
-        from mscheduler.testing import mongomock_database
+        from mscheduler.testing.mongomock import mongomock_database
 
         driver = MongoDriver(mongomock_database())
     await driver.setup()

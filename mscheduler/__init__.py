@@ -8,8 +8,6 @@ import types
 import warnings
 from importlib.machinery import ModuleSpec
 
-from mscheduler.consumer import Consumer, TaskContext
-from mscheduler.domain.clock import FakeClock
 from mscheduler.domain.exceptions import (
     ConsumerStopped,
     Fail,
@@ -61,10 +59,16 @@ from mscheduler.domain.schedule import (
 )
 from mscheduler.drivers import Driver, MemoryDriver, MongoDriver
 from mscheduler.drivers.base import ListParams
-from mscheduler.events import Event, EventKind, Events
 from mscheduler.operations import Operations, WorkerView
-from mscheduler.planner import Planner
-from mscheduler.publisher import Publisher
+from mscheduler.remote.client import ExecutorClient, RemoteTask
+from mscheduler.remote.executors import RemoteExecutors
+from mscheduler.runtime.consumer import Consumer, TaskContext
+from mscheduler.runtime.publisher import Publisher
+from mscheduler.services.events import Event, EventKind, Events
+from mscheduler.services.expiry import ExpiryService
+from mscheduler.services.planner import Planner
+from mscheduler.services.retention import Retention, RetentionService
+from mscheduler.testing.clock import FakeClock
 
 __all__ = [
     "AtSchedule",
@@ -80,6 +84,8 @@ __all__ = [
     "EventKind",
     "Events",
     "EverySchedule",
+    "ExecutorClient",
+    "ExpiryService",
     "ExponentialRetry",
     "Fail",
     "FakeClock",
@@ -105,6 +111,10 @@ __all__ = [
     "Planner",
     "Publisher",
     "Rate",
+    "RemoteExecutors",
+    "RemoteTask",
+    "Retention",
+    "RetentionService",
     "Retry",
     "RetryPolicy",
     "Schedule",
@@ -151,6 +161,27 @@ _MOVED = {
         ("stats", "domain.stats"),
         ("unique", "domain.unique"),
         ("drivers.events_common", "domain.events"),
+        ("consumer", "runtime.consumer"),
+        ("consumer.claimer", "runtime.consumer.claimer"),
+        ("consumer.consumer", "runtime.consumer.consumer"),
+        ("consumer.discovery", "runtime.consumer.discovery"),
+        ("consumer.finisher", "runtime.consumer.finisher"),
+        ("consumer.limiter", "runtime.consumer.limiter"),
+        ("consumer.pinger", "runtime.consumer.pinger"),
+        ("consumer.reports", "runtime.consumer.reports"),
+        ("consumer.runner", "runtime.consumer.runner"),
+        ("publisher", "runtime.publisher"),
+        ("executor_client", "remote.client"),
+        ("service", "services.base"),
+        ("planner", "services.planner"),
+        ("expiry", "services.expiry"),
+        ("retention", "services.retention"),
+        ("children", "services.children"),
+        ("events", "services.events"),
+        ("logs", "observability.logs"),
+        ("metrics", "observability.metrics"),
+        ("tracing", "observability.tracing"),
+        ("faults", "testing.faults"),
         ("drivers.memory_children", "drivers.memory.children"),
         ("drivers.memory_events", "drivers.memory.events"),
         ("drivers.memory_limits", "drivers.memory.limits"),

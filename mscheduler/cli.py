@@ -31,13 +31,13 @@ from rich.table import Table
 from rich.text import Text
 
 from mscheduler import __version__
-from mscheduler.consumer import Consumer
 from mscheduler.domain.exceptions import MSchedulerError
 from mscheduler.drivers.base import ChangeStreamUnsupported
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.drivers.mongo.common import INDEX_NAMES
 from mscheduler.drivers.mongo.driver import MongoDriver
-from mscheduler.logs import configure_logging
+from mscheduler.observability.logs import configure_logging
+from mscheduler.runtime.consumer import Consumer
 
 DEFAULT_SERVER_SELECTION_MS = 2000
 MIN_SERVER_VERSION = (6, 0)
@@ -460,7 +460,7 @@ async def ensure_consumers_reach_mongodb(consumers: list[Consumer], timeout_ms: 
 def _worker_metrics(consumers: list[Consumer], port: int, say: Say) -> Any:
     """``--metrics-port``: serve the consumers' metrics (mscheduler.metrics) before they start."""
     try:
-        from mscheduler.metrics import serve_worker_metrics
+        from mscheduler.observability.metrics import serve_worker_metrics
     except ImportError as exc:
         hint = "--metrics-port needs prometheus-client: pip install 'mscheduler[metrics]'"
         raise CliError(hint, exit_code=2) from exc
@@ -644,7 +644,7 @@ async def run_planner(
 
     Any number may run beside consumers' planners: occurrences are never made twice."""
     from mscheduler.domain.clock import ServerClock
-    from mscheduler.planner import Planner
+    from mscheduler.services.planner import Planner
 
     client = mongo_client(uri, server_selection_timeout_ms)
     try:

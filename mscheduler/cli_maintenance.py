@@ -23,12 +23,12 @@ import typer
 from mscheduler.cli import CliError, _fail, app, err
 from mscheduler.cli_ops import EXIT_USAGE, Connection, JsonOpt, connected, print_json, run
 from mscheduler.domain.exceptions import InvalidInput
-from mscheduler.expiry import ExpiryService
-from mscheduler.logs import configure_logging
+from mscheduler.observability.logs import configure_logging
 from mscheduler.operations import Operations
-from mscheduler.planner import Planner
-from mscheduler.retention import Retention, RetentionService
-from mscheduler.service import PeriodicService
+from mscheduler.services.base import PeriodicService
+from mscheduler.services.expiry import ExpiryService
+from mscheduler.services.planner import Planner
+from mscheduler.services.retention import Retention, RetentionService
 
 log = logging.getLogger("mscheduler.maintenance")
 

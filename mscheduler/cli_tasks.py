@@ -40,9 +40,9 @@ from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.model import OptionChange, Task, TaskOption
 from mscheduler.domain.plans import Plan
 from mscheduler.domain.schedule import PlanTiming
-from mscheduler.events import LIST_LIMIT_MAX, Event, Events
 from mscheduler.operations import Operations
-from mscheduler.publisher import Publisher
+from mscheduler.runtime.publisher import Publisher
+from mscheduler.services.events import LIST_LIMIT_MAX, Event, Events
 
 events_app = _typer(
     "events",

@@ -31,7 +31,7 @@ from mscheduler.cli import (
 )
 from mscheduler.cli_ops import EXIT_STORAGE, EXIT_USAGE, DatabaseOpt, PrefixOpt, UriOpt
 from mscheduler.domain.exceptions import InvalidInput
-from mscheduler.logs import configure_logging
+from mscheduler.observability.logs import configure_logging
 from mscheduler.operations import Operations
 
 TOKENS_ENV = "MSCHEDULER_API_TOKENS"

@@ -28,7 +28,6 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from mscheduler.consumer import Consumer, TaskContext
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.model import AttemptStatus, Task, TaskInfo, TaskOption, TaskStatus
 from mscheduler.domain.plans import Plan, PlanInfo
@@ -36,7 +35,8 @@ from mscheduler.domain.schedule import CronSchedule, EverySchedule, PlanTiming
 from mscheduler.drivers.base import Driver, ListParams
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.operations import Operations
-from mscheduler.publisher import Publisher
+from mscheduler.runtime.consumer import Consumer, TaskContext
+from mscheduler.runtime.publisher import Publisher
 
 ProgressCallback = Callable[[int, int, dict[str, int]], None]
 

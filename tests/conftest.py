@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from mscheduler.domain.clock import FakeClock
 from mscheduler.drivers.base import Driver
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.drivers.mongo.driver import MongoDriver
-from mscheduler.testing import mongomock_database
+from mscheduler.testing.clock import FakeClock
+from mscheduler.testing.mongomock import mongomock_database
 
 REAL_URI = os.environ.get("MSCHEDULER_TEST_MONGODB_URI")
 DRIVER_KINDS = ["memory", "mongomock", "real"]

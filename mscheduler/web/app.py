@@ -52,7 +52,7 @@ from mscheduler.domain.listing import CURSOR_MAX_LEN, LIST_LIMIT_MAX
 from mscheduler.domain.model import OptionChange, TaskInfo, TaskOption, TaskStatus
 from mscheduler.domain.plans import Plan, PlanInfo, PlanState
 from mscheduler.operations import Operations
-from mscheduler.remote import RemoteExecutors
+from mscheduler.remote.executors import RemoteExecutors
 from mscheduler.web.auth import ApiTokens, Role
 from mscheduler.web.dashboard import is_dashboard_path, mount_dashboard
 from mscheduler.web.models import (
@@ -570,7 +570,7 @@ class _MetricsEndpoint:
 
 def _mount_metrics(app: FastAPI, operations: Operations) -> None:
     try:
-        from mscheduler.metrics import Metrics
+        from mscheduler.observability.metrics import Metrics
     except ImportError:  # the metrics extra is not installed: no /metrics
         log.info("GET /metrics is off: pip install 'mscheduler[metrics]' for it")
         return

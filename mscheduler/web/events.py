@@ -28,7 +28,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from mscheduler.domain.exceptions import InvalidInput
-from mscheduler.events import LIST_LIMIT_MAX, Event, Events
+from mscheduler.services.events import LIST_LIMIT_MAX, Event, Events
 from mscheduler.web.app import _ERRORS, IsoTime, Ops, _ApiError, _bearer, known_query
 from mscheduler.web.models import ErrorOut
 

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from mscheduler.domain.model import TaskName, validate_group
-from mscheduler.remote import (
+from mscheduler.remote.executors import (
     MAX_GROUPS,
     MAX_PINGS,
     MAX_TASKS_PER_LEASE,

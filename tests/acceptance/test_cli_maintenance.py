@@ -14,8 +14,8 @@ import pytest
 from mscheduler import FakeClock, MemoryDriver, Operations, cli_maintenance, cli_ops
 from mscheduler.domain.plans import Plan, PlanTiming
 from mscheduler.domain.schedule import EverySchedule
-from mscheduler.expiry import ExpiryService
-from mscheduler.retention import Retention
+from mscheduler.services.expiry import ExpiryService
+from mscheduler.services.retention import Retention
 from tests.acceptance.support import cli
 from tests.conformance.support import Store
 

@@ -11,7 +11,7 @@ from mscheduler.cli import EXPECTED_INDEXES, CliError, check_server, import_targ
 from mscheduler.demo import DemoConfig, check_report, run_demo, run_demo_on_database
 from mscheduler.domain.model import AttemptStatus
 from mscheduler.drivers.mongo.driver import MongoDriver
-from mscheduler.testing import mongomock_database
+from mscheduler.testing.mongomock import mongomock_database
 
 
 async def test_demo_on_the_mongo_driver_exercises_every_path() -> None:
@@ -74,8 +74,8 @@ async def test_setup_replaces_the_retired_finished_index_of_an_earlier_build() -
     from datetime import timedelta
 
     from mscheduler import Operations, Publisher, Task
-    from mscheduler.domain.clock import FakeClock
     from mscheduler.drivers.base import ClaimParams, FinishParams, PurgeParams
+    from mscheduler.testing.clock import FakeClock
 
     database = mongomock_database()
     old = MongoDriver(database)

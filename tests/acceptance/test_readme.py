@@ -180,7 +180,7 @@ def test_the_error_message_example_is_what_the_code_says() -> None:
 
 
 def test_every_listener_event_is_documented() -> None:
-    sources = "\n".join(p.read_text() for p in (REPO / "mscheduler" / "consumer").glob("*.py"))
+    sources = "\n".join(p.read_text() for p in (REPO / "mscheduler" / "runtime" / "consumer").glob("*.py"))
     emitted = set(re.findall(r"_emit\(\s*\"(\w+)\"", sources))
     emitted |= {"lost", "revoked"}  # emitted as _emit(reason, ...) by the lease checks
     assert "claimed" in emitted and "finished" in emitted

@@ -14,11 +14,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from mscheduler import Consumer, MemoryDriver, Operations, Publisher, Task, TaskOption
-from mscheduler.consumer import TaskContext
 from mscheduler.domain.model import TaskStatus
 from mscheduler.domain.plans import Plan
 from mscheduler.domain.schedule import CronSchedule, EverySchedule, PlanTiming
 from mscheduler.drivers.base import WorkerInfo
+from mscheduler.runtime.consumer import TaskContext
 
 XSS_KEY = "<img src=x onerror=alert(1)>"
 DOTS_KEY = "reports/../invoice-1001"  # a browser would resolve the ".." in a URL path

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mscheduler.domain.clock import FakeClock
 from mscheduler.drivers.base import Driver
+from mscheduler.testing.clock import FakeClock
 from tests.conformance.support import Store
 
 

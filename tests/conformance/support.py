@@ -13,7 +13,6 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from mscheduler.domain.clock import FakeClock
 from mscheduler.domain.model import TaskOption, check_params
 from mscheduler.domain.state import DERIVED_FIELDS, LIVE, TERMINAL, derive, family_inputs
 from mscheduler.drivers.base import (
@@ -29,6 +28,7 @@ from mscheduler.drivers.base import (
     PingResult,
     UpdateOptionParams,
 )
+from mscheduler.testing.clock import FakeClock
 
 NAME = "job"
 LEASE = timedelta(seconds=30)

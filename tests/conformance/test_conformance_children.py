@@ -9,11 +9,11 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from mscheduler.children import expand
 from mscheduler.domain.model import Child, OptionChange, Task, TaskOption
 from mscheduler.drivers.base import MarkParams, NewTask, OpenParentsParams, SyncParentsParams
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.drivers.mongo.driver import MongoDriver
+from mscheduler.services.children import expand
 from tests.conformance.support import Store
 
 FAST = TaskOption(retry_delay=timedelta(0), max_unexpected_retries=0)
@@ -176,7 +176,7 @@ async def test_a_parent_edited_into_junk_is_skipped_not_fatal(store: Store) -> N
 
 
 async def test_a_failed_parent_with_blocked_children_is_not_finished_until_they_are(store: Store) -> None:
-    from mscheduler.retention import Retention, RetentionService
+    from mscheduler.services.retention import Retention, RetentionService
 
     await store.insert(*family(store))
     fetch = await store.claim_one("w1", names=["fetch"])
@@ -206,7 +206,7 @@ async def test_a_failed_parent_with_blocked_children_is_not_finished_until_they_
 
 
 async def test_retention_never_removes_a_child_alone(store: Store) -> None:
-    from mscheduler.retention import Retention, RetentionService
+    from mscheduler.services.retention import Retention, RetentionService
 
     await store.insert(*family(store, mode="parallel", children=["a", "b"]))
     a = await store.claim_one("w1", names=["a"])

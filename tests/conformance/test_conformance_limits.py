@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from mscheduler.domain.clock import FakeClock
 from mscheduler.domain.limits import Limit, Rate, grant, settle
 from mscheduler.drivers.base import AcquireParams, Driver, LimitNameTaken, PutLimitParams, SlotsParams
+from mscheduler.testing.clock import FakeClock
 
 LEASE = timedelta(seconds=30)
 

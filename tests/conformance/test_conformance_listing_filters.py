@@ -16,14 +16,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mscheduler.domain.clock import FakeClock
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.state import TERMINAL
 from mscheduler.drivers.base import ControlParams, Driver, FinishParams, ListParams
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.operations import Operations
-from mscheduler.testing import mongomock_database
+from mscheduler.testing.clock import FakeClock
+from mscheduler.testing.mongomock import mongomock_database
 from tests.conformance.support import NAME, Store
 
 GROUPS = ("g1", "g2")

@@ -19,7 +19,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mscheduler.domain.clock import FakeClock
 from mscheduler.drivers.base import (
     ClaimParams,
     Driver,
@@ -34,7 +33,8 @@ from mscheduler.drivers.base import (
 )
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.drivers.mongo.driver import MongoDriver
-from mscheduler.testing import mongomock_database
+from mscheduler.testing.clock import FakeClock
+from mscheduler.testing.mongomock import mongomock_database
 from tests.conformance.support import assert_derived, stored_option
 
 KEYS = ("k0", "k1", "k2", "k3")

@@ -28,8 +28,8 @@ from mscheduler.drivers.base import (
     RetentionParams,
     UniqueParamsTaken,
 )
-from mscheduler.planner import Planner
-from mscheduler.retention import Retention, RetentionService
+from mscheduler.services.planner import Planner
+from mscheduler.services.retention import Retention, RetentionService
 from tests.conformance.support import NAME, Store
 
 DAY = 24 * 3600.0

@@ -25,9 +25,9 @@ from mscheduler import (
     TaskStatus,
     TransitionRefused,
 )
-from mscheduler.children import ChildSync
 from mscheduler.drivers.base import ClaimParams, FinishParams
-from mscheduler.faults import FaultyDriver, crash_consumer
+from mscheduler.services.children import ChildSync
+from mscheduler.testing.faults import FaultyDriver, crash_consumer
 from tests.consumer.support import FreezableDriver, Gate, Harness, settle
 
 OPTION = TaskOption(
@@ -347,7 +347,7 @@ async def test_a_plain_task_set_succeeded_by_hand_is_waited_for(harness: Harness
 
 
 async def test_send_many_keeps_each_family_in_one_insert(harness: Harness, monkeypatch: Any) -> None:
-    import mscheduler.publisher as publisher_module
+    import mscheduler.runtime.publisher as publisher_module
 
     monkeypatch.setattr(publisher_module, "SEND_MANY_BATCH", 4)
     inserts: list[list[str]] = []

@@ -8,7 +8,7 @@ from typing import Any
 from mscheduler import Consumer, FakeClock, MongoDriver, Publisher, Task, TaskStatus
 from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import ChangeStreamUnsupported
-from mscheduler.testing import mongomock_database
+from mscheduler.testing.mongomock import mongomock_database
 from tests.consumer.support import Harness, ScriptedStreamDriver, settle
 from tests.helpers import Recorder
 

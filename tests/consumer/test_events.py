@@ -25,9 +25,9 @@ from mscheduler import (
 from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import Driver, EventQuery
 from mscheduler.drivers.mongo.driver import MongoDriver
-from mscheduler.events import EventRecorder
-from mscheduler.faults import FaultyDriver, crash_consumer
-from mscheduler.testing import mongomock_database
+from mscheduler.services.events import EventRecorder
+from mscheduler.testing.faults import FaultyDriver, crash_consumer
+from mscheduler.testing.mongomock import mongomock_database
 from tests.consumer.support import Harness, settle
 
 

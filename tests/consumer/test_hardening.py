@@ -33,8 +33,8 @@ from mscheduler import (
 )
 from mscheduler.domain.model import AttemptStatus
 from mscheduler.drivers.base import encoded_size
-from mscheduler.faults import FaultyDriver, crash_consumer
 from mscheduler.operations import Operations
+from mscheduler.testing.faults import FaultyDriver, crash_consumer
 from tests.consumer.support import FailingDriver, Gate, Harness, settle
 
 CONSUMER_LOG = "mscheduler.consumer"

@@ -301,7 +301,7 @@ async def test_a_stop_during_a_claim_releases_what_the_claim_took(harness: Harne
 
 
 async def test_a_transient_error_in_the_first_poll_does_not_stop_the_start(harness: Harness) -> None:
-    from mscheduler.faults import FaultyDriver
+    from mscheduler.testing.faults import FaultyDriver
 
     faulty = FaultyDriver(harness.new_driver())
     faulty.fail_next("find_wakeups")  # the first poll, inside start()

@@ -11,7 +11,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from mscheduler import Operations, Task, TaskOption
-from mscheduler.metrics import Metrics
+from mscheduler.observability.metrics import Metrics
 from tests.consumer.support import Gate, Harness, WrappedDriver, settle
 
 

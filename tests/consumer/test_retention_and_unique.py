@@ -9,7 +9,7 @@ import pytest
 
 from mscheduler import Operations, Task, TaskStatus
 from mscheduler.domain.exceptions import InvalidInput, TransitionRefused, UnknownTask
-from mscheduler.retention import Retention
+from mscheduler.services.retention import Retention
 from tests.consumer.support import Harness
 
 

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from mscheduler import Fail, Publisher, Task
-from mscheduler import tracing as tracing_module
+from mscheduler.observability import tracing as tracing_module
 from tests.consumer.support import Harness, settle
 
 _EXPORTER = InMemorySpanExporter()

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from mscheduler import Consumer, MongoDriver, Publisher, Task, TaskFailed, TaskOption, TaskStatus
-from mscheduler.consumer.discovery import CLAIM, Discovery
 from mscheduler.domain.clock import SystemClock
 from mscheduler.drivers.base import ChangeEvent, ClaimParams, ResumeTokenLost, StreamPosition
+from mscheduler.runtime.consumer.discovery import CLAIM, Discovery
 from tests.conftest import REAL_URI
 
 pytestmark = [

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from mscheduler.domain.clock import FakeClock
 from mscheduler.drivers.base import (
     ChangeEvent,
     ClaimedTask,
@@ -28,6 +27,7 @@ from mscheduler.drivers.base import (
     event_for,
 )
 from mscheduler.drivers.mongo.driver import MongoDriver
+from mscheduler.testing.clock import FakeClock
 
 # With a real server (MSCHEDULER_TEST_MONGODB_URI) storage calls wait for the network: give them
 # some wall-clock time per step too. (Untested here: no server on this machine.)

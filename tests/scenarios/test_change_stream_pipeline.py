@@ -13,7 +13,7 @@ from typing import Any
 
 from mscheduler.drivers.base import StreamPosition
 from mscheduler.drivers.mongo.driver import MongoDriver
-from mscheduler.testing import mongomock_database
+from mscheduler.testing.mongomock import mongomock_database
 
 WHEN = datetime(2030, 1, 1, 12, 0)
 

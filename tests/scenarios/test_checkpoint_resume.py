@@ -9,7 +9,7 @@ from typing import Any
 
 from mscheduler import Consumer, FakeClock, Publisher, Task, TaskContext, TaskOption, TaskStatus
 from mscheduler.drivers.base import AttemptReport, PingParams
-from mscheduler.faults import FaultyDriver, crash_consumer
+from mscheduler.testing.faults import FaultyDriver, crash_consumer
 from tests.helpers import Recorder
 from tests.scenarios.harness import advance_until
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from mscheduler import Consumer, FakeClock, Publisher, Task, TaskContext, TaskOption, TaskStatus
-from mscheduler.domain.clock import SkewedClock
+from mscheduler.testing.clock import SkewedClock
 from tests.helpers import Recorder
 from tests.scenarios.harness import ServerTime, advance, advance_until, running_entries
 

@@ -17,8 +17,8 @@ from typing import Any
 from mscheduler import Consumer, FakeClock, Operations, Publisher, Task, TaskContext, TaskOption
 from mscheduler.drivers.base import ListParams
 from mscheduler.drivers.memory.driver import MemoryDriver
-from mscheduler.faults import FaultyDriver, crash_consumer
-from mscheduler.testing import mongomock_database
+from mscheduler.testing.faults import FaultyDriver, crash_consumer
+from mscheduler.testing.mongomock import mongomock_database
 from tests.scenarios.harness import advance, advance_until
 
 OPTION = TaskOption(

@@ -21,8 +21,8 @@ import pytest
 
 from mscheduler import Consumer, FakeClock, Operations, Publisher, Task, TaskContext, TaskOption
 from mscheduler.domain.exceptions import LeaseLost, Snooze
-from mscheduler.executor_client import ExecutorClient, RemoteTask
-from mscheduler.remote import RemoteExecutors
+from mscheduler.remote.client import ExecutorClient, RemoteTask
+from mscheduler.remote.executors import RemoteExecutors
 from mscheduler.web import ApiTokens, create_app
 from tests.scenarios.harness import Overlap, advance_until, running_entries
 

@@ -18,8 +18,8 @@ import httpx
 
 from mscheduler import Consumer, FakeClock, Operations, Publisher, Task, TaskContext
 from mscheduler.drivers.base import ListParams
-from mscheduler.executor_client import ExecutorClient, RemoteTask
-from mscheduler.remote import RemoteExecutors
+from mscheduler.remote.client import ExecutorClient, RemoteTask
+from mscheduler.remote.executors import RemoteExecutors
 from mscheduler.web import create_app
 from tests.scenarios.harness import advance_until, running_entries
 from tests.scenarios.test_mixed_fleet import OPTION as FLEET_OPTION

@@ -62,7 +62,7 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from mscheduler.domain.clock import FakeClock, ServerClock, SkewedClock
+from mscheduler.domain.clock import ServerClock
 from mscheduler.domain.exceptions import StorageError
 from mscheduler.domain.model import TaskOption
 from mscheduler.domain.state import DERIVED_FIELDS, derive
@@ -79,8 +79,9 @@ from mscheduler.drivers.base import (
 )
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.drivers.mongo.driver import MongoDriver
-from mscheduler.faults import AFTER_APPLY, DriverKilled, FaultyDriver
-from mscheduler.testing import mongomock_database
+from mscheduler.testing.clock import FakeClock, SkewedClock
+from mscheduler.testing.faults import AFTER_APPLY, DriverKilled, FaultyDriver
+from mscheduler.testing.mongomock import mongomock_database
 
 WORKERS = ("w0", "w1", "w2")
 # Groups (SPEC F31): each worker's membership; "c" has no member (an absent group)

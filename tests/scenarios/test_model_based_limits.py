@@ -35,8 +35,6 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from mscheduler.consumer.limiter import Limiter
-from mscheduler.domain.clock import FakeClock
 from mscheduler.domain.exceptions import StorageError
 from mscheduler.domain.limits import Limit, Rate
 from mscheduler.domain.model import TaskOption
@@ -52,8 +50,10 @@ from mscheduler.drivers.base import (
 )
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.drivers.mongo.driver import MongoDriver
-from mscheduler.faults import FaultyDriver
-from mscheduler.testing import mongomock_database
+from mscheduler.runtime.consumer.limiter import Limiter
+from mscheduler.testing.clock import FakeClock
+from mscheduler.testing.faults import FaultyDriver
+from mscheduler.testing.mongomock import mongomock_database
 
 WORKERS = ("w0", "w1", "w2", "w3")
 NAME = "job"

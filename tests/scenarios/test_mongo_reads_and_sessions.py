@@ -13,7 +13,7 @@ from pymongo.errors import OperationFailure
 from mscheduler import FakeClock, Publisher, Task
 from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.mongo.driver import MongoDriver
-from mscheduler.testing import mongomock_database
+from mscheduler.testing.mongomock import mongomock_database
 from tests.scenarios.test_mongo_retries import FlakyCollection
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)

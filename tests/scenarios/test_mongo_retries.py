@@ -28,7 +28,7 @@ from mscheduler import Consumer, FakeClock, Publisher, Task, TaskOption, TaskSta
 from mscheduler.domain.exceptions import ConsumerStopped, StorageError
 from mscheduler.drivers.base import ClaimParams, FinishParams, ListParams, PingParams
 from mscheduler.drivers.mongo.driver import MongoDriver
-from mscheduler.testing import mongomock_database
+from mscheduler.testing.mongomock import mongomock_database
 from tests.helpers import Recorder
 from tests.scenarios.harness import advance_until
 

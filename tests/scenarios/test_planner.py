@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from mscheduler.domain.clock import FakeClock
 from mscheduler.domain.model import TaskOption
 from mscheduler.domain.plans import Plan, PlanState, occurrence_key
 from mscheduler.domain.schedule import (
@@ -32,7 +31,8 @@ from mscheduler.domain.schedule import (
 from mscheduler.drivers.base import ClaimParams, Driver, FinishParams, ListParams
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.operations import Operations
-from mscheduler.planner import Planner
+from mscheduler.services.planner import Planner
+from mscheduler.testing.clock import FakeClock
 from tests.conftest import DriverFactory
 
 START = datetime(2030, 3, 1, 0, 0, 30, tzinfo=UTC)

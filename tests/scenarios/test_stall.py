@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from mscheduler import Consumer, FakeClock, Publisher, Task, TaskContext, TaskOption, TaskStatus
-from mscheduler.faults import FaultyDriver
+from mscheduler.testing.faults import FaultyDriver
 from tests.helpers import Recorder
 from tests.scenarios.harness import advance, advance_until, running_entries, settle
 

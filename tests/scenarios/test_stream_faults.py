@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from mscheduler import Consumer, FakeClock, Publisher, Task, TaskContext, TaskOption, TaskStatus
-from mscheduler.faults import STREAM, FaultyDriver
+from mscheduler.testing.faults import STREAM, FaultyDriver
 from tests.helpers import Recorder
 from tests.scenarios.harness import EndingStream, Overlap, StreamBus, advance, advance_until, with_stream
 

@@ -44,7 +44,7 @@ import pytest
 
 from mscheduler import Consumer, FakeClock, MemoryDriver, Publisher, Task, TaskContext, TaskOption
 from mscheduler.domain.state import DERIVED_FIELDS, derive
-from mscheduler.faults import AFTER_APPLY, FaultyDriver, crash_consumer
+from mscheduler.testing.faults import AFTER_APPLY, FaultyDriver, crash_consumer
 
 N_CONSUMERS = 50
 N_TASKS = 20_000

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from mscheduler.consumer.discovery import CLAIM, Discovery
-from mscheduler.domain.clock import FakeClock
 from mscheduler.drivers.base import ChangeEvent
 from mscheduler.drivers.memory.driver import MemoryDriver
+from mscheduler.runtime.consumer.discovery import CLAIM, Discovery
+from mscheduler.testing.clock import FakeClock
 
 
 def discovery(worker: str, groups: tuple[str, ...] = ()) -> Discovery:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from mscheduler.domain.model import TaskStatus
-from mscheduler.logs import JsonFormatter, configure_logging
+from mscheduler.observability.logs import JsonFormatter, configure_logging
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from mscheduler.domain.clock import FakeClock
 from mscheduler.domain.exceptions import InvalidInput, UnknownPlan
 from mscheduler.domain.model import TaskOption
 from mscheduler.domain.plans import Plan, PlanInfo, PlanState, occurrence_key, plan_state
@@ -17,6 +16,7 @@ from mscheduler.domain.schedule import EverySchedule, PlanTiming
 from mscheduler.drivers.base import PlanListParams
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.operations import Operations
+from mscheduler.testing.clock import FakeClock
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 

@@ -24,6 +24,8 @@ EXPECTED = [
     "EventKind",
     "Events",
     "EverySchedule",
+    "ExecutorClient",
+    "ExpiryService",
     "ExponentialRetry",
     "Fail",
     "FakeClock",
@@ -49,6 +51,10 @@ EXPECTED = [
     "Planner",
     "Publisher",
     "Rate",
+    "RemoteExecutors",
+    "RemoteTask",
+    "Retention",
+    "RetentionService",
     "Retry",
     "RetryPolicy",
     "Schedule",
@@ -79,8 +85,8 @@ INTERNAL_EXCEPTIONS = {
     "mscheduler.drivers.base.ResumeTokenLost": "driver to consumer: reopen the stream and poll once",
     "mscheduler.drivers.base.UniqueParamsTaken": "driver to Operations: raised as TransitionRefused",
     "mscheduler.drivers.base.LimitNameTaken": "driver to Operations: raised as InvalidInput",
-    "mscheduler.faults.DriverKilled": "fault injection in tests: simulates a killed process",
-    "mscheduler.consumer.runner.RunTimedOut": "recorded as an attempt's error type, never raised to users",
+    "mscheduler.testing.faults.DriverKilled": "fault injection in tests: simulates a killed process",
+    "mscheduler.runtime.consumer.runner.RunTimedOut": "an attempt's error type, never raised to users",
 }
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from mscheduler import FakeClock, MongoDriver, Operations, Publisher, Task
 from mscheduler.drivers.base import ClaimParams
-from mscheduler.testing import mongomock_database
+from mscheduler.testing.mongomock import mongomock_database
 from tests.web.support import ADMIN, READ, client_for
 
 

@@ -15,7 +15,7 @@ from schemathesis import checks
 from mscheduler import FakeClock, MemoryDriver, Operations, Plan, PlanTiming, Publisher, Task
 from mscheduler.domain.schedule import EverySchedule
 from mscheduler.drivers.base import ClaimParams, WorkerInfo
-from mscheduler.remote import RemoteExecutors
+from mscheduler.remote.executors import RemoteExecutors
 from mscheduler.web import create_app
 from tests.web.support import ADMIN, TOKENS
 

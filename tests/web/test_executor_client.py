@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from mscheduler import FakeClock, MemoryDriver, Operations, Publisher, Task, TaskOption
-from mscheduler.executor_client import ExecutorClient, RemoteTask
+from mscheduler.remote.client import ExecutorClient, RemoteTask
 from mscheduler.web import ApiTokens, create_app
 from tests.scenarios.harness import advance_until
 

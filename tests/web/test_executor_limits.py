@@ -15,7 +15,7 @@ import pytest
 
 from mscheduler import FakeClock, Operations, Task, TaskOption
 from mscheduler.drivers.base import SlotsParams
-from mscheduler.remote import RemoteExecutors
+from mscheduler.remote.executors import RemoteExecutors
 from mscheduler.web import ApiTokens, create_app
 from tests.consumer.support import FreezableDriver
 from tests.web.support import ADMIN_TOKEN, READ, READ_TOKEN, CountingDriver, publisher

@@ -67,7 +67,7 @@ from mscheduler.drivers.base import (
 )
 
 if TYPE_CHECKING:
-    from mscheduler.consumer import Consumer
+    from mscheduler.runtime.consumer import Consumer
 
 T = TypeVar("T")
 

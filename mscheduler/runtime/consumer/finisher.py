@@ -11,10 +11,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from mscheduler.consumer.limiter import Limiter
 from mscheduler.domain.clock import ServerClock
 from mscheduler.domain.exceptions import ConsumerStopped, StorageError
 from mscheduler.drivers.base import Driver, FinishParams
+from mscheduler.runtime.consumer.limiter import Limiter
 
 log = logging.getLogger("mscheduler.consumer")
 

@@ -7,7 +7,6 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
-from mscheduler.children import child_names, expand
 from mscheduler.domain.clock import Clock, SystemClock
 from mscheduler.domain.exceptions import (
     InvalidInput,
@@ -21,8 +20,9 @@ from mscheduler.domain.model import OptionChange, Task, TaskInfo, TaskOption, Ta
 from mscheduler.domain.state import CHILD_ENDED_BADLY
 from mscheduler.domain.unique import params_hash
 from mscheduler.drivers.base import Driver, InsertParams, NewTask, encoded_size
+from mscheduler.observability.tracing import tracer_for
 from mscheduler.operations import change_option
-from mscheduler.tracing import tracer_for
+from mscheduler.services.children import child_names, expand
 
 SEND_MANY_BATCH = 1000
 DEFAULT_MAX_PARAMS_BYTES = 512 * 1024

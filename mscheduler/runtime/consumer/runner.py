@@ -22,8 +22,6 @@ from typing import TYPE_CHECKING, Any, get_type_hints
 
 from pydantic import BaseModel, ValidationError
 
-from mscheduler.consumer.limiter import Limiter
-from mscheduler.consumer.reports import AttemptReports
 from mscheduler.domain.clock import ServerClock
 from mscheduler.domain.exceptions import Fail, InvalidInput, MSchedulerError, Retry, Snooze
 from mscheduler.domain.model import AttemptStatus, TaskOption
@@ -35,7 +33,9 @@ from mscheduler.domain.outcomes import retry_after as retry_outcome
 from mscheduler.domain.outcomes import snoozed as snoozed_outcome
 from mscheduler.domain.outcomes import succeeded as succeeded_outcome
 from mscheduler.drivers.base import ClaimedTask, FinishParams
-from mscheduler.events import EventKind, EventRecorder, outcome_detail, outcome_kind
+from mscheduler.runtime.consumer.limiter import Limiter
+from mscheduler.runtime.consumer.reports import AttemptReports
+from mscheduler.services.events import EventKind, EventRecorder, outcome_detail, outcome_kind
 
 log = logging.getLogger("mscheduler.consumer")
 

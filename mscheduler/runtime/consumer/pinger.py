@@ -13,12 +13,12 @@ import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from mscheduler.consumer.limiter import Limiter
-from mscheduler.consumer.runner import _Running
 from mscheduler.domain.clock import ServerClock, sleep_unless
 from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import AttemptReport, ChangeEvent, Driver, PingParams, PingResult
-from mscheduler.events import EventKind, EventRecorder
+from mscheduler.runtime.consumer.limiter import Limiter
+from mscheduler.runtime.consumer.runner import _Running
+from mscheduler.services.events import EventKind, EventRecorder
 
 log = logging.getLogger("mscheduler.consumer")
 

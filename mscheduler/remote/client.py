@@ -30,7 +30,6 @@ from typing import Any
 
 import httpx
 
-from mscheduler.consumer.runner import RunTimedOut
 from mscheduler.domain.clock import Clock, SystemClock, sleep_unless
 from mscheduler.domain.exceptions import (
     Fail,
@@ -41,6 +40,7 @@ from mscheduler.domain.exceptions import (
     StorageError,
     UnknownTask,
 )
+from mscheduler.runtime.consumer.runner import RunTimedOut
 
 log = logging.getLogger("mscheduler.executor_client")
 

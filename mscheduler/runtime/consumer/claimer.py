@@ -14,15 +14,15 @@ from collections import OrderedDict
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from mscheduler.children import ChildSync
-from mscheduler.consumer.discovery import CLAIM, LEASE, Discovery
-from mscheduler.consumer.limiter import Limiter
-from mscheduler.consumer.runner import Listener, _Registered, _Running
 from mscheduler.domain.clock import ServerClock
 from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import ClaimedTask, ClaimParams, Driver, ExpireParams
-from mscheduler.events import EventKind, EventRecorder
-from mscheduler.tracing import TaskTracer
+from mscheduler.observability.tracing import TaskTracer
+from mscheduler.runtime.consumer.discovery import CLAIM, LEASE, Discovery
+from mscheduler.runtime.consumer.limiter import Limiter
+from mscheduler.runtime.consumer.runner import Listener, _Registered, _Running
+from mscheduler.services.children import ChildSync
+from mscheduler.services.events import EventKind, EventRecorder
 
 
 class ConsumerClaimer:

@@ -38,7 +38,7 @@ from mscheduler.drivers.base import (
     PlanAdvance,
     RunOutcome,
 )
-from mscheduler.service import PeriodicService
+from mscheduler.services.base import PeriodicService
 
 log = logging.getLogger("mscheduler.planner")
 

@@ -18,7 +18,7 @@ from mscheduler.domain.clock import Clock, SystemClock
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.schedule import utc_ms
 from mscheduler.drivers.base import Driver, ExpireParams
-from mscheduler.service import PeriodicService
+from mscheduler.services.base import PeriodicService
 
 log = logging.getLogger("mscheduler.expiry")
 

@@ -1,5 +1,5 @@
 """Consumers: claim tasks, run handlers, keep leases, write outcomes."""
 
-from mscheduler.consumer.consumer import Consumer, TaskContext
+from mscheduler.runtime.consumer.consumer import Consumer, TaskContext
 
 __all__ = ["Consumer", "TaskContext"]

@@ -47,8 +47,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from mscheduler.consumer.limiter import Limiter
-from mscheduler.consumer.reports import DEFAULT_MAX_CHECKPOINT_BYTES, checked_checkpoint, checked_progress
 from mscheduler.domain.clock import Clock, ServerClock, sleep_unless
 from mscheduler.domain.exceptions import (
     InvalidInput,
@@ -86,7 +84,13 @@ from mscheduler.drivers.base import (
     WakeupParams,
     WorkerInfo,
 )
-from mscheduler.events import EventKind, EventRecorder, outcome_detail, outcome_kind
+from mscheduler.runtime.consumer.limiter import Limiter
+from mscheduler.runtime.consumer.reports import (
+    DEFAULT_MAX_CHECKPOINT_BYTES,
+    checked_checkpoint,
+    checked_progress,
+)
+from mscheduler.services.events import EventKind, EventRecorder, outcome_detail, outcome_kind
 
 log = logging.getLogger("mscheduler.remote")
 

@@ -28,23 +28,6 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from mscheduler.children import ChildSync
-from mscheduler.consumer.claimer import ConsumerClaimer
-from mscheduler.consumer.discovery import Discovery
-from mscheduler.consumer.finisher import ConsumerFinisher, _Pending
-from mscheduler.consumer.limiter import Limiter
-from mscheduler.consumer.pinger import ConsumerPinger
-from mscheduler.consumer.reports import DEFAULT_MAX_CHECKPOINT_BYTES
-from mscheduler.consumer.runner import (
-    ConsumerRunner,
-    Handler,
-    Listener,
-    RunTimedOut,
-    TaskContext,
-    _inspect_handler,
-    _Registered,
-    _Running,
-)
 from mscheduler.domain.clock import Clock, ServerClock
 from mscheduler.domain.exceptions import (
     ConsumerStopped,
@@ -66,10 +49,27 @@ from mscheduler.drivers.base import (
     FinishParams,
     WorkerInfo,
 )
-from mscheduler.events import EventKind, EventRecorder
-from mscheduler.planner import Planner
-from mscheduler.retention import Retention, RetentionService
-from mscheduler.tracing import tracer_for
+from mscheduler.observability.tracing import tracer_for
+from mscheduler.runtime.consumer.claimer import ConsumerClaimer
+from mscheduler.runtime.consumer.discovery import Discovery
+from mscheduler.runtime.consumer.finisher import ConsumerFinisher, _Pending
+from mscheduler.runtime.consumer.limiter import Limiter
+from mscheduler.runtime.consumer.pinger import ConsumerPinger
+from mscheduler.runtime.consumer.reports import DEFAULT_MAX_CHECKPOINT_BYTES
+from mscheduler.runtime.consumer.runner import (
+    ConsumerRunner,
+    Handler,
+    Listener,
+    RunTimedOut,
+    TaskContext,
+    _inspect_handler,
+    _Registered,
+    _Running,
+)
+from mscheduler.services.children import ChildSync
+from mscheduler.services.events import EventKind, EventRecorder
+from mscheduler.services.planner import Planner
+from mscheduler.services.retention import Retention, RetentionService
 
 # TaskContext and RunTimedOut live in runner.py; they stay importable from here, as before.
 __all__ = ["Consumer", "RunTimedOut", "TaskContext"]

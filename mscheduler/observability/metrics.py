@@ -30,12 +30,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from mscheduler.consumer.consumer import Consumer
 from mscheduler.domain.clock import Clock
 from mscheduler.domain.exceptions import MSchedulerError
 from mscheduler.domain.stats import TaskStats
 from mscheduler.operations import Operations
-from mscheduler.publisher import Publisher
+from mscheduler.runtime.consumer.consumer import Consumer
+from mscheduler.runtime.publisher import Publisher
 
 log = logging.getLogger("mscheduler.metrics")
 
