@@ -11,7 +11,9 @@ from datetime import timedelta
 
 import pytest
 
-from mscheduler import FakeClock, MemoryDriver, Operations, cli_maintenance, cli_ops
+from mscheduler import FakeClock, MemoryDriver, Operations
+from mscheduler.cli import common as cli_ops
+from mscheduler.cli import maintenance as cli_maintenance
 from mscheduler.domain.plans import Plan, PlanTiming
 from mscheduler.domain.schedule import EverySchedule
 from mscheduler.services.expiry import ExpiryService

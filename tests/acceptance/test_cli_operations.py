@@ -21,9 +21,9 @@ from mscheduler import (
     Task,
     TaskOption,
     TaskStatus,
-    cli_ops,
 )
-from mscheduler.cli import app
+from mscheduler.cli import common as cli_ops
+from mscheduler.cli.common import app
 from mscheduler.domain.plans import Plan
 from mscheduler.domain.schedule import EverySchedule, PlanTiming
 from mscheduler.drivers.base import WorkerInfo

@@ -12,8 +12,9 @@ from datetime import timedelta
 import pytest
 from rich.console import Console
 
-from mscheduler import FakeClock, InvalidInput, MemoryDriver, Operations, cli_ops
-from mscheduler.cli_stats import stats_with_progress
+from mscheduler import FakeClock, InvalidInput, MemoryDriver, Operations
+from mscheduler.cli import common as cli_ops
+from mscheduler.cli.stats import stats_with_progress
 from mscheduler.domain.stats import COUNT_STEP
 from tests.acceptance.support import cli
 from tests.conformance.support import Store

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from mscheduler import Consumer, Fail, MemoryDriver, Operations, Publisher, Task, TaskStatus, cli_ops
-from mscheduler.cli import app
+from mscheduler import Consumer, Fail, MemoryDriver, Operations, Publisher, Task, TaskStatus
+from mscheduler.cli import common as cli_ops
+from mscheduler.cli.common import app
 from tests.acceptance.support import cli
 from tests.acceptance.test_cli_operations import COMMANDS
 

@@ -7,8 +7,10 @@ import dataclasses
 import pytest
 
 from mscheduler import Consumer, MemoryDriver
-from mscheduler.cli import EXPECTED_INDEXES, CliError, check_server, import_target, redact, resolve_consumers
-from mscheduler.demo import DemoConfig, check_report, run_demo, run_demo_on_database
+from mscheduler.cli.check import EXPECTED_INDEXES, check_server
+from mscheduler.cli.common import CliError, redact
+from mscheduler.cli.demo import DemoConfig, check_report, run_demo, run_demo_on_database
+from mscheduler.cli.worker import import_target, resolve_consumers
 from mscheduler.domain.model import AttemptStatus
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.testing.mongomock import mongomock_database

@@ -79,8 +79,8 @@ EXPECTED = [
 
 # Exceptions defined in the package that users never catch, with the reason.
 INTERNAL_EXCEPTIONS = {
-    "mscheduler.cli.CliError": "the command line's own message-and-exit-code carrier",
-    "mscheduler.demo.DemoFailure": "the demo's handlers raise it on purpose (retry paths)",
+    "mscheduler.cli.common.CliError": "the command line's own message-and-exit-code carrier",
+    "mscheduler.cli.demo.DemoFailure": "the demo's handlers raise it on purpose (retry paths)",
     "mscheduler.drivers.base.ChangeStreamUnsupported": "driver to consumer: fall back to polling",
     "mscheduler.drivers.base.ResumeTokenLost": "driver to consumer: reopen the stream and poll once",
     "mscheduler.drivers.base.UniqueParamsTaken": "driver to Operations: raised as TransitionRefused",

@@ -11,8 +11,9 @@ import pytest
 import uvicorn
 from typer.testing import CliRunner
 
-from mscheduler import MemoryDriver, Operations, cli_web
-from mscheduler.cli import app
+from mscheduler import MemoryDriver, Operations
+from mscheduler.cli import web as cli_web
+from mscheduler.cli.common import app
 from tests.web.support import ADMIN, ADMIN_TOKEN, READ_TOKEN
 
 URI = "mongodb://unused.invalid/"

@@ -20,8 +20,18 @@ from typing import Annotated
 
 import typer
 
-from mscheduler.cli import CliError, _fail, app, err
-from mscheduler.cli_ops import EXIT_USAGE, Connection, JsonOpt, connected, print_json, run
+from mscheduler.cli.common import (
+    EXIT_USAGE,
+    CliError,
+    Connection,
+    JsonOpt,
+    _fail,
+    app,
+    connected,
+    err,
+    print_json,
+    run,
+)
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.observability.logs import configure_logging
 from mscheduler.operations import Operations

@@ -17,10 +17,15 @@ from typing import Annotated, Any
 
 import typer
 
-from mscheduler.cli import (
+from mscheduler.cli.common import (
+    EXIT_STORAGE,
+    EXIT_USAGE,
     URI_TIMEOUT_HINT,
     CliError,
+    DatabaseOpt,
+    PrefixOpt,
     TimeoutMs,
+    UriOpt,
     _database,
     _fail,
     app,
@@ -29,7 +34,6 @@ from mscheduler.cli import (
     plain_say,
     redact,
 )
-from mscheduler.cli_ops import EXIT_STORAGE, EXIT_USAGE, DatabaseOpt, PrefixOpt, UriOpt
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.observability.logs import configure_logging
 from mscheduler.operations import Operations

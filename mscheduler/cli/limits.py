@@ -1,6 +1,6 @@
 """``mscheduler limits``: list, show, set and remove flow limits (``Operations.set_limit`` and
 friends; see docs/features.md, "Flow limits"). Same options and exit codes as the other operator
-commands (``mscheduler.cli_ops``): 0 done; 1 an unknown limit; 2 bad input (nothing written); 3
+commands (``mscheduler.cli.common``): 0 done; 1 an unknown limit; 2 bad input (nothing written); 3
 MongoDB unreachable or failing."""
 
 from __future__ import annotations
@@ -11,14 +11,15 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from mscheduler.cli import app, out
-from mscheduler.cli_ops import (
+from mscheduler.cli.common import (
     Connection,
     JsonOpt,
     _done,
     _typer,
     _when,
+    app,
     connected,
+    out,
     print_json,
     run,
 )

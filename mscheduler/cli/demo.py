@@ -21,18 +21,37 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from pydantic import BaseModel
 from rich.console import RenderableType
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.cli.common import (
+    TIMEOUT_OPTION,
+    URI_TIMEOUT_HINT,
+    CliError,
+    TimeoutMs,
+    _database,
+    _fail,
+    _needs,
+    _one_line,
+    app,
+    ensure_reachable,
+    mongo_client,
+    out,
+    redact,
+)
+from mscheduler.domain.exceptions import InvalidInput, MSchedulerError
 from mscheduler.domain.model import AttemptStatus, Task, TaskInfo, TaskOption, TaskStatus
 from mscheduler.domain.plans import Plan, PlanInfo
 from mscheduler.domain.schedule import CronSchedule, EverySchedule, PlanTiming
 from mscheduler.drivers.base import Driver, ListParams
+from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.operations import Operations
 from mscheduler.runtime.consumer import Consumer, TaskContext
@@ -543,3 +562,92 @@ def report_renderables(report: DemoReport) -> list[RenderableType]:
 def demo_prefix() -> str:
     """A fresh collection prefix, so a demo on a shared database never meets another run."""
     return f"demo_{secrets.token_hex(4)}_"
+
+
+@app.command(short_help="Run a mixed batch on several consumers and check every outcome.")
+def demo(
+    mongodb_uri: Annotated[
+        str | None,
+        typer.Option(metavar="URI", help="Run on this MongoDB server instead of in memory."),
+    ] = None,
+    database: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME", help="Database for --mongodb-uri (default: the URI's, else mscheduler_demo)."
+        ),
+    ] = None,
+    workers: Annotated[int, typer.Option(metavar="N", min=3, help="Consumers to run.")] = 4,
+    quick: Annotated[int, typer.Option(metavar="N", min=0, help="Quick tasks in the batch.")] = 40,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            metavar="SECONDS", min=1, help="Fail if the batch has not ended after this many seconds."
+        ),
+    ] = 60,
+    keep: Annotated[
+        bool,
+        typer.Option("--keep", help="With --mongodb-uri: keep the demo's collections (dropped by default)."),
+    ] = False,
+    server_selection_timeout_ms: TimeoutMs = None,
+) -> None:
+    """Publish a mixed batch, run several consumers, and check every task ended as expected.
+
+    Quick tasks, tasks that fail and are retried, one that uses up its retries, a long task kept
+    alive by pings, tasks aimed at one worker and a fan-out task for three workers. Exits 1 if any
+    check fails, 2 on bad arguments.
+    """
+    if mongodb_uri is None:
+        _needs(
+            "--mongodb-uri",
+            {
+                "--database": database is not None,
+                "--keep": keep,
+                TIMEOUT_OPTION: server_selection_timeout_ms is not None,
+            },
+            "the demo runs in memory without it",
+        )
+    config = DemoConfig(workers=workers, quick=quick, timeout=timeout)
+    where = "in memory (MemoryDriver)" if mongodb_uri is None else f"on MongoDB {escape(redact(mongodb_uri))}"
+    out.print(f"[bold]mscheduler demo[/bold] {where}: {config.workers} workers x {config.concurrency} slots")
+    progress = Progress(
+        TextColumn("[bold]tasks"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[states]}"),
+        TimeElapsedColumn(),
+        console=out,
+    )
+    bar = progress.add_task("tasks", total=None, states="")
+
+    def on_progress(done: int, total: int, counts: dict[str, int]) -> None:
+        states = " ".join(f"{state} {n}" for state, n in sorted(counts.items()) if n)
+        progress.update(bar, completed=done, total=total, states=states)
+
+    async def on_mongo(uri: str) -> DemoReport:
+        client = mongo_client(uri, server_selection_timeout_ms)
+        try:
+            await ensure_reachable(client, redact(uri), hint=URI_TIMEOUT_HINT)
+            db = _database(client, database, "mscheduler_demo")
+            with progress:
+                report, prefix = await run_demo_on_database(
+                    db, config=config, on_progress=on_progress, keep=keep
+                )
+            if keep:
+                out.print(f"kept collections {db.name}.{prefix}*")
+            return report
+        finally:
+            await client.close()
+
+    async def in_memory() -> DemoReport:
+        with progress:
+            return await run_demo(MemoryDriver(), config=config, on_progress=on_progress)
+
+    try:
+        report = asyncio.run(in_memory() if mongodb_uri is None else on_mongo(mongodb_uri))
+    except CliError as exc:
+        raise _fail(exc) from None
+    except MSchedulerError as exc:
+        raise _fail(CliError(f"the demo could not run: {_one_line(str(exc), limit=300)}")) from None
+    for renderable in report_renderables(report):
+        out.print(renderable)
+    raise typer.Exit(0 if report.ok else 1)

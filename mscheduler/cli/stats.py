@@ -1,15 +1,19 @@
-"""How ``mscheduler stats`` prints ``TaskStats`` (Rich tables) and shows its progress; the
-numbers come from ``Operations.stats`` and nothing is computed here but their formatting."""
+"""``mscheduler stats``: how ``TaskStats`` prints (Rich tables) and its progress line; the numbers
+come from ``Operations.stats`` and nothing is computed here but their formatting.
+"""
 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Annotated
 
+import typer
 from rich.console import Console, RenderableType
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from mscheduler.cli.common import Connection, JsonOpt, app, connected, err, out, print_json, run
 from mscheduler.domain.stats import TaskStats
 from mscheduler.operations import Operations
 
@@ -111,3 +115,29 @@ def stats_renderables(stats: TaskStats) -> list[RenderableType]:
         summary.append(sparkline(per_minute))
     shown.append(summary)
     return shown
+
+
+@connected
+def stats(
+    conn: Connection,
+    as_json: JsonOpt = False,
+    window: Annotated[
+        int, typer.Option(metavar="MINUTES", help="Window of rates and durations (1-10080).")
+    ] = 60,
+    name: Annotated[list[str] | None, typer.Option(metavar="NAME", help="Only this task name.")] = None,
+) -> None:
+    """Task statistics: counts by status and name, first- and second-attempt success rates,
+    duration p50 / p95, the oldest due pending task, throughput over the last hour. While the
+    store computes them, a line on stderr (a terminal only) names the phase and the time spent."""
+    show = not as_json and err.is_terminal
+    result = run(
+        conn, lambda ops: stats_with_progress(ops, timedelta(minutes=window), name or None, err, show)
+    )
+    if as_json:
+        print_json(result.model_dump(mode="json"))
+        return
+    for shown in stats_renderables(result):
+        out.print(shown)
+
+
+app.command(short_help="Task statistics: counts, success rates, durations.")(stats)

@@ -1,0 +1,506 @@
+"""What every command shares: the root Typer ``app`` and its consoles, ``CliError`` and the exit
+codes, the MongoDB connection (options declared once by ``@connected``; ``run`` calls one
+``Operations`` method and turns a refusal into one line), and the input parsers and options of
+several groups.
+
+Exit codes of the operator commands: 0 done; 1 refused or not found (``TransitionRefused``,
+``UnknownTask``, ``UnknownPlan``, ``UnknownLimit``, no running worker with that id); 2 bad input or
+usage (``InvalidInput``, a malformed URI, a bad option); 3 storage unreachable or failing
+(``StorageError``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import json
+import logging
+import re
+import time
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Annotated, Any, TypeVar, get_args, get_type_hints
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.text import Text
+from typer.models import ArgumentInfo
+
+from mscheduler.domain.exceptions import (
+    InvalidInput,
+    MSchedulerError,
+    StorageError,
+    TransitionRefused,
+    UnknownLimit,
+    UnknownPlan,
+    UnknownTask,
+)
+from mscheduler.drivers.mongo.driver import MongoDriver
+from mscheduler.operations import Operations
+
+DEFAULT_SERVER_SELECTION_MS = 2000
+
+
+TIMEOUT_OPTION = "--server-selection-timeout-ms"
+
+
+# Plain help (rich_markup_mode=None): rich's boxed panels cut long option names to fit 80 columns.
+app = typer.Typer(
+    name="mscheduler",
+    help="A durable asyncio task scheduler on MongoDB.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+out = Console(soft_wrap=True)
+
+
+err = Console(stderr=True, soft_wrap=True, markup=False, highlight=False)  # messages hold user text
+
+
+log = logging.getLogger("mscheduler.cli")
+
+
+class CliError(Exception):
+    """A clear message for the user and an exit code; printed without a traceback."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _fail(exc: CliError) -> typer.Exit:
+    err.print(Text("error: ", style="bold red") + Text(str(exc)))
+    return typer.Exit(exc.exit_code)
+
+
+def _needs(companion: str, given: dict[str, bool], why: str) -> None:
+    """Refuse options that do nothing without ``companion`` (exit 2) rather than ignore them."""
+    ignored = [name for name, present in given.items() if present]
+    if ignored:
+        raise _fail(
+            CliError(
+                f"{', '.join(ignored)} {'needs' if len(ignored) == 1 else 'need'} {companion} ({why})",
+                exit_code=2,
+            )
+        )
+
+
+TimeoutMs = Annotated[
+    int | None,
+    typer.Option(
+        TIMEOUT_OPTION,
+        metavar="MS",
+        min=1,
+        help=f"How long to look for a server at start (default: the URI's, else "
+        f"{DEFAULT_SERVER_SELECTION_MS}).",
+    ),
+]
+
+
+def redact(uri: str) -> str:
+    """The URI without its password, for messages."""
+    return re.sub(
+        r"^(mongodb(?:\+srv)?://)([^@/]*)@", lambda m: f"{m.group(1)}{m.group(2).split(':')[0]}:***@", uri
+    )
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    """PyMongo's message without its topology dump and timeout details, on one line."""
+    text = re.split(r",? Timeout: |,? Topology Description: | \(configured timeouts", text)[0]
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _raised_by(exc: BaseException, package: str) -> bool:
+    """Whether the innermost frame of ``exc``'s traceback is in ``package``."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and str(tb.tb_frame.f_globals.get("__name__", "")).startswith(package + ".")
+
+
+def mongo_setting_error(exc: BaseException) -> str | None:
+    """PyMongo's reason when ``exc`` is a malformed URI or client option, else None."""
+    from pymongo.errors import ConfigurationError
+
+    if isinstance(exc, ConfigurationError) or (
+        isinstance(exc, (ValueError, TypeError, UserWarning)) and _raised_by(exc, "pymongo")
+    ):
+        return _one_line(str(exc)) or type(exc).__name__
+    return None
+
+
+def mongo_client(uri: str, server_selection_ms: int | None) -> Any:
+    """An ``AsyncMongoClient`` that fails fast: ``serverSelectionTimeoutMS`` unless the URI sets it."""
+    from pymongo import AsyncMongoClient
+
+    kwargs: dict[str, Any] = {}
+    if server_selection_ms is not None:
+        kwargs["serverSelectionTimeoutMS"] = server_selection_ms
+    elif "serverselectiontimeoutms=" not in uri.lower():
+        kwargs["serverSelectionTimeoutMS"] = DEFAULT_SERVER_SELECTION_MS
+    try:
+        with warnings.catch_warnings():
+            # PyMongo only warns about an unknown or invalid URI option, then ignores it; here a
+            # mistyped option would silently change what is checked, so it is a usage error.
+            warnings.simplefilter("error", UserWarning)
+            return AsyncMongoClient(uri, **kwargs)
+    except Exception as exc:
+        reason = mongo_setting_error(exc)
+        if reason is None:
+            raise
+        raise CliError(f"invalid MongoDB URI {redact(uri)!r}: {reason}", exit_code=2) from exc
+
+
+def _servers(client: Any) -> str:
+    """The client's server addresses (never its credentials)."""
+    try:
+        addresses = list(client.topology_description.server_descriptions())
+    except Exception:  # an exotic client: the message still says the rest
+        addresses = []
+    return ",".join(f"{host}:{port}" for host, port in addresses) or "the server"
+
+
+def _why_unreachable(exc: BaseException, client: Any) -> str:
+    """The first server's own error ("connection refused"), else PyMongo's first sentence."""
+    try:
+        descriptions = client.topology_description.server_descriptions().values()
+        errors = [str(d.error) for d in descriptions if d.error is not None]
+    except Exception:
+        errors = []
+    reason = _one_line(errors[0] if errors else str(exc), limit=120)
+    return reason + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+
+
+async def ensure_reachable(
+    client: Any, where: str, *, timeout_ms: int | None = None, hint: str = ""
+) -> float:
+    """Ping the server; returns the round trip in ms, or raises CliError with a one-line reason.
+
+    ``timeout_ms`` bounds this ping (a client-side operation timeout, ``pymongo.timeout``) however
+    long the client's own ``serverSelectionTimeoutMS`` is; ``hint`` says how to wait longer.
+    """
+    import pymongo
+    from pymongo.errors import (
+        ExecutionTimeout,
+        NetworkTimeout,
+        OperationFailure,
+        PyMongoError,
+        ServerSelectionTimeoutError,
+    )
+
+    configured = int(client.options.server_selection_timeout * 1000)
+    waited = min(configured, timeout_ms) if timeout_ms is not None else configured
+    started = time.perf_counter()
+    try:
+        with pymongo.timeout(waited / 1000):
+            await client.admin.command("ping")
+    except ServerSelectionTimeoutError as exc:
+        raise CliError(
+            f"cannot reach MongoDB at {where}: no server answered within {waited} ms "
+            f"({_why_unreachable(exc, client)}); {hint}"
+        ) from exc
+    except (ExecutionTimeout, NetworkTimeout) as exc:
+        raise CliError(
+            f"MongoDB at {where} did not answer a ping within {waited} ms "
+            f"({_one_line(str(exc), 120)}); {hint}"
+        ) from exc
+    except OperationFailure as exc:
+        raise CliError(f"MongoDB at {where} refused the connection: {_one_line(str(exc))}") from exc
+    except PyMongoError as exc:
+        raise CliError(f"cannot talk to MongoDB at {where}: {_one_line(str(exc))}") from exc
+    return (time.perf_counter() - started) * 1000
+
+
+URI_TIMEOUT_HINT = f"to wait longer, pass {TIMEOUT_OPTION} or set serverSelectionTimeoutMS in the URI"
+
+
+def _database(client: Any, name: str | None, fallback: str) -> Any:
+    return client[name] if name else client.get_default_database(fallback)
+
+
+class LogFormat(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+Say = Callable[..., None]
+
+
+def plain_say(message: str, *, level: int = logging.INFO, **fields: Any) -> None:
+    """The worker's own status lines, as text on stderr."""
+    err.print(message)
+
+
+def log_say(message: str, *, level: int = logging.INFO, **fields: Any) -> None:
+    """The worker's own status lines as log records (one JSON object each with --log-format json)."""
+    log.log(level, message, extra=fields)
+
+
+EXIT_REFUSED, EXIT_USAGE, EXIT_STORAGE = 1, 2, 3
+T = TypeVar("T")
+
+
+# A hidden testing hook: when set, commands use the Operations it returns instead of connecting
+# (tests set it with monkeypatch; it is not part of the command line).
+operations_override: Callable[[], Operations] | None = None
+
+
+def _typer(name: str, help: str) -> typer.Typer:
+    return typer.Typer(
+        name=name,
+        help=help,
+        add_completion=False,
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+    )
+
+
+EXITS = "Exits 1 if refused or not found, 2 on bad input, 3 if MongoDB fails."
+
+
+UriOpt = Annotated[
+    str,
+    typer.Option(
+        "--mongodb-uri",
+        envvar="MSCHEDULER_MONGODB_URI",
+        metavar="URI",
+        help="The scheduler's MongoDB server.",
+    ),
+]
+
+
+DatabaseOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--database",
+        envvar="MSCHEDULER_DATABASE",
+        metavar="NAME",
+        help="Database (default: the URI's, else mscheduler).",
+    ),
+]
+
+
+PrefixOpt = Annotated[
+    str, typer.Option("--prefix", metavar="PREFIX", help="Collection prefix (MongoDriver(prefix=...)).")
+]
+
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+@dataclass(slots=True, frozen=True)
+class Connection:
+    uri: str
+    database: str | None = None
+    prefix: str = ""
+    server_selection_timeout_ms: int | None = None
+
+
+@asynccontextmanager
+async def connect(conn: Connection) -> AsyncIterator[Operations]:
+    """``Operations`` on the server, failing fast (exit 3) when it cannot be reached."""
+    if operations_override is not None:
+        yield operations_override()
+        return
+    client = mongo_client(conn.uri, conn.server_selection_timeout_ms)
+    try:
+        try:
+            await ensure_reachable(client, redact(conn.uri), hint=URI_TIMEOUT_HINT)
+        except CliError as exc:
+            raise CliError(str(exc), exit_code=EXIT_STORAGE) from exc
+        db = _database(client, conn.database, "mscheduler")
+        yield Operations(MongoDriver(db, prefix=conn.prefix))
+    finally:
+        await client.close()
+
+
+def refusal(exc: MSchedulerError) -> CliError:
+    """The one-line error and exit code of a refusal from ``Operations``."""
+    message = _one_line(str(exc), limit=300)
+    if isinstance(exc, InvalidInput):
+        return CliError(message, exit_code=EXIT_USAGE)
+    if isinstance(exc, StorageError):
+        return CliError(f"storage error: {message}", exit_code=EXIT_STORAGE)
+    if isinstance(exc, (UnknownTask, UnknownPlan, UnknownLimit, TransitionRefused)):
+        return CliError(message, exit_code=EXIT_REFUSED)
+    return CliError(message, exit_code=EXIT_REFUSED)
+
+
+def run(conn: Connection, body: Callable[[Operations], Awaitable[T]]) -> T:
+    """Connect, call ``body`` with the operations, and turn every refusal into one line."""
+
+    async def go() -> T:
+        async with connect(conn) as ops:
+            return await body(ops)
+
+    try:
+        return asyncio.run(go())
+    except CliError as exc:
+        raise _fail(exc) from None
+    except MSchedulerError as exc:
+        raise _fail(refusal(exc)) from None
+
+
+_KW = inspect.Parameter.KEYWORD_ONLY
+
+
+_URI_PARAM = inspect.Parameter("mongodb_uri", _KW, annotation=UriOpt)
+
+
+_CONNECTION_PARAMS = (
+    inspect.Parameter("database", _KW, default=None, annotation=DatabaseOpt),
+    inspect.Parameter("prefix", _KW, default="", annotation=PrefixOpt),
+    inspect.Parameter("server_selection_timeout_ms", _KW, default=None, annotation=TimeoutMs),
+)
+
+
+def connected(command: Callable[..., None]) -> Callable[..., None]:
+    """A command taking ``conn: Connection`` gets the connection options — ``--mongodb-uri``
+    (or ``MSCHEDULER_MONGODB_URI``) after its arguments, ``--database``, ``--prefix`` and
+    ``--server-selection-timeout-ms`` last — declared once, here, for every operator command.
+
+    Typer reads a command's parameters from its signature: the wrapper shows the command's own
+    (``conn`` left out) with the four options added, and builds the ``Connection`` from them."""
+    hints = get_type_hints(command, include_extras=True)
+    own = [
+        p.replace(kind=_KW, annotation=hints.get(p.name, p.annotation))
+        for p in inspect.signature(command).parameters.values()
+        if p.name != "conn"
+    ]
+    arguments = [
+        p for p in own if get_args(p.annotation) and isinstance(get_args(p.annotation)[-1], ArgumentInfo)
+    ]
+    options = [p for p in own if p not in arguments]
+    params = [*arguments, _URI_PARAM, *options, *_CONNECTION_PARAMS]
+
+    @functools.wraps(command)
+    def wrapper(
+        *,
+        mongodb_uri: str,
+        database: str | None = None,
+        prefix: str = "",
+        server_selection_timeout_ms: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        command(conn=Connection(mongodb_uri, database, prefix, server_selection_timeout_ms), **kwargs)
+
+    wrapper.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+    return wrapper
+
+
+def _when(value: datetime | None) -> str:
+    return "" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def print_json(value: Any) -> None:
+    out.print_json(json.dumps(value, default=str))
+
+
+def _done(message: str) -> None:
+    out.print(Text(message))
+
+
+KeyArg = Annotated[str, typer.Argument(metavar="KEY", hidden=True)]
+
+
+ForceOpt = Annotated[bool, typer.Option("--force", help="Allow it on a task the rule protects.")]
+
+
+def _instant(value: str | None, option: str) -> datetime | None:
+    """An ISO-8601 time with its offset (``2030-01-01T00:00:00Z``) from a command-line option."""
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.tzinfo is None:
+        message = f"{option}: an ISO-8601 time with its offset, e.g. 2030-01-01T00:00:00Z"
+        raise _fail(CliError(message, exit_code=EXIT_USAGE))
+    return parsed
+
+
+def usage(message: str) -> typer.Exit:
+    return _fail(CliError(_one_line(message, limit=300), exit_code=EXIT_USAGE))
+
+
+def invalid(exc: ValidationError | InvalidInput, what: str) -> typer.Exit:
+    """A model's refusal as one line: the first problem, where and why."""
+    if isinstance(exc, InvalidInput):  # the domain's models translate their own errors
+        return usage(str(exc))
+    first = exc.errors()[0]
+    loc = ".".join(str(part) for part in first.get("loc", ()))
+    message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    return usage(f"{what}: {loc + ': ' if loc else ''}{message}{more}")
+
+
+def json_value(text: str | None, option: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise usage(f"{option}: not JSON ({exc})") from None
+
+
+def _option_fields(
+    priority: int | None,
+    run_at: str | None,
+    deadline: str | None,
+    max_retries: int | None,
+    retry_delay: float | None,
+    workers: list[str] | None,
+) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    if priority is not None:
+        fields["priority"] = priority
+    if run_at is not None:
+        fields["run_at"] = _instant(run_at, "--run-at")
+    if deadline is not None:
+        fields["deadline"] = _instant(deadline, "--deadline")
+    if max_retries is not None:
+        fields["max_unexpected_retries"] = max_retries
+    if retry_delay is not None:
+        fields["retry_delay"] = timedelta(seconds=retry_delay)
+    if workers:
+        fields["specific_worker_ids"] = tuple(workers)
+    return fields
+
+
+PriorityOpt = Annotated[int | None, typer.Option(metavar="N", help="Higher is claimed first.")]
+
+
+RunAtOpt = Annotated[str | None, typer.Option(metavar="TIME", help="Not claimed before (ISO-8601).")]
+
+
+DeadlineOpt = Annotated[
+    str | None, typer.Option(metavar="TIME", help="Expires if not started by (ISO-8601).")
+]
+
+
+RetriesOpt = Annotated[
+    int | None, typer.Option("--max-retries", metavar="N", help="Failures before it fails for good.")
+]
+
+
+RetryDelayOpt = Annotated[float | None, typer.Option(metavar="SECONDS", help="Wait after a failure.")]
+
+
+WorkerOpt = Annotated[
+    list[str] | None,
+    typer.Option("--specific-worker", metavar="WORKER_ID", help="Only this worker (repeatable)."),
+]

@@ -1,0 +1,76 @@
+"""``mscheduler workers``: list registered workers; ask one to stop (at its next heartbeat).
+Same options and exit codes as the other operator commands (``mscheduler.cli.common``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from mscheduler.cli.common import (
+    EXIT_REFUSED,
+    EXITS,
+    CliError,
+    Connection,
+    JsonOpt,
+    _done,
+    _fail,
+    _typer,
+    _when,
+    app,
+    connected,
+    out,
+    print_json,
+    run,
+)
+
+workers_app = _typer("workers", f"List registered workers; ask one to stop. {EXITS}")
+
+
+@workers_app.command("ls", short_help="List registered workers.")
+@connected
+def workers_ls(
+    conn: Connection,
+    as_json: JsonOpt = False,
+) -> None:
+    """List registered workers, oldest first, with whether each is live."""
+    workers = run(conn, lambda ops: ops.list_workers())
+    if as_json:
+        print_json([asdict(w) for w in workers])
+        return
+    table = Table(title=f"workers ({len(workers)})")
+    columns = ("worker id", "host", "pid", "names", "groups", "slots", "running", "live", "stop", "last seen")
+    for column in columns:
+        table.add_column(column)
+    for w in workers:
+        table.add_row(
+            w.worker_id,
+            w.host,
+            str(w.pid),
+            ", ".join(w.names),
+            ", ".join(w.groups),
+            str(w.concurrency),
+            str(w.running_cnt),
+            "yes" if w.live else "no",
+            "requested" if w.stop_requested else "",
+            _when(w.last_seen),
+        )
+    out.print(table)
+
+
+@workers_app.command("stop", short_help="Ask a running worker to stop gracefully.")
+@connected
+def workers_stop(
+    conn: Connection,
+    worker_id: Annotated[str, typer.Argument(metavar="WORKER_ID", hidden=True)],
+) -> None:
+    """Ask the running worker WORKER_ID to stop gracefully (at its next heartbeat)."""
+    if not run(conn, lambda ops: ops.request_worker_stop(worker_id)):
+        raise _fail(CliError(f"no running worker with id {worker_id!r}", exit_code=EXIT_REFUSED))
+    _done(f"asked worker {worker_id!r} to stop")
+
+
+app.add_typer(workers_app)
