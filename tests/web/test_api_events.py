@@ -15,7 +15,7 @@ import pytest
 
 from mscheduler import FakeClock, Operations, Task
 from mscheduler.web import create_app
-from mscheduler.web.events import EVENT_LOG_OFF, parse_sse_id
+from mscheduler.web.routes.events import EVENT_LOG_OFF, parse_sse_id
 from tests.web.support import ADMIN, READ, TOKENS, CountingDriver, client_for, publisher, tick
 
 

@@ -29,7 +29,7 @@ from pydantic import BaseModel
 
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.services.events import LIST_LIMIT_MAX, Event, Events
-from mscheduler.web.app import _ERRORS, IsoTime, Ops, _ApiError, _bearer, known_query
+from mscheduler.web.deps import _ERRORS, IsoTime, Ops, _ApiError, _bearer, known_query
 from mscheduler.web.models import ErrorOut
 
 HEARTBEAT_SECONDS = 15.0

@@ -27,7 +27,7 @@ from mscheduler.remote.executors import (
     AttemptResult,
     RemoteExecutors,
 )
-from mscheduler.web.app import _ERRORS, _bearer, known_query
+from mscheduler.web.deps import _ERRORS, _bearer, known_query
 from mscheduler.web.models import ErrorOut
 
 WAIT_MAX = 60.0  # seconds a lease request may ask to wait (the service may cut it shorter)

@@ -1,0 +1,67 @@
+"""``/api/v1/plans``: list, create, show, suspend, resume, skip, edit, remove."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+
+from mscheduler.domain.listing import LIST_LIMIT_MAX
+from mscheduler.domain.plans import Plan, PlanInfo, PlanState
+from mscheduler.web.deps import _ERRORS, _NOT_FOUND, Ops, _common
+from mscheduler.web.models import PlanEdit
+
+plans = APIRouter(prefix="/plans", tags=["plans"], dependencies=_common, responses=_ERRORS)
+
+
+@plans.get("", response_model=list[PlanInfo], summary="List plans, oldest first")
+async def list_plans(
+    operations: Ops,
+    state: PlanState | None = None,
+    limit: Annotated[int, Query(ge=1, le=LIST_LIMIT_MAX)] = 100,
+    skip: Annotated[int, Query(ge=0, le=10**9)] = 0,
+) -> list[PlanInfo]:
+    return await operations.list_plans(state=state.value if state else None, limit=limit, skip=skip)
+
+
+@plans.post("", response_model=PlanInfo, status_code=201, summary="Create a plan")
+async def add_plan(plan: Plan, operations: Ops) -> PlanInfo:
+    """Create a plan (an id that exists is refused: 422)."""
+    return await operations.add_plan(plan)
+
+
+@plans.get("/{plan_id}", response_model=PlanInfo, responses=_NOT_FOUND)
+async def get_plan(plan_id: str, operations: Ops) -> PlanInfo:
+    return await operations.get_plan(plan_id)
+
+
+@plans.post("/{plan_id}/suspend", response_model=PlanInfo, responses=_NOT_FOUND)
+async def suspend_plan(plan_id: str, operations: Ops) -> PlanInfo:
+    return await operations.suspend_plan(plan_id)
+
+
+@plans.post("/{plan_id}/resume", response_model=PlanInfo, responses=_NOT_FOUND)
+async def resume_plan(plan_id: str, operations: Ops) -> PlanInfo:
+    """Resume a suspended plan, or one parked in the error state."""
+    return await operations.resume_plan(plan_id)
+
+
+@plans.post("/{plan_id}/skip", response_model=PlanInfo, responses=_NOT_FOUND)
+async def skip_plan(plan_id: str, operations: Ops, n: Annotated[int, Query(ge=0, le=10**9)] = 1) -> PlanInfo:
+    """Skip the plan's next ``n`` occurrences (sets the count: 0 cancels earlier skips)."""
+    return await operations.skip_plan(plan_id, n)
+
+
+@plans.patch("/{plan_id}", response_model=PlanInfo, responses=_NOT_FOUND)
+async def edit_plan(plan_id: str, edit: PlanEdit, operations: Ops) -> PlanInfo:
+    """Change a plan's definition (fields left out stay; a new timing recomputes the next fire)."""
+    return await operations.edit_plan(
+        plan_id, **{field: getattr(edit, field) for field in edit.model_fields_set}
+    )
+
+
+@plans.delete("/{plan_id}", status_code=204, responses=_NOT_FOUND)
+async def remove_plan(plan_id: str, operations: Ops) -> Response:
+    """Delete a plan (the tasks it made stay)."""
+    await operations.remove_plan(plan_id)
+    return Response(status_code=204)

@@ -1,0 +1,103 @@
+"""``/api/v1/tasks``: list, show, cancel, pause, resume, restart, set a status, edit, remove."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+
+from mscheduler.domain.listing import CURSOR_MAX_LEN, LIST_LIMIT_MAX
+from mscheduler.domain.model import OptionChange, TaskInfo, TaskOption, TaskStatus
+from mscheduler.web.deps import _ERRORS, _NOT_FOUND, _REFUSED, IsoTime, Ops, _common
+from mscheduler.web.models import CancelBody, StatusBody, TaskPageOut
+
+tasks = APIRouter(prefix="/tasks", tags=["tasks"], dependencies=_common, responses=_ERRORS)
+
+
+@tasks.get("", response_model=TaskPageOut, summary="List tasks (filters, cursor paging)")
+async def list_tasks(
+    operations: Ops,
+    status: TaskStatus | None = None,
+    name: str | None = None,
+    key_prefix: Annotated[str | None, Query(description="tasks whose key starts so (key order)")] = None,
+    worker_id: Annotated[str | None, Query(description="tasks with an attempt of this worker")] = None,
+    created_from: Annotated[IsoTime | None, Query(description="created at or after (with offset)")] = None,
+    created_to: Annotated[IsoTime | None, Query(description="created before (with offset)")] = None,
+    finished_from: Annotated[
+        IsoTime | None, Query(description="finished at or after (with offset): listed by finish time")
+    ] = None,
+    finished_to: Annotated[
+        IsoTime | None, Query(description="finished before (with offset): listed by finish time")
+    ] = None,
+    group: Annotated[str | None, Query(description="tasks aimed at this worker group")] = None,
+    cursor: Annotated[str | None, Query(max_length=CURSOR_MAX_LEN, description="next_cursor")] = None,
+    limit: Annotated[int, Query(ge=1, le=LIST_LIMIT_MAX)] = 100,
+) -> TaskPageOut:
+    """Tasks oldest first (with ``key_prefix``: in key order; with a finished range and no
+    prefix: by finish time, finished tasks only), one page; ``next_cursor`` goes on."""
+    page = await operations.page_tasks(
+        status=status.value if status is not None else None,
+        name=name,
+        key_prefix=key_prefix,
+        worker_id=worker_id,
+        created_from=created_from,
+        created_to=created_to,
+        finished_from=finished_from,
+        finished_to=finished_to,
+        group=group,
+        cursor=cursor,
+        limit=limit,
+    )
+    return TaskPageOut(tasks=page.tasks, next_cursor=page.next_cursor)
+
+
+@tasks.get("/{key:path}", response_model=TaskInfo, responses=_NOT_FOUND, summary="A task and its attempts")
+async def get_task(key: str, operations: Ops) -> TaskInfo:
+    return await operations.get_task(key)
+
+
+@tasks.post("/{key:path}/cancel", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
+async def cancel_task(key: str, operations: Ops, body: CancelBody | None = None) -> TaskInfo:
+    """End a pending or running task as cancelled (a running handler stops at its next ping)."""
+    return await operations.cancel(key, body.reason if body is not None else "")
+
+
+@tasks.post("/{key:path}/pause", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
+async def pause_task(key: str, operations: Ops, stop_running: bool = False) -> TaskInfo:
+    """Stop claims of a pending or running task until it is resumed. ``stop_running=true``: its
+    running attempts are also stopped and released (not counted against the retry budget); the
+    resumed task runs again from its last checkpoint."""
+    return await operations.pause(key, stop_running=stop_running)
+
+
+@tasks.post("/{key:path}/resume", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
+async def resume_task(key: str, operations: Ops) -> TaskInfo:
+    """Make a paused task claimable again."""
+    return await operations.resume(key)
+
+
+@tasks.post("/{key:path}/restart", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
+async def restart_task(key: str, operations: Ops, force: bool = False) -> TaskInfo:
+    """Run a failed, cancelled or expired task again (a succeeded one with ``force=true``)."""
+    return await operations.restart(key, force=force)
+
+
+@tasks.post("/{key:path}/status", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
+async def set_task_status(key: str, body: StatusBody, operations: Ops) -> TaskInfo:
+    """Set a task's status by hand: ``succeeded`` (not running, not succeeded yet) or ``failed``
+    (pending, nothing running). A child's parent follows (a sequential parent's next step
+    starts); a parent's own status comes from its children (409: set a child's, by its key)."""
+    return await operations.set_status(key, body.status, reason=body.reason, by="api")
+
+
+@tasks.patch("/{key:path}/option", response_model=TaskOption, responses=_NOT_FOUND | _REFUSED)
+async def edit_task(key: str, change: OptionChange, operations: Ops) -> TaskOption:
+    """Change a pending or running task's options (fields left out stay); returns the new option."""
+    return await operations.edit(key, change)
+
+
+@tasks.delete("/{key:path}", status_code=204, responses=_NOT_FOUND | _REFUSED)
+async def remove_task(key: str, operations: Ops, force: bool = False) -> Response:
+    """Delete a task that is not running (a running one with ``force=true``: cancelled first)."""
+    await operations.remove(key, force=force)
+    return Response(status_code=204)

@@ -1,0 +1,23 @@
+"""``/api/v1/workers``: registered workers; ask one to stop."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from mscheduler.web.deps import _ERRORS, _NOT_FOUND, Ops, _ApiError, _common
+from mscheduler.web.models import StopOut, WorkerOut
+
+workers = APIRouter(prefix="/workers", tags=["workers"], dependencies=_common, responses=_ERRORS)
+
+
+@workers.get("", response_model=list[WorkerOut], summary="Registered workers, oldest first")
+async def list_workers(operations: Ops) -> list[WorkerOut]:
+    return [WorkerOut.of(view) for view in await operations.list_workers()]
+
+
+@workers.post("/{worker_id}/stop", response_model=StopOut, status_code=202, responses=_NOT_FOUND)
+async def stop_worker(worker_id: str, operations: Ops) -> StopOut:
+    """Ask a running worker to stop gracefully (it sees the request at its next heartbeat)."""
+    if not await operations.request_worker_stop(worker_id):
+        raise _ApiError(404, "not_found", f"no running worker with id {worker_id!r}")
+    return StopOut(worker_id=worker_id, stop_requested=True)
