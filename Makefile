@@ -28,6 +28,7 @@ browser:
 lint: $(VENV)/.installed
 	$(BIN)/ruff check mscheduler tests benchmarks
 	$(BIN)/ruff format --check mscheduler tests benchmarks
+	$(BIN)/lint-imports  # the layers and no import cycles (pyproject.toml [tool.importlinter])
 
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy

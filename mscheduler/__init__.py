@@ -27,6 +27,7 @@ from mscheduler.domain.exceptions import (
     UnknownTask,
 )
 from mscheduler.domain.limits import LimitInfo, Rate
+from mscheduler.domain.listing import ListParams
 from mscheduler.domain.model import (
     AttemptStatus,
     Child,
@@ -57,8 +58,8 @@ from mscheduler.domain.schedule import (
     Schedule,
     WeeklySchedule,
 )
+from mscheduler.domain.version import __version__ as __version__
 from mscheduler.drivers import Driver, MemoryDriver, MongoDriver
-from mscheduler.drivers.base import ListParams
 from mscheduler.operations import Operations, WorkerView
 from mscheduler.remote.client import ExecutorClient, RemoteTask
 from mscheduler.remote.executors import RemoteExecutors
@@ -136,8 +137,6 @@ __all__ = [
     "WorkerState",
     "WorkerView",
 ]
-
-__version__ = "0.1.0"
 
 
 # -- modules that moved when the package was split into layers (2026-11) ------------------------

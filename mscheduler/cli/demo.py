@@ -47,10 +47,11 @@ from mscheduler.cli.common import (
     redact,
 )
 from mscheduler.domain.exceptions import InvalidInput, MSchedulerError
+from mscheduler.domain.listing import ListParams
 from mscheduler.domain.model import AttemptStatus, Task, TaskInfo, TaskOption, TaskStatus
 from mscheduler.domain.plans import Plan, PlanInfo
 from mscheduler.domain.schedule import CronSchedule, EverySchedule, PlanTiming
-from mscheduler.drivers.base import Driver, ListParams
+from mscheduler.drivers.base import Driver
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.operations import Operations

@@ -24,13 +24,51 @@ from typing import Any, TypedDict
 
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.model import KEY_MAX_LEN, TaskInfo, TaskStatus, validate_group, validate_name
-from mscheduler.drivers.base import BY_CREATED, BY_FINISHED, BY_KEY, ListParams
 
 LIST_LIMIT_MAX = 1000
+# The three listing orders (``ListParams.order``); a cursor names the order it was made in.
+BY_CREATED, BY_KEY, BY_FINISHED = "created", "key", "finished"
 CURSOR_MAX_LEN = 4096
 CURSOR_VERSION = 1
 ORDERS = (BY_CREATED, BY_KEY, BY_FINISHED)
 WORKER_ID_MAX_LEN = 512
+
+
+@dataclass(slots=True, frozen=True)
+class ListParams:
+    """A page of tasks (validated by ``list_params`` below). Order (``order``): ``key`` alone
+    with ``key_prefix`` (the prefix is a range of the key index); else ``(state.finish_time,
+    key)`` with a finished range; else ``(state.create_time, key)``. Filters combine with "and".
+    ``worker_id``: tasks with an entry of that worker (current generation); ``group``: tasks
+    aimed at that worker group (in ``option.specific_groups``). ``created_from`` /
+    ``finished_from`` are inclusive, ``created_to`` / ``finished_to`` exclusive; a task without
+    a ``finish_time`` (pending, running, or restarted) is in no finished range. ``after_key``
+    (with ``after_time``, the order's time, in the time orders) is the sort key of the previous
+    page's last task: the page starts strictly after it (cursor paging: a deep page costs what
+    the first does). ``skip`` is kept for compatibility (it reads and drops ``skip`` entries)."""
+
+    status: str | None = None
+    name: str | None = None
+    limit: int = 100
+    skip: int = 0
+    key_prefix: str | None = None
+    worker_id: str | None = None
+    created_from: datetime | None = None
+    created_to: datetime | None = None
+    after_time: datetime | None = None
+    after_key: str | None = None
+    finished_from: datetime | None = None
+    finished_to: datetime | None = None
+    group: str | None = None
+
+    @property
+    def order(self) -> str:
+        """``BY_KEY``, ``BY_FINISHED`` or ``BY_CREATED``: what the filters make the order."""
+        if self.key_prefix is not None:
+            return BY_KEY
+        if self.finished_from is not None or self.finished_to is not None:
+            return BY_FINISHED
+        return BY_CREATED
 
 
 @dataclass(slots=True, frozen=True)

@@ -655,3 +655,10 @@ class TaskInfo(BaseModel):
             blocked=state.get("blocked") is True,
             marked=dict(state["marked"]) if state.get("marked") else None,
         )
+
+
+def encoded_size(value: Any) -> int:
+    """Bytes ``value`` takes in a stored document (BSON), to enforce the params / result caps."""
+    import bson
+
+    return len(bson.encode({"v": value}))

@@ -16,8 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from mscheduler.domain.model import AttemptStatus, TaskOption, check_params
-from mscheduler.drivers.base import encoded_size
+from mscheduler.domain.model import AttemptStatus, TaskOption, check_params, encoded_size
 
 TRACEBACK_LIMIT = 8000
 ERROR_MESSAGE_LIMIT = 2000

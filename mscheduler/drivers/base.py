@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
+from mscheduler.domain.listing import ListParams
 from mscheduler.domain.state import derive, family_inputs, lifecycle
 from mscheduler.domain.stats import StatsStep, TaskStats
 
@@ -241,47 +242,6 @@ class ControlParams:
 
 
 CONTROL_ACTIONS = ("cancel", "pause", "resume", "remove", "restart")
-
-
-# The three listing orders (``ListParams.order``); a cursor names the order it was made in.
-BY_CREATED, BY_KEY, BY_FINISHED = "created", "key", "finished"
-
-
-@dataclass(slots=True, frozen=True)
-class ListParams:
-    """A page of tasks (validated by ``mscheduler.listing``). Order (``order``): ``key`` alone
-    with ``key_prefix`` (the prefix is a range of the key index); else ``(state.finish_time,
-    key)`` with a finished range; else ``(state.create_time, key)``. Filters combine with "and".
-    ``worker_id``: tasks with an entry of that worker (current generation); ``group``: tasks
-    aimed at that worker group (in ``option.specific_groups``). ``created_from`` /
-    ``finished_from`` are inclusive, ``created_to`` / ``finished_to`` exclusive; a task without
-    a ``finish_time`` (pending, running, or restarted) is in no finished range. ``after_key``
-    (with ``after_time``, the order's time, in the time orders) is the sort key of the previous
-    page's last task: the page starts strictly after it (cursor paging: a deep page costs what
-    the first does). ``skip`` is kept for compatibility (it reads and drops ``skip`` entries)."""
-
-    status: str | None = None
-    name: str | None = None
-    limit: int = 100
-    skip: int = 0
-    key_prefix: str | None = None
-    worker_id: str | None = None
-    created_from: datetime | None = None
-    created_to: datetime | None = None
-    after_time: datetime | None = None
-    after_key: str | None = None
-    finished_from: datetime | None = None
-    finished_to: datetime | None = None
-    group: str | None = None
-
-    @property
-    def order(self) -> str:
-        """``BY_KEY``, ``BY_FINISHED`` or ``BY_CREATED``: what the filters make the order."""
-        if self.key_prefix is not None:
-            return BY_KEY
-        if self.finished_from is not None or self.finished_to is not None:
-            return BY_FINISHED
-        return BY_CREATED
 
 
 @dataclass(slots=True, frozen=True)
@@ -837,13 +797,6 @@ def lost_retry_at(option: Mapping[str, Any], fail_cnt: int, now: datetime) -> da
     ``fail_cnt + 1`` from ``option.lost_retry_delays_ms`` (see model.lost_retry_delays_ms)."""
     delays = option.get("lost_retry_delays_ms") or [0]
     return now + timedelta(milliseconds=delays[min(fail_cnt, len(delays) - 1)])
-
-
-def encoded_size(value: Any) -> int:
-    """Bytes ``value`` takes in a stored document (BSON), to enforce the params / result caps."""
-    import bson
-
-    return len(bson.encode({"v": value}))
 
 
 def allowed(option: Mapping[str, Any], worker_id: str, groups: Sequence[str] = ()) -> bool:

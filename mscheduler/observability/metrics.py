@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, make_asgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -33,9 +33,8 @@ from prometheus_client.registry import Collector
 from mscheduler.domain.clock import Clock
 from mscheduler.domain.exceptions import MSchedulerError
 from mscheduler.domain.stats import TaskStats
+from mscheduler.drivers.base import Driver
 from mscheduler.operations import Operations
-from mscheduler.runtime.consumer.consumer import Consumer
-from mscheduler.runtime.publisher import Publisher
 
 log = logging.getLogger("mscheduler.metrics")
 
@@ -70,6 +69,19 @@ ASGIApp = Callable[
     [MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
     Awaitable[None],
 ]
+
+
+class EventSource(Protocol):
+    """What ``Metrics.watch`` takes: a ``Consumer`` or a ``Publisher`` (the runtime's classes, read
+    through this protocol so that observability sits below the runtime)."""
+
+    def add_listener(self, listener: Callable[[str, dict[str, Any]], None]) -> None: ...
+
+
+class WorkerSource(EventSource, Protocol):
+    """A consumer, for ``serve_worker_metrics``: its events, and the store it runs on."""
+
+    driver: Driver
 
 
 @dataclass(slots=True, frozen=True)
@@ -155,15 +167,21 @@ class Metrics:
 
     # -- events ------------------------------------------------------------------------------
 
-    def watch(self, *sources: Consumer | Publisher) -> None:
+    def watch(self, *sources: EventSource) -> None:
         """Count what these consumers and publishers do (adds a listener to each)."""
         for source in sources:
-            if isinstance(source, Consumer):
-                source.add_listener(self.on_consumer_event)
-            elif isinstance(source, Publisher):
-                source.add_listener(self.on_publisher_event)
-            else:
+            if not callable(getattr(source, "add_listener", None)):
                 raise TypeError(f"watch() takes consumers and publishers, got {type(source).__name__}")
+        for source in sources:
+            source.add_listener(self.on_event)
+
+    def on_event(self, event: str, data: dict[str, Any]) -> None:
+        """A listener of consumers and publishers alike: their events do not overlap (a
+        publisher's ``sent``; a consumer's ``claimed``, ``finished``, ...)."""
+        if event == "sent":
+            self.on_publisher_event(event, data)
+        else:
+            self.on_consumer_event(event, data)
 
     def on_consumer_event(self, event: str, data: dict[str, Any]) -> None:
         """A consumer listener (``consumer.add_listener``): claims and outcomes."""
@@ -319,7 +337,7 @@ class _StoreCollector(Collector):
 
 
 def serve_worker_metrics(
-    consumers: Sequence[Consumer], port: int, addr: str = "0.0.0.0"
+    consumers: Sequence[WorkerSource], port: int, addr: str = "0.0.0.0"
 ) -> tuple[Metrics, int]:
     """What ``mscheduler worker --metrics-port`` runs (on the worker's event loop, before the
     consumers start): one ``Metrics`` watching every consumer, its store gauges read through the

@@ -89,7 +89,7 @@ class TaskTracer:
     def __init__(self) -> None:
         from opentelemetry import propagate, trace
 
-        from mscheduler import __version__
+        from mscheduler.domain.version import __version__
 
         self._trace = trace
         self._propagate = propagate

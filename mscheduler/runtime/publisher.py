@@ -16,10 +16,18 @@ from mscheduler.domain.exceptions import (
     TaskFailed,
     UnknownTask,
 )
-from mscheduler.domain.model import OptionChange, Task, TaskInfo, TaskOption, TaskStatus, validate_key
+from mscheduler.domain.model import (
+    OptionChange,
+    Task,
+    TaskInfo,
+    TaskOption,
+    TaskStatus,
+    encoded_size,
+    validate_key,
+)
 from mscheduler.domain.state import CHILD_ENDED_BADLY
 from mscheduler.domain.unique import params_hash
-from mscheduler.drivers.base import Driver, InsertParams, NewTask, encoded_size
+from mscheduler.drivers.base import Driver, InsertParams, NewTask
 from mscheduler.observability.tracing import tracer_for
 from mscheduler.operations import change_option
 from mscheduler.services.children import child_names, expand

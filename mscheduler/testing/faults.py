@@ -37,6 +37,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from mscheduler.domain.exceptions import StorageError
+from mscheduler.domain.listing import ListParams
 from mscheduler.drivers.base import (
     AcquireParams,
     AcquireResult,
@@ -52,7 +53,6 @@ from mscheduler.drivers.base import (
     InsertEventsParams,
     InsertParams,
     InsertPlanParams,
-    ListParams,
     PingParams,
     PingResult,
     PlanListParams,

@@ -1,10 +1,12 @@
 """The REST API (``pip install 'mscheduler[web]'``): ``create_app(operations=..., tokens=...)``.
 
-See ``mscheduler.web.app`` for the routes and rules, ``mscheduler.web.auth`` for tokens, and
-``mscheduler web`` for the standalone server.
+``app`` assembles it; ``routes/`` holds one router per resource and ``deps`` what they share
+(auth, errors, the operations); ``auth`` the tokens; ``dashboard`` the web dashboard's files.
+May import: everything below the surfaces (never ``mscheduler.cli``).
 """
 
-from mscheduler.web.app import API, create_app
+from mscheduler.web.app import create_app
 from mscheduler.web.auth import ApiTokens, Role, parse_tokens, read_tokens_file
+from mscheduler.web.deps import API
 
 __all__ = ["API", "ApiTokens", "Role", "create_app", "parse_tokens", "read_tokens_file"]

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from mscheduler.domain.listing import ListParams
 from mscheduler.domain.model import TaskOption, check_params
 from mscheduler.domain.state import DERIVED_FIELDS, LIVE, TERMINAL, derive, family_inputs
 from mscheduler.drivers.base import (
@@ -22,7 +23,6 @@ from mscheduler.drivers.base import (
     ExpireParams,
     FinishParams,
     InsertParams,
-    ListParams,
     NewTask,
     PingParams,
     PingResult,

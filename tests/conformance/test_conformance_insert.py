@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-from mscheduler.drivers.base import InsertParams, ListParams
+from mscheduler.domain.listing import ListParams
+from mscheduler.drivers.base import InsertParams
 from tests.conformance.support import NAME, Store, stored_option
 
 

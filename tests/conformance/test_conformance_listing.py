@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from mscheduler.drivers.base import ListParams
+from mscheduler.domain.listing import ListParams
 from mscheduler.operations import Operations
 from tests.conformance.support import NAME, Store
 

@@ -17,8 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.listing import ListParams
 from mscheduler.domain.state import TERMINAL
-from mscheduler.drivers.base import ControlParams, Driver, FinishParams, ListParams
+from mscheduler.drivers.base import ControlParams, Driver, FinishParams
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.operations import Operations

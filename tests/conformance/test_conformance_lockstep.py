@@ -19,13 +19,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mscheduler.domain.listing import ListParams
 from mscheduler.drivers.base import (
     ClaimParams,
     Driver,
     ExpireParams,
     FinishParams,
     InsertParams,
-    ListParams,
     NewTask,
     PingParams,
     UpdateOptionParams,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from mscheduler.drivers.base import ListParams, Wakeup, WakeupParams, WorkerInfo
+from mscheduler.domain.listing import ListParams
+from mscheduler.drivers.base import Wakeup, WakeupParams, WorkerInfo
 from tests.conformance.support import NAME, Store
 
 # -- find_wakeups ---------------------------------------------------------------------------------

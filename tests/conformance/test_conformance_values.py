@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
 
-from mscheduler.drivers.base import ListParams, WakeupParams, WorkerInfo
+from mscheduler.domain.listing import ListParams
+from mscheduler.drivers.base import WakeupParams, WorkerInfo
 from tests.conformance.support import NAME, Store, naive_datetimes
 
 OPERATOR_LOOKING = {

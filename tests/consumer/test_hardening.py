@@ -31,8 +31,7 @@ from mscheduler import (
     TaskStatus,
     UnknownTask,
 )
-from mscheduler.domain.model import AttemptStatus
-from mscheduler.drivers.base import encoded_size
+from mscheduler.domain.model import AttemptStatus, encoded_size
 from mscheduler.operations import Operations
 from mscheduler.testing.faults import FaultyDriver, crash_consumer
 from tests.consumer.support import FailingDriver, Gate, Harness, settle

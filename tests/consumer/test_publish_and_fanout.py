@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from mscheduler import Publisher, Task, TaskContext, TaskOption, TaskStatus
+from mscheduler.domain.listing import ListParams
 from mscheduler.domain.model import AttemptStatus
-from mscheduler.drivers.base import ListParams
 from tests.consumer.support import Gate, Harness, settle
 
 

@@ -28,15 +28,9 @@ import pytest_asyncio
 from pymongo import AsyncMongoClient, monitoring
 
 from mscheduler import FakeClock, MongoDriver, Publisher, Task, TaskOption
+from mscheduler.domain.listing import ListParams
 from mscheduler.domain.state import TERMINAL, claimer_tokens
-from mscheduler.drivers.base import (
-    ClaimParams,
-    ExpireParams,
-    FinishParams,
-    ListParams,
-    PingParams,
-    WakeupParams,
-)
+from mscheduler.drivers.base import ClaimParams, ExpireParams, FinishParams, PingParams, WakeupParams
 from mscheduler.drivers.mongo.common import FINISHED_INDEX, GROUP_INDEX, WORKER_INDEX
 from mscheduler.drivers.mongo.driver import (
     ALL_STATUSES,

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from mscheduler.domain.listing import ListParams
 from mscheduler.drivers.base import (
     ChangeEvent,
     ClaimedTask,
@@ -22,7 +23,6 @@ from mscheduler.drivers.base import (
     ExpireParams,
     FinishParams,
     InsertParams,
-    ListParams,
     UpdateOptionParams,
     event_for,
 )

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from mscheduler import Consumer, FakeClock, Operations, Publisher, Task, TaskContext, TaskOption
-from mscheduler.drivers.base import ListParams
+from mscheduler.domain.listing import ListParams
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.testing.faults import FaultyDriver, crash_consumer
 from mscheduler.testing.mongomock import mongomock_database

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from mscheduler import Consumer, FakeClock, Operations, Publisher, Task, TaskContext
-from mscheduler.drivers.base import ListParams
+from mscheduler.domain.listing import ListParams
 from mscheduler.remote.client import ExecutorClient, RemoteTask
 from mscheduler.remote.executors import RemoteExecutors
 from mscheduler.web import create_app

@@ -19,7 +19,8 @@ from pymongo.errors import (
 
 from mscheduler import Consumer, FakeClock, Publisher, Task, TaskStatus
 from mscheduler.domain.exceptions import StorageError
-from mscheduler.drivers.base import ExpireParams, FinishParams, ListParams, PingParams
+from mscheduler.domain.listing import ListParams
+from mscheduler.drivers.base import ExpireParams, FinishParams, PingParams
 from mscheduler.drivers.mongo.driver import MongoDriver
 from tests.helpers import Recorder
 from tests.scenarios.harness import advance_until

@@ -26,7 +26,8 @@ from pymongo.errors import (
 import mscheduler.drivers.mongo.driver as mongo_module
 from mscheduler import Consumer, FakeClock, Publisher, Task, TaskOption, TaskStatus
 from mscheduler.domain.exceptions import ConsumerStopped, StorageError
-from mscheduler.drivers.base import ClaimParams, FinishParams, ListParams, PingParams
+from mscheduler.domain.listing import ListParams
+from mscheduler.drivers.base import ClaimParams, FinishParams, PingParams
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.testing.mongomock import mongomock_database
 from tests.helpers import Recorder

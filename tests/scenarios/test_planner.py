@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from mscheduler.domain.listing import ListParams
 from mscheduler.domain.model import TaskOption
 from mscheduler.domain.plans import Plan, PlanState, occurrence_key
 from mscheduler.domain.schedule import (
@@ -28,7 +29,7 @@ from mscheduler.domain.schedule import (
     WeeklySchedule,
     iter_occurrences,
 )
-from mscheduler.drivers.base import ClaimParams, Driver, FinishParams, ListParams
+from mscheduler.drivers.base import ClaimParams, Driver, FinishParams
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.operations import Operations
 from mscheduler.services.planner import Planner

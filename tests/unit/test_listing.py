@@ -14,13 +14,13 @@ from mscheduler.domain.listing import (
     BY_CREATED,
     BY_FINISHED,
     BY_KEY,
+    ListParams,
     decode_cursor,
     encode_cursor,
     list_params,
 )
 from mscheduler.domain.model import TaskInfo, TaskOption
 from mscheduler.domain.state import TERMINAL
-from mscheduler.drivers.base import ListParams
 from mscheduler.drivers.mongo.common import (
     AIMED_AT_GROUPS,
     CREATED_INDEX,

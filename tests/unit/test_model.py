@@ -19,8 +19,9 @@ from mscheduler import (
     TaskOption,
     TaskStatus,
 )
+from mscheduler.domain.listing import ListParams
 from mscheduler.domain.model import KEY_MAX_LEN, PARAMS_MAX_DEPTH, AttemptStatus, check_params
-from mscheduler.drivers.base import Driver, ListParams
+from mscheduler.drivers.base import Driver
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
-from mscheduler.drivers.base import BY_FINISHED, BY_KEY, ListParams
+from mscheduler.domain.listing import BY_FINISHED, BY_KEY, ListParams
 
 _Entry = tuple[datetime, str]
 

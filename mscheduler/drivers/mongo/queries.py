@@ -12,17 +12,9 @@ from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
 from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.listing import BY_CREATED, BY_FINISHED, BY_KEY, ListParams
 from mscheduler.domain.state import TERMINAL
-from mscheduler.drivers.base import (
-    BY_CREATED,
-    BY_FINISHED,
-    BY_KEY,
-    ControlParams,
-    ListParams,
-    UniqueParamsTaken,
-    UpdateOptionParams,
-    paused_error,
-)
+from mscheduler.drivers.base import ControlParams, UniqueParamsTaken, UpdateOptionParams, paused_error
 from mscheduler.drivers.mongo.common import (
     AIMED_AT_GROUPS,
     ALL_STATUSES,

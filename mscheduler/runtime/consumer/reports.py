@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from mscheduler.domain.exceptions import InvalidInput, LeaseLost
-from mscheduler.domain.model import check_params
-from mscheduler.drivers.base import AttemptReport, encoded_size
+from mscheduler.domain.model import check_params, encoded_size
+from mscheduler.drivers.base import AttemptReport
 
 DEFAULT_MAX_CHECKPOINT_BYTES = 256 * 1024
 PROGRESS_MESSAGE_MAX = 1000
