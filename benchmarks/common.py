@@ -25,7 +25,7 @@ TASK_NAME = "noop"
 class LatencyDriver:
     """Wraps a driver and waits ``delay`` seconds before delegating every request: a round trip.
 
-    A thin delegator on purpose: ``mscheduler.faults.FaultyDriver.set_latency`` does the same,
+    A thin delegator on purpose: ``mscheduler.testing.faults.FaultyDriver.set_latency`` does the same,
     but its fault bookkeeping costs enough per call to show in this benchmark. The change stream
     waits once when it opens; its events then pass straight through, as a server pushes them.
     """

@@ -274,7 +274,7 @@ class Operations:
         statuses: Sequence[str] | None = None,
         on_step: StatsStep | None = None,
     ) -> TaskStats:
-        """Statistics (SPEC F27; definitions in ``mscheduler.stats``): counts by status and name,
+        """Statistics (SPEC F27; definitions in ``mscheduler.domain.stats``): counts by status and name,
         the oldest due pending task's age, and over the ``window`` (a timedelta or seconds, 1
         minute to 7 days) first- and second-attempt success rates, duration p50 / p95 per name,
         and the last hour's throughput per minute. ``window=None``: counts and ages only (one
@@ -385,7 +385,7 @@ class Operations:
             raise TransitionRefused(key, "edit", info.status.value, rule)
         return await change_option(self.driver, key, change, await self._now())
 
-    # -- child tasks (mscheduler.children) ------------------------------------------------------
+    # -- child tasks (mscheduler.services.children) ------------------------------------------------------
 
     async def set_status(self, key: str, status: str, *, reason: str = "", by: str = "operator") -> TaskInfo:
         """Set a task's status by hand (SPEC F18): ``succeeded`` (a step done by hand: the task

@@ -150,7 +150,7 @@ async def ensure_consumers_reach_mongodb(consumers: list[Consumer], timeout_ms: 
 
 
 def _worker_metrics(consumers: list[Consumer], port: int, say: Say) -> Any:
-    """``--metrics-port``: serve the consumers' metrics (mscheduler.metrics) before they start."""
+    """``--metrics-port``: serve the consumers' metrics (``observability.metrics``) before they start."""
     try:
         from mscheduler.observability.metrics import serve_worker_metrics
     except ImportError as exc:

@@ -2,7 +2,7 @@
 
 Shared by both drivers (which record the events a store-level write causes: ``sent``,
 ``expired``, ``lease_lost`` of a lease pass, the operators' controls, ``edited``) and by
-``mscheduler.events`` (the consumer's buffered ``claimed`` and outcome events, the read side).
+``mscheduler.services.events`` (the consumer's buffered ``claimed`` and outcome events, the read side).
 It imports nothing from the drivers, so every module may import it.
 
 Ids are deterministic wherever one event may be written twice (a retried insert whose reply

@@ -1,4 +1,4 @@
-"""The rule of a family of tasks (a parent and its children, ``mscheduler.children``) that both
+"""The rule of a family of tasks (a parent and its children, ``mscheduler.services.children``) that both
 drivers apply in a sync: pure, with no storage and no driver imports."""
 
 from __future__ import annotations

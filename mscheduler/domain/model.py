@@ -6,7 +6,7 @@ Storage shape (both drivers keep it; the Mongo driver is the only place that que
      option: {priority, concurrent_worker_cnt, specific_worker_ids, ping_interval_ms,
               worker_timeout_ms, max_unexpected_retries, retry_delay_ms, run_at},
      state:  {create_time, update_time, worker_states: [WorkerState...],
-              # derived from worker_states + option on every write (see mscheduler.state):
+              # derived from worker_states + option on every write (see mscheduler.domain.state):
               status, claim_at, free_slots, running_cnt, success_cnt, fail_cnt, retry_at, targeted}}
 """
 
@@ -139,7 +139,7 @@ class TaskOption(_UserInput):
     retry_delay: timedelta = Field(timedelta(seconds=10), description="wait after a failure")
     retry: AnyRetryPolicy | None = Field(
         None,
-        description="a retry policy (mscheduler.retry); None: fixed retry_delay x max_unexpected_retries",
+        description="a retry policy; None: fixed retry_delay x max_unexpected_retries",
     )
     run_at: datetime | None = Field(None, description="not claimed before this time (UTC)")
     deadline: datetime | None = Field(None, description="not started after this time: it ends expired")
@@ -343,7 +343,7 @@ def validate_key(key: object) -> str:
     return key
 
 
-GROUP_PREFIX = "g:"  # a group's claimer token is "<name>|g:<group>" (mscheduler.state)
+GROUP_PREFIX = "g:"  # a group's claimer token is "<name>|g:<group>" (mscheduler.domain.state)
 
 
 def validate_worker_id(worker_id: object) -> str:
@@ -415,7 +415,7 @@ def _params_value(value: Any) -> Any:
     return check_params(value)
 
 
-# The fields a task template shares with a plan's (mscheduler.plans.Plan): one rule each.
+# The fields a task template shares with a plan's (mscheduler.domain.plans.Plan): one rule each.
 TaskName = Annotated[str, AfterValidator(validate_name)]
 Params = Annotated[Any, BeforeValidator(_params_value)]
 
@@ -462,11 +462,11 @@ class Task(_UserInput):
     name: TaskName
     params: Params = None
     option: TaskOption = TaskOption()
-    # named steps, each run by the handler of its name (mscheduler.children): in order, or at once
+    # named steps, each run by the handler of its name (mscheduler.services.children): in order, or at once
     children: tuple[Child, ...] | None = Field(None, min_length=1, max_length=MAX_CHILDREN)
     children_mode: Literal["sequential", "parallel"] | None = None
     # "params": not created while a live (pending or running) task has the same name and params
-    # (SPEC F16; the hash is mscheduler.unique.params_hash), reported like an existing key
+    # (SPEC F16; the hash is mscheduler.domain.unique.params_hash), reported like an existing key
     unique_by: Literal["key", "params"] = "key"
 
     def __init__(self, key: str, name: str, params: Any = None, **data: Any) -> None:

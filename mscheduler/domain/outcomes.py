@@ -88,7 +88,7 @@ def rejected(error: dict[str, Any]) -> Outcome:
 def retry_time(
     option: Mapping[str, Any], failure_times: Sequence[datetime], now: datetime, rng: Random
 ) -> datetime:
-    """When a failed attempt's task may run again, by its retry policy (mscheduler.retry), given
+    """When a failed attempt's task may run again, by its retry policy (mscheduler.domain.retry), given
     the failures counted before this one. A policy whose budget is used says None: the derived
     state fails the task then anyway (``now`` is written)."""
     policy = TaskOption.from_storage(dict(option)).retry_policy

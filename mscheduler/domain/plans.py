@@ -1,7 +1,7 @@
 """Recurring plans: what users create (``Plan``), what they read back (``PlanInfo``), and the stored form.
 
-A plan is a task template (name, params, option) plus a ``PlanTiming`` (``mscheduler.schedule``);
-planners (``mscheduler.planner``) turn its due occurrences into ordinary tasks whose key is
+A plan is a task template (name, params, option) plus a ``PlanTiming`` (``mscheduler.domain.schedule``);
+planners (``mscheduler.services.planner``) turn its due occurrences into ordinary tasks whose key is
 derived from (plan id, fire time): ``plan:<plan id>:<fire time, ISO-8601 UTC, ms>``.
 
 Stored form (one document per plan, in its own collection; both drivers keep it)::

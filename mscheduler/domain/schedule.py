@@ -119,7 +119,7 @@ DEFAULT_MISFIRE_GRACE = timedelta(seconds=60)
 DEFAULT_CATCH_UP_CAP = 100
 DEFAULT_SCAN_LIMIT = 10_000
 
-# -- shared helpers (also used by mscheduler.retry) ------------------------------------------------
+# -- shared helpers (also used by mscheduler.domain.retry) ------------------------------------------------
 
 
 def utc_ms(value: datetime) -> datetime:

@@ -103,7 +103,7 @@ def derive(
     ``expired``: ``state.expired_at`` is set (its deadline passed before it started);
     ``cancelled``: ``state.cancelled`` is set; ``paused``: ``state.paused`` is true.
 
-    Child tasks (``mscheduler.children``, see ``family_inputs``): ``blocked``: a sequential child
+    Child tasks (``mscheduler.services.children``, see ``family_inputs``): ``blocked``: a sequential child
     waiting for the one before it (not claimable, pending); ``marked``: the status an operator
     set by hand (``state.marked.status``: wins over everything, never claimable); ``children``:
     the statuses of a parent's children (``state.children``): a parent is never claimed, its

@@ -15,7 +15,7 @@ Rules every driver keeps:
   (fencing): a worker that lost its lease cannot change the task.
 * A ping never revives an expired lease; ``expire_leases`` marks expired entries lost, which frees
   their slots and counts against the retry budget.
-* Derived fields (``mscheduler.state``) are recomputed by every write.
+* Derived fields (``mscheduler.domain.state``) are recomputed by every write.
 """
 
 from __future__ import annotations
@@ -39,16 +39,16 @@ class NewTask:
     name: str
     params: Any
     option: dict[str, Any]  # storage form, see TaskOption.to_storage
-    # ``Task(unique_by="params")``: the hash of name + params (mscheduler.unique.params_hash); no
+    # ``Task(unique_by="params")``: the hash of name + params (mscheduler.domain.unique.params_hash); no
     # second live task with the same hash is created
     unique_hash: str | None = None
-    # Child tasks (mscheduler.children): a parent's definition {mode, names, keys}; a child's
+    # Child tasks (mscheduler.services.children): a parent's definition {mode, names, keys}; a child's
     # parent key and position, and whether it waits for the child before it (sequential mode).
     children: Mapping[str, Any] | None = None
     parent: str | None = None
     position: int | None = None
     blocked: bool = False
-    # The sender's W3C trace context (mscheduler.tracing), stored as the top-level ``trace``:
+    # The sender's W3C trace context (mscheduler.observability.tracing), stored as the top-level ``trace``:
     # apart from params and options, so no hash and no claim filter sees it.
     trace: Mapping[str, str] | None = None
 
@@ -100,7 +100,7 @@ class ClaimedTask:
     checkpoint: Any = None  # ``state.checkpoint.data`` as the claim found it (an earlier attempt's)
     parent: str | None = None  # a child task's parent key (its finish is followed by a sync)
     due_time: datetime | None = None  # when it became claimable (see ``due_time``): queue wait
-    trace: Mapping[str, str] | None = None  # the sender's trace context (mscheduler.tracing)
+    trace: Mapping[str, str] | None = None  # the sender's trace context (mscheduler.observability.tracing)
     slot: str | None = None  # the flow limit whose slot this attempt holds (set by the consumer)
 
 
@@ -246,7 +246,7 @@ CONTROL_ACTIONS = ("cancel", "pause", "resume", "remove", "restart")
 
 @dataclass(slots=True, frozen=True)
 class StatsParams:
-    """What ``task_stats`` computes (definitions: ``mscheduler.stats``): counts by name and
+    """What ``task_stats`` computes (definitions: ``mscheduler.domain.stats``): counts by name and
     status with the oldest due pending task per name (one aggregation); with a ``window``, also
     the tasks finished in it and the last hour's throughput (one more). ``names`` /
     ``statuses``: only these (None: all)."""
@@ -259,7 +259,7 @@ class StatsParams:
 
 @dataclass(slots=True, frozen=True)
 class InsertEventsParams:
-    """Events to store (``mscheduler.drivers.events_common.event_doc``); ``now`` becomes their
+    """Events to store (``mscheduler.domain.events.event_doc``); ``now`` becomes their
     ``written`` time. Ids already stored are skipped (a retried write is harmless)."""
 
     events: Sequence[Mapping[str, Any]]
@@ -372,7 +372,7 @@ class WorkerInfo:
 @dataclass(slots=True, frozen=True)
 class RetentionParams:
     """How long finished tasks are kept, per terminal status (None: for ever); see
-    ``mscheduler.retention.Retention``."""
+    ``mscheduler.services.retention.Retention``."""
 
     periods: Mapping[str, timedelta | None]
 
@@ -401,7 +401,7 @@ class UniqueParamsTaken(Exception):
 @dataclass(slots=True, frozen=True)
 class SyncParentsParams:
     """Bring these parents' ``state.children`` summaries up to date from their children's
-    documents and unblock the next child of a sequential parent (``mscheduler.children``)."""
+    documents and unblock the next child of a sequential parent (``mscheduler.services.children``)."""
 
     keys: Sequence[str]
     now: datetime
@@ -442,7 +442,7 @@ class PutLimitParams:
 @dataclass(slots=True, frozen=True)
 class AcquireParams:
     """Grant concurrency slots (and rate starts) of limit ``key`` to ``attempts`` of ``worker_id``,
-    each slot leased until ``expire`` (see ``mscheduler.limits.grant``). Idempotent by attempt."""
+    each slot leased until ``expire`` (see ``mscheduler.domain.limits.grant``). Idempotent by attempt."""
 
     key: str
     worker_id: str
@@ -468,7 +468,7 @@ class AcquireResult:
 
 @dataclass(slots=True, frozen=True)
 class SlotsParams:
-    """Change this worker's slots of limit ``key`` (``mscheduler.limits.settle``): ``extend``
+    """Change this worker's slots of limit ``key`` (``mscheduler.domain.limits.settle``): ``extend``
     moves live slots' expiry (the pinger, before it renews the leases; after a claim, to the
     task's first lease); ``release`` frees slots (the attempt ended); ``unused`` frees grants the
     claim did not use, with their rate starts."""
@@ -583,7 +583,7 @@ class Driver(Protocol):
 
     async def list_workers(self) -> list[dict[str, Any]]: ...
 
-    # -- plans (mscheduler.plans; their own collection) ----------------------------------------
+    # -- plans (mscheduler.domain.plans; their own collection) ----------------------------------------
 
     async def insert_plan(self, params: InsertPlanParams) -> bool:
         """False (nothing written) if a plan with that id exists."""
@@ -613,7 +613,7 @@ class Driver(Protocol):
         """Status and last end time of these tasks (one read); missing keys are left out."""
         ...
 
-    # -- events (mscheduler.events; their own collection) --------------------------------------
+    # -- events (mscheduler.services.events; their own collection) --------------------------------------
 
     # When True the store keeps an event log (SPEC F34): ``insert_tasks``, ``control_task``,
     # ``update_option`` and the expiry passes record their events in the same operation, and
@@ -632,7 +632,7 @@ class Driver(Protocol):
         ResumeTokenLost."""
         ...
 
-    # -- child tasks (mscheduler.children) ---------------------------------------------------------
+    # -- child tasks (mscheduler.services.children) ---------------------------------------------------------
 
     async def sync_parents(self, params: SyncParentsParams) -> int:
         """Recompute the parents' summaries from their children (compare-and-set on
@@ -648,7 +648,7 @@ class Driver(Protocol):
         """Set ``state.marked`` (see MarkParams); False when the compare-and-set does not hold."""
         ...
 
-    # -- flow limits (mscheduler.limits; their own collection) ---------------------------------
+    # -- flow limits (mscheduler.domain.limits; their own collection) ---------------------------------
 
     async def put_limit(self, params: PutLimitParams) -> bool:
         """Create or change a limit; True if it was created. Raises ``LimitNameTaken``."""

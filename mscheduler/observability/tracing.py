@@ -1,7 +1,7 @@
 """OpenTelemetry spans (SPEC G3): optional, off by default, and free when off.
 
 Turn it on per object (``Publisher(driver, tracing=True)``, ``Consumer(driver, tracing=True)``) or
-for every one made afterwards (``mscheduler.tracing.enable()``); it needs ``opentelemetry-api``
+for every one made afterwards (``mscheduler.observability.tracing.enable()``); it needs ``opentelemetry-api``
 (``pip install 'mscheduler[otel]'``) and, to export anything, an SDK configured by the
 application. With tracing off no OpenTelemetry module is imported and no span object is made.
 

@@ -4,7 +4,7 @@ report their outcomes through a service (the REST API's ``/api/v1/executors`` ro
 The rules are the Python consumer's, not copies of them: a lease is the same atomic claim
 (``ClaimParams``: names, worker id, targeting, priority, the retry budget), a ping the same fenced
 lease renewal with checkpoints and progress riding it, a report the same fenced finish built by
-the shared outcome rules (``mscheduler.outcomes``: retry policy, ``Retry`` / ``Fail`` /
+the shared outcome rules (``mscheduler.domain.outcomes``: retry policy, ``Retry`` / ``Fail`` /
 ``Snooze``, result caps, "failed for good"). A report or ping of an attempt whose lease moved on
 changes nothing and says so (``LeaseLost``; the API answers 409).
 
@@ -18,7 +18,7 @@ backoff; it is bounded by the wait asked for. Outcomes of concurrent reports are
 batches (one ``finish`` command for whatever piled up while the last one was in flight).
 
 Flow limits (``Operations.set_limit``) hold for executors as for consumers, by the consumer's own
-``Limiter`` (``mscheduler.consumer.limiter``; one per service, shared by its executors): a lease
+``Limiter`` (``mscheduler.runtime.consumer.limiter``; one per service, shared by its executors): a lease
 of limited names acquires slots for the executor's attempts (stamped with its worker id) and
 claims with the grants, the same ``now`` and a first lease capped at the slot's expiry; a limit
 that refused waits a backoff (a rate: until its window frees a start) while the lease's other
@@ -568,7 +568,7 @@ class RemoteExecutors:
             pid=int(pid) or None,
             groups=groups,
         )
-        # limited names: slots first, then the claim with the grants (mscheduler.consumer.limiter)
+        # limited names: slots first, then the claim with the grants (mscheduler.runtime.consumer.limiter)
         claimed = await self.limiter.claim(params, self.driver.claim)
         for task in claimed:
             self._remember(task.key, task.attempt, task.option, task.slot)
@@ -773,7 +773,7 @@ class RemoteExecutors:
     # -- report -----------------------------------------------------------------------------------
 
     async def report(self, worker_id: str, key: str, attempt: str, report: AttemptResult) -> Reported:
-        """Record an attempt's outcome by the consumer's rules (``mscheduler.outcomes``). Raises
+        """Record an attempt's outcome by the consumer's rules (``mscheduler.domain.outcomes``). Raises
         ``UnknownTask`` (no such task), ``LeaseLost`` (the attempt no longer holds the task: its
         lease expired or was taken over, the task was cancelled or paused; nothing written)."""
         worker_id = check_worker_id(worker_id)

@@ -49,7 +49,7 @@ class Publisher:
         are refused by ``send`` with ``InvalidInput``, nothing written. A task's document also
         holds its attempts, and MongoDB's limit is 16 MiB per document.
     :param tracing: OpenTelemetry spans around sends, with the trace context stored on each task
-        (``mscheduler.tracing``); None follows ``mscheduler.tracing.enable()`` (off by default).
+        (``mscheduler.observability.tracing``); None follows its ``enable()`` (off by default).
     """
 
     def __init__(
@@ -152,7 +152,7 @@ class Publisher:
 
     def _family(self, task: Task, reset_finished: bool) -> list[NewTask]:
         """The documents a task is stored as: itself, or with children the parent first, then
-        its children (mscheduler.children), inserted in one command."""
+        its children (mscheduler.services.children), inserted in one command."""
         if not isinstance(task, Task) or not task.children:
             return [self._prepare(task)]
         if reset_finished:

@@ -4,7 +4,7 @@ Layout (docs/design.md, "Child tasks: layout and the crash-safe follow-up"): eve
 ordinary task document (key ``<parent key>/<child name>``, with ``parent`` and ``position``), so
 its claim, lease, fencing, retries, pings and finish are the core's, unchanged. The parent is a
 task document that is never claimed: its derived status follows from ``state.children``, a
-summary ``[{name, key, status}]`` of its children (``mscheduler.state.family_status``). In
+summary ``[{name, key, status}]`` of its children (``mscheduler.domain.state.family_status``). In
 sequential mode every child but the first is inserted ``blocked`` (pending, not claimable).
 
 The follow-up of a child's change, in another document, is a *sync*: read the parent, then its

@@ -18,7 +18,7 @@ number may run at once: a delete is idempotent. Periods are per store: give ever
 same ``Retention`` (the last one to start sets the TTL indexes).
 
 A recurring plan whose last run was removed before a planner saw its outcome records it as
-``missing`` and carries on (see ``mscheduler.planner.decide``).
+``missing`` and carries on (see ``mscheduler.services.planner.decide``).
 """
 
 from __future__ import annotations

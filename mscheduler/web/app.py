@@ -140,8 +140,8 @@ def create_app(
 
     The OpenAPI schema is at ``/api/v1/openapi.json``; there is no docs page (FastAPI's loads
     its assets from a CDN): point any OpenAPI viewer at the schema. ``GET /metrics`` serves
-    Prometheus metrics (``mscheduler.metrics``, when ``prometheus-client`` is installed) to a read
-    token, or to anyone with ``metrics_public=True``; ``metrics=False`` leaves it out. The web
+    Prometheus metrics (``observability.metrics``, when ``prometheus-client`` is installed) to a
+    read token, or to anyone with ``metrics_public=True``; ``metrics=False`` leaves it out. The web
     dashboard (``mscheduler.web.dashboard``, a client of this API) is at ``/ui/``, and ``/``
     leads there; ``dashboard=False`` leaves it out. Remote executors lease, ping and report under
     ``/api/v1/executors`` (``mscheduler.web.routes.executors``) through ``executors``, by default a

@@ -2,7 +2,7 @@
 
 ``Store`` wraps one driver and one ``FakeClock``: every operation is called with an explicit
 ``now`` from the clock, and after every write the stored derived fields of every task are
-checked against ``mscheduler.state.derive`` (SPEC F7), so a driver whose update pipelines drift
+checked against ``mscheduler.domain.state.derive`` (SPEC F7), so a driver whose update pipelines drift
 from the Python definition fails whichever test made it drift.
 """
 
@@ -56,7 +56,7 @@ def assert_derived(doc: Mapping[str, Any]) -> None:
         **family_inputs(doc["state"]),
     )
     assert derived_of(doc) == expected, f"derived state drifted for {doc['key']!r}"
-    # the lifecycle fields (mscheduler.state.lifecycle): finish time iff terminal (and, for a
+    # the lifecycle fields (mscheduler.domain.state.lifecycle): finish time iff terminal (and, for a
     # parent, no child is live any more), the params hash held iff live
     state = doc["state"]
     children_live = any(c["status"] in LIVE for c in state.get("children") or ())

@@ -2,7 +2,7 @@
 ``sync_parents`` (summary + unblocking, idempotent), ``find_open_parents`` and ``mark_task``.
 
 Every write is followed by ``Store.check_all``: the stored derived fields of parents and children
-must equal ``mscheduler.state.derive`` (the Mongo driver's pipeline stages included)."""
+must equal ``mscheduler.domain.state.derive`` (the Mongo driver's pipeline stages included)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Flow limits (SPEC G5) on every driver: the limit document's slots and rate starts.
 
-Every acquire and slot update is also checked against ``mscheduler.limits.grant`` / ``settle``
+Every acquire and slot update is also checked against ``mscheduler.domain.limits.grant`` / ``settle``
 applied to the document as it was before (the Mongo driver writes them as update pipelines).
 """
 

@@ -3,7 +3,7 @@
 Hypothesis draws a sequence of operations (insert, claim, ping, finish, expire, option change,
 time steps). The same sequence is applied to a ``MemoryDriver`` and to a ``MongoDriver`` on
 mongomock with the same fake times and attempt tokens; after every step both must answer the same
-and hold identical task documents, whose derived fields equal ``mscheduler.state.derive``.
+and hold identical task documents, whose derived fields equal ``mscheduler.domain.state.derive``.
 
 Each task has its own priority, so the claim order is fully determined: the order among equal
 tasks is not part of the contract, and a tie would make the stores diverge for no fault.

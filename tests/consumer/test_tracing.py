@@ -1,4 +1,4 @@
-"""OpenTelemetry spans (mscheduler.tracing), with the SDK's in-memory exporter: the attempt's span
+"""OpenTelemetry spans (observability.tracing), with the SDK's in-memory exporter: the attempt's span
 is a child of the send's span (the trace context travels in the task document), links the claim
 that took the task, carries the outcome; nothing of it changes a task's uniqueness; with tracing
 off no span is made and no context stored."""

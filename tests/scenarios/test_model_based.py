@@ -30,7 +30,7 @@ is atomic, so the "before" read is exact):
   never go down, terminal states absorb, ``fail_cnt`` <= ``max_unexpected_retries`` + 1 for tasks
   run by one worker at a time (failures stop claims once the budget is used; with N slots up to N
   running attempts may fail together, so the bound is + N), the derived fields equal
-  ``mscheduler.state.derive``; ``expire_leases`` marks exactly the expired running entries lost.
+  ``mscheduler.domain.state.derive``; ``expire_leases`` marks exactly the expired running entries lost.
 
 At teardown (liveness): faults off, every worker restarts, time moves past every lease and retry
 delay, ``expire_leases`` runs and workers claim and succeed until quiescent — then every task is

@@ -1,5 +1,5 @@
 """The rules of child tasks that need no store: a parent's status from its children's, and what a
-sync does (``mscheduler.state.family_status``, ``mscheduler.family.plan_sync``)."""
+sync does (``mscheduler.domain.state.family_status``, ``mscheduler.domain.family.plan_sync``)."""
 
 from __future__ import annotations
 

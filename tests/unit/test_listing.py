@@ -1,4 +1,4 @@
-"""Listing filters (an allow-list of typed values) and cursors (mscheduler.listing), and the
+"""Listing filters (an allow-list of typed values) and cursors (mscheduler.domain.listing), and the
 key-prefix range of the Mongo listing."""
 
 from __future__ import annotations

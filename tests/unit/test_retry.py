@@ -1,4 +1,4 @@
-"""Retry policies produce exactly the delays documented in mscheduler.retry (issue 7, SPEC F13, F25)."""
+"""Retry policies produce exactly the delays documented in domain/retry.py (issue 7, SPEC F13, F25)."""
 
 from __future__ import annotations
 

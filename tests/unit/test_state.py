@@ -1,4 +1,4 @@
-"""mscheduler.state.derive: the task's state from its worker entries and options (SPEC F7)."""
+"""mscheduler.domain.state.derive: the task's state from its worker entries and options (SPEC F7)."""
 
 from __future__ import annotations
 

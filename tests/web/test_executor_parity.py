@@ -1,6 +1,6 @@
 """The same outcome, whoever reports it: a Python handler's return / raise and a remote executor's
 report over HTTP are turned into the same stored attempt by the one set of rules
-(``mscheduler.outcomes``): status, retry time, finality, error type and the task's status."""
+(``mscheduler.domain.outcomes``): status, retry time, finality, error type and the task's status."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The memory driver's child-task operations (``mscheduler.children``): syncs, the reconciler's
+"""The memory driver's child-task operations (``mscheduler.services.children``): syncs, the reconciler's
 read of unfinished parents, and statuses set by hand. As in the rest of ``MemoryDriver``, no
 operation awaits inside, so each is atomic on the event loop (the compare-and-sets the Mongo
 driver needs always hold here)."""

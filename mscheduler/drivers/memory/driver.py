@@ -81,7 +81,7 @@ class MemoryDriver(
 ):
     """Tasks and workers in dictionaries and heaps; the same rules as ``MongoDriver``.
 
-    :param events: keep an event log (``mscheduler.events``): the newest ``max_events``.
+    :param events: keep an event log (``mscheduler.services.events``): the newest ``max_events``.
     """
 
     def __init__(

@@ -1,5 +1,5 @@
 """Statistics of ``MemoryDriver`` (SPEC F27): the numbers of ``mongo_stats.py``'s pipelines,
-computed in Python in one pass over the tasks (definitions in ``mscheduler.stats``).
+computed in Python in one pass over the tasks (definitions in ``mscheduler.domain.stats``).
 
 Stored times have millisecond precision (every clock cuts to it, as BSON does) and the bounds
 are cut the same way, so datetimes compare directly and both drivers give identical answers.

@@ -1,4 +1,4 @@
-"""Child-task operations of ``MongoDriver`` (``mscheduler.children``): the sync of parents with
+"""Child-task operations of ``MongoDriver`` (``mscheduler.services.children``): the sync of parents with
 their children, the reconciler's read of unfinished parents, and statuses set by hand.
 
 A sync reads the parents first, then their children (both from the primary, by key), so the

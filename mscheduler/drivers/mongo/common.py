@@ -194,7 +194,7 @@ _RETRY_STATUSES = [*_FAILURE_STATUSES, "snoozed"]  # entries whose retry_at sets
 
 
 def _derive_stages(now: datetime) -> list[dict[str, Any]]:
-    """``mscheduler.state.derive`` as update-pipeline stages."""
+    """``mscheduler.domain.state.derive`` as update-pipeline stages."""
     cnt = "$option.concurrent_worker_cnt"
     finished = {"$gte": ["$state.success_cnt", cnt]}
     budget = "$option.max_unexpected_retries"  # null: unlimited ($gt would say any count > null)
@@ -297,7 +297,7 @@ def _derive_stages(now: datetime) -> list[dict[str, Any]]:
 
 
 def _lifecycle_stage(now: datetime) -> dict[str, Any]:
-    """``mscheduler.state.lifecycle`` as a stage: ``finish_time`` (the write's ``now`` when the
+    """``mscheduler.domain.state.lifecycle`` as a stage: ``finish_time`` (the write's ``now`` when the
     task first becomes terminal, kept after; null while live) and ``unique_live`` (the params
     hash while live, for the unique partial index ``unique_live``); a parent with a child still
     live has no finish time yet."""
@@ -327,7 +327,7 @@ def _lifecycle_stage(now: datetime) -> dict[str, Any]:
 
 
 def _family_status() -> dict[str, Any]:
-    """``mscheduler.state.family_status`` over ``state.children`` (a parent's summary)."""
+    """``mscheduler.domain.state.family_status`` over ``state.children`` (a parent's summary)."""
 
     def children_in(statuses: Sequence[str]) -> dict[str, Any]:
         cond = {"$in": ["$$c.status", list(statuses)]}
@@ -348,7 +348,7 @@ def _family_status() -> dict[str, Any]:
 
 
 def _claimers() -> dict[str, Any]:
-    """``state.claimers`` (see mscheduler.state): ``name|worker`` per allowed worker that holds no
+    """``state.claimers`` (see mscheduler.domain.state): ``name|worker`` per allowed worker that holds no
     running or succeeded entry, ``name|*`` for untargeted tasks, [] when not claimable. A $filter
     with ``$in``, not ``$setDifference``, which mongomock lacks."""
     # with same_worker_may_repeat (SPEC F33) a success does not bar its worker, a running entry does

@@ -8,7 +8,7 @@ Query design:
 
 * Every state change is one single-document update whose filter is the compare-and-set (fencing by
   ``worker_id`` + ``attempt`` + a running, unexpired entry), followed by the same pipeline stages
-  that recompute the derived fields (``mscheduler.state``), so derived state never drifts.
+  that recompute the derived fields (``mscheduler.domain.state``), so derived state never drifts.
 * The claim is one ``find_one_and_update`` served by the index ``claim`` (name, priority desc,
   targeted desc, claim_at asc); ``claim_at`` is null for tasks with no free slot or that are
   finished, so finished and full tasks are not in the scanned range.
@@ -138,7 +138,7 @@ class MongoDriver(
     :param prefix: collection name prefix, to keep several independent schedulers in one database.
     :param retries: how many times a transient error is retried (with jittered exponential
         backoff) before it surfaces as ``StorageError(transient=True)``.
-    :param events: keep an event log (``mscheduler.events``, collection ``mscheduler_events``),
+    :param events: keep an event log (``mscheduler.services.events``, collection ``mscheduler_events``),
         its documents deleted ``event_retention`` after their time (a TTL index).
     """
 

@@ -3,7 +3,7 @@
 Like ``mongo.py`` / ``mongo_common.py``, one of the only modules that know the storage layout. A
 limit's ``_id`` is its key; every change of its state (``slots``, ``starts``) is one
 ``find_one_and_update`` of that one document by ``_id``, an update pipeline that reads the
-document's current state and writes the new one atomically (``mscheduler.limits.grant`` and
+document's current state and writes the new one atomically (``mscheduler.domain.limits.grant`` and
 ``settle`` written as stages; the conformance suite checks that both drivers agree). No date
 arithmetic in the pipelines (mongomock has none): a slot's expiry is a date compared with the
 caller's ``now``; a start's time is stored in epoch milliseconds, so the window's lower edge is
@@ -61,7 +61,7 @@ def _not_in(path: str, values: Sequence[str]) -> dict[str, Any]:
 
 
 def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
-    """``mscheduler.limits.grant`` as update stages: prune, then grant ``room`` attempts."""
+    """``mscheduler.domain.limits.grant`` as update stages: prune, then grant ``room`` attempts."""
     k = len(params.attempts)
     now_ms = epoch_ms(params.now)
     mine = list(params.attempts)
@@ -108,7 +108,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
 
 
 def slots_pipeline(params: SlotsParams) -> list[dict[str, Any]]:
-    """``mscheduler.limits.settle`` as one update stage."""
+    """``mscheduler.domain.limits.settle`` as one update stage."""
     worker = _lit(params.worker_id)
     dropped = [*params.release, *params.unused]
     ext_keys = list(params.extend)

@@ -1,5 +1,5 @@
 """Statistics of ``MongoDriver`` (SPEC F27) as aggregation pipelines; definitions in
-``mscheduler.stats``, the same numbers in Python in ``memory_stats.py`` (one conformance test).
+``mscheduler.domain.stats``, the same numbers in Python in ``memory_stats.py`` (one conformance test).
 
 Two aggregations, each read through a named index of ``mongo_common.INDEXES`` (``hint``), so
 that neither grows with the finished tasks outside the window:

@@ -96,12 +96,12 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         recurring plans into tasks. Any number of consumers (and ``mscheduler planner``) may run
         one at once; none is special (see docs/plans.md). ``planner=False`` turns it off.
     :param planner_interval: seconds between the planner's passes.
-    :param retention: run the retention service as a side task (``mscheduler.retention``):
+    :param retention: run the retention service as a side task (``mscheduler.services.retention``):
         finished tasks are removed after these periods. None (the default): this consumer
         removes nothing. Any number of consumers may run one; give them the same periods.
     :param retention_interval: seconds between the retention passes.
     :param children_interval: seconds between passes of the child-task reconciler, which syncs
-        parents whose summary lags their children (``mscheduler.children``); a child's claim or
+        parents whose summary lags their children (``mscheduler.services.children``); a child's claim or
         finish by this consumer is followed by its parent's sync at once.
     :param max_attempt_entries: attempt entries a task keeps; a claim beyond it drops the task's
         oldest entries that do not count (released, revoked, snoozed).
@@ -122,7 +122,7 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         task's own ``worker_timeout`` (computed by the store inside the claim); with a cap,
         ``min(worker_timeout, claim_lease)``. None (the default): no cap.
     :param tracing: OpenTelemetry spans around claims and attempts, each attempt's a child of
-        the task's sender (``mscheduler.tracing``); None follows ``mscheduler.tracing.enable()``.
+        the task's sender (``mscheduler.observability.tracing``); None follows its ``enable()``.
     """
 
     def __init__(
@@ -245,7 +245,7 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         )
         self.discovery: Discovery | None = None
         self.stats = {"claimed": 0, "succeeded": 0, "failed": 0, "lost": 0, "released": 0, "rejected": 0}
-        # the buffer of claim and outcome events, when the store records events (mscheduler.events)
+        # the buffer of claim and outcome events, when the store records events (mscheduler.services.events)
         self.events: EventRecorder | None = None
 
     # -- registration -------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 ``ConsumerRunner._execute`` calls the registered handler with its params (validated into the
 handler's pydantic model) and a ``TaskContext``, under the task's ``run_timeout``; turns what the
 handler did (returned, raised ``Retry`` / ``Snooze`` / ``Fail``, failed, was cancelled) into an
-outcome by the shared rules (``mscheduler.outcomes``); hands it to the finisher; and then does the
+outcome by the shared rules (``mscheduler.domain.outcomes``); hands it to the finisher; and then does the
 attempt's bookkeeping (stats, events, logs, the 'finished' listener event). ``_Running`` is an
 attempt's state while it runs, shared by the claimer, the pinger and the finisher.
 """
@@ -105,7 +105,7 @@ class _Running:
     handler_done: bool = False
     reports: AttemptReports | None = None  # checkpoint / progress waiting for the next ping
     started: float = 0.0  # the clock's monotonic time at the claim (the 'finished' duration)
-    slot: str | None = None  # the flow limit whose slot this attempt holds (mscheduler.limits)
+    slot: str | None = None  # the flow limit whose slot this attempt holds (mscheduler.domain.limits)
 
     @property
     def trust_until(self) -> Any:
@@ -182,7 +182,7 @@ class ConsumerRunner:
     async def _execute(self, running: _Running) -> None:
         claimed = running.claimed
         registered = self._handlers[claimed.name]
-        done: Outcome | None  # the shared outcome rules (mscheduler.outcomes) build it
+        done: Outcome | None  # the shared outcome rules (mscheduler.domain.outcomes) build it
         result: Any = None
         run_timeout = running.option.get("run_timeout_ms")
         try:
@@ -286,7 +286,7 @@ class ConsumerRunner:
             )
 
     def _failed(self, running: _Running, error: dict[str, Any]) -> Outcome:
-        """A plain failure, retried by the task's retry policy (the rule in mscheduler.outcomes)."""
+        """A plain failure, retried by the task's retry policy (the rule in mscheduler.domain.outcomes)."""
         return failed_outcome(
             error, running.option, running.claimed.failure_times, self.clock.now(), self.rng
         )

@@ -1,7 +1,7 @@
 """The event log over HTTP (SPEC F34, F41): ``GET /api/v1/events`` lists recorded events,
 ``GET /api/v1/events/stream`` follows new ones as server-sent events.
 
-Both read ``mscheduler.events.Events`` over the app's store and take the same filters (a task
+Both read ``mscheduler.services.events.Events`` over the app's store and take the same filters (a task
 key, a task name, event kinds, a plan); nothing here queries the store itself. The event log is a
 switch of the store (``MongoDriver(db, events=True)``): with it off both answer 409
 ``event_log_off`` rather than an empty list that would look like "nothing happened".

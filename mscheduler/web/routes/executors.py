@@ -145,7 +145,7 @@ class ReportIn(_Body):
     key: TaskKey
     attempt: AttemptToken
     outcome: Literal["succeeded", "failed", "snoozed", "released"]
-    # checked by the consumer's rule (mscheduler.outcomes): one that cannot be stored, or is too
+    # checked by the consumer's rule (mscheduler.domain.outcomes): one that cannot be stored, or is too
     # large, fails the task for good (``rejected``), as a Python handler's would
     result: Any = Field(None, description="succeeded: the result (stored on the task)")
     error: ErrorIn | None = Field(None, description="failed: what went wrong")
