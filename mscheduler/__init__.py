@@ -7,6 +7,7 @@ import sys
 import types
 import warnings
 from importlib.machinery import ModuleSpec
+from typing import TYPE_CHECKING
 
 from mscheduler.domain.exceptions import (
     ConsumerStopped,
@@ -61,7 +62,6 @@ from mscheduler.domain.schedule import (
 from mscheduler.domain.version import __version__ as __version__
 from mscheduler.drivers import Driver, MemoryDriver, MongoDriver
 from mscheduler.operations import Operations, WorkerView
-from mscheduler.remote.client import ExecutorClient, RemoteTask
 from mscheduler.remote.executors import RemoteExecutors
 from mscheduler.runtime.consumer import Consumer, TaskContext
 from mscheduler.runtime.publisher import Publisher
@@ -137,6 +137,21 @@ __all__ = [
     "WorkerState",
     "WorkerView",
 ]
+
+
+if TYPE_CHECKING:
+    from mscheduler.remote.client import ExecutorClient, RemoteTask
+
+# imported when first asked for (httpx is not needed by a process that runs no executor client)
+_LAZY = {"ExecutorClient": "mscheduler.remote.client", "RemoteTask": "mscheduler.remote.client"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'mscheduler' has no attribute {name!r}")
 
 
 # -- modules that moved when the package was split into layers (2026-11) ------------------------
