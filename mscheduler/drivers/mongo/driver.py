@@ -175,11 +175,14 @@ class MongoDriver(
             database, prefix, WriteConcern(w="majority", wtimeout=majority_timeout_ms) if majority else None
         )
         # Scheduler read-backs (claim recovery, ping and finish outcomes) go to the primary
-        # whatever the client's read preference; the claim recovery also reads majority-
-        # committed data, so that a claim it finds cannot be rolled back.
+        # whatever the client's read preference. The claim recovery reads at local read concern:
+        # a claim whose majority write timed out (64) is applied on the primary but not majority-
+        # committed, so a majority read would miss it and the task would never run (in a PSA set
+        # with a data node down, every claim). Found there, the claim is used; should the primary
+        # roll it back later, its lease simply is not there for the pings (lost, as after a crash).
         self.tasks_primary = _async_with_options(tasks, read_preference=ReadPreference.PRIMARY)
         self.tasks_recovery = _async_with_options(
-            tasks, read_preference=ReadPreference.PRIMARY, read_concern=ReadConcern("majority")
+            tasks, read_preference=ReadPreference.PRIMARY, read_concern=ReadConcern("local")
         )
         self.probe = database[f"{prefix}{PROBE}"]
         majority_concern = WriteConcern(w="majority", wtimeout=majority_timeout_ms) if majority else None
@@ -551,8 +554,8 @@ class MongoDriver(
             return doc
 
         async def recover() -> dict[str, Any] | None:
-            # The reply was lost: if our attempt token is stored (majority-committed, on the
-            # primary), the claim was applied.
+            # The reply was lost, or the majority did not confirm it in time: if our attempt
+            # token is stored on the primary (local read concern), the claim was applied.
             doc: dict[str, Any] | None = await self.tasks_recovery.find_one({f"{WS}.attempt": attempt})
             return doc
 

@@ -1,0 +1,73 @@
+"""The second audit's correctness findings (issue 17 C) on a real replica set: the paths the fakes
+of tests/scenarios/test_mongo_audit_2.py stand in for. Faults come from the server's own
+``failCommand`` fail point (``--setParameter enableTestCommands=1``, as the CI workflow starts
+mongod); where the server has none, the tests that need one skip."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pymongo.errors import OperationFailure
+
+from mscheduler import FakeClock, MongoDriver, Publisher, Task
+from mscheduler.drivers.base import ClaimParams
+from tests.conftest import REAL_URI
+
+pytestmark = [
+    pytest.mark.real_mongo,
+    pytest.mark.skipif(not REAL_URI, reason="MSCHEDULER_TEST_MONGODB_URI is not set (needs a replica set)"),
+]
+
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+LEASE = timedelta(seconds=30)
+
+
+@contextlib.asynccontextmanager
+async def fail_command(database: Any, app: str, data: dict[str, Any], times: int = 1) -> AsyncIterator[None]:
+    """The server's ``failCommand`` fail point for the next ``times`` matching commands of the
+    clients named ``app`` (so other tests' commands are left alone); off afterwards."""
+    admin = database.client.admin
+    command = {"configureFailPoint": "failCommand", "mode": {"times": times}, "data": data | {"appName": app}}
+    try:
+        await admin.command(command)
+    except OperationFailure as exc:
+        pytest.skip(f"the server has no failCommand fail point (enableTestCommands): {exc}")
+    try:
+        yield
+    finally:
+        await admin.command({"configureFailPoint": "failCommand", "mode": "off"})
+
+
+async def driver_with_app(database: Any, app: str) -> MongoDriver:
+    """A driver on ``database`` through a client of its own, named ``app`` for the fail points."""
+    from pymongo import AsyncMongoClient
+
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(REAL_URI, appname=app)
+    driver = MongoDriver(client[database.name])
+    await driver.setup()
+    return driver
+
+
+async def test_a_claim_whose_write_concern_timed_out_is_used(real_database: Any) -> None:
+    """Item 9: the claim is applied, its reply says 64 (waiting for the majority timed out); the
+    recovery read on the primary finds the attempt and the claim is used, applied once."""
+    app = f"audit2-{uuid.uuid4().hex[:6]}"
+    driver = await driver_with_app(real_database, app)
+    try:
+        await Publisher(driver, clock=FakeClock(NOW)).send_many([Task("t1", "job"), Task("t2", "job")])
+        data = {
+            "failCommands": ["findAndModify"],
+            "writeConcernError": {"code": 64, "errmsg": "waiting for replication timed out"},
+        }
+        async with fail_command(real_database, app, data):
+            claimed = await driver.claim(ClaimParams("w1", ["job"], NOW, ["a1"], LEASE))
+        assert [(c.key, c.attempt) for c in claimed] == [("t1", "a1")]
+        doc = await driver.get_task("t1")
+        assert doc is not None and [e["attempt"] for e in doc["state"]["worker_states"]] == ["a1"]
+    finally:
+        await driver.database.client.close()

@@ -1,0 +1,100 @@
+"""Fakes of a replica set's collection and database for the Mongo driver's real-server-only paths
+(the audit of 2026-11-25, issue 17 C): what a node sees at each read concern and read preference,
+write-concern-only bulk errors, refusals by code. They wrap mongomock-motor collections, so the
+driver's queries run as they do elsewhere in the suite; what they add is the part mongomock has
+no notion of (replication, roles, server codes). Each test that uses one has a twin in
+``tests/real`` that shows the same on a server.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from pymongo import ReadPreference
+
+from mscheduler.testing.mongomock import mongomock_database
+
+
+class ReplicaSet:
+    """One collection of a replica set whose majority-committed view lags the primary: a write is
+    on the primary at once, and in the majority snapshot only after ``replicate()`` (a PSA set with
+    its secondary down never gets there: ``w: majority`` writes time out with code 64)."""
+
+    def __init__(self, name: str = "mscheduler_tasks") -> None:
+        self.database = mongomock_database(f"rs_{id(self)}")
+        self.primary = self.database[name]
+        self.snapshot = self.database[f"{name}_majority_snapshot"]
+        self.reads: Counter[str] = Counter()  # reads by "<read preference>/<read concern>"
+
+    async def replicate(self) -> None:
+        await self.snapshot.delete_many({})
+        docs = [copy.deepcopy(doc) async for doc in self.primary.find({})]
+        if docs:
+            await self.snapshot.insert_many(docs)
+
+    def collection(self) -> ReplicatedCollection:
+        return ReplicatedCollection(self)
+
+
+class ReplicatedCollection:
+    """A view of the replica set's collection with its own read preference and read concern
+    (``with_options`` returns another view, as PyMongo's does). Writes go to the primary;
+    reads at ``majority`` read the lagging snapshot, every other read the primary's data. Hooks:
+    ``after[method]`` runs after a write was applied (to raise what the server answered)."""
+
+    def __init__(
+        self, rs: ReplicaSet, read_preference: Any = ReadPreference.SECONDARY_PREFERRED, level: str | None = None
+    ) -> None:
+        self._rs = rs
+        self.read_preference = read_preference
+        self.level = level
+        self.after: dict[str, Callable[[], None]] = rs.__dict__.setdefault("_after", {})
+        self.name = rs.primary.name
+        self.database = rs.database
+
+    def with_options(self, *, read_preference: Any = None, read_concern: Any = None, **_: Any) -> Any:
+        level = getattr(read_concern, "level", None) if read_concern is not None else self.level
+        return ReplicatedCollection(self._rs, read_preference or self.read_preference, level)
+
+    def _source(self) -> Any:
+        where = f"{self.read_preference.name.lower()}/{self.level or 'local'}"
+        self._rs.reads[where] += 1
+        return self._rs.snapshot if self.level == "majority" else self._rs.primary
+
+    async def find_one(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._source().find_one(*args, **kwargs)
+
+    def find(self, *args: Any, **kwargs: Any) -> Any:
+        return self._source().find(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._rs.primary, name)
+        hook = self.after.get(name)
+        if hook is None or not callable(attr):
+            return attr
+
+        async def write_then_hook(*args: Any, **kwargs: Any) -> Any:
+            result = await attr(*args, **kwargs)
+            self.after.pop(name, None)
+            hook()
+            return result
+
+        return write_then_hook
+
+
+class Database:
+    """A mongomock-motor database whose ``collections`` are replaced by the given fakes."""
+
+    def __init__(self, inner: Any, collections: dict[str, Any]) -> None:
+        self._inner = inner
+        self._collections = collections
+        self.name = inner.name
+
+    def __getitem__(self, name: str) -> Any:
+        return self._collections.get(name) or self._inner[name]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
