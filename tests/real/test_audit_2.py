@@ -15,7 +15,7 @@ import pytest
 from pymongo.errors import OperationFailure
 
 from mscheduler import FakeClock, MongoDriver, Publisher, Task
-from mscheduler.drivers.base import ClaimParams
+from mscheduler.drivers.base import ClaimParams, FinishParams
 from tests.conftest import REAL_URI
 
 pytestmark = [
@@ -69,5 +69,30 @@ async def test_a_claim_whose_write_concern_timed_out_is_used(real_database: Any)
         assert [(c.key, c.attempt) for c in claimed] == [("t1", "a1")]
         doc = await driver.get_task("t1")
         assert doc is not None and [e["attempt"] for e in doc["state"]["worker_states"]] == ["a1"]
+    finally:
+        await driver.database.client.close()
+
+
+async def test_a_batched_finish_answered_with_write_concern_errors_only_is_not_a_failure(
+    real_database: Any,
+) -> None:
+    """Item 11: a bulk write (the batched finish) whose reply holds only write-concern errors
+    (PyMongo's BulkWriteError, 65) was applied: read back, accepted, not raised as permanent."""
+    app = f"audit2-{uuid.uuid4().hex[:6]}"
+    driver = await driver_with_app(real_database, app)
+    try:
+        await Publisher(driver, clock=FakeClock(NOW)).send_many([Task("t1", "job"), Task("t2", "job")])
+        claimed = await driver.claim(ClaimParams("w1", ["job"], NOW, ["a1", "a2"], LEASE))
+        later = NOW + timedelta(seconds=1)
+        outcomes = [FinishParams(c.key, "w1", c.attempt, later, "succeeded", result=c.key) for c in claimed]
+        data = {
+            "failCommands": ["update"],
+            "writeConcernError": {"code": 64, "errmsg": "waiting for replication timed out"},
+        }
+        async with fail_command(real_database, app, data):
+            assert await driver.finish(outcomes) == [True, True]
+        for c in claimed:
+            doc = await driver.get_task(c.key)
+            assert doc is not None and doc["state"]["status"] == "succeeded"
     finally:
         await driver.database.client.close()

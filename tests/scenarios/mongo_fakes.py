@@ -46,7 +46,10 @@ class ReplicatedCollection:
     ``after[method]`` runs after a write was applied (to raise what the server answered)."""
 
     def __init__(
-        self, rs: ReplicaSet, read_preference: Any = ReadPreference.SECONDARY_PREFERRED, level: str | None = None
+        self,
+        rs: ReplicaSet,
+        read_preference: Any = ReadPreference.SECONDARY_PREFERRED,
+        level: str | None = None,
     ) -> None:
         self._rs = rs
         self.read_preference = read_preference

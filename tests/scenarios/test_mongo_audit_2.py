@@ -6,18 +6,25 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-from pymongo.errors import WriteConcernError
+from pymongo.errors import BulkWriteError, WriteConcernError
 
 from mscheduler import FakeClock, Publisher, Task
-from mscheduler.drivers.base import ClaimParams
+from mscheduler.drivers.base import (
+    AttemptReport,
+    ClaimParams,
+    FinishParams,
+    PingParams,
+    SyncParentsParams,
+)
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.testing.mongomock import mongomock_database
 from tests.scenarios.mongo_fakes import Database, ReplicaSet
+from tests.scenarios.test_mongo_retries import claim_params, entries, flaky_driver, publish
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
+LATER = NOW + timedelta(seconds=1)
 
 
 def wtimeout() -> WriteConcernError:
@@ -54,3 +61,58 @@ async def test_a_claim_whose_majority_write_timed_out_is_found_on_the_primary_an
     doc = await driver.get_task("t1")
     assert doc is not None
     assert [e["attempt"] for e in doc["state"]["worker_states"]] == ["a1"], "claimed once, not twice"
+
+
+# -- item 11: a bulk write whose only errors are write-concern errors was applied -----------------
+
+
+def wc_only_bulk_error(matched: int, code: int = 64) -> BulkWriteError:
+    """What a bulk write answers when every write was applied on the primary but the majority did
+    not confirm in time: code 65, no write errors, write-concern errors only."""
+    details = {
+        "writeErrors": [],
+        "writeConcernErrors": [{"code": code, "errmsg": "waiting for replication timed out"}],
+        "nMatched": matched,
+        "nModified": matched,
+        "nUpserted": 0,
+        "nInserted": 0,
+        "nRemoved": 0,
+        "upserted": [],
+    }
+    return BulkWriteError(details)
+
+
+async def test_a_batched_finish_answered_with_write_concern_errors_only_is_read_back_not_failed() -> None:
+    driver, flaky = await flaky_driver()
+    await publish(driver, "t1", "t2")
+    claimed = await driver.claim(claim_params(n=2))
+    outcomes = [FinishParams(c.key, "w1", c.attempt, LATER, "succeeded", result=c.key) for c in claimed]
+    flaky.fail("bulk_write", wc_only_bulk_error(2), after_apply=True)
+    assert await driver.finish(outcomes) == [True, True], "applied: read back, not a failure"
+    for c in claimed:
+        (entry,) = await entries(driver, c.key)
+        assert (entry["status"], entry["result"]) == ("succeeded", c.key)
+
+
+async def test_a_ping_with_reports_answered_with_write_concern_errors_only_goes_on() -> None:
+    driver, flaky = await flaky_driver()
+    await publish(driver, "t1")
+    (claimed,) = await driver.claim(claim_params())
+    report = AttemptReport(seq=1, save_checkpoint=True, checkpoint={"page": 3})
+    params = PingParams("w1", LATER, {NOW + LEASE * 2: {"t1": claimed.attempt}}, reports={"t1": report})
+    flaky.fail("bulk_write", wc_only_bulk_error(1), after_apply=True)
+    result = await driver.ping(params)
+    assert list(result.alive) == ["t1"] and result.recorded == ["t1"]
+
+
+async def test_a_parent_sync_answered_with_write_concern_errors_only_goes_on() -> None:
+    driver, flaky = await flaky_driver()
+    publisher = Publisher(driver, clock=FakeClock(NOW))
+    await publisher.send(Task("etl", "etl", children=["fetch", "load"]))
+    (child,) = await driver.claim(ClaimParams("w1", ["fetch"], NOW, ["a1"], LEASE))
+    assert await driver.finish([FinishParams(child.key, "w1", "a1", LATER, "succeeded")]) == [True]
+    flaky.fail("bulk_write", wc_only_bulk_error(1), after_apply=True)
+    assert await driver.sync_parents(SyncParentsParams(["etl"], LATER)) >= 0
+    parent = await driver.get_task("etl")
+    assert parent is not None
+    assert [c["status"] for c in parent["state"]["children"]] == ["succeeded", "pending"]

@@ -13,9 +13,18 @@ from typing import TYPE_CHECKING, Any
 
 from pymongo import UpdateOne
 
+from mscheduler.domain.exceptions import StorageError
 from mscheduler.domain.family import SYNC_TRIES, child_keys_of, plan_or_skip
 from mscheduler.drivers.base import MarkParams, OpenParentsParams, SyncParentsParams
-from mscheduler.drivers.mongo.common import KEY_INDEX, PARENTS_INDEX, T, _derive_stages, _in, _lit
+from mscheduler.drivers.mongo.common import (
+    KEY_INDEX,
+    PARENTS_INDEX,
+    T,
+    _derive_stages,
+    _in,
+    _lit,
+    write_concern_only,
+)
 
 _OPEN = ["pending", "running"]
 PARENT_FIELDS = {
@@ -101,7 +110,15 @@ class MongoChildren:
             async def write(ops: list[UpdateOne] = ops) -> Any:
                 return await self.tasks.bulk_write(ops, ordered=False)
 
-            result = await self._call("sync parents", write)
+            try:
+                result = await self._call("sync parents", write)
+            except StorageError as exc:
+                if exc.config or not write_concern_only(exc.__cause__):
+                    raise
+                # applied on the primary, not yet confirmed by a majority (65 with write-concern
+                # errors only): read again; what landed compares equal and is skipped
+                keys = written
+                continue
             changed += result.matched_count
             if result.matched_count == len(ops):
                 break

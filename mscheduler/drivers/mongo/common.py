@@ -408,13 +408,26 @@ def _has_label(exc: BaseException, label: str) -> bool:
     return bool(getattr(exc, "has_error_label", lambda _: False)(label))
 
 
+def write_concern_only(exc: BaseException | None) -> bool:
+    """A write's error says only that its write concern was not satisfied: the write was applied on
+    the primary (a ``WriteConcernError``, or a ``BulkWriteError`` - code 65 - with write-concern
+    errors and no write error). Its outcome is learnt by reading back, never by failing."""
+    if isinstance(exc, WriteConcernError):
+        return True
+    if isinstance(exc, BulkWriteError):
+        return not exc.details.get("writeErrors") and bool(exc.details.get("writeConcernErrors"))
+    return False
+
+
 def _is_transient(exc: PyMongoError) -> bool:
     if isinstance(exc, TRANSIENT_ERRORS):
         return True
-    if isinstance(exc, WriteConcernError):
+    if write_concern_only(exc):
         # Only the retryable codes: 64 (wtimeout) means applied on the primary but not yet on a
         # majority (retrying would wait again); 79 / 100 are configuration errors.
-        return exc.code in RETRYABLE_WRITE_CONCERN_CODES or _has_label(exc, "RetryableWriteError")
+        codes = _write_concern_codes(exc)
+        retryable = bool(codes) and codes <= RETRYABLE_WRITE_CONCERN_CODES
+        return retryable or _has_label(exc, "RetryableWriteError")
     if isinstance(exc, OperationFailure) and exc.code in TRANSIENT_CODES:
         return True
     return _has_label(exc, "RetryableWriteError")

@@ -37,7 +37,6 @@ from pymongo.errors import (
     DuplicateKeyError,
     OperationFailure,
     PyMongoError,
-    WriteConcernError,
 )
 from pymongo.read_concern import ReadConcern
 
@@ -109,6 +108,7 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     read_page,
     watch_error,
     watch_pipeline,
+    write_concern_only,
 )
 from mscheduler.drivers.mongo.events import MongoEvents
 from mscheduler.drivers.mongo.limits import MongoLimits, limits_collection
@@ -232,9 +232,10 @@ class MongoDriver(
                 raise
             except (PyMongoError, InvalidDocument) as exc:
                 error = _translate(what, exc)
-                if isinstance(exc, WriteConcernError) and not error.config and not error.transient:
-                    # wtimeout and the like: applied on the primary, not yet on a majority. Not
-                    # retried (it would wait again); the caller learns the outcome by reading.
+                if write_concern_only(exc) and not error.config and not error.transient:
+                    # wtimeout and the like (alone, or as a bulk write's only errors: 65): applied
+                    # on the primary, not yet on a majority. Not retried (it would wait again);
+                    # the caller learns the outcome by reading.
                     log.warning("%s: write concern not satisfied yet (%s)", what, exc)
                     if recover is not None:
                         found = await self._call(f"{what} (recovery read)", recover)

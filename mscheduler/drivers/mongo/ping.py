@@ -16,7 +16,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pymongo import UpdateMany, UpdateOne
-from pymongo.errors import WriteConcernError
 
 from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import (
@@ -27,7 +26,16 @@ from mscheduler.drivers.base import (
     paused_entry,
     report_fields,
 )
-from mscheduler.drivers.mongo.common import KEY_INDEX, WS, T, _in, _lit, _out, _rebuild_entries
+from mscheduler.drivers.mongo.common import (
+    KEY_INDEX,
+    WS,
+    T,
+    _in,
+    _lit,
+    _out,
+    _rebuild_entries,
+    write_concern_only,
+)
 
 
 class MongoPing:
@@ -154,9 +162,10 @@ class MongoPing:
             try:
                 await self._call("ping", write)
             except StorageError as exc:
-                if not isinstance(exc.__cause__, WriteConcernError) or exc.config:
+                if not write_concern_only(exc.__cause__) or exc.config:
                     raise
-                # applied on the primary, not yet on a majority: the read below tells
+                # applied on the primary, not yet on a majority (a plain write's 64, or a bulk
+                # write's 65 holding write-concern errors only): the read below tells
 
         projection = {"key": 1, "option": 1, WS: 1, "state.cancelled": 1}
         if params.reports:
