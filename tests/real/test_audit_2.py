@@ -15,7 +15,7 @@ import pytest
 from pymongo.errors import OperationFailure
 
 from mscheduler import FakeClock, MongoDriver, Publisher, Task
-from mscheduler.drivers.base import ClaimParams, FinishParams
+from mscheduler.drivers.base import ClaimParams, FinishParams, RetentionParams
 from tests.conftest import REAL_URI
 
 pytestmark = [
@@ -96,3 +96,27 @@ async def test_a_batched_finish_answered_with_write_concern_errors_only_is_not_a
             assert doc is not None and doc["state"]["status"] == "succeeded"
     finally:
         await driver.database.client.close()
+
+
+async def test_a_changed_retention_without_collmod_rights_rebuilds_the_ttl_indexes(
+    real_database: Any,
+) -> None:
+    """Item 12: ``collMod`` refused as Unauthorized (13: the readWrite role has none) while a
+    retention period changes: the TTL index is dropped and made again with the new period, and
+    ``setup()`` goes on (it stopped there)."""
+    app = f"audit2-{uuid.uuid4().hex[:6]}"
+    week = await driver_with_app(real_database, app)
+    try:
+        week_events = MongoDriver(week.database, events=True, event_retention=timedelta(days=7))
+        await week_events.setup()
+        await week.ensure_retention(RetentionParams({"succeeded": timedelta(days=10)}))
+        day = MongoDriver(week.database, events=True, event_retention=timedelta(days=1))
+        async with fail_command(real_database, app, {"failCommands": ["collMod"], "errorCode": 13}, times=2):
+            await day.setup()
+            await day.ensure_retention(RetentionParams({"succeeded": timedelta(days=5)}))
+        events = {ix["name"]: ix async for ix in await day.events.list_indexes()}
+        tasks = {ix["name"]: ix async for ix in await day.tasks.list_indexes()}
+        assert events["events_ttl"]["expireAfterSeconds"] == 86_400
+        assert tasks["retention_succeeded"]["expireAfterSeconds"] == 5 * 86_400
+    finally:
+        await week.database.client.close()

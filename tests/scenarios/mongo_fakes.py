@@ -9,11 +9,13 @@ no notion of (replication, roles, server codes). Each test that uses one has a t
 from __future__ import annotations
 
 import copy
+import inspect
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from pymongo import ReadPreference
+from pymongo.errors import OperationFailure
 
 from mscheduler.testing.mongomock import mongomock_database
 
@@ -101,3 +103,61 @@ class Database:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+class ServerIndexes:
+    """A mongomock-motor collection whose ``create_index`` refuses a conflicting index as a server
+    does, by code: 86 (IndexKeySpecsConflict: the name exists with other keys) or 85
+    (IndexOptionsConflict: the name or the keys exist with other options). mongomock raises a
+    code-less OperationFailure for both."""
+
+    def __init__(self, inner: Any, database: Any = None) -> None:
+        self._inner = inner
+        self.database = database if database is not None else inner.database
+        self.created: list[str] = []
+        self.dropped: list[str] = []
+
+    async def create_index(self, keys: Any, **options: Any) -> Any:
+        try:
+            name = await self._inner.create_index(keys, **options)
+        except OperationFailure as exc:
+            if exc.code is not None or "already exists" not in str(exc):
+                raise
+            wanted = list(keys.items()) if isinstance(keys, dict) else keys
+            wanted = [(keys, 1)] if isinstance(wanted, str) else [tuple(k) for k in wanted]
+            existing = {ix["name"]: ix async for ix in await _resolve(self._inner.list_indexes())}
+            same = existing.get(options.get("name"))
+            code = 86 if same is not None and list(same["key"].items()) != wanted else 85
+            raise OperationFailure(f"{exc} (as a server answers: code {code})", code=code) from None
+        self.created.append(options.get("name", name))
+        return name
+
+    async def drop_index(self, name: str) -> Any:
+        self.dropped.append(name)
+        return await self._inner.drop_index(name)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+async def _resolve(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+class Refusing(Database):
+    """A database whose ``command`` refuses the commands named in ``refuse`` with the given code
+    (``{"collMod": 13}``: the ``readWrite`` role has no collMod, SERVER-20772); the others are not
+    implemented (mongomock has no ``command``)."""
+
+    def __init__(self, inner: Any, collections: dict[str, Any], refuse: dict[str, int]) -> None:
+        super().__init__(inner, collections)
+        self.refuse = refuse
+        self.commands: list[str] = []
+
+    async def command(self, command: Any, *args: Any, **kwargs: Any) -> Any:
+        name = next(iter(command))
+        self.commands.append(name)
+        if name in self.refuse:
+            code = self.refuse[name]
+            raise OperationFailure(f"not authorized on {self.name} to execute command {{{name}}}", code=code)
+        raise NotImplementedError(f"{name} is not implemented by this fake")

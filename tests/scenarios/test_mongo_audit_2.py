@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from pymongo.errors import BulkWriteError, WriteConcernError
 
@@ -15,11 +16,12 @@ from mscheduler.drivers.base import (
     ClaimParams,
     FinishParams,
     PingParams,
+    RetentionParams,
     SyncParentsParams,
 )
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.testing.mongomock import mongomock_database
-from tests.scenarios.mongo_fakes import Database, ReplicaSet
+from tests.scenarios.mongo_fakes import Database, Refusing, ReplicaSet, ServerIndexes
 from tests.scenarios.test_mongo_retries import claim_params, entries, flaky_driver, publish
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
@@ -116,3 +118,49 @@ async def test_a_parent_sync_answered_with_write_concern_errors_only_goes_on() -
     parent = await driver.get_task("etl")
     assert parent is not None
     assert [c["status"] for c in parent["state"]["children"]] == ["succeeded", "pending"]
+
+
+# -- item 12: the readWrite role has no collMod: a changed TTL period is rebuilt instead -----------
+
+
+async def _index(collection: Any, name: str) -> dict[str, Any] | None:
+    cursor = collection.list_indexes()
+    cursor = await cursor if hasattr(cursor, "__await__") else cursor
+    found = [dict(ix) async for ix in cursor if ix["name"] == name]
+    return found[0] if found else None
+
+
+async def test_a_changed_event_retention_without_collmod_rights_rebuilds_the_ttl_index() -> None:
+    inner = mongomock_database()
+    events = ServerIndexes(inner["mscheduler_events"])
+    database = Refusing(inner, {"mscheduler_events": events}, {"collMod": 13})
+    events.database = database
+    week = MongoDriver(database, majority=False, events=True, event_retention=timedelta(days=7))
+    await week.setup()
+    day = MongoDriver(database, majority=False, events=True, event_retention=timedelta(days=1))
+    await day.setup()  # was: StorageError (configuration) from the refused collMod; setup stopped
+    assert database.commands == ["collMod"]
+    assert "events_ttl" in events.dropped
+    ttl = await _index(inner["mscheduler_events"], "events_ttl")
+    assert ttl is not None and ttl["expireAfterSeconds"] == 86_400
+    assert await _index(inner["mscheduler_events"], "events_written") is not None, "setup went on"
+
+
+async def test_a_changed_retention_period_without_collmod_rights_rebuilds_the_ttl_index() -> None:
+    inner = mongomock_database()
+    tasks = ServerIndexes(inner["mscheduler_tasks"])
+    database = Refusing(inner, {"mscheduler_tasks": tasks}, {"collMod": 13})
+    tasks.database = database
+    driver = MongoDriver(database, majority=False)
+    await driver.setup()
+
+    async def honours_partial_ttl() -> bool:  # a real server's TTL monitor does; mongomock's not
+        return True
+
+    driver._probe_partial_ttl = honours_partial_ttl  # type: ignore[method-assign]
+    assert await driver.ensure_retention(RetentionParams({"succeeded": timedelta(days=10)}))
+    assert await driver.ensure_retention(RetentionParams({"succeeded": timedelta(days=5)}))
+    assert database.commands == ["collMod"]
+    assert tasks.dropped == ["retention_succeeded"]
+    ttl = await _index(inner["mscheduler_tasks"], "retention_succeeded")
+    assert ttl is not None and ttl["expireAfterSeconds"] == 5 * 86_400

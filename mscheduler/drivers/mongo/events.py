@@ -77,6 +77,7 @@ EVENTS_TIME_INDEX = "events_time"
 EVENTS_KEY_INDEX = "events_key"
 EVENTS_WRITTEN_INDEX = "events_written"
 _INDEX_OPTIONS_CONFLICT = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
+UNAUTHORIZED = 13
 
 
 def events_collection(database: Any, prefix: str, concern: WriteConcern | None) -> Any:
@@ -187,9 +188,12 @@ class MongoEvents:
             return
         ttl = int(self.event_retention.total_seconds())
 
+        async def create_ttl() -> None:
+            await self.events.create_index([("time", 1)], name=EVENTS_TTL_INDEX, expireAfterSeconds=ttl)
+
         async def create() -> None:
             try:
-                await self.events.create_index([("time", 1)], name=EVENTS_TTL_INDEX, expireAfterSeconds=ttl)
+                await create_ttl()
             except OperationFailure as exc:
                 if exc.code not in _INDEX_OPTIONS_CONFLICT:
                     raise
@@ -197,7 +201,16 @@ class MongoEvents:
                     "collMod": self.events.name,
                     "index": {"name": EVENTS_TTL_INDEX, "expireAfterSeconds": ttl},
                 }
-                await self.events.database.command(command)
+                try:
+                    await self.events.database.command(command)
+                except OperationFailure as refused:
+                    # the readWrite role has no collMod (Unauthorized, SERVER-20772): build the TTL
+                    # index again with the new period (the log keeps its events meanwhile)
+                    if refused.code != UNAUTHORIZED:
+                        raise
+                    log.warning("no collMod right: rebuilding %s with the new retention", EVENTS_TTL_INDEX)
+                    await self.events.drop_index(EVENTS_TTL_INDEX)
+                    await create_ttl()
             await self.events.create_index([("time", 1), ("step", 1), ("_id", 1)], name=EVENTS_TIME_INDEX)
             await self.events.create_index(
                 [("key", 1), ("time", 1), ("step", 1), ("_id", 1)], name=EVENTS_KEY_INDEX

@@ -52,6 +52,7 @@ RETENTION_INDEX_PREFIX = "retention_"
 # allows one index per key pattern: IndexOptionsConflict, IndexKeySpecsConflict; CannotCreateIndex)
 TTL_UNSUPPORTED_CODES = frozenset({85, 86, 67})
 INDEX_NOT_FOUND = 27  # dropIndexes of a name that is not there
+UNAUTHORIZED = 13  # a role without the right (collMod: readWrite has none)
 
 
 def retention_index(status: str) -> str:
@@ -260,6 +261,14 @@ class MongoMaintenance:
         command = {"collMod": self.tasks.name, "index": {"name": name, "expireAfterSeconds": seconds}}
         try:
             await self._call("change retention period", lambda: self.database.command(command))
+        except StorageError as exc:
+            # the readWrite role has no collMod (Unauthorized, SERVER-20772): build it again
+            cause = exc.__cause__
+            if not (isinstance(cause, OperationFailure) and cause.code == UNAUTHORIZED):
+                raise
+            log.warning("no collMod right: rebuilding the TTL index %s with the new period", name)
+            await self._drop_index(name)
+            await self._create_ttl(name, status, seconds)
         except (NotImplementedError, TypeError):  # a fake without collMod: build it again
             await self._drop_index(name)
             await self._create_ttl(name, status, seconds)
