@@ -43,8 +43,9 @@ class ReplicaSet:
 
 class ReplicatedCollection:
     """A view of the replica set's collection with its own read preference and read concern
-    (``with_options`` returns another view, as PyMongo's does). Writes go to the primary;
-    reads at ``majority`` read the lagging snapshot, every other read the primary's data. Hooks:
+    (``with_options`` returns another view, as PyMongo's does). Writes go to the primary. Reads
+    on the primary at local read concern see its data; reads at ``majority``, and reads a
+    secondary may serve (the client's ``secondaryPreferred``), see the lagging snapshot. Hooks:
     ``after[method]`` runs after a write was applied (to raise what the server answered)."""
 
     def __init__(
@@ -67,7 +68,8 @@ class ReplicatedCollection:
     def _source(self) -> Any:
         where = f"{self.read_preference.name.lower()}/{self.level or 'local'}"
         self._rs.reads[where] += 1
-        return self._rs.snapshot if self.level == "majority" else self._rs.primary
+        stale = self.level == "majority" or self.read_preference != ReadPreference.PRIMARY
+        return self._rs.snapshot if stale else self._rs.primary
 
     async def find_one(self, *args: Any, **kwargs: Any) -> Any:
         return await self._source().find_one(*args, **kwargs)

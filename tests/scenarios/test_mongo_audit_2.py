@@ -11,11 +11,14 @@ from typing import Any
 from pymongo.errors import BulkWriteError, WriteConcernError
 
 from mscheduler import FakeClock, Publisher, Task
+from mscheduler.domain.limits import Limit
 from mscheduler.drivers.base import (
+    AcquireParams,
     AttemptReport,
     ClaimParams,
     FinishParams,
     PingParams,
+    PutLimitParams,
     RetentionParams,
     SyncParentsParams,
 )
@@ -60,7 +63,7 @@ async def test_a_claim_whose_majority_write_timed_out_is_found_on_the_primary_an
     claimed = await driver.claim(ClaimParams("w1", ["job"], NOW, ["a1"], LEASE))
     assert [(c.key, c.attempt) for c in claimed] == [("t1", "a1")], "the applied claim is used"
     assert rs.reads["primary/local"] >= 1 and rs.reads["primary/majority"] == 0
-    doc = await driver.get_task("t1")
+    doc = await rs.primary.find_one({"key": "t1"})
     assert doc is not None
     assert [e["attempt"] for e in doc["state"]["worker_states"]] == ["a1"], "claimed once, not twice"
 
@@ -164,3 +167,32 @@ async def test_a_changed_retention_period_without_collmod_rights_rebuilds_the_tt
     assert tasks.dropped == ["retention_succeeded"]
     ttl = await _index(inner["mscheduler_tasks"], "retention_succeeded")
     assert ttl is not None and ttl["expireAfterSeconds"] == 5 * 86_400
+
+
+# -- item 13: scheduler decisions read the primary, whatever the client's read preference ---------
+
+
+async def test_held_slots_and_get_tasks_read_the_primary_not_a_stale_secondary() -> None:
+    """A remote executor's ping reaching another API server reads which limit holds its slot
+    (``held_slots``) and the task's options (``get_tasks``). From a lagging secondary the slot is
+    not there yet: the renewal skips the slot, the attempt is answered lost or, worse, its lease is
+    renewed while its slot runs out, and ``max_running`` can be exceeded."""
+    tasks_rs, limits_rs = ReplicaSet(), ReplicaSet("mscheduler_limits")
+    database = Database(
+        mongomock_database(),
+        {"mscheduler_tasks": tasks_rs.collection(), "mscheduler_limits": limits_rs.collection()},
+    )
+    driver = MongoDriver(database, majority=False)
+    await driver.setup()
+    await Publisher(driver, clock=FakeClock(NOW)).send(Task("t1", "job"))
+    await driver.put_limit(PutLimitParams("job", Limit(key="job", max_running=2).to_storage(), NOW))
+    await limits_rs.replicate()
+    await tasks_rs.replicate()
+    granted = await driver.acquire_slots(AcquireParams("job", "w1", ["a1"], NOW, NOW + LEASE))
+    assert granted.granted == ["a1"]
+    # the grant is on the primary only (the secondary lags)
+    assert await driver.held_slots("w1", ["a1"], NOW) == {"a1": "job"}
+    assert len(await driver.claim(ClaimParams("w1", ["job"], NOW, ["a1"], LEASE))) == 1
+    (doc,) = await driver.get_tasks(["t1"])
+    assert [e["attempt"] for e in doc["state"]["worker_states"]] == ["a1"]
+    assert tasks_rs.reads["secondarypreferred/local"] == 0

@@ -32,6 +32,7 @@ async def test_scheduler_read_backs_go_to_the_primary_at_local_read_concern_for_
         assert driver.tasks_recovery.read_preference == ReadPreference.PRIMARY
         assert driver.tasks_recovery.read_concern.level == "local"  # a timed-out majority claim is there
         assert driver.tasks_recovery.write_concern.document == {"w": "majority", "wtimeout": 10_000}
+        assert driver.limits_primary.read_preference == ReadPreference.PRIMARY  # held_slots, recovery
     finally:
         await client.close()
 

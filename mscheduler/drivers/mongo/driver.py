@@ -184,6 +184,8 @@ class MongoDriver(
         self.tasks_recovery = _async_with_options(
             tasks, read_preference=ReadPreference.PRIMARY, read_concern=ReadConcern("local")
         )
+        # Limit reads that decide (which limit holds a slot, an acquire's recovery) likewise.
+        self.limits_primary = _async_with_options(self.limits, read_preference=ReadPreference.PRIMARY)
         self.probe = database[f"{prefix}{PROBE}"]
         majority_concern = WriteConcern(w="majority", wtimeout=majority_timeout_ms) if majority else None
         self._init_events(database, prefix, majority_concern, events, event_retention)

@@ -149,6 +149,7 @@ class MongoLimits:
     """Limit operations of ``MongoDriver`` (a mixin: it uses the driver's ``_call``)."""
 
     limits: Any
+    limits_primary: Any  # the same collection, read from the primary (see held_slots)
 
     if TYPE_CHECKING:
 
@@ -217,15 +218,19 @@ class MongoLimits:
 
     async def limit_keys(self, names: Sequence[str]) -> dict[str, str]:
         async def read() -> dict[str, str]:
-            cursor = self.limits.find({"names": {"$in": list(names)}}, {"names": 1}).hint(LIMITS_NAMES_INDEX)
+            cursor = self.limits_primary.find({"names": {"$in": list(names)}}, {"names": 1}).hint(
+                LIMITS_NAMES_INDEX
+            )
             return {n: doc["_id"] async for doc in cursor for n in doc["names"] if n in names}
 
         return await self._call("read limit keys", read)
 
     async def held_slots(self, worker_id: str, attempts: Sequence[str], now: datetime) -> dict[str, str]:
         async def read() -> dict[str, str]:
+            # from the primary: a lagging secondary may not have the slot yet, and a renewal
+            # that skips it lets the lease outlive its slot (max_running exceeded)
             filter_ = {"slots.a": {"$in": list(attempts)}}
-            cursor = self.limits.find(filter_, {"slots": 1}).hint(LIMITS_SLOTS_INDEX)
+            cursor = self.limits_primary.find(filter_, {"slots": 1}).hint(LIMITS_SLOTS_INDEX)
             return held_in([_in(doc) async for doc in cursor], worker_id, attempts, now)
 
         return await self._call("read held slots", read)
@@ -242,7 +247,7 @@ class MongoLimits:
         async def recover() -> dict[str, Any] | None:
             # the reply was lost: applied if one of our attempts holds a slot (a retry of an
             # acquire is harmless anyway: it drops these attempts' grants before granting)
-            doc: dict[str, Any] | None = await self.limits.find_one({"_id": params.key})
+            doc: dict[str, Any] | None = await self.limits_primary.find_one({"_id": params.key})
             if doc is None or not granted_of(_in(doc), params.worker_id, params.attempts, params.now):
                 return None
             return doc

@@ -140,6 +140,7 @@ class MongoTaskQueries:
     """Task reads and operator changes of ``MongoDriver`` (a mixin: it uses ``_call``, ``tasks``)."""
 
     tasks: Any
+    tasks_primary: Any
 
     if TYPE_CHECKING:
 
@@ -152,13 +153,19 @@ class MongoTaskQueries:
             session: Any = None,
         ) -> T: ...
 
+    # A task by key is read from the primary whatever the client's read preference: these reads
+    # decide (a remote executor's ping renews from the options read, a report reads the failures
+    # before its attempt, the publisher re-reads what it sent); a lagging secondary would answer
+    # with the task as it was.
+
     async def get_task(self, key: str) -> dict[str, Any] | None:
-        doc = await self._call("get task", lambda: self.tasks.find_one({"key": key}, {"_id": 0}))
+        doc = await self._call("get task", lambda: self.tasks_primary.find_one({"key": key}, {"_id": 0}))
         return _in(doc) if doc is not None else None
 
     async def get_tasks(self, keys: Sequence[str]) -> list[dict[str, Any]]:
         async def read() -> list[dict[str, Any]]:
-            cursor = self.tasks.find({"key": {"$in": list(dict.fromkeys(keys))}}, {"_id": 0}).hint(KEY_INDEX)
+            filter_ = {"key": {"$in": list(dict.fromkeys(keys))}}
+            cursor = self.tasks_primary.find(filter_, {"_id": 0}).hint(KEY_INDEX)
             return [_in(doc) async for doc in cursor]
 
         return await self._call("get tasks", read)
