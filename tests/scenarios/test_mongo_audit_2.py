@@ -11,6 +11,7 @@ from typing import Any
 from pymongo.errors import BulkWriteError, WriteConcernError
 
 from mscheduler import FakeClock, Publisher, Task
+from mscheduler.cli.check import EXPECTED_INDEXES
 from mscheduler.domain.limits import Limit
 from mscheduler.drivers.base import (
     AcquireParams,
@@ -22,6 +23,7 @@ from mscheduler.drivers.base import (
     RetentionParams,
     SyncParentsParams,
 )
+from mscheduler.drivers.mongo.common import INDEXES
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.testing.mongomock import mongomock_database
 from tests.scenarios.mongo_fakes import Database, Refusing, ReplicaSet, ServerIndexes
@@ -30,6 +32,7 @@ from tests.scenarios.test_mongo_retries import claim_params, entries, flaky_driv
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
 LATER = NOW + timedelta(seconds=1)
+INDEX_KEYS = {options["name"]: keys for keys, options in INDEXES}
 
 
 def wtimeout() -> WriteConcernError:
@@ -196,3 +199,39 @@ async def test_held_slots_and_get_tasks_read_the_primary_not_a_stale_secondary()
     (doc,) = await driver.get_tasks(["t1"])
     assert [e["attempt"] for e in doc["state"]["worker_states"]] == ["a1"]
     assert tasks_rs.reads["secondarypreferred/local"] == 0
+
+
+# -- item 10: an index whose spec changed since the build that made the store ---------------------
+
+
+async def test_setup_on_a_store_of_the_previous_build_rebuilds_changed_indexes_and_makes_the_rest() -> None:
+    """``claimers_claim`` gained ``key`` under the same name: createIndexes answers 86 on a store
+    the previous build made, and setup() stopped there, before the later indexes existed. Now the
+    changed index is rebuilt, an index whose options changed (85) too, the retired names of
+    earlier builds are dropped, and every index of this build exists."""
+    inner = mongomock_database()
+    raw = inner["mscheduler_tasks"]
+    previous_claim = [
+        ("state.claimers", 1),
+        ("option.priority", -1),
+        ("state.targeted", -1),
+        ("state.claim_at", 1),
+    ]
+    await raw.create_index(previous_claim, name="claimers_claim")
+    await raw.create_index("state.unique_live", name="unique_live")  # not unique: options changed
+    await raw.create_index([("state.status", 1)], name="status")  # a retired name
+    await raw.insert_one({"_id": "old", "key": "old"})
+    tasks = ServerIndexes(raw)
+    driver = MongoDriver(Database(inner, {"mscheduler_tasks": tasks}), majority=False)
+    await driver.setup()  # was: StorageError (86) before the later indexes were made
+    indexes = {ix["name"]: ix async for ix in await _resolved(raw.list_indexes())}
+    assert set(indexes) - {"_id_"} == set(EXPECTED_INDEXES)
+    assert list(indexes["claimers_claim"]["key"]) == [k for k, _ in INDEX_KEYS["claimers_claim"]]
+    assert indexes["unique_live"].get("unique") is True
+    assert {"claimers_claim", "unique_live", "status"} <= set(tasks.dropped)
+    await driver.setup()  # again: nothing to rebuild
+    assert tasks.dropped.count("claimers_claim") == 1
+
+
+async def _resolved(value: Any) -> Any:
+    return await value if hasattr(value, "__await__") else value

@@ -80,9 +80,11 @@ UNIQUE_LIVE_INDEX = "unique_live"
 PARENTS_INDEX = "parents"
 STATS_COUNTS_INDEX = "stats_counts"
 FINISHED_INDEX = "finished_key"
-# Index names of earlier builds that ``setup`` drops: ``finished`` was (state.status,
-# state.finish_time, name); ``finished_key`` replaced it (the finished listing's order needs key).
-RETIRED_INDEXES = ("finished",)
+# Index names of earlier builds that ``setup`` drops once their replacements exist: ``claim`` and
+# ``status`` (before the claimer tokens), ``finished`` (state.status, state.finish_time, name;
+# ``finished_key`` replaced it: the finished listing's order needs key). An index whose keys or
+# options change keeps its name only if ``setup`` may rebuild it (drivers/mongo/indexes.py).
+RETIRED_INDEXES = ("finished", "claim", "status")
 # The group listing's partial index holds the aimed tasks only; a query must state the same
 # clause for the planner to use (or be hinted to) it.
 AIMED_AT_GROUPS = {"option.specific_groups.0": {"$exists": True}}

@@ -81,6 +81,7 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     MAJORITY_WTIMEOUT_MS,
     NAME_INDEX,
     PROBE,
+    RETIRED_INDEXES,
     RETRYABLE_WRITE_CONCERN_CODES,
     STATUS_INDEX,
     TASKS,
@@ -111,6 +112,7 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     write_concern_only,
 )
 from mscheduler.drivers.mongo.events import MongoEvents
+from mscheduler.drivers.mongo.indexes import ensure_indexes
 from mscheduler.drivers.mongo.limits import MongoLimits, limits_collection
 from mscheduler.drivers.mongo.maintenance import MongoMaintenance
 from mscheduler.drivers.mongo.ping import MongoPing
@@ -262,15 +264,10 @@ class MongoDriver(
         raise AssertionError("unreachable")
 
     async def setup(self) -> None:
-        """Create the indexes (idempotent), drop the retired ones of earlier builds
+        """Create the indexes (idempotent; an index whose spec changed since an earlier build is
+        rebuilt, ``drivers/mongo/indexes.py``), drop the retired ones of earlier builds
         (``RETIRED_INDEXES``) and probe what the server can do."""
-
-        async def create() -> None:
-            for keys, options in INDEXES:
-                await self._create_task_index(keys, options)
-            await self._drop_retired_indexes()  # after their replacements exist
-
-        await self._call("create indexes", create)
+        await self._call("create indexes", lambda: ensure_indexes(self.tasks, INDEXES, RETIRED_INDEXES))
         await self._call("create plan indexes", self._create_plan_indexes)
         await self._call("create limit indexes", self._create_limit_indexes)
         await self._create_event_indexes()

@@ -70,6 +70,7 @@ from mscheduler.drivers.mongo.common import (
     log,
     watch_error,
 )
+from mscheduler.drivers.mongo.indexes import ensure_indexes
 
 EVENTS = "mscheduler_events"
 EVENTS_TTL_INDEX = "events_ttl"
@@ -78,6 +79,12 @@ EVENTS_KEY_INDEX = "events_key"
 EVENTS_WRITTEN_INDEX = "events_written"
 _INDEX_OPTIONS_CONFLICT = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
 UNAUTHORIZED = 13
+# besides the TTL index (its period comes from the driver's event_retention)
+EVENT_INDEXES: list[tuple[Any, dict[str, Any]]] = [
+    ([("time", 1), ("step", 1), ("_id", 1)], {"name": EVENTS_TIME_INDEX}),
+    ([("key", 1), ("time", 1), ("step", 1), ("_id", 1)], {"name": EVENTS_KEY_INDEX}),
+    ([("written", 1), ("_id", 1)], {"name": EVENTS_WRITTEN_INDEX}),
+]
 
 
 def events_collection(database: Any, prefix: str, concern: WriteConcern | None) -> Any:
@@ -211,11 +218,7 @@ class MongoEvents:
                     log.warning("no collMod right: rebuilding %s with the new retention", EVENTS_TTL_INDEX)
                     await self.events.drop_index(EVENTS_TTL_INDEX)
                     await create_ttl()
-            await self.events.create_index([("time", 1), ("step", 1), ("_id", 1)], name=EVENTS_TIME_INDEX)
-            await self.events.create_index(
-                [("key", 1), ("time", 1), ("step", 1), ("_id", 1)], name=EVENTS_KEY_INDEX
-            )
-            await self.events.create_index([("written", 1), ("_id", 1)], name=EVENTS_WRITTEN_INDEX)
+            await ensure_indexes(self.events, EVENT_INDEXES)
 
         await self._call("create event indexes", create)
 

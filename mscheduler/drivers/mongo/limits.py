@@ -32,6 +32,7 @@ from pymongo.errors import DuplicateKeyError
 from mscheduler.domain.limits import acquire_result_fields, epoch_ms, granted_of, held_in
 from mscheduler.drivers.base import AcquireParams, AcquireResult, LimitNameTaken, PutLimitParams, SlotsParams
 from mscheduler.drivers.mongo.common import _in, _lit, _out
+from mscheduler.drivers.mongo.indexes import ensure_indexes
 
 T = TypeVar("T")
 
@@ -163,8 +164,7 @@ class MongoLimits:
         ) -> T: ...
 
     async def _create_limit_indexes(self) -> None:
-        for keys, options in LIMIT_INDEXES:
-            await self.limits.create_index(keys, **options)
+        await ensure_indexes(self.limits, LIMIT_INDEXES)
 
     async def put_limit(self, params: PutLimitParams) -> bool:
         update = {

@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pymongo import ReturnDocument
-from pymongo.errors import DuplicateKeyError, OperationFailure
+from pymongo.errors import OperationFailure
 
 from mscheduler.domain.exceptions import StorageError
 from mscheduler.domain.state import TERMINAL
@@ -37,7 +37,6 @@ from mscheduler.drivers.base import (
 from mscheduler.drivers.mongo.common import (
     FINISHED_INDEX,
     KEY_INDEX,
-    RETIRED_INDEXES,
     WS,
     T,
     _derive_stages,
@@ -51,7 +50,6 @@ RETENTION_INDEX_PREFIX = "retention_"
 # createIndex refusals that mean "this server cannot hold these indexes" (an old server that
 # allows one index per key pattern: IndexOptionsConflict, IndexKeySpecsConflict; CannotCreateIndex)
 TTL_UNSUPPORTED_CODES = frozenset({85, 86, 67})
-INDEX_NOT_FOUND = 27  # dropIndexes of a name that is not there
 UNAUTHORIZED = 13  # a role without the right (collMod: readWrite has none)
 
 
@@ -83,40 +81,6 @@ class MongoMaintenance:
         ) -> T: ...
 
         def _hint(self, name: str) -> dict[str, Any]: ...
-
-    # -- indexes ----------------------------------------------------------------------------------
-
-    async def _create_task_index(self, keys: Any, options: dict[str, Any]) -> None:
-        """``create_index`` of one of ``INDEXES`` (idempotent). mongomock checks a unique index
-        against the documents again when it is created a second time, ignoring its partial
-        filter (every finished task has ``unique_live`` null): an index that exists already
-        stays as it is. A real server does not re-check an existing index."""
-        try:
-            await self.tasks.create_index(keys, **options)
-        except DuplicateKeyError:
-            cursor = await _resolve(self.tasks.list_indexes())
-            if options["name"] not in [ix["name"] async for ix in cursor]:
-                raise
-
-    async def _drop_retired_indexes(self) -> list[str]:
-        """Drop the indexes of ``RETIRED_INDEXES`` a store made by an earlier build still has
-        (called after the indexes replacing them exist, so no query is left without one);
-        returns the names dropped. Another node that already dropped one is no error."""
-        cursor = await _resolve(self.tasks.list_indexes())
-        present = {ix["name"] async for ix in cursor}
-        dropped = []
-        for name in RETIRED_INDEXES:
-            if name not in present:
-                continue
-            try:
-                await self.tasks.drop_index(name)
-            except OperationFailure as exc:
-                if exc.code != INDEX_NOT_FOUND:
-                    raise
-            else:
-                log.info("dropped the retired index %r of %s", name, self.tasks.name)
-                dropped.append(name)
-        return dropped
 
     # -- the entry cap --------------------------------------------------------------------------
 

@@ -41,6 +41,7 @@ from mscheduler.drivers.mongo.common import (
     _write_concern_codes,
     read_page,
 )
+from mscheduler.drivers.mongo.indexes import ensure_indexes
 
 T = TypeVar("T")
 
@@ -80,8 +81,7 @@ class MongoPlans:
         ) -> T: ...
 
     async def _create_plan_indexes(self) -> None:
-        for keys, options in PLAN_INDEXES:
-            await self.plans.create_index(keys, **options)
+        await ensure_indexes(self.plans, PLAN_INDEXES)
 
     async def insert_plan(self, params: InsertPlanParams) -> bool:
         doc = _out({"_id": params.plan["plan_id"], **params.plan})
