@@ -659,8 +659,12 @@ async def change_option(driver: Driver, key: str, change: OptionChange, now: dat
     except (InvalidInput, ValidationError) as exc:
         raise InvalidInput(f"invalid option change for {key!r}: {exc}") from exc
     stored = option.to_storage(info.create_time)
-    if not await driver.update_option(UpdateOptionParams(key, stored, now)):
-        raise UnknownTask(key)
+    try:
+        if not await driver.update_option(UpdateOptionParams(key, stored, now)):
+            raise UnknownTask(key)
+    except UniqueParamsTaken as exc:  # a finished task made live again while its params are taken
+        held = f"live task {exc.holder!r}" if exc.holder else "a live task"
+        raise TransitionRefused(key, "edit", info.status.value, f"{held} has the same params") from None
     return option
 
 

@@ -131,7 +131,7 @@ def derive(
                 retry_at = entry_retry
     cnt = option["concurrent_worker_cnt"]
     free = max(cnt - running - success, 0)
-    budget = option["max_unexpected_retries"]  # None: unlimited
+    budget = option.get("max_unexpected_retries")  # None (or missing): unlimited
     exhausted = (budget is not None and failures > budget) or rejected > 0 or final > 0 or broken
     if marked is not None:
         status_value = marked

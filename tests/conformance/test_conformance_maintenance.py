@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import pytest
 
-from mscheduler import Operations
+from mscheduler import Operations, OptionChange, Publisher
 from mscheduler.domain.exceptions import TransitionRefused
 from mscheduler.domain.plans import Plan
 from mscheduler.domain.schedule import EverySchedule, PlanTiming
@@ -27,6 +27,7 @@ from mscheduler.drivers.base import (
     PurgeParams,
     RetentionParams,
     UniqueParamsTaken,
+    UpdateOptionParams,
 )
 from mscheduler.services.planner import Planner
 from mscheduler.services.retention import Retention, RetentionService
@@ -248,6 +249,29 @@ async def test_a_restart_of_a_task_whose_params_are_taken_is_refused(store: Stor
     # once b is gone, a may run again
     await ops.remove("b")
     assert (await ops.restart("a")).status.value == "pending"
+
+
+async def test_an_edit_that_revives_a_task_whose_params_are_taken_is_refused(store: Store) -> None:
+    """Raising the retry budget of a task that failed for good makes it pending again: while
+    another live task holds its params hash the store refuses it (``UniqueParamsTaken`` naming
+    the holder; a raw duplicate key error on MongoDB before), and nothing changes."""
+    assert await store.insert(unique_task(store, "a", {"n": 1}, max_unexpected_retries=0)) == [True]
+    claimed = await store.claim_one("w1")
+    assert claimed is not None
+    assert await store.fail(claimed, "w1")
+    assert await store.insert(unique_task(store, "b", {"n": 1})) == [True]
+    before = await store.get("a")
+    revived = dict(before["option"]) | {"max_unexpected_retries": 3}
+    with pytest.raises(UniqueParamsTaken) as raised:
+        await store.driver.update_option(UpdateOptionParams("a", revived, store.now))
+    assert raised.value.holder == "b"
+    assert await store.get("a") == before
+    with pytest.raises(TransitionRefused) as refused:
+        await Publisher(store.driver, clock=store.clock).update_option(
+            "a", OptionChange(max_unexpected_retries=3)
+        )
+    assert refused.value.status == "failed" and "'b'" in refused.value.rule
+    assert await store.get("a") == before
 
 
 async def test_concurrent_sends_of_equal_params_make_one_task(store: Store) -> None:

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from pymongo.errors import OperationFailure
 
-from mscheduler import FakeClock, MongoDriver, Publisher, Task
+from mscheduler import FakeClock, MongoDriver, Publisher, Task, TaskOption
+from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import ClaimParams, FinishParams, RetentionParams
 from mscheduler.drivers.mongo.common import INDEX_NAMES, INDEXES
 from tests.conftest import REAL_URI
@@ -141,3 +142,60 @@ async def test_setup_upgrades_a_store_made_with_the_previous_index_specs(real_da
     wanted = dict((options["name"], keys) for keys, options in INDEXES)
     assert list(indexes["claimers_claim"]["key"].items()) == [(k, v) for k, v in wanted["claimers_claim"]]
     assert indexes["unique_live"].get("unique") is True
+
+
+async def test_a_tz_aware_client_keeps_one_write_per_claim(real_database: Any) -> None:
+    """Item 14: with ``tz_aware=True`` the date-arithmetic probe read an aware datetime and
+    compared it with a naive one: every claim was followed by a fix-up write."""
+    from pymongo import AsyncMongoClient
+
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(REAL_URI, tz_aware=True)
+    try:
+        driver = MongoDriver(client[real_database.name])
+        await driver.setup()
+        assert driver.date_arithmetic is True
+        await Publisher(driver, clock=FakeClock(NOW)).send(Task("t1", "job"))
+        assert len(await driver.claim(ClaimParams("w1", ["job"], NOW, ["a1"], LEASE))) == 1
+        assert driver.fixups == 0
+    finally:
+        await client.close()
+
+
+async def test_a_reset_in_a_transaction_whose_params_are_taken_commits(real_database: Any) -> None:
+    """Item 14: a reset whose params hash a live task holds is skipped (not created); its
+    duplicate key error used to abort the caller's transaction."""
+    driver = MongoDriver(real_database)
+    await driver.setup()
+    publisher = Publisher(driver, clock=FakeClock(NOW))
+    option = TaskOption(max_unexpected_retries=0)
+    assert await publisher.send(Task("a", "job", {"n": 1}, unique_by="params", option=option))
+    (claimed,) = await driver.claim(ClaimParams("w1", ["job"], NOW, ["a1"], LEASE))
+    failure = {"type": "RuntimeError", "message": "boom", "traceback": None}
+    later = NOW + timedelta(seconds=1)
+    assert await driver.finish([FinishParams("a", "w1", claimed.attempt, later, "failed", error=failure)])
+    assert await publisher.send(Task("b", "job", {"n": 1}, unique_by="params"))
+    orders = real_database["orders"]
+    await orders.insert_one({"_id": "seed"})
+
+    async def work(session: Any) -> list[bool]:
+        await orders.insert_one({"_id": "o1"}, session=session)
+        again = [Task("a", "job", {"n": 1}, unique_by="params"), Task("c", "job", {"n": 2})]
+        return await publisher.send_many(again, reset_finished=True, session=session)
+
+    async with real_database.client.start_session() as session:
+        assert await session.with_transaction(work) == [False, True]
+    assert await orders.count_documents({"_id": "o1"}) == 1, "the transaction committed"
+
+
+async def test_a_change_stream_refused_while_the_set_starts_is_opened_again(real_database: Any) -> None:
+    """Item 14: an aggregate refused with 94 (NotYetInitialized) is a passing error: the watcher
+    reopens (it used to read "replica set" in the text as "no change streams" and poll for life)."""
+    app = f"audit2-{uuid.uuid4().hex[:6]}"
+    driver = await driver_with_app(real_database, app)
+    try:
+        async with fail_command(real_database, app, {"failCommands": ["aggregate"], "errorCode": 94}):
+            with pytest.raises(StorageError) as refused:
+                await anext(aiter(driver.watch(["job"])))
+        assert refused.value.transient
+    finally:
+        await driver.database.client.close()

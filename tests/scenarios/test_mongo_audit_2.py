@@ -8,26 +8,34 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pymongo.errors import BulkWriteError, WriteConcernError
+from mongomock_motor import AsyncMongoMockClient
+from pymongo.errors import AutoReconnect, BulkWriteError, OperationFailure, PyMongoError, WriteConcernError
 
-from mscheduler import FakeClock, Publisher, Task
+from mscheduler import FakeClock, Publisher, Task, TaskOption
 from mscheduler.cli.check import EXPECTED_INDEXES
+from mscheduler.domain.exceptions import StorageError
 from mscheduler.domain.limits import Limit
+from mscheduler.domain.plans import Plan
+from mscheduler.domain.schedule import EverySchedule, PlanTiming
 from mscheduler.drivers.base import (
     AcquireParams,
     AttemptReport,
+    ChangeStreamUnsupported,
     ClaimParams,
     FinishParams,
+    InsertPlanParams,
     PingParams,
     PutLimitParams,
     RetentionParams,
     SyncParentsParams,
 )
-from mscheduler.drivers.mongo.common import INDEXES
+from mscheduler.drivers.mongo.common import INDEXES, watch_error
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.testing.mongomock import mongomock_database
+from tests.conformance.support import assert_derived
 from tests.scenarios.mongo_fakes import Database, Refusing, ReplicaSet, ServerIndexes
-from tests.scenarios.test_mongo_retries import claim_params, entries, flaky_driver, publish
+from tests.scenarios.test_mongo_reads_and_sessions import _Session, _SessionCollection
+from tests.scenarios.test_mongo_retries import FlakyCollection, claim_params, entries, flaky_driver, publish
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
@@ -235,3 +243,173 @@ async def test_setup_on_a_store_of_the_previous_build_rebuilds_changed_indexes_a
 
 async def _resolved(value: Any) -> Any:
     return await value if hasattr(value, "__await__") else value
+
+
+# -- item 14: the smaller ones ----------------------------------------------------------------------
+
+
+class _ProbeAdding:
+    """The scratch collection of a server that adds milliseconds to a date in an update pipeline
+    (mongomock cannot): the probe's document gets its ``t`` the way a server would store it."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    async def update_one(self, filter_: Any, update: Any, **kwargs: Any) -> Any:
+        if filter_ == {"_id": "date_arithmetic"} and isinstance(update, list):
+            added = update[0]["$set"]["t"]["$add"]
+            update = {"$set": {"t": added[0]["$literal"] + timedelta(milliseconds=added[1])}}
+        return await self._inner.update_one(filter_, update, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+async def test_a_tz_aware_client_passes_the_date_arithmetic_probe() -> None:
+    """``AsyncMongoClient(tz_aware=True)`` reads aware datetimes: the probe compared them with a
+    naive one, concluded "no date arithmetic" and doubled every claim's writes (a fix-up each)."""
+    inner = AsyncMongoMockClient(tz_aware=True)["tz"]
+    database = Database(inner, {"mscheduler_probe": _ProbeAdding(inner["mscheduler_probe"])})
+    driver = MongoDriver(database, majority=False)
+    await driver.setup()
+    assert driver.date_arithmetic is True
+
+
+async def test_a_lost_plan_insert_reply_is_recognised_on_a_tz_aware_client() -> None:
+    """The recovery of a plan insert whose reply was lost compares the stored creation time with
+    the one sent: aware (tz_aware client) against naive, it never matched and the plan was said
+    to exist already (the caller's own plan refused)."""
+    driver = MongoDriver(AsyncMongoMockClient(tz_aware=True)["tz"], backoff=0.0005, max_backoff=0.002)
+    await driver.setup()
+    flaky = FlakyCollection(driver.plans)
+    flaky.COROUTINES = (*FlakyCollection.COROUTINES, "insert_one")
+    driver.plans = flaky
+    flaky.fail("insert_one", AutoReconnect("connection reset"), after_apply=True)
+    timing = PlanTiming(schedule=EverySchedule(interval=timedelta(minutes=1), start=NOW))
+    plan = Plan(plan_id="p1", name="job", timing=timing).to_storage(NOW)
+    assert await driver.insert_plan(InsertPlanParams(plan, NOW)) is True
+    assert flaky.calls["insert_one"] == 1, "found by the recovery read, not sent again"
+
+
+async def test_a_change_stream_refused_while_the_set_starts_is_reopened_not_given_up() -> None:
+    """Code 94 (NotYetInitialized: the replica set has not initiated yet) names the replica set
+    in its text; it was read as "no change streams here" and the consumer polled for life."""
+    starting = OperationFailure("no replset config has been received; replica set not initialized", code=94)
+    error = watch_error(starting, None)
+    assert isinstance(error, StorageError) and error.transient
+    for code in (40573, 40415, 115, 376):  # what does mean "cannot watch": by code, not by text
+        assert isinstance(watch_error(OperationFailure("x", code=code), None), ChangeStreamUnsupported)
+
+
+async def test_a_document_without_a_retry_budget_is_unlimited_not_exhausted() -> None:
+    """``{$ne: [missing, null]}`` is true: a task document without
+    ``option.max_unexpected_retries`` (written by hand, or by an earlier build) derived as out of
+    budget at its first failure. Missing is unlimited, as the Python definition says."""
+    driver = MongoDriver(mongomock_database())
+    await driver.setup()
+    await publish(driver, "t1")
+    await driver.tasks.update_one({"key": "t1"}, {"$unset": {"option.max_unexpected_retries": ""}})
+    (claimed,) = await driver.claim(claim_params())
+    failure = {"type": "RuntimeError", "message": "boom", "traceback": None}
+    later = FinishParams("t1", "w1", claimed.attempt, LATER, "failed", error=failure, retry_at=LATER)
+    assert await driver.finish([later]) == [True]
+    doc = await driver.get_task("t1")
+    assert doc is not None and doc["state"]["status"] == "pending"
+    assert_derived(doc)
+
+
+class _TransactionCollection(_SessionCollection):
+    """mongomock has no sessions: this records the writes made in the caller's session and
+    whether one of them failed (a write error inside a transaction aborts it on a server)."""
+
+    def __getattr__(self, name: str) -> Any:
+        call = super().__getattr__(name)
+        if not callable(call) or name not in ("bulk_write", "update_many", "update_one", "insert_many"):
+            return call
+
+        async def in_transaction(*args: Any, **kwargs: Any) -> Any:
+            inside = "session" in kwargs
+            try:
+                return await call(*args, **kwargs)
+            except PyMongoError:
+                if inside:
+                    self.__dict__["aborted"] = True
+                raise
+
+        return in_transaction
+
+
+async def test_a_reset_in_a_transaction_whose_params_are_taken_leaves_the_transaction_alive() -> None:
+    """``send_many(..., reset_finished=True, session=s)``: a finished task whose params hash a
+    live task holds is not reset (reported not created). The reset's duplicate key error aborted
+    the caller's transaction; the hash is now read first, in the session, and that task skipped."""
+    driver = MongoDriver(mongomock_database(), backoff=0.0005, max_backoff=0.002)
+    await driver.setup()
+    collection = _TransactionCollection(driver.tasks)
+    driver.tasks = driver.tasks_primary = driver.tasks_recovery = collection
+    publisher = Publisher(driver, clock=FakeClock(NOW))
+    option = TaskOption(max_unexpected_retries=0)
+    assert await publisher.send(Task("a", "job", {"n": 1}, unique_by="params", option=option))
+    (claimed,) = await driver.claim(claim_params())
+    failure = {"type": "RuntimeError", "message": "boom", "traceback": None}
+    assert await driver.finish([FinishParams("a", "w1", claimed.attempt, LATER, "failed", error=failure)])
+    assert await publisher.send(Task("b", "job", {"n": 1}, unique_by="params"))
+    # (one task per call: mongomock numbers the upserts of a bulk write wrongly)
+    again = Task("a", "job", {"n": 1}, unique_by="params")
+    assert await publisher.send(again, reset_finished=True, session=_Session()) is False
+    assert not collection.__dict__.get("aborted"), "no write error inside the caller's transaction"
+    doc = await driver.get_task("a")
+    assert doc is not None and doc["state"]["status"] == "failed"
+
+
+class _TooLargeFor:
+    """A collection on which a claim of the documents in ``bad`` fails as too large (17419: the
+    document after the update would pass 16 MiB). ``meanwhile`` runs once, just before the first
+    refusal: what another process does between the failed claim and the driver's next read."""
+
+    def __init__(self, inner: Any, bad: set[str], meanwhile: Any = None) -> None:
+        self._inner = inner
+        self.bad = bad
+        self.meanwhile = meanwhile
+
+    async def find_one_and_update(self, filter_: Any, update: Any, *, sort: Any = None, **kwargs: Any) -> Any:
+        cursor = self._inner.find(filter_, {"key": 1})
+        if sort:
+            cursor = cursor.sort(sort)
+        head = [doc["key"] async for doc in cursor.limit(1)]
+        if head and head[0] in self.bad:
+            if self.meanwhile is not None:
+                hook, self.meanwhile = self.meanwhile, None
+                await hook()
+            raise OperationFailure("Resulting document after update is larger than 16777216", code=17419)
+        return await self._inner.find_one_and_update(filter_, update, sort=sort, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+async def test_a_claim_too_large_for_its_task_marks_that_task_not_the_new_head() -> None:
+    """After a claim fails because its task cannot take another entry, the driver marked
+    whatever headed the claim order at the next read: a healthy task that arrived in between
+    (a higher priority) was failed for good instead. The failing task itself is now identified:
+    the claim is tried again on the head's key alone, and only a task that fails that way too is
+    marked broken (a healthy head is simply claimed)."""
+    driver = MongoDriver(mongomock_database(), backoff=0.0005, max_backoff=0.002)
+    await driver.setup()
+    await publish(driver, "big", priority=5)
+    await publish(driver, "t2")
+
+    async def healthy_arrives() -> None:
+        await publish(driver, "h", priority=9)
+
+    refusing = _TooLargeFor(driver.tasks, {"big"}, healthy_arrives)
+    driver.tasks = driver.tasks_primary = driver.tasks_recovery = refusing
+    first = await driver.claim(claim_params("w1"))
+    h = await driver.get_task("h")
+    assert h is not None and h["state"].get("broken") is None, "the healthy task is not marked"
+    assert [c.key for c in first] == ["h"], "the healthy head is claimed"
+    assert await driver.claim(claim_params("w2")) == [], "big heads the order: it fails again"
+    assert [c.key for c in await driver.claim(claim_params("w3"))] == ["t2"]
+    big = await driver.get_task("big")
+    assert big is not None and big["state"]["broken"]["type"] == "TaskDocumentError"
+    assert big["state"]["status"] == "failed"

@@ -31,7 +31,7 @@ from mscheduler.domain.events import (
     task_event,
 )
 from mscheduler.domain.exceptions import InvalidInput
-from mscheduler.domain.state import claimer_tokens, derive, family_inputs
+from mscheduler.domain.state import LIVE, claimer_tokens, derive, family_inputs
 from mscheduler.drivers.base import (
     ChangeEvent,
     ClaimedTask,
@@ -462,6 +462,22 @@ class MemoryDriver(
         doc = self._tasks.get(params.key)
         if doc is None:
             return False
+        if doc.get("unique_hash") is not None and doc["state"]["status"] not in LIVE:
+            # an edit may make a finished task live again (a larger retry budget): refused while
+            # another live task holds its params hash, as MongoDB's unique index refuses it
+            state = doc["state"]
+            after = derive(
+                doc["name"],
+                dict(params.option),
+                state["worker_states"],
+                state.get("broken") is not None,
+                state.get("expired_at") is not None,
+                state.get("cancelled") is not None,
+                state.get("paused") is True,
+                **family_inputs(state),
+            )
+            if after["status"] in LIVE:
+                self._check_unique(doc)
         doc["option"] = dict(params.option)
         self._write(doc, params.now)
         self._record([task_event(EventKind.EDITED, params.key, doc["name"], params.now)], params.now)

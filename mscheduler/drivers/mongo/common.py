@@ -45,8 +45,9 @@ PROBE = "mscheduler_probe"
 
 WS = "state.worker_states"
 TRANSIENT_ERRORS = (AutoReconnect, ConnectionFailure, NetworkTimeout, NotPrimaryError, ExecutionTimeout)
-# Server codes that a retry may fix: interrupted / shutting down / not primary / write conflict.
-TRANSIENT_CODES = frozenset({6, 7, 89, 91, 112, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436})
+# Server codes that a retry may fix: interrupted / shutting down / not primary / write conflict /
+# not yet initialized (94: a replica set that is starting).
+TRANSIENT_CODES = frozenset({6, 7, 89, 91, 94, 112, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436})
 # Write-concern errors worth retrying: the retryable-writes list (the write may not have been
 # applied on a majority because the node stepped down or shut down).
 RETRYABLE_WRITE_CONCERN_CODES = frozenset({6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436})
@@ -58,7 +59,8 @@ CONFIG_CODES = frozenset({13, 18, 79, 100, 8000})
 DOCUMENT_CODES = frozenset({10334, 17419, 17420})
 # The server or the fake cannot watch at all (standalone: 40573; $changeStream unknown: 40415;
 # command not supported: 115; change streams disabled on a serverless tier: 376). 303 is not
-# here: it is a connection error (a transient one).
+# here: it is a connection error (a transient one); nor is 94 (NotYetInitialized: a replica set
+# that is starting), retried like any passing error.
 CHANGE_STREAM_UNSUPPORTED_CODES = frozenset({40573, 40415, 115, 376})
 # The stored resume token can no longer be used: start afresh without it and poll once.
 CHANGE_STREAM_TOKEN_LOST_CODES = frozenset({286, 280, 260, 9})
@@ -199,7 +201,9 @@ def _derive_stages(now: datetime) -> list[dict[str, Any]]:
     """``mscheduler.domain.state.derive`` as update-pipeline stages."""
     cnt = "$option.concurrent_worker_cnt"
     finished = {"$gte": ["$state.success_cnt", cnt]}
-    budget = "$option.max_unexpected_retries"  # null: unlimited ($gt would say any count > null)
+    # null or missing: unlimited ($gt would say any count > null; $ne says missing != null, so the
+    # missing case is folded into null first)
+    budget = {"$ifNull": ["$option.max_unexpected_retries", None]}
     final_entries = {"$filter": {"input": f"${WS}", "as": "e", "cond": {"$eq": ["$$e.final", True]}}}
     exhausted = {
         "$or": [
@@ -612,7 +616,9 @@ def _stop_of(ms: dict[str, Any]) -> tuple[str | None, tuple[str, ...] | None]:
 
 
 def watch_error(exc: OperationFailure, token: Any) -> Exception:
-    if exc.code in CHANGE_STREAM_UNSUPPORTED_CODES or "replica set" in str(exc).lower():
+    # by code only: an error's text naming the replica set (94, NotYetInitialized, while a set
+    # starts) is a passing state, reopened with backoff, not "no change streams here"
+    if exc.code in CHANGE_STREAM_UNSUPPORTED_CODES:
         return ChangeStreamUnsupported(str(exc))
     if token is not None and (exc.code in CHANGE_STREAM_TOKEN_LOST_CODES or not _is_transient(exc)):
         # history lost, or a token the server cannot parse (50811, 40647, 40649, ...): any

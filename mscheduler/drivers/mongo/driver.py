@@ -87,6 +87,7 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     TASKS,
     TRANSIENT_CODES,
     TRANSIENT_ERRORS,
+    UNIQUE_LIVE_INDEX,
     WAKEUP_INDEX,
     WORKERS,
     WS,
@@ -288,7 +289,8 @@ class MongoDriver(
             except (AssertionError, NotImplementedError, TypeError):
                 return False
             doc = await self.probe.find_one({"_id": "date_arithmetic"})
-            return bool(doc and doc.get("t") == when + timedelta(seconds=1))
+            # compared as aware UTC: a tz_aware client reads aware datetimes
+            return bool(doc and _in(doc.get("t")) == _in(when + timedelta(seconds=1)))
 
         async def update_hint() -> bool:
             try:
@@ -442,7 +444,10 @@ class MongoDriver(
         options: one bulk write for the batch, then one read of which ones it reset."""
         mark = uuid.uuid4().hex
         ops = []
+        taken = await self._taken_hashes(params) if params.session is not None else set()
         for task in params.tasks:
+            if task.unique_hash is not None and task.unique_hash in taken:
+                continue  # a live task holds its params: not reset (reported not created)
             doc = new_task_document(task, params.now)
             state = dict(doc["state"])
             state.pop("create_time")
@@ -456,6 +461,8 @@ class MongoDriver(
                 "$unset": {"state.broken": "", "state.checkpoint": "", "state.progress": ""},
             }
             ops.append(UpdateOne({"key": task.key, "state.status": {"$in": list(FINISHED)}}, update))
+        if not ops:
+            return set()
 
         async def write() -> int:
             try:
@@ -491,6 +498,32 @@ class MongoDriver(
 
         await self._call("reset tasks (unmark)", unmark, session=params.session)
         return reset
+
+    async def _taken_hashes(self, params: InsertParams) -> set[str]:
+        """Inside the caller's transaction, the params hashes of ``params.tasks`` that would make a
+        reset fail: held by a live task, or by an earlier task of the batch. Read first, in the
+        session, because a duplicate key error in a transaction aborts it (the caller's writes
+        with it); the session's snapshot covers the reset that follows, and a task that takes a
+        hash meanwhile conflicts with it (a write conflict: the caller's with_transaction
+        retries)."""
+        hashes = [t.unique_hash for t in params.tasks if t.unique_hash is not None]
+        if not hashes:
+            return set()
+
+        async def read() -> set[str]:
+            # $type: the partial index unique_live holds strings only; a query must say so for
+            # the planner to use it (an equality alone does not prove the subset)
+            filter_ = {"state.unique_live": {"$in": hashes, "$type": "string"}}
+            cursor = self.tasks_primary.find(filter_, {"state.unique_live": 1}, session=params.session)
+            return {doc["state"]["unique_live"] async for doc in cursor.hint(UNIQUE_LIVE_INDEX)}
+
+        taken = await self._call("reset tasks (params taken)", read, session=params.session)
+        seen: set[str] = set()
+        for h in hashes:  # a batch that resets two tasks of equal params: the first one only
+            if h in seen:
+                taken.add(h)
+            seen.add(h)
+        return taken
 
     # -- claim / ping / finish --------------------------------------------------------------------
 
@@ -565,9 +598,8 @@ class MongoDriver(
             if not exc.document:
                 raise
             # One task cannot take another entry (too large): left as it is, it would fail
-            # every claim of every consumer. Mark it failed, with the reason, and carry on.
-            await self._mark_unclaimable(filter_, sort, exc, params.now)
-            return None
+            # every claim of every consumer. Find it, mark it failed with the reason, carry on.
+            doc = await self._claim_head_or_mark_it(filter_, sort, pipeline, recover, exc, params.now)
         if doc is None:
             return None
         doc = _in(doc)
@@ -611,18 +643,44 @@ class MongoDriver(
         await self._call("fix first lease", lambda: self.tasks.update_one(filter_, update))
         return expire
 
-    async def _mark_unclaimable(
-        self, filter_: dict[str, Any], sort: Any, exc: StorageError, now: datetime
-    ) -> None:
+    async def _claim_head_or_mark_it(
+        self,
+        filter_: dict[str, Any],
+        sort: Any,
+        pipeline: list[dict[str, Any]],
+        recover: Callable[[], Awaitable[dict[str, Any] | None]],
+        exc: StorageError,
+        now: datetime,
+    ) -> dict[str, Any] | None:
+        """After a claim failed as too large: which task failed is not in the error, and what
+        heads the claim order now may be another (a higher priority that arrived meanwhile, the
+        failing one claimed by nobody). So the claim is tried again on the head's key alone: a
+        task that fails that way too is the one that cannot take another entry, and is marked
+        broken; a healthy head is claimed (returned); a head taken meanwhile gives None."""
+
         async def find() -> dict[str, Any] | None:
             cursor = self.tasks_primary.find(filter_, {"key": 1}).sort(sort).limit(1).hint(CLAIM_INDEX)
             docs = [doc async for doc in cursor]
             return docs[0] if docs else None
 
-        doc = await self._call("claim (find the broken task)", find)
-        if doc is None:
-            return
-        await self._set_broken(doc["key"], "TaskDocumentError", f"the task cannot be claimed: {exc}", now)
+        head = await self._call("claim (find the task that failed)", find)
+        if head is None:
+            return None
+        pinned = {"$and": [filter_, {"key": head["key"]}]}
+
+        async def claim_head() -> dict[str, Any] | None:
+            doc: dict[str, Any] | None = await self.tasks.find_one_and_update(
+                pinned, pipeline, return_document=ReturnDocument.AFTER, hint=KEY_INDEX
+            )
+            return doc
+
+        try:
+            return await self._call("claim (the head alone)", claim_head, recover=recover)
+        except StorageError as again:
+            if not again.document:
+                raise
+        await self._set_broken(head["key"], "TaskDocumentError", f"the task cannot be claimed: {exc}", now)
+        return None
 
     async def _set_broken(self, key: str, error_type: str, message: str, now: datetime) -> None:
         """Fail a task whose document cannot be written as usual; the reason is kept on the task."""

@@ -96,7 +96,9 @@ class MongoPlans:
         async def recover() -> bool | None:
             # the reply was lost: ours if the stored plan is the one we sent (same create_time)
             found = await self.plans.find_one({"_id": doc["_id"]}, {"create_time": 1, "version": 1})
-            if found is not None and found.get("create_time") == doc["create_time"] and found["version"] == 1:
+            # compared as aware UTC: a tz_aware client reads aware datetimes, the sent one is naive
+            same_time = found is not None and _in(found.get("create_time")) == _in(doc["create_time"])
+            if found is not None and same_time and found["version"] == 1:
                 return True
             return None
 

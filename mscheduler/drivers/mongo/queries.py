@@ -195,7 +195,10 @@ class MongoTaskQueries:
         async def update() -> Any:
             return await self.tasks.update_one({"key": params.key}, pipeline)
 
-        result = await self._call("update option", update)
+        try:
+            result = await self._call("update option", update)
+        except DuplicateKeyError as exc:  # the unique index unique_live: a revived task's params are taken
+            raise UniqueParamsTaken(params.key, await self._unique_holder_of(params.key)) from exc
         return bool(result.matched_count)
 
     async def control_task(self, params: ControlParams) -> dict[str, Any] | None:
