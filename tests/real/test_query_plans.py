@@ -558,3 +558,56 @@ async def test_stats_read_live_keys_and_only_the_finished_documents(backlog: Bac
     total = await backlog.count()
     assert finished < total // 10  # the backlog is mostly live tasks: a scan would show
     assert_plan(plan, FINISHED_INDEX, max_keys=finished + 2, max_docs=finished, what="stats window")
+
+
+# -- issue 18 A: bounded cost on a busy replica set ---------------------------------------------
+
+
+def assert_indexes_only(plan: Plan, indexes: set[str], *, max_keys: int, max_docs: int, what: str) -> None:
+    """Like ``assert_plan`` for a plan that may read several indexes (an ``$or``'s branches)."""
+    assert "COLLSCAN" not in plan.stages, f"{what}: a collection scan: {plan.summary()}"
+    assert not IN_MEMORY_SORTS.intersection(plan.stages), f"{what}: an in-memory sort: {plan.summary()}"
+    assert plan.indexes and plan.indexes <= indexes, (
+        f"{what}: expected only {sorted(indexes)}: {plan.summary()}"
+    )
+    assert plan.keys <= max_keys, f"{what}: read {plan.keys} keys (at most {max_keys}): {plan.summary()}"
+    assert plan.docs <= max_docs, f"{what}: read {plan.docs} documents (at most {max_docs}): {plan.summary()}"
+
+
+async def test_the_transactional_upsert_reads_the_key_and_the_params_hash_only(backlog: Backlog) -> None:
+    """18.1: inside the caller's transaction a task unique by params is an upsert on
+    ``{$or: [{key}, {state.unique_live: {$eq: h, $type: "string"}}]}``: each branch on its index
+    (``key``, and the ``$type``-partial ``unique_live``, usable only because the query states
+    the ``$type``), whatever the backlog. The holder's read (after a refusal) likewise."""
+    from mscheduler.drivers.mongo.common import UNIQUE_LIVE_INDEX
+
+    await Publisher(backlog.driver, clock=FakeClock(T0)).send_many(
+        [Task(f"uniq-{i:04}", "uniq", {"i": i}, unique_by="params") for i in range(500)]
+    )
+
+    async def send_in_a_transaction(driver: MongoDriver) -> None:
+        publisher = Publisher(driver, clock=FakeClock(T0))
+        async with driver.database.client.start_session() as session:
+
+            async def work(s: Any) -> None:
+                await publisher.send(Task("uniq-new", "uniq", {"i": 7}, unique_by="params"), session=s)
+
+            await session.with_transaction(work)
+
+    command = await backlog.command_of("update", send_in_a_transaction)
+    (update,) = command["updates"]
+    assert update.get("upsert") is True
+    plan = await backlog.explain(command)
+    assert_indexes_only(
+        plan, {KEY_INDEX, UNIQUE_LIVE_INDEX}, max_keys=4, max_docs=2, what="transactional upsert"
+    )
+
+    async def holder(driver: MongoDriver) -> None:
+        await Publisher(driver, clock=FakeClock(T0)).send(
+            Task("uniq-0007", "uniq", {"i": 7}, unique_by="params")
+        )
+        await driver._unique_holder_of("uniq-0007")
+
+    command = await backlog.command_of("find", holder)
+    plan = await backlog.explain(command)
+    assert_indexes_only(plan, {UNIQUE_LIVE_INDEX}, max_keys=2, max_docs=1, what="the params hash's holder")

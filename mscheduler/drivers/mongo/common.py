@@ -87,6 +87,16 @@ FINISHED_INDEX = "finished_key"
 # ``finished_key`` replaced it: the finished listing's order needs key). An index whose keys or
 # options change keeps its name only if ``setup`` may rebuild it (drivers/mongo/indexes.py).
 RETIRED_INDEXES = ("finished", "claim", "status")
+
+
+def live_hash(unique_hash: Any) -> dict[str, Any]:
+    """The condition "``state.unique_live`` is this hash" in the form the partial index
+    ``unique_live`` serves: its filter is ``{$type: "string"}``, and the planner uses a partial
+    index only for a query it can prove is inside the filter; an equality on a value is not
+    (server matcher/expression_algo.cpp ``isSubsetOf`` has no ``$type`` rule), the ``$type`` is."""
+    return {"$eq": unique_hash, "$type": "string"}
+
+
 # The group listing's partial index holds the aimed tasks only; a query must state the same
 # clause for the planner to use (or be hinted to) it.
 AIMED_AT_GROUPS = {"option.specific_groups.0": {"$exists": True}}

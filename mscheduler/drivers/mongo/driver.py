@@ -106,6 +106,7 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     _translate,
     _write_concern_codes,
     change_event,
+    live_hash,
     log,
     read_page,
     watch_error,
@@ -421,10 +422,13 @@ class MongoDriver(
         """Inside the caller's transaction: an existing key must not abort it, as a duplicate key
         error would. An upsert with ``$setOnInsert`` creates the task or leaves it; nothing is
         retried here and PyMongo's errors keep their labels (see ``_call``)."""
-        # a task unique by params is not inserted while a live task holds its hash either
+        # A task unique by params is not inserted while a live task holds its hash either. The
+        # $type is what lets the $or's second branch use the partial index unique_live (an
+        # equality alone cannot be proven inside a {$type: "string"} partial filter: the branch
+        # would scan the collection, per task, inside the caller's transaction).
         ops = [
             UpdateOne(
-                {"$or": [{"key": doc["key"]}, {"state.unique_live": doc["unique_hash"]}]}
+                {"$or": [{"key": doc["key"]}, {"state.unique_live": live_hash(doc["unique_hash"])}]}
                 if doc.get("unique_hash")
                 else {"key": doc["key"]},
                 {"$setOnInsert": doc},

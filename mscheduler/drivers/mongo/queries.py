@@ -33,6 +33,7 @@ from mscheduler.drivers.mongo.common import (
     _out,
     _rebuild_entries,
     _resolve,
+    live_hash,
     read_page,
     stop_expression,
 )
@@ -275,7 +276,9 @@ class MongoTaskQueries:
             doc = await self.tasks.find_one({"key": key}, {"unique_hash": 1})
             if doc is None or not doc.get("unique_hash"):
                 return None
-            holder = await self.tasks.find_one({"state.unique_live": doc["unique_hash"]}, {"key": 1})
+            holder = await self.tasks_primary.find_one(
+                {"state.unique_live": live_hash(doc["unique_hash"])}, {"key": 1}
+            )
             return str(holder["key"]) if holder is not None else None
 
         return await self._call("find the holder of a params hash", read)
