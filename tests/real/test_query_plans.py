@@ -611,3 +611,40 @@ async def test_the_transactional_upsert_reads_the_key_and_the_params_hash_only(b
     command = await backlog.command_of("find", holder)
     plan = await backlog.explain(command)
     assert_indexes_only(plan, {UNIQUE_LIVE_INDEX}, max_keys=2, max_docs=1, what="the params hash's holder")
+
+
+async def test_the_deadline_pass_reads_only_pending_tasks_past_their_deadline(backlog: Backlog) -> None:
+    """18.5: the deadline pass (its read for the events, and its update) on the index
+    (status, deadline): an equality on ``pending``, then the range on the deadline. 300 finished
+    tasks whose deadline passed and 100 pending ones due later are not read."""
+    from mscheduler.drivers.mongo.common import DEADLINE_INDEX
+
+    publisher = Publisher(backlog.driver, clock=FakeClock(T0))
+    soon, later = T0 + timedelta(seconds=5), NOW + timedelta(hours=1)
+    await publisher.send_many(
+        [Task(f"dl-done-{i:04}", "dl", option=TaskOption(deadline=soon)) for i in range(300)]
+    )
+    done = await claim_all(backlog.driver, FINISHER, ["dl"], T0)
+    assert all(
+        await backlog.driver.finish([FinishParams(k, FINISHER, a, T0, "succeeded") for k, a in done.items()])
+    )
+    await publisher.send_many(
+        [Task(f"dl-late-{i:04}", "dl-waiting", option=TaskOption(deadline=soon)) for i in range(5)]
+        + [Task(f"dl-future-{i:04}", "dl-waiting", option=TaskOption(deadline=later)) for i in range(100)]
+    )
+    command = await backlog.command_of("update", lambda d: d.expire_deadlines(ExpireParams(NOW)))
+    (update,) = command["updates"]
+    assert update.get("hint") == DEADLINE_INDEX
+    plan = await backlog.explain(command)
+    assert_plan(plan, DEADLINE_INDEX, max_keys=5 + 2, max_docs=5, what="expire_deadlines")
+
+    async def with_events(driver: MongoDriver) -> None:
+        await MongoDriver(driver.database, prefix=SCRATCH_PREFIX, events=True).expire_deadlines(
+            ExpireParams(NOW)
+        )
+
+    await backlog.scratch.tasks.delete_many({})  # the pass above expired nothing there; again
+    command = await backlog.command_of("find", with_events)
+    assert command.get("hint") == DEADLINE_INDEX
+    plan = await backlog.explain(command)
+    assert_plan(plan, DEADLINE_INDEX, max_keys=5 + 2, max_docs=5, what="expire_deadlines (read for events)")

@@ -10,7 +10,10 @@ from typing import Any
 
 from pymongo import UpdateOne
 
-from mscheduler import FakeClock, Publisher, Task
+from mscheduler import FakeClock, Publisher, Task, TaskOption
+from mscheduler.domain.exceptions import StorageError
+from mscheduler.drivers.base import ExpireParams
+from mscheduler.drivers.mongo.common import DEADLINE_INDEX, INDEXES
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.testing.mongomock import mongomock_database
 from tests.scenarios.test_mongo_reads_and_sessions import _Session, _SessionCollection
@@ -77,3 +80,33 @@ async def test_the_transactional_upsert_states_the_type_of_the_partial_unique_in
     reads = [args[0] for name, args, _ in recording.sent if name in ("find", "find_one")]
     conditions = [c for f in reads for c in unique_live_conditions(f)]
     assert conditions and all(isinstance(c, dict) and c.get("$type") == "string" for c in conditions)
+
+
+async def test_the_deadline_pass_is_served_by_an_index_that_leads_with_the_status() -> None:
+    """Item 5: the deadline index was (deadline, status): the pass's range on the deadline came
+    first, so it read a key per past deadline of any status, finished ones included. The index is
+    (status, deadline): an equality on ``pending``, then the range. A store of an earlier build
+    loses the range-first index."""
+    database = mongomock_database()
+    await database["mscheduler_tasks"].create_index(
+        [("option.deadline", 1), ("state.status", 1)], name="deadline"
+    )
+    driver = MongoDriver(database)
+    await driver.setup()
+    keys = {options["name"]: keys for keys, options in INDEXES}
+    assert keys[DEADLINE_INDEX] == [("state.status", 1), ("option.deadline", 1)]
+    names = set(await driver.index_names())
+    assert DEADLINE_INDEX in names and "deadline" not in names
+    await Publisher(driver, clock=FakeClock(NOW)).send(
+        Task("t", "job", option=TaskOption(deadline=NOW + LEASE))
+    )
+    # the pass names that index (a real server takes hints on updates; mongomock does not)
+    driver.update_hints = True
+    recording = Recording(driver.tasks)
+    driver.tasks = recording
+    try:
+        await driver.expire_deadlines(ExpireParams(NOW + 2 * LEASE))
+    except (NotImplementedError, StorageError):
+        pass  # mongomock refuses the hint it was given; what was sent is what counts
+    (update,) = [kwargs for name, _, kwargs in recording.sent if name == "update_many"]
+    assert update.get("hint") == DEADLINE_INDEX

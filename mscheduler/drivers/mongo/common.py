@@ -77,16 +77,17 @@ NAME_INDEX = "list_name"
 CREATED_INDEX = "list_created"
 WORKER_INDEX = "list_worker"
 GROUP_INDEX = "list_group"
-DEADLINE_INDEX = "deadline"
+DEADLINE_INDEX = "status_deadline"
 UNIQUE_LIVE_INDEX = "unique_live"
 PARENTS_INDEX = "parents"
 STATS_COUNTS_INDEX = "stats_counts"
 FINISHED_INDEX = "finished_key"
 # Index names of earlier builds that ``setup`` drops once their replacements exist: ``claim`` and
 # ``status`` (before the claimer tokens), ``finished`` (state.status, state.finish_time, name;
-# ``finished_key`` replaced it: the finished listing's order needs key). An index whose keys or
+# ``finished_key`` replaced it: the finished listing's order needs key), ``deadline`` (deadline,
+# status: range-first; ``status_deadline`` replaced it). An index whose keys or
 # options change keeps its name only if ``setup`` may rebuild it (drivers/mongo/indexes.py).
-RETIRED_INDEXES = ("finished", "claim", "status")
+RETIRED_INDEXES = ("finished", "claim", "status", "deadline")
 
 
 def live_hash(unique_hash: Any) -> dict[str, Any]:
@@ -133,8 +134,10 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
         [("option.specific_groups", 1), ("state.create_time", 1), ("key", 1)],
         {"name": GROUP_INDEX, "partialFilterExpression": AIMED_AT_GROUPS},
     ),
-    # the deadline pass: tasks whose deadline is past (null deadlines sort below every date)
-    ([("option.deadline", 1), ("state.status", 1)], {"name": DEADLINE_INDEX}),
+    # the deadline pass: pending tasks whose deadline is past. The equality first (ESR): the
+    # pass reads a key per pending task past its deadline, not one per past deadline of any
+    # status (finished ones included). A null deadline is outside a date range.
+    ([("state.status", 1), ("option.deadline", 1)], {"name": DEADLINE_INDEX}),
     # unique_by="params": one live task per params hash (unique_live is null once finished, and
     # for tasks not unique by params: outside the partial index)
     (
