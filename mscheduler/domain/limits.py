@@ -6,12 +6,13 @@ consumer obeys the same values, and operators edit it at run time (``Operations.
 document holds the state the limit needs, and every change of that state is one atomic update of
 that one document:
 
-* ``slots``: ``[{a: attempt token, w: worker id, e: expire}]`` — a concurrency slot is leased like a
-  worker entry: acquired just before the claim and stamped with the claim's attempt token, its
-  expiry moved with the task's lease (the pinger extends the slots before it renews the leases),
-  released with the finish, and reclaimed by the next acquire once it has expired.
-* ``starts``: ``[{a: attempt token, t: start time in epoch ms}]`` — the sliding log of starts
-  within the last ``rate`` period (only while a rate is set).
+* ``slots``: ``{attempt token: {w: worker id, e: expire, b: rate bucket}}`` — a concurrency slot
+  is leased like a worker entry: acquired just before the claim and stamped with the claim's
+  attempt token, its expiry moved with the task's lease (the pinger extends the slots before it
+  renews the leases), released with the finish, and reclaimed by the next acquire once it has
+  expired.
+* ``starts``: ``{bucket: count}`` — the rate's starts in the last ``rate`` period, counted per
+  time bucket (the period / 1000, at least a millisecond; only while a rate is set).
 
 ``acquire`` grants ``min(asked, max_running - live slots, rate_n - starts in the window)`` slots
 in one write; the claim that follows starts at most one task per granted slot, with the same
@@ -25,10 +26,11 @@ same as an update pipeline; the conformance suite checks that they agree).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -36,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.model import validate_name
 
-MAX_RATE_N = 10_000  # starts kept in one document's sliding log
+MAX_RATE_N = 10_000  # starts per period
 MAX_RATE_PERIOD = timedelta(days=7)
 MAX_RUNNING_MAX = 100_000
 MAX_NAMES = 100
@@ -176,8 +178,80 @@ class LimitInfo:
         }
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def epoch_ms(when: datetime) -> int:
-    return int(when.timestamp() * 1000)
+    """Milliseconds since the epoch, exactly (``timestamp() * 1000`` may round a millisecond down)."""
+    return (when.astimezone(UTC) - _EPOCH) // timedelta(milliseconds=1)
+
+
+# -- the state of a limit, and the rules both drivers apply to it ---------------------------------
+#
+# ``slots``: {attempt token: {w: holder, e: expire, b: the start's bucket or None}} - an object
+# keyed by token, not an array: granting adds fields, releasing removes them, extending changes
+# one field, so a write's oplog entry (a delta of the fields that changed) stays the size of the
+# change whatever the number of slots; an array would shift every later element on a removal and
+# the server would log the whole document.
+# ``starts``: {bucket: count} - the rate's starts counted per time bucket of the period / 1000
+# (at least 1 ms: periods up to a second are exact to the stored millisecond), at most 1001
+# buckets however high the rate; ``starts_w`` is the width they were counted with.
+# ``live``, ``recent``, ``retry_ms``: what the last acquire left (its reply is projected to them
+# and to the asked slots, so it does not grow with the limit either).
+
+RATE_BUCKETS = 1000
+# a holder longer than this is stored as a digest, so that max_running (up to 100,000) slots fit
+# one document (16 MiB) whatever the worker ids' length (executors' go up to 200 characters)
+HOLDER_MAX = 40
+
+
+def holder_id(worker_id: str) -> str:
+    """How a slot names its worker: the id itself, or ``#`` and a digest of a long one."""
+    if len(worker_id) <= HOLDER_MAX:
+        return worker_id
+    return "#" + hashlib.sha256(worker_id.encode()).hexdigest()[: HOLDER_MAX - 1]
+
+
+def bucket_width(period_ms: int) -> int:
+    """Milliseconds per rate bucket: the period / ``RATE_BUCKETS``, at least 1."""
+    return max(1, period_ms // RATE_BUCKETS)
+
+
+def bucket_key(now_ms: int, width: int) -> str:
+    return str(now_ms // width)
+
+
+def window_floor(now_ms: int, period_ms: int, width: int) -> int:
+    """The first bucket a start of the window ``(now - period, now]`` may be in: bucket ``b``
+    holds times ``[b * w, b * w + w - 1]``, and some of them are in the window iff
+    ``b * w + w - 1 > now - period``. With ``w`` = 1 ms that is the exact sliding window; wider
+    buckets count a start up to ``w`` longer (never shorter: a rate is never exceeded)."""
+    return (now_ms - period_ms + 1) // width
+
+
+def counted_starts(doc: Mapping[str, Any], now: datetime) -> dict[str, int]:
+    """The buckets of ``starts`` inside the rate window at ``now`` (all of them, conservatively,
+    if they were counted with another width: a period changed since)."""
+    if doc.get("rate_n") is None:
+        return {}
+    period = doc["rate_period_ms"]
+    width = bucket_width(period)
+    starts = doc.get("starts") or {}
+    if isinstance(starts, list):  # the layout before issue 18: a log of {a, t} (t in epoch ms)
+        cutoff = epoch_ms(now) - period
+        return {str(s["t"]): 1 for s in starts if s["t"] > cutoff}
+    starts = dict(starts)
+    if doc.get("starts_w", width) != width:
+        return starts
+    low = window_floor(epoch_ms(now), period, width)
+    return {k: n for k, n in starts.items() if int(k) >= low}
+
+
+def _slots(doc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    slots = doc.get("slots") or {}
+    if isinstance(slots, list):  # the layout before issue 18 (an array of {a, w, e}), until an acquire
+        return {s["a"]: {"w": s["w"], "e": s["e"], "b": None} for s in slots}
+    return dict(slots)
 
 
 def from_storage(doc: Mapping[str, Any], now: datetime) -> LimitInfo:
@@ -185,51 +259,77 @@ def from_storage(doc: Mapping[str, Any], now: datetime) -> LimitInfo:
     if doc.get("rate_n") is not None:
         rate = Rate(n=doc["rate_n"], period=timedelta(milliseconds=doc["rate_period_ms"]))
     limit = Limit(key=doc["_id"], names=tuple(doc["names"]), max_running=doc.get("max_running"), rate=rate)
-    live = [s for s in doc.get("slots", []) if s["e"] > now]
+    live = [(a, s) for a, s in _slots(doc).items() if s["e"] > now]
     return LimitInfo(
         limit=limit,
         running=len(live),
-        recent_starts=len(recent_starts(doc, now)),
-        holders=tuple((s["w"], s["a"], s["e"]) for s in live),
+        recent_starts=sum(counted_starts(doc, now).values()),
+        holders=tuple((s["w"], a, s["e"]) for a, s in live),
         update_time=doc.get("update_time"),
     )
-
-
-def recent_starts(doc: Mapping[str, Any], now: datetime, drop: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """The starts inside the rate window ``(now - period, now]`` (none without a rate)."""
-    if doc.get("rate_n") is None:
-        return []
-    cutoff = epoch_ms(now) - doc["rate_period_ms"]
-    return [s for s in doc.get("starts", []) if s["t"] > cutoff and s["a"] not in drop]
 
 
 def grant(
     doc: dict[str, Any], worker_id: str, attempts: Sequence[str], now: datetime, expire: datetime
 ) -> None:
-    """``acquire`` on one limit document, in place (the memory driver; the Mongo pipeline is the
-    same): drop expired slots and starts out of the window (and any earlier grant of these
-    attempts: a retried acquire is not counted twice), then grant the first ``room`` attempts,
-    ``room = min(asked, max_running - live, rate_n - recent)``."""
+    """``acquire`` on one limit document, in place (the memory driver; the Mongo driver's update
+    pipeline is the same, checked equal by the conformance suite): drop expired slots and the
+    buckets that left the window; drop earlier grants of these attempts with their starts (a
+    retried acquire is not counted twice); then grant the first ``room`` attempts a slot (and a
+    start in the current bucket), ``room = min(asked, max_running - live, rate_n - recent)``."""
     mine = set(attempts)
-    slots = [s for s in doc.get("slots", []) if s["e"] > now and s["a"] not in mine]
-    starts = recent_starts(doc, now, drop=list(mine))
+    rated = doc.get("rate_n") is not None
+    slots = _slots(doc)
+    starts: dict[str, int] = {}
+    width, current = 1, ""
+    if rated:
+        period = doc["rate_period_ms"]
+        width = bucket_width(period)
+        now_ms = epoch_ms(now)
+        current = bucket_key(now_ms, width)
+        if doc.get("starts_w", width) != width and doc.get("starts"):
+            # the period changed: every start counted so far goes to the bucket of the latest
+            # (later than each: conservative, a start is counted no shorter than it should be)
+            latest = max(int(k) for k in doc["starts"])
+            key = str(((latest + 1) * doc["starts_w"] - 1) // width)
+            starts = {key: sum(doc["starts"].values())}
+        else:
+            starts = dict(doc.get("starts") or {})
+        low = window_floor(now_ms, period, width)
+        starts = {k: n for k, n in starts.items() if int(k) >= low}
+        for a in mine & slots.keys():  # an earlier grant of these attempts: its start given back
+            given = slots[a].get("b")
+            if given in starts:
+                starts[given] -= 1
+        starts = {k: n for k, n in starts.items() if n > 0}
+    slots = {a: s for a, s in slots.items() if s["e"] > now and a not in mine}
     room = len(attempts)
     if doc.get("max_running") is not None:
         room = min(room, doc["max_running"] - len(slots))
-    if doc.get("rate_n") is not None:
-        room = min(room, doc["rate_n"] - len(starts))
+    if rated:
+        room = min(room, doc["rate_n"] - sum(starts.values()))
     granted = list(attempts[: max(room, 0)])
-    doc["slots"] = slots + [{"a": a, "w": worker_id, "e": expire} for a in granted]
-    if doc.get("rate_n") is not None:
-        doc["starts"] = starts + [{"a": a, "t": epoch_ms(now)} for a in granted]
-    else:
-        doc["starts"] = []
+    holder = holder_id(worker_id)
+    for a in granted:
+        slots[a] = {"w": holder, "e": expire, "b": current if rated else None}
+    if rated and granted:
+        starts[current] = starts.get(current, 0) + len(granted)
+    doc["slots"] = slots
+    doc["starts"] = starts
+    doc["starts_w"] = width if rated else None
+    doc["live"] = len(slots)
+    doc["recent"] = sum(starts.values())
+    doc["retry_ms"] = (
+        (min(int(k) for k in starts) + 1) * width + doc["rate_period_ms"] - 1
+        if rated and starts and doc["recent"] >= doc["rate_n"]
+        else None
+    )
 
 
 def granted_of(doc: Mapping[str, Any], worker_id: str, attempts: Sequence[str], now: datetime) -> list[str]:
     """Which of ``attempts`` hold a live slot of ``worker_id`` in ``doc`` (in asked order)."""
-    held = {s["a"] for s in doc.get("slots", []) if s["w"] == worker_id and s["e"] > now}
-    return [a for a in attempts if a in held]
+    holder, slots = holder_id(worker_id), _slots(doc)
+    return [a for a in attempts if (s := slots.get(a)) is not None and s["w"] == holder and s["e"] > now]
 
 
 def held_in(
@@ -237,31 +337,19 @@ def held_in(
 ) -> dict[str, str]:
     """``held_slots`` over limit documents: attempt -> the key of the limit where ``worker_id``
     holds a live slot for it (an attempt token is granted by one limit at most)."""
-    wanted = set(attempts)
-    return {
-        s["a"]: doc["_id"]
-        for doc in docs
-        for s in doc.get("slots", [])
-        if s["a"] in wanted and s["w"] == worker_id and s["e"] > now
-    }
+    return {a: doc["_id"] for doc in docs for a in granted_of(doc, worker_id, attempts, now)}
 
 
 def acquire_result_fields(doc: Mapping[str, Any], now: datetime) -> dict[str, Any]:
-    """What an ``AcquireResult`` says of the limit after the grant (besides the grants)."""
+    """What an ``AcquireResult`` says of the limit after the grant (besides the grants): from the
+    summary the grant wrote (``live``, ``retry_ms``), so the reply need not carry the slots."""
+    retry_ms = doc.get("retry_ms")
     return {
-        "retry_at": retry_hint(doc, now),
-        "live": sum(1 for s in doc.get("slots", []) if s["e"] > now),
+        "retry_at": datetime.fromtimestamp(retry_ms / 1000, tz=now.tzinfo) if retry_ms is not None else None,
+        "live": doc.get("live", 0),
         "max_running": doc.get("max_running"),
         "rate": doc.get("rate_n") is not None,
     }
-
-
-def retry_hint(doc: Mapping[str, Any], now: datetime) -> datetime | None:
-    """When the rate window frees a start (its oldest start leaves it), if the rate is what binds."""
-    starts = recent_starts(doc, now)
-    if doc.get("rate_n") is None or len(starts) < doc["rate_n"]:
-        return None
-    return datetime.fromtimestamp((min(s["t"] for s in starts) + doc["rate_period_ms"]) / 1000, tz=now.tzinfo)
 
 
 def settle(
@@ -274,18 +362,22 @@ def settle(
 ) -> list[str]:
     """``update_slots`` on one document, in place: release the slots of ``release`` and ``unused``
     (an ``unused`` grant also gives its start back: nothing started), move the expiry of each
-    live slot in ``extend`` (never revive an expired one), drop expired slots. Returns the
-    attempts of ``extend`` whose slot is live afterwards."""
-    dropped = set(release) | set(unused)
-    slots = []
-    for slot in doc.get("slots", []):
-        if slot["e"] <= now or (slot["w"] == worker_id and slot["a"] in dropped):
+    live slot in ``extend`` (never revive an expired one), drop expired slots. Only this worker's
+    slots are touched. Returns the attempts of ``extend`` whose slot is live afterwards."""
+    holder = holder_id(worker_id)
+    dropped, gone = set(release) | set(unused), set(unused)
+    slots: dict[str, dict[str, Any]] = {}
+    starts = dict(doc.get("starts") or {})
+    for a, slot in _slots(doc).items():
+        ours = slot["w"] == holder
+        if ours and a in gone and slot.get("b") in starts:
+            starts[slot["b"]] -= 1
+        if slot["e"] <= now or (ours and a in dropped):
             continue
-        if slot["w"] == worker_id and slot["a"] in extend:
-            slot = {"a": slot["a"], "w": slot["w"], "e": extend[slot["a"]]}
-        slots.append(slot)
+        if ours and a in extend:
+            slot = slot | {"e": extend[a]}
+        slots[a] = slot
     doc["slots"] = slots
-    if unused:
-        gone = set(unused)
-        doc["starts"] = [s for s in doc.get("starts", []) if s["a"] not in gone]
-    return [s["a"] for s in slots if s["w"] == worker_id and s["a"] in extend and s["e"] > now]
+    if gone:
+        doc["starts"] = {k: n for k, n in starts.items() if n > 0}
+    return [a for a in extend if (s := slots.get(a)) is not None and s["w"] == holder and s["e"] > now]

@@ -62,6 +62,7 @@ DEAD = "w-dead"  # claimed tasks with short leases and died
 TARGETED_AT_ABSENT = 10_000
 GROUP = "g-nobody"  # no worker of these tests is in it: 150 tasks wait for its members
 SCRATCH_PREFIX = "explain_scratch_"
+LEASE = timedelta(seconds=30)
 
 # Arguments every command may carry that are not part of what is explained (and that explain
 # refuses inside the explained command): sessions, transactions, write / read concerns, routing.
@@ -648,3 +649,78 @@ async def test_the_deadline_pass_reads_only_pending_tasks_past_their_deadline(ba
     assert command.get("hint") == DEADLINE_INDEX
     plan = await backlog.explain(command)
     assert_plan(plan, DEADLINE_INDEX, max_keys=5 + 2, max_docs=5, what="expire_deadlines (read for events)")
+
+
+async def test_limit_reads_and_writes_touch_one_limit_document(backlog: Backlog) -> None:
+    """18.2: an acquire and a slot update are one findAndModify by ``_id`` (one document);
+    ``held_slots`` reads the wildcard index ``limits_slots`` (``slots.<attempt>.w``): the limits
+    holding those attempts, whatever the number of limits or of slots in them."""
+    from mscheduler.domain.limits import Limit
+    from mscheduler.drivers.base import AcquireParams, PutLimitParams, SlotsParams
+    from mscheduler.drivers.mongo.limits import LIMITS_NAMES_INDEX, LIMITS_SLOTS_INDEX
+
+    driver = backlog.driver
+    for i in range(50):
+        limit = Limit(key=f"lim-{i:02}", max_running=20_000, rate="20000/s")
+        await driver.put_limit(PutLimitParams(limit.key, limit.to_storage(), T0))
+    for start in range(0, 10_000, 500):
+        tokens = [f"t{n:05}" for n in range(start, start + 500)]
+        granted = await driver.acquire_slots(
+            AcquireParams("lim-07", f"w{start}", tokens, T0, T0 + timedelta(hours=1))
+        )
+        assert len(granted.granted) == 500
+    scratch = backlog.scratch
+    for i in range(50):
+        limit = Limit(key=f"lim-{i:02}", max_running=20_000, rate="20000/s")
+        await scratch.put_limit(PutLimitParams(limit.key, limit.to_storage(), T0))
+
+    def explain_on_limits(command: dict[str, Any]) -> Awaitable[Plan]:
+        explained = {k: v for k, v in command.items() if k not in GENERIC_ARGUMENTS}
+        explained[next(iter(explained))] = driver.limits.name
+
+        async def run() -> Plan:
+            reply = await backlog.database.command({"explain": explained, "verbosity": "executionStats"})
+            return read_plan(reply)
+
+        return run()
+
+    async def recorded(name: str, operation: Callable[[MongoDriver], Awaitable[Any]]) -> dict[str, Any]:
+        backlog.recorder.collection = scratch.limits.name
+        backlog.recorder.commands.clear()
+        try:
+            await operation(scratch)
+        finally:
+            backlog.recorder.collection = None
+        (command,) = [c for c in backlog.recorder.commands if next(iter(c)) == name][-1:]
+        return command
+
+    acquire = await recorded(
+        "findAndModify",
+        lambda d: d.acquire_slots(
+            AcquireParams("lim-07", "w-new", ["x1", "x2"], NOW, NOW + timedelta(minutes=1))
+        ),
+    )
+    plan = await explain_on_limits(acquire)
+    assert "COLLSCAN" not in plan.stages and plan.docs <= 1, plan.summary()
+    settle = await recorded(
+        "findAndModify",
+        lambda d: d.update_slots(
+            SlotsParams("lim-07", "w0", NOW, extend={"t00000": NOW + timedelta(hours=2)})
+        ),
+    )
+    plan = await explain_on_limits(settle)
+    assert "COLLSCAN" not in plan.stages and plan.docs <= 1, plan.summary()
+
+    held = await recorded("find", lambda d: d.held_slots("w0", ["t00000", "t00001", "none"], NOW))
+    assert held.get("hint") == LIMITS_SLOTS_INDEX
+    plan = await explain_on_limits(held)
+    assert_indexes_only(plan, {LIMITS_SLOTS_INDEX}, max_keys=2 * 4 + 4, max_docs=3, what="held_slots")
+    assert await driver.held_slots("w0", ["t00000", "t00001", "none"], NOW) == {
+        "t00000": "lim-07",
+        "t00001": "lim-07",
+    }
+
+    keys = await recorded("find", lambda d: d.limit_keys(["lim-07", "other"]))
+    assert keys.get("hint") == LIMITS_NAMES_INDEX
+    plan = await explain_on_limits(keys)
+    assert_plan(plan, LIMITS_NAMES_INDEX, max_keys=4, max_docs=1, what="limit_keys")

@@ -49,7 +49,7 @@ async def all_tasks(store: Any, name: str | None = None) -> list[dict[str, Any]]
 
 async def live_slots(store: Any, key: str, now: datetime) -> int:
     doc = await store.get_limit(key)
-    return sum(1 for s in doc["slots"] if s["e"] > now) if doc else 0
+    return sum(1 for s in doc["slots"].values() if s["e"] > now) if doc else 0
 
 
 async def test_twenty_consumers_never_run_more_than_max_running(fake_clock: FakeClock) -> None:

@@ -118,7 +118,7 @@ class LimitMachine(RuleBasedStateMachine):
     def live_slots(self) -> list[dict[str, Any]]:
         doc = self.run(self.store.get_limit(KEY))
         assert doc is not None
-        return [s for s in doc["slots"] if s["e"] > self.clock.now()]
+        return [s | {"a": a} for a, s in doc["slots"].items() if s["e"] > self.clock.now()]
 
     def tasks(self) -> list[dict[str, Any]]:
         return [self.run(self.store.get_task(f"t{i}")) for i in range(TASKS)]

@@ -10,9 +10,11 @@ from typing import Any
 
 from pymongo import UpdateOne
 
+from benchmarks.limit_bytes import measure
 from mscheduler import FakeClock, Publisher, Task, TaskOption
 from mscheduler.domain.exceptions import StorageError
-from mscheduler.drivers.base import ExpireParams
+from mscheduler.domain.limits import Limit, epoch_ms, from_storage
+from mscheduler.drivers.base import AcquireParams, ExpireParams
 from mscheduler.drivers.mongo.common import DEADLINE_INDEX, INDEXES
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.testing.mongomock import mongomock_database
@@ -110,3 +112,54 @@ async def test_the_deadline_pass_is_served_by_an_index_that_leads_with_the_statu
         pass  # mongomock refuses the hint it was given; what was sent is what counts
     (update,) = [kwargs for name, _, kwargs in recording.sent if name == "update_many"]
     assert update.get("hint") == DEADLINE_INDEX
+
+
+# -- item 2: a limit write costs the same bytes at 10 slots and at 10,000 --------------------------
+
+
+async def test_a_limit_write_logs_and_returns_as_many_bytes_at_a_thousand_slots_as_at_ten() -> None:
+    """Item 2: each acquire, extension and release rewrote the slots and starts arrays; removing
+    an element shifted every later one, so the server logged the whole document (and returned
+    it): at 10,000 slots ~0.4 MB of oplog per acquire or release. Slots are fields now, rate
+    starts counters per time bucket, replies projected: the oplog delta and the reply of each
+    write do not grow with the limit (benchmarks/limit_bytes.py has the table up to 10,000)."""
+    small, large = await measure(10), await measure(1000)
+    for write in ("acquire", "extend", "release"):
+        a, b = small["writes"][write], large["writes"][write]
+        assert b["oplog_kind"] == "delta", (write, b)
+        assert b["oplog"] <= a["oplog"] + 16, (write, a, b)
+        assert b["reply"] <= a["reply"] + 16, (write, a, b)
+        assert b["command"] == a["command"], (write, a, b)
+    assert large["writes"]["acquire"]["document"] > 50 * small["writes"]["acquire"]["document"]
+
+
+async def test_a_limit_of_the_earlier_layout_keeps_its_holders_and_starts() -> None:
+    """A limit written by the build before (slots and starts as arrays) is read as the same
+    slots and starts, and the first acquire writes it in the new layout: no slot is lost across
+    the upgrade (max_running holds), the old starts count (conservatively, at the latest one's
+    time)."""
+    database = mongomock_database()
+    driver = MongoDriver(database)
+    await driver.setup()
+    limit = Limit(key="job", max_running=3, rate="3/s").to_storage()
+    start_ms = epoch_ms(NOW)
+    await database["mscheduler_limits"].insert_one(
+        {
+            "_id": "job",
+            **limit,
+            "slots": [{"a": "old1", "w": "w-old", "e": NOW + LEASE}, {"a": "old2", "w": "w-old", "e": NOW}],
+            "starts": [{"a": "old1", "t": start_ms - 500}, {"a": "old2", "t": start_ms - 100}],
+        }
+    )
+    info = from_storage(await driver.get_limit("job"), NOW)  # type: ignore[arg-type]
+    assert (info.running, info.recent_starts) == (1, 2)
+    assert await driver.held_slots("w-old", ["old1"], NOW) == {"old1": "job"}
+    result = await driver.acquire_slots(AcquireParams("job", "w1", ["a1", "a2"], NOW, NOW + LEASE))
+    assert result.granted == ["a1"], "3 per second: two old starts in the window"
+    doc = await driver.get_limit("job")
+    assert doc is not None and isinstance(doc["slots"], dict) and set(doc["slots"]) == {"old1", "a1"}
+    assert sum(doc["starts"].values()) == 3
+    assert await driver.held_slots("w-old", ["old1"], NOW) == {"old1": "job"}
+    later = NOW + timedelta(milliseconds=901)  # old2's start (the latest) left: all old ones did
+    result = await driver.acquire_slots(AcquireParams("job", "w1", ["a2"], later, later + LEASE))
+    assert result.granted == ["a2"]

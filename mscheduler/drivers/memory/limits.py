@@ -34,7 +34,7 @@ class MemoryLimits:
         doc = self._limits.get(params.key)
         created = doc is None
         if doc is None:
-            doc = {"_id": params.key, "slots": [], "starts": [], "create_time": params.now}
+            doc = {"_id": params.key, "slots": {}, "starts": {}, "create_time": params.now}
             self._limits[params.key] = doc
         for name in doc.get("names", []):
             self._limit_of_name.pop(name, None)

@@ -1,13 +1,18 @@
 """The Mongo driver's flow limits (SPEC G5): the ``<prefix>mscheduler_limits`` collection.
 
-Like ``mongo.py`` / ``mongo_common.py``, one of the only modules that know the storage layout. A
-limit's ``_id`` is its key; every change of its state (``slots``, ``starts``) is one
-``find_one_and_update`` of that one document by ``_id``, an update pipeline that reads the
-document's current state and writes the new one atomically (``mscheduler.domain.limits.grant`` and
-``settle`` written as stages; the conformance suite checks that both drivers agree). No date
-arithmetic in the pipelines (mongomock has none): a slot's expiry is a date compared with the
-caller's ``now``; a start's time is stored in epoch milliseconds, so the window's lower edge is
-integer arithmetic on the stored period.
+Like ``driver.py`` / ``common.py``, one of the only modules that know the storage layout. A
+limit's ``_id`` is its key; every change of its state is one ``find_one_and_update`` of that one
+document by ``_id``, an update pipeline that reads the document's current state and writes the
+new one atomically (``mscheduler.domain.limits.grant`` and ``settle`` written as stages; the
+conformance suite checks that both drivers agree). The state is kept so that a write's cost does
+not grow with the limit (issue 18.2): ``slots`` is an object keyed by attempt token (a grant adds
+fields, a release removes them, an extension changes one: the oplog delta is the size of the
+change, where an array's removals shifted every later element and the server logged the whole
+document), the rate's starts are counters per time bucket (``starts``: at most 1001 fields
+whatever the rate), and replies are projected to the asked slots and a summary. The pipelines
+still read the whole document (the server's CPU per write grows with the live slots, ~0.2-0.5 µs
+each); the bytes written and returned do not. No date arithmetic (mongomock has none): a slot's
+expiry is a date compared with the caller's ``now``; bucket numbers are integer arithmetic.
 
 Indexes (every read names its index with ``hint``):
 
@@ -15,8 +20,9 @@ Indexes (every read names its index with ``hint``):
 ``_id_``           ``_id``                      acquire, update_slots, get, delete, list
 ``limits_names``   ``names`` (unique, multikey) ``limit_keys`` (which limit covers a name);
                                                 a name belongs to at most one limit
-``limits_slots``   ``slots.a`` (multikey)       ``held_slots`` (which limit holds an attempt's
-                                                slot: a ping or report on another API server)
+``limits_slots``   ``slots.$**`` (wildcard)     ``held_slots``: ``slots.<attempt>.w`` (which
+                                                limit holds an attempt's slot: a ping or
+                                                report on another API server)
 ================= ============================ ===========================================
 """
 
@@ -29,7 +35,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pymongo import ReturnDocument, WriteConcern
 from pymongo.errors import DuplicateKeyError
 
-from mscheduler.domain.limits import acquire_result_fields, epoch_ms, granted_of, held_in
+from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.limits import (
+    RATE_BUCKETS,
+    acquire_result_fields,
+    epoch_ms,
+    granted_of,
+    held_in,
+    holder_id,
+)
 from mscheduler.drivers.base import AcquireParams, AcquireResult, LimitNameTaken, PutLimitParams, SlotsParams
 from mscheduler.drivers.mongo.common import _in, _lit, _out
 from mscheduler.drivers.mongo.indexes import ensure_indexes
@@ -42,8 +56,11 @@ LIMITS_NAMES_INDEX = "limits_names"
 LIMITS_SLOTS_INDEX = "limits_slots"
 LIMIT_INDEXES: list[tuple[Any, dict[str, Any]]] = [
     ([("names", 1)], {"name": LIMITS_NAMES_INDEX, "unique": True}),
-    ([("slots.a", 1)], {"name": LIMITS_SLOTS_INDEX}),
+    # a wildcard index: slots are fields named by their attempt token (slots.<token>.w)
+    ([("slots.$**", 1)], {"name": LIMITS_SLOTS_INDEX}),
 ]
+# what an acquire's reply carries besides the asked slots (mscheduler.domain.limits.grant)
+_SUMMARY = ("live", "retry_ms", "max_running", "rate_n")
 
 
 def limits_collection(database: Any, prefix: str, concern: WriteConcern | None) -> Any:
@@ -61,89 +78,353 @@ def _not_in(path: str, values: Sequence[str]) -> dict[str, Any]:
     return {"$eq": [{"$in": [path, _lit(list(values))]}, False]}
 
 
+def _one(item: dict[str, Any]) -> dict[str, Any]:
+    """``[item]`` where ``item`` holds expressions: an array literal's expressions are not
+    evaluated by mongomock, a ``$map`` over one element is (and means the same on a server)."""
+    return {"$map": {"input": _lit([0]), "as": "one", "in": item}}
+
+
+def checked_tokens(tokens: Sequence[str]) -> list[str]:
+    """Attempt tokens become field names of ``slots``: no dots, no leading ``$``, not empty."""
+    bad = [t for t in tokens if not t or "." in t or t.startswith("$") or "\0" in t]
+    if bad:
+        raise InvalidInput(f"attempt tokens cannot name a slot: {bad[:3]}")
+    return list(tokens)
+
+
+# the state as arrays of {k, v} while a pipeline works on it: ``slots`` of the earlier layout (an
+# array of {a, w, e}) is read as the same slots, so a limit keeps its holders across an upgrade
+_SLOTS_IN = {
+    "$cond": [
+        {"$isArray": "$slots"},
+        {
+            "$map": {
+                "input": "$slots",
+                "as": "s",
+                "in": {"k": "$$s.a", "v": {"w": "$$s.w", "e": "$$s.e", "b": None}},
+            }
+        },
+        {"$objectToArray": {"$ifNull": ["$slots", {}]}},
+    ]
+}
+_TEMPORARY = ("_w", "_slots_in", "_starts_in", "_keys", "_vals", "_cur", "_low", "_slots", "_starts")
+_TEMPORARY += ("_svals", "_skeys", "_recent", "_room", "_g", "_gone")
+
+
 def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
-    """``mscheduler.domain.limits.grant`` as update stages: prune, then grant ``room`` attempts."""
-    k = len(params.attempts)
+    """``mscheduler.domain.limits.grant`` as update stages, over the slots and the rate buckets as
+    ``{k, v}`` arrays (``$objectToArray``), written back as objects: what changed is a few fields
+    (the grants, the pruned slots, one bucket), so the write's oplog delta does not grow with the
+    limit. Temporary fields start with ``_`` and are projected away at the end."""
+    mine = checked_tokens(params.attempts)
+    k = len(mine)
     now_ms = epoch_ms(params.now)
-    mine = list(params.attempts)
-    live = {"$and": [{"$gt": ["$$s.e", _lit(params.now)]}, _not_in("$$s.a", mine)]}
-    in_window = {
-        "$and": [{"$gt": ["$$s.t", {"$subtract": [now_ms, "$rate_period_ms"]}]}, _not_in("$$s.a", mine)]
+    rated = {"$ne": [{"$ifNull": ["$rate_n", None]}, None]}
+    period = "$rate_period_ms"
+    as_long = {
+        "$map": {
+            "input": {"$objectToArray": {"$ifNull": ["$starts", {}]}},
+            "as": "e",
+            "in": {"$toLong": "$$e.k"},
+        }
     }
-    prune = {
+    values = {"$map": {"input": {"$objectToArray": {"$ifNull": ["$starts", {}]}}, "as": "e", "in": "$$e.v"}}
+    stage1 = {
         "$set": {
-            "slots": {"$filter": {"input": {"$ifNull": ["$slots", []]}, "as": "s", "cond": live}},
-            "starts": {
+            "_w": {
                 "$cond": [
-                    _null("rate_n"),
-                    [],
-                    {"$filter": {"input": {"$ifNull": ["$starts", []]}, "as": "s", "cond": in_window}},
+                    rated,
+                    {"$toLong": {"$max": [1, {"$floor": {"$divide": [period, RATE_BUCKETS]}}]}},
+                    1,
+                ]
+            },
+            "_slots_in": _SLOTS_IN,
+            # the earlier layout's starts (an array of {a, t}): all at the latest one's time
+            "_keys": {
+                "$cond": [
+                    {"$isArray": "$starts"},
+                    {"$map": {"input": "$starts", "as": "s", "in": "$$s.t"}},
+                    as_long,
+                ]
+            },
+            "_vals": {
+                "$cond": [{"$isArray": "$starts"}, {"$map": {"input": "$starts", "as": "s", "in": 1}}, values]
+            },
+        }
+    }
+    stage2 = {
+        "$set": {
+            "_cur": {"$toString": {"$toLong": {"$floor": {"$divide": [now_ms, "$_w"]}}}},
+            "_low": {
+                "$toLong": {
+                    "$floor": {"$divide": [{"$subtract": [now_ms + 1, {"$ifNull": [period, 0]}]}, "$_w"]}
+                }
+            },
+            "_starts_in": {
+                "$cond": [
+                    {
+                        "$and": [
+                            rated,
+                            {"$gt": [{"$size": "$_keys"}, 0]},
+                            {
+                                "$or": [
+                                    {"$isArray": "$starts"},
+                                    {"$ne": [{"$ifNull": ["$starts_w", "$_w"]}, "$_w"]},
+                                ]
+                            },
+                        ]
+                    },
+                    # another width (a changed period, or the earlier layout's times: width 1):
+                    # every start goes to the bucket of the latest (conservative)
+                    _one(
+                        {
+                            "k": {
+                                "$toString": {
+                                    "$toLong": {
+                                        "$floor": {
+                                            "$divide": [
+                                                {
+                                                    "$subtract": [
+                                                        {
+                                                            "$multiply": [
+                                                                {"$add": [{"$max": "$_keys"}, 1]},
+                                                                {
+                                                                    "$cond": [
+                                                                        {"$isArray": "$starts"},
+                                                                        1,
+                                                                        {"$ifNull": ["$starts_w", 1]},
+                                                                    ]
+                                                                },
+                                                            ]
+                                                        },
+                                                        1,
+                                                    ]
+                                                },
+                                                "$_w",
+                                            ]
+                                        }
+                                    }
+                                }
+                            },
+                            "v": {"$sum": "$_vals"},
+                        }
+                    ),
+                    {
+                        "$cond": [
+                            {"$isArray": "$starts"},
+                            [],
+                            {"$objectToArray": {"$ifNull": ["$starts", {}]}},
+                        ]
+                    },
                 ]
             },
         }
     }
+    given_back = {
+        "$size": {
+            "$filter": {
+                "input": "$_slots_in",
+                "as": "s",
+                "cond": {"$and": [{"$in": ["$$s.k", _lit(mine)]}, {"$eq": ["$$s.v.b", "$$e.k"]}]},
+            }
+        }
+    }
+    stage3 = {
+        "$set": {
+            "_slots": {
+                "$filter": {
+                    "input": "$_slots_in",
+                    "as": "s",
+                    "cond": {"$and": [{"$gt": ["$$s.v.e", _lit(params.now)]}, _not_in("$$s.k", mine)]},
+                }
+            },
+            "_starts": {
+                "$cond": [
+                    rated,
+                    {
+                        "$filter": {
+                            "input": {
+                                "$map": {
+                                    "input": {
+                                        "$filter": {
+                                            "input": "$_starts_in",
+                                            "as": "e",
+                                            "cond": {"$gte": [{"$toLong": "$$e.k"}, "$_low"]},
+                                        }
+                                    },
+                                    "as": "e",
+                                    "in": {"k": "$$e.k", "v": {"$subtract": ["$$e.v", given_back]}},
+                                }
+                            },
+                            "as": "e",
+                            "cond": {"$gt": ["$$e.v", 0]},
+                        }
+                    },
+                    [],
+                ]
+            },
+        }
+    }
+    stage4 = {
+        "$set": {
+            "_svals": {"$map": {"input": "$_starts", "as": "e", "in": "$$e.v"}},
+            "_skeys": {"$map": {"input": "$_starts", "as": "e", "in": {"$toLong": "$$e.k"}}},
+        }
+    }
+    stage5 = {"$set": {"_recent": {"$sum": "$_svals"}}}
     room = {
         "$min": [
             k,
-            {"$cond": [_null("max_running"), k, {"$subtract": ["$max_running", {"$size": "$slots"}]}]},
-            {"$cond": [_null("rate_n"), k, {"$subtract": ["$rate_n", {"$size": "$starts"}]}]},
+            {"$cond": [_null("max_running"), k, {"$subtract": ["$max_running", {"$size": "$_slots"}]}]},
+            {"$cond": [rated, {"$subtract": ["$rate_n", "$_recent"]}, k]},
         ]
     }
-    asked = [{"a": a, "w": params.worker_id, "e": params.expire, "i": i} for i, a in enumerate(mine)]
-    picked = {"$filter": {"input": _lit(asked), "as": "r", "cond": {"$lt": ["$$r.i", "$$room"]}}}
-    slots = {"$map": {"input": picked, "as": "r", "in": {"a": "$$r.a", "w": "$$r.w", "e": "$$r.e"}}}
-    starts = {"$map": {"input": picked, "as": "r", "in": {"a": "$$r.a", "t": now_ms}}}
-    add = {
-        "$set": {
-            "slots": {"$let": {"vars": {"room": room}, "in": {"$concatArrays": ["$slots", slots]}}},
-            "starts": {
+    stage6 = {"$set": {"_room": room}}
+    stage7 = {"$set": {"_g": {"$max": [0, "$_room"]}}}
+    asked = [{"a": a, "i": i} for i, a in enumerate(mine)]
+    picked = {"$filter": {"input": _lit(asked), "as": "r", "cond": {"$lt": ["$$r.i", "$_room"]}}}
+    new_slots = {
+        "$map": {
+            "input": picked,
+            "as": "r",
+            "in": {
+                "k": "$$r.a",
+                "v": {
+                    "w": _lit(holder_id(params.worker_id)),
+                    "e": _lit(params.expire),
+                    "b": {"$cond": [rated, "$_cur", None]},
+                },
+            },
+        }
+    }
+    keys_now = {"$map": {"input": "$_starts", "as": "e", "in": "$$e.k"}}
+    bumped = {
+        "$concatArrays": [
+            {
+                "$map": {
+                    "input": "$_starts",
+                    "as": "e",
+                    "in": {
+                        "k": "$$e.k",
+                        "v": {"$cond": [{"$eq": ["$$e.k", "$_cur"]}, {"$add": ["$$e.v", "$_g"]}, "$$e.v"]},
+                    },
+                }
+            },
+            {
                 "$cond": [
-                    _null("rate_n"),
+                    {"$and": [{"$gt": ["$_g", 0]}, {"$eq": [{"$in": ["$_cur", keys_now]}, False]}]},
+                    _one({"k": "$_cur", "v": "$_g"}),
                     [],
-                    {"$let": {"vars": {"room": room}, "in": {"$concatArrays": ["$starts", starts]}}},
+                ]
+            },
+        ]
+    }
+    recent = {"$add": ["$_recent", "$_g"]}
+    oldest = {"$ifNull": [{"$min": "$_skeys"}, {"$toLong": "$_cur"}]}
+    stage8 = {
+        "$set": {
+            "slots": {"$arrayToObject": {"$concatArrays": ["$_slots", new_slots]}},
+            "starts": {"$cond": [rated, {"$arrayToObject": bumped}, {}]},
+            "starts_w": {"$cond": [rated, "$_w", None]},
+            "live": {"$add": [{"$size": "$_slots"}, "$_g"]},
+            "recent": {"$cond": [rated, recent, 0]},
+            "retry_ms": {
+                "$cond": [
+                    {"$and": [rated, {"$gte": [recent, "$rate_n"]}, {"$gt": [recent, 0]}]},
+                    {"$subtract": [{"$add": [{"$multiply": [{"$add": [oldest, 1]}, "$_w"]}, period]}, 1]},
+                    None,
                 ]
             },
         }
     }
-    return [prune, add]
+    return [
+        stage1,
+        stage2,
+        stage3,
+        stage4,
+        stage5,
+        stage6,
+        stage7,
+        stage8,
+        {"$project": dict.fromkeys(_TEMPORARY, 0)},
+    ]
 
 
 def slots_pipeline(params: SlotsParams) -> list[dict[str, Any]]:
-    """``mscheduler.domain.limits.settle`` as one update stage."""
-    worker = _lit(params.worker_id)
-    dropped = [*params.release, *params.unused]
-    ext_keys = list(params.extend)
-    ext_vals = [params.extend[a] for a in ext_keys]
-    ours = {"$eq": ["$$s.w", worker]}
+    """``mscheduler.domain.limits.settle`` as update stages (see ``acquire_pipeline``)."""
+    holder = _lit(holder_id(params.worker_id))
+    dropped = checked_tokens([*params.release, *params.unused])
+    ext_keys = checked_tokens(list(params.extend))
+    pairs = [{"a": a, "e": params.extend[a]} for a in ext_keys]
+    ours = {"$eq": ["$$s.v.w", holder]}
     keep = {
         "$and": [
-            {"$gt": ["$$s.e", _lit(params.now)]},
-            {"$eq": [{"$and": [ours, {"$in": ["$$s.a", _lit(dropped)]}]}, False]},
+            {"$gt": ["$$s.v.e", _lit(params.now)]},
+            {"$eq": [{"$and": [ours, {"$in": ["$$s.k", _lit(dropped)]}]}, False]},
         ]
     }
     # the new expiry of slot ``$$s`` from the literal pairs (no ``$indexOfArray`` in mongomock)
-    pairs = [{"a": a, "e": e} for a, e in zip(ext_keys, ext_vals, strict=True)]
-    match = {"$filter": {"input": _lit(pairs), "as": "x", "cond": {"$eq": ["$$x.a", "$$s.a"]}}}
+    match = {"$filter": {"input": _lit(pairs), "as": "x", "cond": {"$eq": ["$$x.a", "$$s.k"]}}}
     moved = {"$let": {"vars": {"m": {"$arrayElemAt": [match, 0]}}, "in": "$$m.e"}}
-    expire = {"$cond": [{"$and": [ours, {"$in": ["$$s.a", _lit(ext_keys)]}]}, moved, "$$s.e"]}
+    extended = {"w": "$$s.v.w", "e": moved, "b": "$$s.v.b"}
     fields: dict[str, Any] = {
         "slots": {
-            "$map": {
-                "input": {"$filter": {"input": {"$ifNull": ["$slots", []]}, "as": "s", "cond": keep}},
-                "as": "s",
-                "in": {"a": "$$s.a", "w": "$$s.w", "e": expire},
+            "$arrayToObject": {
+                "$map": {
+                    "input": {"$filter": {"input": "$_slots_in", "as": "s", "cond": keep}},
+                    "as": "s",
+                    "in": {
+                        "k": "$$s.k",
+                        "v": {
+                            "$cond": [{"$and": [ours, {"$in": ["$$s.k", _lit(ext_keys)]}]}, extended, "$$s.v"]
+                        },
+                    },
+                }
             }
         }
     }
+    stages: list[dict[str, Any]] = [{"$set": {"_slots_in": _SLOTS_IN}}]
     if params.unused:
-        fields["starts"] = {
-            "$filter": {
-                "input": {"$ifNull": ["$starts", []]},
+        # an unused grant gives its start back (nothing started)
+        gone = {
+            "$map": {
+                "input": {
+                    "$filter": {
+                        "input": "$_slots_in",
+                        "as": "s",
+                        "cond": {"$and": [ours, {"$in": ["$$s.k", _lit(checked_tokens(params.unused))]}]},
+                    }
+                },
                 "as": "s",
-                "cond": _not_in("$$s.a", params.unused),
+                "in": "$$s.v.b",
             }
         }
-    return [{"$set": fields}]
+        stages.append({"$set": {"_gone": gone}})
+        back = {"$size": {"$filter": {"input": "$_gone", "as": "b", "cond": {"$eq": ["$$b", "$$e.k"]}}}}
+        fields["starts"] = {
+            "$cond": [
+                {"$isArray": "$starts"},
+                "$starts",
+                {
+                    "$arrayToObject": {
+                        "$filter": {
+                            "input": {
+                                "$map": {
+                                    "input": {"$objectToArray": {"$ifNull": ["$starts", {}]}},
+                                    "as": "e",
+                                    "in": {"k": "$$e.k", "v": {"$subtract": ["$$e.v", back]}},
+                                }
+                            },
+                            "as": "e",
+                            "cond": {"$gt": ["$$e.v", 0]},
+                        }
+                    }
+                },
+            ]
+        }
+    stages.append({"$set": fields})
+    stages.append({"$project": {"_slots_in": 0, "_gone": 0}})
+    return stages
 
 
 class MongoLimits:
@@ -169,7 +450,7 @@ class MongoLimits:
     async def put_limit(self, params: PutLimitParams) -> bool:
         update = {
             "$set": _out({**params.fields, "update_time": params.now}),
-            "$setOnInsert": _out({"slots": [], "starts": [], "create_time": params.now}),
+            "$setOnInsert": _out({"slots": {}, "starts": {}, "create_time": params.now}),
         }
 
         async def write() -> bool:
@@ -226,28 +507,49 @@ class MongoLimits:
         return await self._call("read limit keys", read)
 
     async def held_slots(self, worker_id: str, attempts: Sequence[str], now: datetime) -> dict[str, str]:
+        tokens = checked_tokens(attempts)
+        holder = holder_id(worker_id)
+
         async def read() -> dict[str, str]:
             # from the primary: a lagging secondary may not have the slot yet, and a renewal
-            # that skips it lets the lease outlive its slot (max_running exceeded)
-            filter_ = {"slots.a": {"$in": list(attempts)}}
-            cursor = self.limits_primary.find(filter_, {"slots": 1}).hint(LIMITS_SLOTS_INDEX)
-            return held_in([_in(doc) async for doc in cursor], worker_id, attempts, now)
+            # that skips it lets the lease outlive its slot (max_running exceeded). One branch
+            # per attempt, each on the wildcard index limits_slots (slots.<attempt>.w); only
+            # those slots are fetched back.
+            branches: list[dict[str, Any]] = [{f"slots.{a}.w": holder} for a in tokens]
+            # a limit the build before issue 18 wrote (slots as an array), until its next
+            # acquire rewrites it: the same wildcard index serves slots.a
+            branches.append({"slots.a": {"$in": tokens}})
+            filter_ = {"$or": branches}
+            projection = {f"slots.{a}": 1 for a in tokens} | dict.fromkeys(
+                ("slots.a", "slots.w", "slots.e"), 1
+            )
+            cursor = self.limits_primary.find(filter_, projection).hint(LIMITS_SLOTS_INDEX)
+            return held_in([_in(doc) async for doc in cursor], worker_id, tokens, now)
 
+        if not tokens:
+            return {}
         return await self._call("read held slots", read)
 
     async def acquire_slots(self, params: AcquireParams) -> AcquireResult:
         pipeline = acquire_pipeline(params)
 
+        # the reply: the asked attempts' slots and the summary the grant wrote, not the limit
+        projection = {f"slots.{a}": 1 for a in params.attempts} | dict.fromkeys(_SUMMARY, 1)
+
         async def write() -> dict[str, Any] | None:
             doc: dict[str, Any] | None = await self.limits.find_one_and_update(
-                {"_id": params.key}, pipeline, return_document=ReturnDocument.AFTER, hint=ID_INDEX
+                {"_id": params.key},
+                pipeline,
+                projection=projection,
+                return_document=ReturnDocument.AFTER,
+                hint=ID_INDEX,
             )
             return doc
 
         async def recover() -> dict[str, Any] | None:
             # the reply was lost: applied if one of our attempts holds a slot (a retry of an
             # acquire is harmless anyway: it drops these attempts' grants before granting)
-            doc: dict[str, Any] | None = await self.limits_primary.find_one({"_id": params.key})
+            doc: dict[str, Any] | None = await self.limits_primary.find_one({"_id": params.key}, projection)
             if doc is None or not granted_of(_in(doc), params.worker_id, params.attempts, params.now):
                 return None
             return doc
@@ -264,9 +566,15 @@ class MongoLimits:
     async def update_slots(self, params: SlotsParams) -> list[str]:
         pipeline = slots_pipeline(params)
 
+        projection = {f"slots.{a}": 1 for a in params.extend} or {"_id": 1}
+
         async def write() -> dict[str, Any] | None:
             doc: dict[str, Any] | None = await self.limits.find_one_and_update(
-                {"_id": params.key}, pipeline, return_document=ReturnDocument.AFTER, hint=ID_INDEX
+                {"_id": params.key},
+                pipeline,
+                projection=projection,
+                return_document=ReturnDocument.AFTER,
+                hint=ID_INDEX,
             )
             return doc
 
@@ -276,9 +584,4 @@ class MongoLimits:
         doc = await self._call(what, write)
         if doc is None:
             return list(params.extend)
-        held = _live_of(_in(doc), params.worker_id, params.now)
-        return [a for a in params.extend if a in held]
-
-
-def _live_of(doc: dict[str, Any], worker_id: str, now: datetime) -> set[str]:
-    return {s["a"] for s in doc.get("slots", []) if s["w"] == worker_id and s["e"] > now}
+        return granted_of(_in(doc), params.worker_id, list(params.extend), params.now)
