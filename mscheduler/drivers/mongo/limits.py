@@ -107,8 +107,8 @@ _SLOTS_IN = {
         {"$objectToArray": {"$ifNull": ["$slots", {}]}},
     ]
 }
-_TEMPORARY = ("_w", "_slots_in", "_starts_in", "_keys", "_vals", "_cur", "_low", "_slots", "_starts")
-_TEMPORARY += ("_svals", "_skeys", "_recent", "_room", "_g", "_gone")
+_TEMPORARY: tuple[str, ...] = ("_w", "_slots_in", "_starts_in", "_keys", "_vals", "_cur", "_low", "_slots")
+_TEMPORARY += ("_starts", "_svals", "_skeys", "_recent", "_room", "_g", "_gone")
 
 
 def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
