@@ -36,13 +36,8 @@ from mscheduler.domain.events import EventKind, attempt_event_id, error_detail, 
 from mscheduler.domain.exceptions import InvalidInput, StorageError
 from mscheduler.domain.model import validate_key, validate_name
 from mscheduler.domain.plans import checked_plan_id
-from mscheduler.drivers.base import (
-    ChangeStreamUnsupported,
-    Driver,
-    EventQuery,
-    InsertEventsParams,
-    ResumeTokenLost,
-)
+from mscheduler.drivers.base import Driver, EventQuery, InsertEventsParams, ResumeTokenLost
+from mscheduler.drivers.streams import event_subscription
 
 log = logging.getLogger("mscheduler.events")
 
@@ -340,19 +335,21 @@ class Events:
     async def _subscribe(self, query: EventQuery, since: datetime | None) -> AsyncIterator[Event]:
         start = since if since is not None else await self._now()
         seen = _Seen(self.poll_overlap)
-        token: Any = None
         replay_from: datetime | None = since
         backoff = 0.1
         while True:
             try:
-                stream = await self.driver.open_event_stream(query, token)
-            except ChangeStreamUnsupported:
-                self.polling = True
-                async for event in self._poll(query, start, seen):
-                    yield event
-                return
+                # the process's one stream of this event log (or its one poller, where the store
+                # has no change streams), filtered for this subscription: drivers/streams.py
+                stream = await event_subscription(
+                    self.driver,
+                    query,
+                    clock=self.clock,
+                    poll_interval=self.poll_interval,
+                    poll_overlap=self.poll_overlap,
+                )
             except ResumeTokenLost:
-                token, replay_from = None, seen.replay_from(start)
+                replay_from = seen.replay_from(start)
                 continue
             except StorageError as exc:
                 if exc.config:
@@ -360,12 +357,14 @@ class Events:
                 log.warning("opening the event stream failed (%s); again in %.1fs", exc, backoff)
                 await self.clock.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
-                if token is None:
-                    replay_from = seen.replay_from(start)
+                replay_from = seen.replay_from(start)
                 continue
+            self.polling = stream.polled
             try:
-                if replay_from is not None:  # the stream is open: what is stored since is complete
-                    for doc in await self._unseen(query, replay_from, seen):
+                if replay_from is not None or stream.polled:
+                    # the stream is open: what is stored since is complete (a shared poller may
+                    # have handed out events stored since ``start`` before this one joined)
+                    for doc in await self._unseen(query, replay_from or seen.replay_from(start), seen):
                         if doc["written"] >= start:
                             yield Event.from_storage(doc)
                     replay_from = None
@@ -375,13 +374,13 @@ class Events:
                         yield Event.from_storage(doc)
                 return  # the stream ended (closed by the server): a subscription ends with it
             except ResumeTokenLost:
-                token, replay_from = None, seen.replay_from(start)
+                replay_from = seen.replay_from(start)
             except StorageError as exc:
                 if exc.config:
                     raise
-                token = stream.resume_token
-                if token is None:
-                    replay_from = seen.replay_from(start)
+                # the shared stream resumes from its own position, but this subscription may have
+                # left it meanwhile: read what was stored since the last event it handed out
+                replay_from = seen.replay_from(start)
                 log.warning("the event stream broke (%s); reopening", exc)
                 await self.clock.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
@@ -420,18 +419,6 @@ class Events:
         found.sort(key=lambda d: (d["time"], d.get("step", 0), d["id"]))
         return found
 
-    async def _poll(self, query: EventQuery, start: datetime, seen: _Seen) -> AsyncIterator[Event]:
-        while True:
-            try:
-                for doc in await self._unseen(query, seen.replay_from(start), seen):
-                    yield Event.from_storage(doc)
-            except StorageError as exc:
-                if exc.config:
-                    raise
-                log.warning("reading events failed (%s); trying again", exc)
-            seen.prune(seen.replay_from(start))
-            await self.clock.sleep(self.poll_interval)
-
 
 class _Seen:
     """Ids of the events handed out lately (within the overlap), and the newest stored time."""
@@ -442,13 +429,15 @@ class _Seen:
         self.horizon: datetime | None = None
 
     def first(self, doc: Mapping[str, Any]) -> bool:
-        """True the first time an event id is met (then remembered)."""
+        """True the first time an event id is met (then remembered, for the overlap)."""
         if doc["id"] in self.ids:
             return False
         written: datetime = doc["written"]
         self.ids[doc["id"]] = written
         if self.horizon is None or written > self.horizon:
             self.horizon = written
+        if len(self.ids) > 2000:
+            self.prune(self.horizon - self.overlap)
         return True
 
     def replay_from(self, start: datetime) -> datetime:

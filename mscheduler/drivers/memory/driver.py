@@ -17,7 +17,7 @@ import copy
 import heapq
 import itertools
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -68,6 +68,7 @@ from mscheduler.drivers.memory.listing import MemoryListing
 from mscheduler.drivers.memory.maintenance import MemoryMaintenance
 from mscheduler.drivers.memory.plans import MemoryPlans
 from mscheduler.drivers.memory.stats import MemoryStats
+from mscheduler.drivers.streams import Fanout, Subscription, wanted_by
 
 _SCALARS = (str, int, float, bool, type(None), datetime)
 
@@ -97,7 +98,9 @@ class MemoryDriver(
         self._deadlines: list[tuple[datetime, int, str]] = []
         self._leases: list[tuple[datetime, int, str, str]] = []
         self._workers: dict[str, dict[str, Any]] = {}
-        self._subscribers: list[tuple[frozenset[str], asyncio.Queue[ChangeEvent]]] = []
+        # the change stream of this store's tasks, shared by every watcher of the process
+        # (drivers/streams.py): fed by the writes themselves, filtered by each subscriber
+        self._changes: Fanout[ChangeEvent] | None = None
         self._init_plans()
         self._init_events(events, max_events)
         self._init_children()
@@ -141,11 +144,8 @@ class MemoryDriver(
             deadline = doc["option"].get("deadline")
             if deadline is not None:
                 heapq.heappush(self._deadlines, (deadline, next(self._seq), key))
-        if self._subscribers:
-            event = event_for(doc)
-            for names, queue in self._subscribers:
-                if doc["name"] in names:
-                    queue.put_nowait(event)
+        if self._changes is not None and self._changes.subscribers:
+            self._changes.feed(event_for(doc))
 
     def _promote(self, now: datetime, tokens: Sequence[str]) -> None:
         for token in tokens:
@@ -441,15 +441,13 @@ class MemoryDriver(
                     heapq.heappush(frontier, (heap[child], child))
         return out
 
-    async def watch(self, names: Sequence[str], resume_token: Any = None) -> AsyncIterator[ChangeEvent]:
-        queue: asyncio.Queue[ChangeEvent] = asyncio.Queue()
-        subscriber = (frozenset(names), queue)
-        self._subscribers.append(subscriber)
-        try:
-            while True:
-                yield await queue.get()
-        finally:
-            self._subscribers.remove(subscriber)
+    def watch(self, names: Sequence[str], resume_token: Any = None) -> Subscription[ChangeEvent]:
+        """The tasks with these names as they change (every write, whole documents), from now: a
+        subscription to this store's one stream (``drivers/streams.py``)."""
+        loop = asyncio.get_running_loop()
+        if self._changes is None or self._changes.loop is not loop:
+            self._changes = Fanout(("tasks", id(self)))
+        return self._changes.subscribe(wanted_by(names))
 
     async def get_task(self, key: str) -> dict[str, Any] | None:
         doc = self._tasks.get(key)

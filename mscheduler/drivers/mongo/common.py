@@ -310,9 +310,38 @@ def _derive_stages(now: datetime) -> list[dict[str, Any]]:
                 },
             }
         },
-        {"$set": {"state.claimers": _claimers()}},
+        # the claimers, and the change stream's marker: ``wake`` counts the writes that made the
+        # task claimable by someone new (claimers changed to a non-empty list); it is top-level
+        # so that a stream's leading $match on it is pushed down to the oplog scan (see
+        # watch_pipeline), where pings and other writes that wake nobody are dropped
+        {"$set": {"_claimers": _claimers()}},
+        {"$set": {"wake": _wake(), "state.claimers": "$_claimers"}},
+        {"$project": {"_claimers": 0}},
         _lifecycle_stage(now),
     ]
+
+
+WAKE = "wake"
+# a task as the drivers hand it out: without the store's own fields (``_id`` is the key; ``wake``
+# is the change stream's marker)
+TASK_FIELDS = {"_id": 0, WAKE: 0}
+
+
+def bump_wake() -> dict[str, Any]:
+    """``wake`` plus one (the stream passes the write; see ``watch_pipeline``)."""
+    return {"$add": [{"$ifNull": [f"${WAKE}", 0]}, 1]}
+
+
+def _wake() -> dict[str, Any]:
+    became_claimable = {
+        "$and": [
+            {"$gt": [{"$size": "$_claimers"}, 0]},
+            {"$ne": ["$_claimers", {"$ifNull": ["$state.claimers", []]}]},
+        ]
+    }
+    # unchanged otherwise (missing stays missing: a write that wakes nobody leaves no trace the
+    # stream's filter could see)
+    return {"$cond": [became_claimable, bump_wake(), f"${WAKE}"]}
 
 
 def _lifecycle_stage(now: datetime) -> dict[str, Any]:
@@ -491,7 +520,7 @@ async def read_page(
     collection: Any, filter_: dict[str, Any], sort: list[tuple[str, int]], skip: int, limit: int, index: str
 ) -> list[dict[str, Any]]:
     """One page of documents (no ``_id``), in ``sort`` order, read through the named index."""
-    cursor = collection.find(filter_, {"_id": 0}).sort(sort).skip(skip).limit(limit).hint(index)
+    cursor = collection.find(filter_, TASK_FIELDS).sort(sort).skip(skip).limit(limit).hint(index)
     return [_in(doc) async for doc in cursor]
 
 
@@ -512,19 +541,29 @@ def stop_expression(action: str, now: datetime) -> dict[str, Any]:
 STOP_ACTIONS = ["cancel", "pause"]
 
 
-def watch_pipeline(names: Sequence[str]) -> list[dict[str, Any]]:
-    """Inserts of these names, and updates whose ``state.claimers`` changed to include one of
-    these names' tokens (the task became claimable, or its claimers changed), matched on the
-    updated fields: no ``fullDocument: updateLookup`` (a document fetch per update per
-    watching consumer, every ping included). Pings change neither field and are not sent.
+def wake_if_stopping(action: str, now: datetime) -> dict[str, Any]:
+    """``wake`` bumped when a cancel or a stopping pause asks running attempts to stop (so the
+    change stream passes the write); left as it is when nothing runs."""
+    return {"$cond": [{"$eq": [stop_expression(action, now), None]}, f"${WAKE}", bump_wake()]}
 
-    Also updates that set ``state.stop`` (a cancel or a stopping pause of a task with running
-    attempts; see ``stop_expression``), whatever the name (the field does not say it): the
-    consumer running one of those attempts stops its handler at once. Cancels of tasks that run
-    nothing leave ``state.stop`` null and are not sent.
 
-    Updated fields are keyed by dotted paths ("state.claimers", or "state.claimers.1" when
-    the server reports array elements), so they are read through ``$objectToArray``."""
+def watch_pipeline() -> list[dict[str, Any]]:
+    """The tasks collection's change stream, one per process (``drivers/streams.py``: every
+    consumer, waiting lease and subscriber of the process shares it and filters it by name).
+
+    It leads with a ``$match`` the server pushes down to its oplog scan (a predicate on
+    ``operationType``, and on a top-level field of ``updateDescription.updatedFields``: the rewrite
+    the server makes, SERVER-56872; a ``$match`` after any other stage, or on a dotted path such as
+    ``state.claimers``, is evaluated on every event after it was built): inserts, and updates that
+    changed the top-level ``wake``. ``wake`` is bumped by a write that made the task claimable by
+    someone new (its claimers changed to a non-empty list: a retry, a release, an edit) or that
+    asks running attempts to stop (a cancel or a stopping pause sets ``state.stop``). Pings,
+    claims, finishes that end a task, checkpoints: no event is built for them.
+
+    No ``fullDocument: updateLookup`` (a document fetch per update). An update's event carries the
+    changed claimers (``state.claimers``, or ``state.claimers.<i>`` when the server reports array
+    elements), ``state.claim_at`` and ``state.stop``, read from the updated fields' dotted keys
+    through ``$objectToArray``; the event is projected to what ``change_event`` reads."""
     updated = {"$objectToArray": {"$ifNull": ["$updateDescription.updatedFields", {}]}}
 
     def values_of(cond: dict[str, Any]) -> dict[str, Any]:
@@ -540,15 +579,15 @@ def watch_pipeline(names: Sequence[str]) -> list[dict[str, Any]]:
     # a server may report an object that changed by its fields ("state.stop.time"): a stop
     # whose attempts are not known (the consumer asks the store by pinging)
     stop_fields = values_of({"$regexMatch": {"input": "$$f.k", "regex": r"^state\.stop\."}})
-    token_names = {
-        "$map": {
-            "input": "$ms.claimers",
-            "as": "t",
-            # claimers are strings written by the derive stages ($split of null is null)
-            "in": {"$arrayElemAt": [{"$split": ["$$t", "|"]}, 0]},
-        }
-    }
     return [
+        {
+            "$match": {
+                "$or": [
+                    {"operationType": {"$in": ["insert", "replace"]}},
+                    {"operationType": "update", f"updateDescription.updatedFields.{WAKE}": {"$exists": True}},
+                ]
+            }
+        },
         {
             "$addFields": {
                 "ms.claimers": tokens,
@@ -556,20 +595,6 @@ def watch_pipeline(names: Sequence[str]) -> list[dict[str, Any]]:
                 "ms.partial": {"$gt": [{"$size": elements}, 0]},
                 "ms.stop": stop,
                 "ms.stop_partial": {"$gt": [{"$size": stop_fields}, 0]},
-            }
-        },
-        {"$addFields": {"ms.names": token_names}},
-        {
-            "$match": {
-                "$or": [
-                    {
-                        "operationType": {"$in": ["insert", "replace"]},
-                        "fullDocument.name": {"$in": list(names)},
-                    },
-                    {"operationType": "update", "ms.names": {"$in": list(names)}},
-                    {"operationType": "update", "ms.stop.action": {"$in": STOP_ACTIONS}},
-                    {"operationType": "update", "ms.stop_partial": True},
-                ]
             }
         },
         {

@@ -25,7 +25,7 @@ import asyncio
 import inspect
 import random
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -122,6 +122,7 @@ from mscheduler.drivers.mongo.plans import MongoPlans, plans_collection
 from mscheduler.drivers.mongo.queries import MongoTaskQueries
 from mscheduler.drivers.mongo.stats import MongoStats
 from mscheduler.drivers.mongo.workers import MongoWorkers
+from mscheduler.drivers.streams import Subscription, shared, wanted_by
 
 
 class MongoDriver(
@@ -929,22 +930,34 @@ class MongoDriver(
                 wakeups.append(Wakeup(doc["key"], _in(claim_at), "claim"))
         return wakeups
 
-    def _watch_pipeline(self, names: Sequence[str]) -> list[dict[str, Any]]:
-        return watch_pipeline(names)
+    def _watch_pipeline(self) -> list[dict[str, Any]]:
+        return watch_pipeline()
 
     _event = staticmethod(change_event)
 
-    async def watch(
-        self, names: Sequence[str], resume_token: Any = None
-    ) -> AsyncGenerator[ChangeEvent | StreamPosition, None]:
-        """Change events from a change stream, and the stream's position when it moved on
-        without a matching event (the post-batch resume token).
+    def stream_key(self, collection: str) -> Any:
+        """Identifies a collection of this store in the process (``drivers/streams.py``): driver
+        objects over the same collection of the same client share its change stream."""
+        target = self.events if collection == "events" else self.tasks
+        client = getattr(self.database, "client", None)
+        return (id(client) if client is not None else id(self.database), self.database.name, target.name)
 
-        Raises ``ChangeStreamUnsupported`` where the server or the fake cannot watch; the
-        consumer then relies on polling alone. ``ResumeTokenLost`` when ``resume_token`` cannot
-        be resumed from. Other errors end the iterator with ``StorageError``; the consumer reopens
-        with the last token.
-        """
+    def watch(
+        self, names: Sequence[str], resume_token: Any = None
+    ) -> Subscription[ChangeEvent | StreamPosition]:
+        """Change events of tasks with these names (and stop requests), and the stream's position
+        when it moved on without one: a subscription to the process's one change stream on the
+        tasks collection (``drivers/streams.py``), opened by the first subscriber from where the
+        stream last was, closed when the last leaves.
+
+        Raises (when iterated) ``ChangeStreamUnsupported`` where the server or the fake cannot
+        watch; the consumer then relies on polling alone. ``ResumeTokenLost`` when the stream
+        cannot resume. Other errors end it with ``StorageError``; the subscriber polls and
+        subscribes again. ``resume_token`` is not used: the shared stream keeps its own."""
+        hub = shared(("tasks", self.stream_key("tasks")), self._open_changes, _token_of_change)
+        return hub.subscribe(wanted_by(names))
+
+    async def _open_changes(self, resume_token: Any) -> AsyncIterable[ChangeEvent | StreamPosition]:
         watch = getattr(self.tasks, "watch", None)
         if watch is None or not inspect.ismethod(watch):
             # mongomock's collections turn unknown attributes into sub-collections
@@ -953,13 +966,18 @@ class MongoDriver(
         if resume_token is not None:
             kwargs["resume_after"] = resume_token
         try:
-            stream = await _resolve(watch(watch_pipeline(names), **kwargs))
+            stream = await _resolve(watch(watch_pipeline(), **kwargs))
         except NotImplementedError as exc:
             raise ChangeStreamUnsupported(str(exc) or "watch() is not implemented") from exc
         except OperationFailure as exc:
             raise watch_error(exc, resume_token) from exc
         except PyMongoError as exc:
             raise StorageError(f"watch failed: {exc}", transient=_is_transient(exc)) from exc
+        log.debug("the tasks' change stream opened (resume token: %s)", resume_token is not None)
+        return self._changes(stream, resume_token)
+
+    @staticmethod
+    async def _changes(stream: Any, resume_token: Any) -> AsyncGenerator[ChangeEvent | StreamPosition, None]:
         try:
             position = resume_token
             while True:
@@ -972,7 +990,7 @@ class MongoDriver(
                 token = stream.resume_token
                 if change is None:
                     if not stream.alive:
-                        return  # closed or invalidated: the consumer starts afresh
+                        return  # closed or invalidated: the subscribers start afresh
                     if token is not None and token != position:
                         position = token
                         yield StreamPosition(token)
@@ -984,3 +1002,7 @@ class MongoDriver(
             close = getattr(stream, "close", None)
             if close is not None:
                 await _resolve(close())
+
+
+def _token_of_change(source: Any, item: ChangeEvent | StreamPosition) -> Any:
+    return item.token

@@ -24,6 +24,8 @@ from mscheduler.drivers.mongo.common import (
     KEY_INDEX,
     NAME_INDEX,
     STATUS_INDEX,
+    TASK_FIELDS,
+    WAKE,
     WORKER_INDEX,
     WS,
     T,
@@ -36,6 +38,7 @@ from mscheduler.drivers.mongo.common import (
     live_hash,
     read_page,
     stop_expression,
+    wake_if_stopping,
 )
 
 
@@ -160,13 +163,13 @@ class MongoTaskQueries:
     # with the task as it was.
 
     async def get_task(self, key: str) -> dict[str, Any] | None:
-        doc = await self._call("get task", lambda: self.tasks_primary.find_one({"key": key}, {"_id": 0}))
+        doc = await self._call("get task", lambda: self.tasks_primary.find_one({"key": key}, TASK_FIELDS))
         return _in(doc) if doc is not None else None
 
     async def get_tasks(self, keys: Sequence[str]) -> list[dict[str, Any]]:
         async def read() -> list[dict[str, Any]]:
             filter_ = {"key": {"$in": list(dict.fromkeys(keys))}}
-            cursor = self.tasks_primary.find(filter_, {"_id": 0}).hint(KEY_INDEX)
+            cursor = self.tasks_primary.find(filter_, TASK_FIELDS).hint(KEY_INDEX)
             return [_in(doc) async for doc in cursor]
 
         return await self._call("get tasks", read)
@@ -215,11 +218,16 @@ class MongoTaskQueries:
             change = {
                 "state.cancelled": _lit({"reason": params.reason, "time": params.now}),
                 "state.stop": stop_expression("cancel", params.now),
+                WAKE: wake_if_stopping("cancel", params.now),  # the change stream passes it
             }
         elif params.action == "pause" and params.stop_running:
             # one write: paused, the running attempts told to stop (state.stop, for the change
             # stream) and released (not counted: the budget is intact for the resume)
-            change = {"state.paused": True, "state.stop": stop_expression("pause", params.now)}
+            change = {
+                "state.paused": True,
+                "state.stop": stop_expression("pause", params.now),
+                WAKE: wake_if_stopping("pause", params.now),
+            }
             released = {"status": "released", "end_time": params.now, "error": paused_error()}
             stages = [_rebuild_entries({"$eq": ["$$e.status", "running"]}, released)]
         elif params.action in ("pause", "resume"):
@@ -285,8 +293,9 @@ class MongoTaskQueries:
 
 
 def _without_id(doc: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A task document as the domain sees it (no ``_id``), or None."""
+    """A task document as the domain sees it (no ``_id``, no ``wake``), or None."""
     if doc is None:
         return None
     doc.pop("_id", None)
+    doc.pop(WAKE, None)
     return _in(doc)  # type: ignore[no-any-return]
