@@ -30,7 +30,13 @@ from typing import Any, Generic, TypeVar
 from mscheduler.domain.clock import Clock
 from mscheduler.domain.events import matches
 from mscheduler.domain.exceptions import StorageError
-from mscheduler.drivers.base import ChangeEvent, ChangeStreamUnsupported, EventQuery, ResumeTokenLost
+from mscheduler.drivers.base import (
+    ChangeEvent,
+    ChangeStreamUnsupported,
+    EventQuery,
+    ResumeTokenLost,
+    StreamPosition,
+)
 
 log = logging.getLogger("mscheduler.streams")
 
@@ -52,9 +58,9 @@ class Subscription(Generic[T]):
     and ending when it ends. ``resume_token``: the hub's position (after the last item seen).
     ``polled``: the source is a poller, not a change stream."""
 
-    def __init__(self, hub: Fanout[T], accept: Callable[[T], bool]) -> None:
+    def __init__(self, hub: Fanout[T], admit: Callable[[T], T | None]) -> None:
         self._hub = hub
-        self.accept = accept
+        self.admit = admit
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.closed = False
 
@@ -128,11 +134,18 @@ class Fanout(Generic[T]):
         self.open_error: Exception | None = None
         self.sources_opened = 0  # how many times a source was opened (tests and benchmarks count it)
 
-    def subscribe(self, accept: Callable[[T], bool] = lambda item: True) -> Subscription[T]:
-        subscription = Subscription(self, accept)
+    def subscribe(
+        self, admit: Callable[[T], T | None] = lambda item: item, resume_token: Any = None
+    ) -> Subscription[T]:
+        """A new subscriber: ``admit(item)`` is what it gets of each item (None: nothing).
+        ``resume_token``: where to open the source from, if it is not open (a subscriber joining
+        an open stream gets what comes next: a shared stream is not rewound)."""
+        subscription = Subscription(self, admit)
         self.subscribers.append(subscription)
         if self.unsupported is not None:
             subscription.put(self.unsupported)
+        elif resume_token is not None and (self._task is None or self._task.done()):
+            self.token = resume_token
         return subscription
 
     def start(self) -> None:
@@ -144,10 +157,11 @@ class Fanout(Generic[T]):
             self._task = self.loop.create_task(self._pump(), name=f"mscheduler-stream-{self.key}")
 
     def feed(self, item: T) -> None:
-        """Push mode: hand ``item`` to the subscribers that accept it."""
+        """Hand ``item`` to each subscriber, as it admits it."""
         for subscription in list(self.subscribers):
-            if isinstance(item, BaseException) or subscription.accept(item):
-                subscription.put(item)
+            admitted = subscription.admit(item)
+            if admitted is not None:
+                subscription.put(admitted)
 
     def _broadcast(self, item: Any) -> None:
         for subscription in list(self.subscribers):
@@ -203,16 +217,19 @@ class Fanout(Generic[T]):
         self._broadcast(_END)
 
 
-def wanted_by(names: Sequence[str]) -> Callable[[Any], bool]:
-    """A subscriber's filter of a shared task stream: changes of tasks with these names, changes
+def wanted_by(names: Sequence[str]) -> Callable[[Any], Any]:
+    """A subscriber's view of a shared task stream: changes of tasks with these names, changes
     that do not say their name (a stop request of the Mongo stream: the consumer running one of
-    its attempts acts on it), and stream positions."""
+    its attempts acts on it), and stream positions; another name's change is a position to it
+    (the stream moved on: what it resumes from)."""
     wanted = frozenset(names)
 
-    def accept(item: Any) -> bool:
-        return not isinstance(item, ChangeEvent) or not item.name or item.name in wanted
+    def admit(item: Any) -> Any:
+        if not isinstance(item, ChangeEvent) or not item.name or item.name in wanted:
+            return item
+        return StreamPosition(item.token) if item.token is not None else None
 
-    return accept
+    return admit
 
 
 _HUBS: dict[tuple[int, Hashable], Fanout[Any]] = {}
@@ -310,7 +327,7 @@ async def event_subscription(
         return stream
 
     hub = shared(("events", stream_key(driver, "events")), opener)
-    subscription = hub.subscribe(lambda doc: matches(doc, query))
+    subscription = hub.subscribe(lambda doc: doc if matches(doc, query) else None)
     hub.start()
     await hub.opened.wait()
     if hub.open_error is not None:

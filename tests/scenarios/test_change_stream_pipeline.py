@@ -15,7 +15,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from mscheduler.drivers.base import StreamPosition
+from mscheduler.drivers.base import ChangeEvent, StreamPosition
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.drivers.streams import wanted_by
 from mscheduler.testing.mongomock import mongomock_database
@@ -54,11 +54,11 @@ async def _run(events: list[dict[str, Any]], names: list[str]) -> list[dict[str,
     scratch = database["events"]
     await scratch.insert_many(events)
     cursor = scratch.aggregate(driver._watch_pipeline())
-    accept = wanted_by(names)
+    admit = wanted_by(names)
     passed = []
     async for doc in cursor:
         event = MongoDriver._event(doc, doc["_id"])
-        if event is not None and accept(event):
+        if event is not None and isinstance(admit(event), ChangeEvent):
             passed.append(doc)
     return passed
 

@@ -953,9 +953,10 @@ class MongoDriver(
         Raises (when iterated) ``ChangeStreamUnsupported`` where the server or the fake cannot
         watch; the consumer then relies on polling alone. ``ResumeTokenLost`` when the stream
         cannot resume. Other errors end it with ``StorageError``; the subscriber polls and
-        subscribes again. ``resume_token`` is not used: the shared stream keeps its own."""
+        subscribes again. ``resume_token`` opens the stream there when it is not open; a
+        subscriber joining an open stream gets what comes next (a shared stream is not rewound)."""
         hub = shared(("tasks", self.stream_key("tasks")), self._open_changes, _token_of_change)
-        return hub.subscribe(wanted_by(names))
+        return hub.subscribe(wanted_by(names), resume_token)
 
     async def _open_changes(self, resume_token: Any) -> AsyncIterable[ChangeEvent | StreamPosition]:
         watch = getattr(self.tasks, "watch", None)
