@@ -142,3 +142,20 @@ async def test_a_consumer_remembers_the_fan_out_tasks_it_ran() -> None:
             await asyncio.sleep(0)
             clock.advance(0.05)
     assert sorted(consumer._ran_fanout) == [f"fan{i}" for i in range(5)]
+
+
+async def test_a_worker_of_three_hundred_names_claims_in_the_claim_order(store: Store) -> None:
+    """18.4: 300 names (600 claimer tokens: more ranges than a server query merges) claim and
+    poll like a worker of a few: priority first, aimed-at-me first, due time, across all names."""
+    names = [f"n{i:03}" for i in range(300)]
+    await store.add("low-early", "n010", priority=0)
+    store.advance(1)
+    await store.add("high", "n250", priority=5)
+    await store.add("aimed", "n299", priority=5, specific_worker_ids=("w1",))
+    await store.add("low-late", "n000", priority=0)
+    await store.add("other", "not-mine", priority=9)
+    wakeups = await store.driver.find_wakeups(WakeupParams("w1", names, store.now, 100))
+    assert {w.key for w in wakeups} == {"low-early", "high", "aimed", "low-late"}
+    assert await store.claim_keys("w1", 1, names=names) == ["aimed"]
+    assert await store.claim_keys("w1", 2, names=names) == ["high", "low-early"]
+    assert await store.claim_keys("w1", 5, names=names) == ["low-late"]

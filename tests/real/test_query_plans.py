@@ -724,3 +724,40 @@ async def test_limit_reads_and_writes_touch_one_limit_document(backlog: Backlog)
     assert keys.get("hint") == LIMITS_NAMES_INDEX
     plan = await explain_on_limits(keys)
     assert_plan(plan, LIMITS_NAMES_INDEX, max_keys=4, max_docs=1, what="limit_keys")
+
+
+async def test_a_worker_of_three_hundred_names_claims_and_polls_without_an_in_memory_sort(
+    backlog: Backlog,
+) -> None:
+    """18.4: 300 names are 600 claimer tokens; above ``internalQueryMaxScansToExplode`` (200)
+    a query on them would sort every due task in memory. Each read the driver sends covers at
+    most 200 tokens (ranges merged in order: SORT_MERGE), and the claim itself is by key."""
+    from mscheduler.drivers.mongo.common import CLAIM_SORT, MAX_SCANS
+
+    names = [f"many-{i:03}" for i in range(300)]
+    await Publisher(backlog.driver, clock=FakeClock(T0)).send_many(
+        [Task(f"many-task-{i:04}", names[i % 300], option=TaskOption(priority=i % 3)) for i in range(3000)]
+    )
+    backlog.recorder.collection = backlog.scratch.tasks.name
+    backlog.recorder.commands.clear()
+    try:
+        await Publisher(backlog.scratch, clock=FakeClock(T0)).send_many(
+            [Task(f"many-task-{i:04}", names[i % 300]) for i in range(20)]
+        )
+        backlog.recorder.commands.clear()
+        await backlog.scratch.find_wakeups(WakeupParams(WORKER, names, NOW, 100))
+        await backlog.scratch.claim(ClaimParams(WORKER, names, NOW, attempts(5)))
+    finally:
+        backlog.recorder.collection = None
+    finds = [c for c in backlog.recorder.commands if next(iter(c)) == "find"]
+    claims = [c for c in backlog.recorder.commands if next(iter(c)) == "findAndModify"]
+    assert len(finds) == 6 and len(claims) == 5, [next(iter(c)) for c in backlog.recorder.commands]
+    for command in finds:
+        assert len(command["filter"]["state.claimers"]["$in"]) <= MAX_SCANS
+        plan = await backlog.explain(command)
+        index = CLAIM_INDEX if command.get("sort") == dict(CLAIM_SORT) else WAKEUP_INDEX
+        assert_plan(plan, index, max_keys=2 * 200 + 200, max_docs=200 + 100, what="a chunk of 300 names")
+    for command in claims:
+        assert command.get("hint") == KEY_INDEX
+        plan = await backlog.explain(command)
+        assert_plan(plan, KEY_INDEX, max_keys=2, max_docs=1, what="a claim by key (300 names)")

@@ -5,6 +5,7 @@ since mongomock ignores index semantics. Their plans on a real server: tests/rea
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,8 +15,8 @@ from benchmarks.limit_bytes import measure
 from mscheduler import FakeClock, Publisher, Task, TaskOption
 from mscheduler.domain.exceptions import StorageError
 from mscheduler.domain.limits import Limit, epoch_ms, from_storage
-from mscheduler.drivers.base import AcquireParams, ExpireParams
-from mscheduler.drivers.mongo.common import DEADLINE_INDEX, INDEXES
+from mscheduler.drivers.base import AcquireParams, ClaimParams, ExpireParams, WakeupParams
+from mscheduler.drivers.mongo.common import DEADLINE_INDEX, INDEXES, MAX_SCANS
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.testing.mongomock import mongomock_database
 from tests.scenarios.test_mongo_reads_and_sessions import _Session, _SessionCollection
@@ -163,3 +164,67 @@ async def test_a_limit_of_the_earlier_layout_keeps_its_holders_and_starts() -> N
     later = NOW + timedelta(milliseconds=901)  # old2's start (the latest) left: all old ones did
     result = await driver.acquire_slots(AcquireParams("job", "w1", ["a2"], later, later + LEASE))
     assert result.granted == ["a2"]
+
+
+async def test_no_claim_or_wakeup_query_merges_more_than_two_hundred_ranges() -> None:
+    """18.4: a claim and a poll send at most ``MAX_SCANS`` (200) claimer tokens per query: above
+    ``internalQueryMaxScansToExplode`` (200) the server sorts every due task of every token in
+    memory, each claim and each poll. 300 names are 600 tokens: three chunks."""
+    driver = MongoDriver(mongomock_database())
+    await driver.setup()
+    names = [f"n{i:03}" for i in range(300)]
+    await Publisher(driver, clock=FakeClock(NOW)).send_many([Task(f"t{i}", names[i * 7]) for i in range(40)])
+    recording = Recording(driver.tasks)
+    driver.tasks = recording
+    await driver.find_wakeups(WakeupParams("w1", names, NOW, 100))
+    claimed = await driver.claim(ClaimParams("w1", names, NOW, [f"a{i}" for i in range(10)], LEASE))
+    assert len(claimed) == 10
+    sizes = [len(tokens) for _, args, _ in recording.sent for tokens in claimer_conditions(args)]
+    assert sizes and max(sizes) <= MAX_SCANS, sizes
+    reads = [name for name, _, _ in recording.sent if name == "find"]
+    assert len(reads) == 6, "three chunks for the poll, three for the claim's heads"
+
+
+def claimer_conditions(args: Any) -> list[list[str]]:
+    """The token lists of ``state.claimers: {$in: [...]}`` conditions in a command's filter, for
+    the filters that say so directly (a pinned claim's $and repeats them: the key index serves it)."""
+    found = []
+    filter_ = args[0] if args and isinstance(args[0], dict) else {}
+    condition = filter_.get("state.claimers")
+    if isinstance(condition, dict) and "$in" in condition:
+        found.append(condition["$in"])
+    return found
+
+
+class _Concurrency:
+    """Counts the claims (findAndModify) in flight at once."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.now = self.most = 0
+
+    async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            await asyncio.sleep(0.001)
+            return await self._inner.find_one_and_update(*args, **kwargs)
+        finally:
+            self.now -= 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+async def test_a_claim_of_many_attempts_keeps_a_few_in_flight() -> None:
+    """18.3: a consumer's claim of 64 attempts sent 64 findAndModify at once, every one sorting
+    to the same head document: the losers conflict and the server runs them again (wasted work
+    growing with the square of the claimers). At most ``max_parallel_claims`` (8) are in flight."""
+    driver = MongoDriver(mongomock_database())
+    await driver.setup()
+    await Publisher(driver, clock=FakeClock(NOW)).send_many([Task(f"t{i}", "job") for i in range(100)])
+    counting = _Concurrency(driver.tasks)
+    driver.tasks = counting
+    claimed = await driver.claim(ClaimParams("w1", ["job"], NOW, [f"a{i}" for i in range(64)], LEASE))
+    assert len(claimed) == 64
+    assert counting.most <= 8, f"{counting.most} claims in flight at once"

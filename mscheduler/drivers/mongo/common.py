@@ -66,6 +66,15 @@ CHANGE_STREAM_UNSUPPORTED_CODES = frozenset({40573, 40415, 115, 376})
 CHANGE_STREAM_TOKEN_LOST_CODES = frozenset({286, 280, 260, 9})
 MAJORITY_WTIMEOUT_MS = 10_000
 
+# The claim order: priority desc, tasks aimed at the worker first, due time asc.
+CLAIM_SORT = [("option.priority", -1), ("state.targeted", -1), ("state.claim_at", 1)]
+# Index ranges one query may merge in sort order: above the server's internalQueryMaxScansToExplode
+# (200) the planner sorts in memory instead (every due task of every range, each claim and poll).
+# A claim or wake-up read over more claimer tokens is split into chunks of at most this many.
+MAX_SCANS = 200
+# Claims of one call in flight at once (Mongo driver's max_parallel_claims).
+DEFAULT_PARALLEL_CLAIMS = 8
+
 # Every query names the index that serves its filter and sort (``hint``); see docs/design.md.
 CLAIM_INDEX = "claimers_claim"
 WAKEUP_INDEX = "claimers_wakeup"

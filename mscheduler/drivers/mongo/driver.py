@@ -69,9 +69,11 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     CHANGE_STREAM_TOKEN_LOST_CODES,
     CHANGE_STREAM_UNSUPPORTED_CODES,
     CLAIM_INDEX,
+    CLAIM_SORT,
     CONFIG_CODES,
     CREATED_INDEX,
     DEADLINE_INDEX,
+    DEFAULT_PARALLEL_CLAIMS,
     DOCUMENT_CODES,
     FINISHED,
     INDEX_NAMES,
@@ -79,6 +81,7 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     KEY_INDEX,
     LEASES_INDEX,
     MAJORITY_WTIMEOUT_MS,
+    MAX_SCANS,
     NAME_INDEX,
     PROBE,
     RETIRED_INDEXES,
@@ -145,6 +148,8 @@ class MongoDriver(
         backoff) before it surfaces as ``StorageError(transient=True)``.
     :param events: keep an event log (``mscheduler.services.events``, collection ``mscheduler_events``),
         its documents deleted ``event_retention`` after their time (a TTL index).
+    :param max_parallel_claims: claims of one ``claim`` call in flight at once (its attempts are
+        claimed concurrently; more at once would only pile onto the same head document).
     """
 
     def __init__(
@@ -159,6 +164,7 @@ class MongoDriver(
         majority_timeout_ms: int = MAJORITY_WTIMEOUT_MS,
         events: bool = False,
         event_retention: timedelta = DEFAULT_RETENTION,
+        max_parallel_claims: int = DEFAULT_PARALLEL_CLAIMS,
     ) -> None:
         self.database = database
         tasks = database[f"{prefix}{TASKS}"]
@@ -198,6 +204,8 @@ class MongoDriver(
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.commands = 0  # storage commands sent (benchmarks count them)
+        self.claims_empty = 0  # claims that found nothing (a lost race, or no task due)
+        self.max_parallel_claims = max_parallel_claims
         self.fixups = 0  # of which first-lease fix-ups (only where date arithmetic is missing)
         # Capabilities, probed in setup(): real servers have both; mongomock has neither.
         self.date_arithmetic = True  # $add of a date and milliseconds in an update pipeline
@@ -532,14 +540,16 @@ class MongoDriver(
 
     # -- claim / ping / finish --------------------------------------------------------------------
 
-    def _claim_filter(self, params: ClaimParams) -> dict[str, Any]:
+    def _claim_filter(self, params: ClaimParams, tokens: Sequence[str] | None = None) -> dict[str, Any]:
         now = _out(params.now)
+        if tokens is None:
+            tokens = claimer_tokens(list(params.names), params.worker_id, params.groups)
         # ``state.claimers`` holds this worker's token (targeted at it) or the name's "anyone"
         # token: an equality on the claim index's prefix. A non-empty claimers implies a free
         # slot, an unfinished task, an unused budget and (targeted) an allowed worker with no
         # running or succeeded entry; the residual $nor is for untargeted fan-out tasks.
         filter_: dict[str, Any] = {
-            "state.claimers": {"$in": claimer_tokens(list(params.names), params.worker_id, params.groups)},
+            "state.claimers": {"$in": list(tokens)},
             "state.claim_at": {"$lte": now},
             # not started after its deadline (the deadline pass marks such tasks expired)
             "$or": [{"option.deadline": None}, {"option.deadline": {"$gt": now}}],
@@ -578,14 +588,26 @@ class MongoDriver(
             entry["ping_expire_time"] = _out(params.now + cap)
         return entry
 
-    async def _claim_one(self, params: ClaimParams, attempt: str) -> ClaimedTask | None:
+    async def _claim_one(
+        self, params: ClaimParams, attempt: str, key: str | None = None
+    ) -> ClaimedTask | None:
+        """One claim: the first task in the claim order (or the task ``key``, a head the chunked
+        claim chose: see ``_claim_chunked``)."""
         entry = self._claim_entry(params, attempt)
         append = {"$set": {WS: {"$concatArrays": [f"${WS}", [entry]]}}}
         pipeline = [append, *self._trim_stages(params), *_derive_stages(params.now)]
         filter_ = self._claim_filter(params)
-        sort = [("option.priority", -1), ("state.targeted", -1), ("state.claim_at", 1)]
+        sort = CLAIM_SORT
 
         async def claim() -> dict[str, Any] | None:
+            if key is not None:
+                pinned: dict[str, Any] | None = await self.tasks.find_one_and_update(
+                    {"$and": [filter_, {"key": key}]},
+                    pipeline,
+                    return_document=ReturnDocument.AFTER,
+                    hint=KEY_INDEX,
+                )
+                return pinned
             doc: dict[str, Any] | None = await self.tasks.find_one_and_update(
                 filter_, pipeline, sort=sort, return_document=ReturnDocument.AFTER, hint=CLAIM_INDEX
             )
@@ -695,19 +717,35 @@ class MongoDriver(
         await self._call("mark task broken", lambda: self.tasks.update_one({"key": key}, pipeline))
 
     async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
-        """Up to ``len(params.attempts)`` claims, sent concurrently (one round trip each)."""
+        """Up to ``len(params.attempts)`` claims, sent concurrently (one round trip each, at most
+        ``max_parallel_claims`` in flight: more only pile onto the same head document, where the
+        losers conflict and the server runs them again)."""
         await self._capabilities()
+        tokens = claimer_tokens(list(params.names), params.worker_id, params.groups)
+        if len(tokens) > MAX_SCANS:
+            return await self._claim_chunked(params, tokens)
         if len(params.attempts) == 1:
             one = await self._claim_one(params, params.attempts[0])
             return [one] if one is not None else []
-        results = await asyncio.gather(
-            *(self._claim_one(params, a) for a in params.attempts), return_exceptions=True
-        )
+        return await self._claim_each(params, [(a, None) for a in params.attempts])
+
+    async def _claim_each(
+        self, params: ClaimParams, plan: Sequence[tuple[str, str | None]]
+    ) -> list[ClaimedTask]:
+        """The claims of ``plan`` ((attempt, key or None) pairs), concurrently within the cap."""
+        gate = asyncio.Semaphore(self.max_parallel_claims)
+
+        async def one(attempt: str, key: str | None) -> ClaimedTask | None:
+            async with gate:
+                return await self._claim_one(params, attempt, key)
+
+        results = await asyncio.gather(*(one(a, k) for a, k in plan), return_exceptions=True)
+        self.claims_empty += sum(r is None for r in results)
         claimed = [r for r in results if isinstance(r, ClaimedTask)]
         errors = [r for r in results if isinstance(r, BaseException)]
         if params.uncertain is not None:
             params.uncertain.extend(
-                a for a, r in zip(params.attempts, results, strict=True) if isinstance(r, BaseException)
+                a for (a, _), r in zip(plan, results, strict=True) if isinstance(r, BaseException)
             )
         if errors and not claimed:
             raise errors[0]
@@ -716,6 +754,30 @@ class MongoDriver(
             # each costing a retry): hand those over; the next claim meets the error again.
             log.warning("claim: %d of %d attempts failed (%s)", len(errors), len(results), errors[0])
         return claimed
+
+    async def _claim_chunked(self, params: ClaimParams, tokens: list[str]) -> list[ClaimedTask]:
+        """A claim over more claimer tokens than the planner merges (``MAX_SCANS``: one index
+        range per token; above ``internalQueryMaxScansToExplode``, 200, the server falls back to
+        a blocking sort of every due task of every token, each claim and each poll). The tokens
+        are split into chunks of at most ``MAX_SCANS``; each chunk's heads are read in the claim
+        order (one bounded read per chunk), merged here, and the first ones claimed by key (each
+        claim repeats every condition: a head taken meanwhile is simply not claimed)."""
+        projection = {"key": 1, "option.priority": 1, "state.targeted": 1, "state.claim_at": 1}
+        want = len(params.attempts)
+        heads: list[dict[str, Any]] = []
+        for start in range(0, len(tokens), MAX_SCANS):
+            filter_ = self._claim_filter(params, tokens[start : start + MAX_SCANS])
+
+            async def read(filter_: dict[str, Any] = filter_) -> list[dict[str, Any]]:
+                cursor = self.tasks.find(filter_, projection).sort(CLAIM_SORT).limit(want).hint(CLAIM_INDEX)
+                return [doc async for doc in cursor]
+
+            heads += await self._call("claim (read the heads of a chunk)", read)
+        heads.sort(key=_claim_order)
+        keys = list(dict.fromkeys(doc["key"] for doc in heads))[:want]
+        if not keys:
+            return []
+        return await self._claim_each(params, list(zip(params.attempts, keys, strict=False)))
 
     def _finish_op(self, item: FinishParams) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         now = _out(item.now)
@@ -908,26 +970,31 @@ class MongoDriver(
     async def find_wakeups(self, params: WakeupParams) -> list[Wakeup]:
         # The wake-up index: equality on this worker's claimer tokens, then claim_at (the
         # ranges are merged in claim_at order, no in-memory sort). Tasks aimed at others are
-        # not read.
-        filter_ = {
-            "state.claimers": {"$in": claimer_tokens(list(params.names), params.worker_id, params.groups)}
-        }
+        # not read. More tokens than a query merges (MAX_SCANS): one read per chunk, merged here.
+        tokens = claimer_tokens(list(params.names), params.worker_id, params.groups)
+        docs: list[dict[str, Any]] = []
+        for start in range(0, len(tokens), MAX_SCANS):
+            filter_ = {"state.claimers": {"$in": tokens[start : start + MAX_SCANS]}}
 
-        async def read() -> list[dict[str, Any]]:
-            cursor = (
-                self.tasks.find(filter_, {"_id": 0, "key": 1, "state.claim_at": 1})
-                .sort("state.claim_at", 1)
-                .limit(params.limit)
-                .hint(WAKEUP_INDEX)
-            )
-            return [doc async for doc in cursor]
+            async def read(filter_: dict[str, Any] = filter_) -> list[dict[str, Any]]:
+                cursor = (
+                    self.tasks.find(filter_, {"_id": 0, "key": 1, "state.claim_at": 1})
+                    .sort("state.claim_at", 1)
+                    .limit(params.limit)
+                    .hint(WAKEUP_INDEX)
+                )
+                return [doc async for doc in cursor]
 
-        docs = await self._call("find wake-ups", read)
+            docs += await self._call("find wake-ups", read)
         wakeups = []
         for doc in docs:
             claim_at = doc.get("state", {}).get("claim_at")
             if isinstance(claim_at, datetime):  # a document edited by hand must not stop polling
                 wakeups.append(Wakeup(doc["key"], _in(claim_at), "claim"))
+        if len(tokens) > MAX_SCANS:  # the chunks' earliest, merged
+            wakeups = sorted({w.key: w for w in wakeups}.values(), key=lambda w: (w.time, w.key))[
+                : params.limit
+            ]
         return wakeups
 
     def _watch_pipeline(self) -> list[dict[str, Any]]:
@@ -1007,3 +1074,14 @@ class MongoDriver(
 
 def _token_of_change(source: Any, item: ChangeEvent | StreamPosition) -> Any:
     return item.token
+
+
+def _claim_order(doc: dict[str, Any]) -> tuple[Any, ...]:
+    """The claim sort (priority desc, targeted desc, claim_at asc), then key, as a sort key."""
+    state = doc.get("state", {})
+    return (
+        -doc.get("option", {}).get("priority", 0),
+        -int(bool(state.get("targeted"))),
+        state.get("claim_at"),
+        doc["key"],
+    )
