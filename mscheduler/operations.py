@@ -11,6 +11,8 @@ whole or refused (``TransitionRefused``, nothing changed).
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -52,6 +54,7 @@ from mscheduler.domain.stats import DEFAULT_WINDOW as DEFAULT_STATS_WINDOW
 from mscheduler.domain.stats import StatsStep, TaskStats
 from mscheduler.domain.stats import checked_input as checked_stats_input
 from mscheduler.drivers.base import (
+    WORKERS_PAGE_MAX,
     ControlParams,
     Driver,
     InsertPlanParams,
@@ -64,6 +67,7 @@ from mscheduler.drivers.base import (
     UniqueParamsTaken,
     UpdateOptionParams,
     UpdatePlanParams,
+    WorkerListParams,
 )
 
 MANY_MAX = 1000  # keys of one get_tasks / restart_many call
@@ -130,6 +134,26 @@ class WorkerView:
     live: bool  # running, with a recent heartbeat
     groups: tuple[str, ...] = ()  # the worker groups it serves (none: only tasks without groups)
 
+    @property
+    def cursor(self) -> str:
+        """Where a listing goes on after this worker (``list_workers(after=...)``)."""
+        raw = json.dumps({"t": self.start_time.isoformat(), "w": self.worker_id})
+        return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def worker_cursor_position(cursor: str) -> tuple[datetime, str]:
+    """A ``WorkerView.cursor`` as the (start_time, worker_id) it stands for; ``InvalidInput`` if
+    it is not one."""
+    try:
+        raw = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        when = datetime.fromisoformat(raw["t"])
+        worker_id = raw["w"]
+        if when.tzinfo is None or not isinstance(worker_id, str):
+            raise ValueError("not a worker cursor")
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
+        raise InvalidInput("after: not a cursor of a worker listing") from exc
+    return when, worker_id
+
 
 class Operations:
     """Operator operations over one store.
@@ -153,11 +177,24 @@ class Operations:
 
     # -- workers ------------------------------------------------------------------------------
 
-    async def list_workers(self) -> list[WorkerView]:
-        """Every registered consumer, oldest first, with whether it is live."""
+    async def list_workers(
+        self, *, limit: int = WORKERS_PAGE_MAX, after: str | None = None, live: bool = False
+    ) -> list[WorkerView]:
+        """Registered consumers and executors, oldest first, with whether each is live: a page of
+        at most ``limit``, after the cursor ``after`` (``WorkerView.cursor`` of the last one of
+        the previous page). Registrations not seen for the store's worker retention (1 day) are
+        gone. ``live``: only the live ones (not stopped, seen within 30 s; any order)."""
+        if not isinstance(limit, int) or not 1 <= limit <= WORKERS_PAGE_MAX:
+            raise InvalidInput(f"limit: must be an integer from 1 to {WORKERS_PAGE_MAX}")
         now = await self._now()
+        params = WorkerListParams(
+            now,
+            live_since=now - WORKER_LIVENESS if live else None,
+            after=worker_cursor_position(after) if after is not None else None,
+            limit=limit,
+        )
         views = []
-        for w in await self.driver.list_workers():
+        for w in await self.driver.list_workers(params):
             stop_time = w.get("stop_time")
             views.append(
                 WorkerView(
@@ -175,7 +212,7 @@ class Operations:
                     groups=tuple(w.get("groups") or ()),  # workers registered before groups: none
                 )
             )
-        return sorted(views, key=lambda v: (v.start_time, v.worker_id))
+        return views if live else sorted(views, key=lambda v: (v.start_time, v.worker_id))
 
     async def request_worker_stop(self, worker_id: str) -> bool:
         """Ask a running consumer to stop gracefully (it sees the request at its next heartbeat).

@@ -369,6 +369,27 @@ class WorkerInfo:
     groups: Sequence[str] = ()  # the worker groups it serves (F31), shown by ``workers ls``
 
 
+DEFAULT_WORKER_RETENTION = timedelta(days=1)
+WORKERS_PAGE_MAX = 1000
+
+
+@dataclass(slots=True, frozen=True)
+class WorkerListParams:
+    """Which registered workers to read (``list_workers``). A registration not seen for the
+    store's ``worker_retention`` (stopped, or silent: a process that died) is gone: the store
+    expires it (a TTL index on ``last_seen``) and no listing shows it meanwhile. With ``now``
+    None the retention is not applied (every registration kept so far).
+
+    ``live_since``: only workers not stopped and seen since then (any order; the metrics' and the
+    publisher's read, on the index ``workers_live``). Otherwise a page in ``(start_time,
+    worker_id)`` order after ``after`` (index ``workers_list``), at most ``limit``."""
+
+    now: datetime | None = None
+    live_since: datetime | None = None
+    after: tuple[datetime, str] | None = None
+    limit: int = WORKERS_PAGE_MAX
+
+
 @dataclass(slots=True, frozen=True)
 class RetentionParams:
     """How long finished tasks are kept, per terminal status (None: for ever); see
@@ -581,7 +602,9 @@ class Driver(Protocol):
 
     async def unregister_worker(self, worker_id: str, now: datetime) -> None: ...
 
-    async def list_workers(self) -> list[dict[str, Any]]: ...
+    async def list_workers(self, params: WorkerListParams | None = None) -> list[dict[str, Any]]:
+        """Registered workers (see ``WorkerListParams``; None: every one kept, oldest first)."""
+        ...
 
     # -- plans (mscheduler.domain.plans; their own collection) ----------------------------------------
 

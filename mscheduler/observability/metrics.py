@@ -218,7 +218,7 @@ class Metrics:
                 return
             try:
                 stats = await self.operations.stats(window=None, statuses=GAUGE_STATUSES)
-                workers = await self.operations.list_workers()
+                workers = await self.operations.list_workers(live=True)
             except MSchedulerError as exc:
                 log.warning("metrics: could not read the store: %s", exc)
                 self._snapshot, self._store_up = None, 0

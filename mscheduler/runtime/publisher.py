@@ -27,7 +27,7 @@ from mscheduler.domain.model import (
 )
 from mscheduler.domain.state import CHILD_ENDED_BADLY
 from mscheduler.domain.unique import params_hash
-from mscheduler.drivers.base import Driver, InsertParams, NewTask
+from mscheduler.drivers.base import Driver, InsertParams, NewTask, WorkerListParams
 from mscheduler.observability.tracing import tracer_for
 from mscheduler.operations import change_option
 from mscheduler.services.children import child_names, expand
@@ -105,7 +105,9 @@ class Publisher:
         """Task names that a live registered consumer handles."""
         now = self.clock.now()
         names: set[str] = set()
-        for worker in await self.driver.list_workers():
+        # the live workers only, on their index: not the whole registry
+        live = WorkerListParams(now, live_since=now - WORKER_LIVENESS)
+        for worker in await self.driver.list_workers(live):
             if worker.get("stop_time") is None and worker["last_seen"] >= now - WORKER_LIVENESS:
                 names.update(worker["names"])
         return names

@@ -64,6 +64,7 @@ from mscheduler.drivers.base import (
     Wakeup,
     WakeupParams,
     WorkerInfo,
+    WorkerListParams,
 )
 
 if TYPE_CHECKING:
@@ -450,8 +451,8 @@ class FaultyDriver:
             "unregister_worker", lambda: self.inner.unregister_worker(worker_id, now), worker_id, now
         )
 
-    async def list_workers(self) -> list[dict[str, Any]]:
-        return await self._invoke("list_workers", self.inner.list_workers)
+    async def list_workers(self, params: WorkerListParams | None = None) -> list[dict[str, Any]]:
+        return await self._invoke("list_workers", lambda: self.inner.list_workers(params), params)
 
     async def insert_plan(self, params: InsertPlanParams) -> bool:
         return await self._invoke("insert_plan", lambda: self.inner.insert_plan(params), params)

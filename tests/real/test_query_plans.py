@@ -761,3 +761,63 @@ async def test_a_worker_of_three_hundred_names_claims_and_polls_without_an_in_me
         assert command.get("hint") == KEY_INDEX
         plan = await backlog.explain(command)
         assert_plan(plan, KEY_INDEX, max_keys=2, max_docs=1, what="a claim by key (300 names)")
+
+
+async def test_the_worker_registry_listings_read_their_page_or_the_live_workers(backlog: Backlog) -> None:
+    """18.7: 3,000 stopped registrations (a new worker id per start) and 5 live ones: the live
+    listing (metrics, the publisher's check) reads the live ones on ``workers_live``, the
+    registry's page reads a page on ``workers_list`` (no in-memory sort, no scan)."""
+    from mscheduler.drivers.base import WorkerInfo, WorkerListParams
+    from mscheduler.drivers.mongo.workers import WORKERS_LIST_INDEX, WORKERS_LIVE_INDEX
+
+    driver = backlog.driver
+    old = NOW - timedelta(hours=2)
+    await driver.workers.insert_many(
+        [
+            {
+                "_id": f"gone-{i:05}",
+                "host": "h",
+                "pid": i,
+                "names": ["alpha"],
+                "groups": [],
+                "concurrency": 1,
+                "start_time": old,
+                "last_seen": old,
+                "stop_time": old,
+                "running_cnt": 0,
+                "stop_requested": False,
+            }
+            for i in range(3000)
+        ]
+    )
+    for i in range(5):
+        await driver.register_worker(WorkerInfo(f"live-{i}", "h", i, ["alpha"], 4, NOW))
+
+    def workers_command(operation: Callable[[MongoDriver], Awaitable[Any]]) -> Awaitable[dict[str, Any]]:
+        async def run() -> dict[str, Any]:
+            backlog.recorder.collection = backlog.scratch.workers.name
+            backlog.recorder.commands.clear()
+            try:
+                await operation(backlog.scratch)
+            finally:
+                backlog.recorder.collection = None
+            return [c for c in backlog.recorder.commands if next(iter(c)) == "find"][-1]
+
+        return run()
+
+    async def explain(command: dict[str, Any]) -> Plan:
+        explained = {k: v for k, v in command.items() if k not in GENERIC_ARGUMENTS}
+        explained["find"] = driver.workers.name
+        return read_plan(
+            await backlog.database.command({"explain": explained, "verbosity": "executionStats"})
+        )
+
+    live = await workers_command(lambda d: d.list_workers(WorkerListParams(NOW, live_since=NOW - LEASE)))
+    assert live.get("hint") == WORKERS_LIVE_INDEX
+    assert_plan(await explain(live), WORKERS_LIVE_INDEX, max_keys=5 + 2, max_docs=5, what="live workers")
+    page = await workers_command(lambda d: d.list_workers(WorkerListParams(NOW, limit=50)))
+    assert page.get("hint") == WORKERS_LIST_INDEX
+    plan = await explain(page)
+    # the retention (last seen within a day) is checked on the page's documents: the TTL index
+    # removes the older ones, so they are few
+    assert_plan(plan, WORKERS_LIST_INDEX, max_keys=50 + 2, max_docs=50 + 1, what="a page of workers")

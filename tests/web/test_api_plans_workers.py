@@ -105,6 +105,25 @@ async def test_workers_list_and_stop(client: httpx.AsyncClient, driver: Counting
     assert unknown.status_code == 404 and unknown.json()["error"] == "not_found"
 
 
+async def test_workers_are_listed_a_page_at_a_time(client: httpx.AsyncClient, driver: CountingDriver) -> None:
+    """18.7: the registry grows by a worker id per start; the API pages it (``X-Next-Cursor``)."""
+    now = driver.clock.now()
+    for i in range(5):
+        await driver.register_worker(WorkerInfo(f"w-{i}", "h", i, ("job",), 1, now))
+    seen, cursor = [], None
+    while True:
+        params = {"limit": 2} | ({"cursor": cursor} if cursor else {})
+        page = await client.get("/api/v1/workers", params=params, headers=READ)
+        assert page.status_code == 200
+        seen += [w["worker_id"] for w in page.json()]
+        cursor = page.headers.get("X-Next-Cursor")
+        if cursor is None:
+            break
+    assert seen == [f"w-{i}" for i in range(5)]
+    bad = await client.get("/api/v1/workers", params={"cursor": "not-a-cursor"}, headers=READ)
+    assert bad.status_code == 422
+
+
 async def test_stats_counts_by_status(client: httpx.AsyncClient, driver: CountingDriver) -> None:
     await publisher(driver).send_many([Task(f"t{i}", "job") for i in range(3)])
     await Operations(driver, clock=driver.clock).cancel("t0")

@@ -18,7 +18,7 @@ import heapq
 import itertools
 from collections import Counter
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from mscheduler.domain.clock import Clock, SystemClock
@@ -33,6 +33,7 @@ from mscheduler.domain.events import (
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.state import LIVE, claimer_tokens, derive, family_inputs
 from mscheduler.drivers.base import (
+    DEFAULT_WORKER_RETENTION,
     ChangeEvent,
     ClaimedTask,
     ClaimParams,
@@ -46,6 +47,7 @@ from mscheduler.drivers.base import (
     Wakeup,
     WakeupParams,
     WorkerInfo,
+    WorkerListParams,
     allowed,
     busy_statuses,
     due_time,
@@ -86,9 +88,15 @@ class MemoryDriver(
     """
 
     def __init__(
-        self, clock: Clock | None = None, *, events: bool = False, max_events: int = DEFAULT_MAX_EVENTS
+        self,
+        clock: Clock | None = None,
+        *,
+        events: bool = False,
+        max_events: int = DEFAULT_MAX_EVENTS,
+        worker_retention: timedelta = DEFAULT_WORKER_RETENTION,
     ) -> None:
         self.clock: Clock = clock or SystemClock()
+        self.worker_retention = worker_retention
         self._tasks: dict[str, dict[str, Any]] = {}
         self._version: dict[str, int] = {}
         self._seq = itertools.count()
@@ -576,5 +584,18 @@ class MemoryDriver(
         if worker is not None:
             worker.update(stop_time=now, last_seen=now, running_cnt=0)
 
-    async def list_workers(self) -> list[dict[str, Any]]:
-        return [dict(w) for w in self._workers.values()]
+    async def list_workers(self, params: WorkerListParams | None = None) -> list[dict[str, Any]]:
+        params = params or WorkerListParams()
+        if params.now is not None:  # expired registrations go (the Mongo driver's TTL index)
+            gone = params.now - self.worker_retention
+            for worker_id in [w for w, doc in self._workers.items() if doc["last_seen"] < gone]:
+                del self._workers[worker_id]
+        workers = list(self._workers.values())
+        if params.live_since is not None:
+            since = params.live_since
+            workers = [w for w in workers if w["stop_time"] is None and w["last_seen"] >= since]
+        else:
+            workers.sort(key=lambda w: (w["start_time"], w["worker_id"]))
+            if params.after is not None:
+                workers = [w for w in workers if (w["start_time"], w["worker_id"]) > params.after]
+        return [dict(w) for w in workers[: params.limit]]

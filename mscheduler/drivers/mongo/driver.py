@@ -41,9 +41,10 @@ from pymongo.errors import (
 from pymongo.read_concern import ReadConcern
 
 from mscheduler.domain.events import DEFAULT_RETENTION
-from mscheduler.domain.exceptions import StorageError
+from mscheduler.domain.exceptions import InvalidInput, StorageError
 from mscheduler.domain.state import claimer_tokens
 from mscheduler.drivers.base import (
+    DEFAULT_WORKER_RETENTION,
     ChangeEvent,
     ChangeStreamUnsupported,
     ClaimedTask,
@@ -148,6 +149,8 @@ class MongoDriver(
         backoff) before it surfaces as ``StorageError(transient=True)``.
     :param events: keep an event log (``mscheduler.services.events``, collection ``mscheduler_events``),
         its documents deleted ``event_retention`` after their time (a TTL index).
+    :param worker_retention: how long a stopped or silent worker's registration is kept (a TTL
+        index on its ``last_seen``; no listing shows an older one).
     :param max_parallel_claims: claims of one ``claim`` call in flight at once (its attempts are
         claimed concurrently; more at once would only pile onto the same head document).
     """
@@ -165,6 +168,7 @@ class MongoDriver(
         events: bool = False,
         event_retention: timedelta = DEFAULT_RETENTION,
         max_parallel_claims: int = DEFAULT_PARALLEL_CLAIMS,
+        worker_retention: timedelta = DEFAULT_WORKER_RETENTION,
     ) -> None:
         self.database = database
         tasks = database[f"{prefix}{TASKS}"]
@@ -179,6 +183,9 @@ class MongoDriver(
             workers = workers.with_options(write_concern=concern)
         self.tasks = tasks
         self.workers = workers
+        if not isinstance(worker_retention, timedelta) or worker_retention < timedelta(minutes=1):
+            raise InvalidInput("worker_retention must be a timedelta of at least a minute")
+        self.worker_retention = worker_retention
         self.plans = plans_collection(
             database, prefix, WriteConcern(w="majority", wtimeout=majority_timeout_ms) if majority else None
         )
@@ -281,6 +288,7 @@ class MongoDriver(
         await self._call("create indexes", lambda: ensure_indexes(self.tasks, INDEXES, RETIRED_INDEXES))
         await self._call("create plan indexes", self._create_plan_indexes)
         await self._call("create limit indexes", self._create_limit_indexes)
+        await self._call("create worker indexes", self._create_worker_indexes)
         await self._create_event_indexes()
         await self._probe_capabilities()
 

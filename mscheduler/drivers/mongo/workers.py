@@ -1,22 +1,47 @@
 """Worker registry operations of ``MongoDriver`` (the workers collection): registration,
-heartbeats with remote stop requests, listing."""
+heartbeats with remote stop requests, listing.
+
+A registration is written at a consumer's (or an executor's) start and by its heartbeats; a new
+worker id per start and per executor means registrations pile up, so they expire: a TTL index on
+``last_seen`` (``workers_ttl``, the driver's ``worker_retention``: 1 day) removes a stopped or
+silent worker that long after it was last seen, and no listing shows one meanwhile (the TTL
+monitor runs once a minute). Listings are index-served: the live workers (the metrics' and the
+publisher's read) on ``workers_live`` (stop_time, last_seen), the registry's pages in start order
+on ``workers_list`` (start_time, _id)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from pymongo import ReturnDocument
 
-from mscheduler.drivers.base import WorkerInfo
+from mscheduler.drivers.base import WorkerInfo, WorkerListParams
 from mscheduler.drivers.mongo.common import T, _in, _lit, _out
+from mscheduler.drivers.mongo.indexes import IndexDef, ensure_indexes
+
+WORKERS_LIST_INDEX = "workers_list"
+WORKERS_LIVE_INDEX = "workers_live"
+WORKERS_TTL_INDEX = "workers_ttl"
+
+
+def worker_indexes(retention: timedelta) -> list[IndexDef]:
+    return [
+        ([("start_time", 1), ("_id", 1)], {"name": WORKERS_LIST_INDEX}),
+        ([("stop_time", 1), ("last_seen", 1)], {"name": WORKERS_LIVE_INDEX}),
+        (
+            [("last_seen", 1)],
+            {"name": WORKERS_TTL_INDEX, "expireAfterSeconds": int(retention.total_seconds())},
+        ),
+    ]
 
 
 class MongoWorkers:
     """Worker operations of ``MongoDriver`` (a mixin: it uses the driver's ``_call``)."""
 
     workers: Any
+    worker_retention: timedelta
 
     if TYPE_CHECKING:
 
@@ -103,9 +128,26 @@ class MongoWorkers:
             ),
         )
 
-    async def list_workers(self) -> list[dict[str, Any]]:
+    async def _create_worker_indexes(self) -> None:
+        await ensure_indexes(self.workers, worker_indexes(self.worker_retention))
+
+    async def list_workers(self, params: WorkerListParams | None = None) -> list[dict[str, Any]]:
+        params = params or WorkerListParams()
+        filter_: dict[str, Any] = {}
+        if params.live_since is not None:
+            filter_ = {"stop_time": None, "last_seen": {"$gte": _out(params.live_since)}}
+            sort, index = [("stop_time", 1), ("last_seen", 1)], WORKERS_LIVE_INDEX
+        else:
+            if params.now is not None:
+                filter_["last_seen"] = {"$gte": _out(params.now - self.worker_retention)}
+            if params.after is not None:
+                start, worker_id = _out(params.after[0]), params.after[1]
+                filter_["start_time"] = {"$gte": start}
+                filter_["$or"] = [{"start_time": {"$gt": start}}, {"_id": {"$gt": worker_id}}]
+            sort, index = [("start_time", 1), ("_id", 1)], WORKERS_LIST_INDEX
+
         async def read() -> list[dict[str, Any]]:
-            cursor = self.workers.find({}).sort("start_time", 1)
+            cursor = self.workers.find(filter_).sort(sort).limit(params.limit).hint(index)
             return [_in({"worker_id": doc.pop("_id"), **doc}) async for doc in cursor]
 
         return await self._call("list workers", read)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
 
 from mscheduler.web.deps import _ERRORS, _NOT_FOUND, Ops, _ApiError, _common
 from mscheduler.web.models import StopOut, WorkerOut
@@ -11,8 +13,18 @@ workers = APIRouter(prefix="/workers", tags=["workers"], dependencies=_common, r
 
 
 @workers.get("", response_model=list[WorkerOut], summary="Registered workers, oldest first")
-async def list_workers(operations: Ops) -> list[WorkerOut]:
-    return [WorkerOut.of(view) for view in await operations.list_workers()]
+async def list_workers(
+    operations: Ops,
+    response: Response,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(max_length=512, description="the X-Next-Cursor of a page")] = None,
+) -> list[WorkerOut]:
+    """A page of at most ``limit`` workers; a full page's ``X-Next-Cursor`` header goes on.
+    Registrations not seen for a day (stopped, or a process that died) are gone."""
+    views = await operations.list_workers(limit=limit, after=cursor)
+    if len(views) == limit:
+        response.headers["X-Next-Cursor"] = views[-1].cursor
+    return [WorkerOut.of(view) for view in views]
 
 
 @workers.post("/{worker_id}/stop", response_model=StopOut, status_code=202, responses=_NOT_FOUND)
