@@ -562,7 +562,7 @@ class Operations:
         if not isinstance(plan, Plan):
             raise InvalidInput(f"add_plan() takes a Plan, got {type(plan).__name__}")
         if not self._plans_set_up:  # the plans' indexes, before the first plan (as a publisher does)
-            await self.driver.setup()
+            await self.driver.prepare()
             self._plans_set_up = True
         now = await self._now()
         doc = plan.to_storage(now)

@@ -152,7 +152,7 @@ async def check_server(database: Any, *, prefix: str = "", create_indexes: bool 
                     "indexes",
                     WARN,
                     f"missing on {collection}: {', '.join(missing)} "
-                    "(run with --create-indexes; consumers and publishers also create them on first use)",
+                    "(run `mscheduler setup` or this check with --create-indexes; workers do not build them)",
                 )
             )
         else:

@@ -102,7 +102,7 @@ async def serve(
             events=events,
             event_retention=timedelta(days=event_retention_days),
         )
-        await driver.setup()  # the listings name their indexes (hint): they must exist
+        await driver.prepare()  # the listings name their indexes (hint): `mscheduler setup` made them
         operations = Operations(driver)
     try:
         web_app = create_app(operations=operations, tokens=tokens, metrics_public=metrics_public)

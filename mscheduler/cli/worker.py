@@ -339,7 +339,7 @@ async def run_planner(
     try:
         await ensure_reachable(client, redact(uri), hint=URI_TIMEOUT_HINT)
         driver = MongoDriver(_database(client, database, "mscheduler"))
-        await driver.setup()
+        await driver.prepare()  # built by `mscheduler setup`: a store without them is refused here
         clock = ServerClock()
         await clock.sync(driver.server_time)
         planner = Planner(driver, clock=clock, interval=interval)

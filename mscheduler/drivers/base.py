@@ -527,7 +527,16 @@ class ResumeTokenLost(Exception):
 class Driver(Protocol):
     """Named domain operations over the task store."""
 
-    async def setup(self) -> None: ...
+    async def setup(self) -> None:
+        """Make the store ready (an administrator's step: ``mscheduler setup``): create the
+        indexes, rebuilding those whose spec changed since an earlier build."""
+        ...
+
+    async def prepare(self) -> None:
+        """What a consumer, publisher or server does before its first operation: learn what the
+        store can do and check that it is set up; a store that is not raises a configuration
+        ``StorageError`` naming what is missing (``mscheduler setup`` makes it)."""
+        ...
 
     async def server_time(self) -> datetime | None: ...
 

@@ -81,10 +81,11 @@ class Publisher:
                 listener("sent", {"key": task.key, "name": task.name, "created": new})
 
     async def _setup(self) -> None:
-        """Create the indexes before the first insert: uniqueness by key needs the unique index,
-        and a publisher may write to a store no consumer has set up yet (SPEC F1)."""
+        """Check the store before the first insert: uniqueness by key needs the unique index, and
+        a publisher may write to a store no consumer has used yet (SPEC F1). The indexes are
+        built by ``mscheduler setup`` (on mongomock, here)."""
         if not self._set_up:
-            await self.driver.setup()
+            await self.driver.prepare()
             self._set_up = True
 
     def _prepare(self, task: Task) -> NewTask:

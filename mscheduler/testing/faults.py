@@ -78,6 +78,7 @@ OPERATIONS = (
     "limit_keys",
     "held_slots",
     "setup",
+    "prepare",
     "server_time",
     "insert_tasks",
     "claim",
@@ -344,6 +345,9 @@ class FaultyDriver:
 
     async def setup(self) -> None:
         await self._invoke("setup", self.inner.setup)
+
+    async def prepare(self) -> None:
+        await self._invoke("prepare", self.inner.prepare)
 
     async def server_time(self) -> datetime | None:
         return await self._invoke("server_time", self.inner.server_time)

@@ -186,6 +186,9 @@ class MemoryDriver(
     async def setup(self) -> None:
         return None
 
+    async def prepare(self) -> None:
+        return None
+
     async def server_time(self) -> datetime | None:
         return self.clock.now()
 

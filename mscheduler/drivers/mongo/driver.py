@@ -117,15 +117,15 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     watch_pipeline,
     write_concern_only,
 )
-from mscheduler.drivers.mongo.events import MongoEvents
-from mscheduler.drivers.mongo.indexes import ensure_indexes
-from mscheduler.drivers.mongo.limits import MongoLimits, limits_collection
+from mscheduler.drivers.mongo.events import EVENT_INDEXES, MongoEvents
+from mscheduler.drivers.mongo.indexes import IndexDef, ensure_indexes, index_problems
+from mscheduler.drivers.mongo.limits import LIMIT_INDEXES, MongoLimits, limits_collection
 from mscheduler.drivers.mongo.maintenance import MongoMaintenance
 from mscheduler.drivers.mongo.ping import MongoPing
-from mscheduler.drivers.mongo.plans import MongoPlans, plans_collection
+from mscheduler.drivers.mongo.plans import PLAN_INDEXES, MongoPlans, plans_collection
 from mscheduler.drivers.mongo.queries import MongoTaskQueries
 from mscheduler.drivers.mongo.stats import MongoStats
-from mscheduler.drivers.mongo.workers import MongoWorkers
+from mscheduler.drivers.mongo.workers import MongoWorkers, worker_indexes
 from mscheduler.drivers.streams import Subscription, shared, wanted_by
 
 
@@ -151,6 +151,9 @@ class MongoDriver(
         its documents deleted ``event_retention`` after their time (a TTL index).
     :param worker_retention: how long a stopped or silent worker's registration is kept (a TTL
         index on its ``last_seen``; no listing shows an older one).
+    :param create_indexes: ``prepare()`` (a consumer's or publisher's start) builds missing
+        indexes itself, as ``setup()`` does; by default only on mongomock. On a server they are
+        built by ``mscheduler setup`` (``setup()``), and a start without them fails, naming them.
     :param max_parallel_claims: claims of one ``claim`` call in flight at once (its attempts are
         claimed concurrently; more at once would only pile onto the same head document).
     """
@@ -169,6 +172,7 @@ class MongoDriver(
         event_retention: timedelta = DEFAULT_RETENTION,
         max_parallel_claims: int = DEFAULT_PARALLEL_CLAIMS,
         worker_retention: timedelta = DEFAULT_WORKER_RETENTION,
+        create_indexes: bool | None = None,
     ) -> None:
         self.database = database
         tasks = database[f"{prefix}{TASKS}"]
@@ -218,6 +222,11 @@ class MongoDriver(
         self.date_arithmetic = True  # $add of a date and milliseconds in an update pipeline
         self.update_hints = True  # ``hint`` on update commands
         self._probed = False  # setup() probes; operations that depend on it probe if it did not
+        self._set_up = False
+        self.rebuilt: list[str] = []  # indexes the last setup() rebuilt or dropped (spec changes)
+        if create_indexes is None:  # a throwaway in-memory database: nothing waits for a quorum
+            create_indexes = any("mongomock" in cls.__module__ for cls in type(database).__mro__)
+        self.create_indexes = create_indexes
 
     # -- plumbing ---------------------------------------------------------------------------------
 
@@ -285,12 +294,54 @@ class MongoDriver(
         """Create the indexes (idempotent; an index whose spec changed since an earlier build is
         rebuilt, ``drivers/mongo/indexes.py``), drop the retired ones of earlier builds
         (``RETIRED_INDEXES``) and probe what the server can do."""
-        await self._call("create indexes", lambda: ensure_indexes(self.tasks, INDEXES, RETIRED_INDEXES))
+        self.rebuilt = await self._call(
+            "create indexes", lambda: ensure_indexes(self.tasks, INDEXES, RETIRED_INDEXES)
+        )
         await self._call("create plan indexes", self._create_plan_indexes)
         await self._call("create limit indexes", self._create_limit_indexes)
         await self._call("create worker indexes", self._create_worker_indexes)
         await self._create_event_indexes()
         await self._probe_capabilities()
+        self._set_up = True
+
+    async def prepare(self) -> None:
+        """Before a consumer's, publisher's or server's first operation: probe the server's
+        capabilities and check the indexes every query names (``hint``). Building them is
+        ``setup()``'s (``mscheduler setup``): ``createIndexes`` waits for the commit quorum of
+        a replica set, and a consumer's start should not (nor should every consumer of a fleet
+        try). A store without them raises a configuration ``StorageError`` that names them.
+        With ``create_indexes`` (the default on mongomock, a throwaway in-memory database) this
+        is ``setup()``."""
+        if self.create_indexes:
+            if not self._set_up:
+                await self.setup()
+            return
+        missing = await self.missing_indexes()
+        if missing:
+            where = f"{self.database.name}.{self.tasks.name}"
+            raise StorageError(
+                f"the store {where} is not set up: {', '.join(missing)}; run `mscheduler setup "
+                "--mongodb-uri ...` (or `await MongoDriver(...).setup()`) once, before starting workers",
+                config=True,
+            )
+        await self._capabilities()
+
+    async def missing_indexes(self) -> list[str]:
+        """The indexes this build's queries need that the store lacks or has with another spec
+        (``collection: index (why)``); empty when the store is set up."""
+
+        async def check() -> list[str]:
+            wanted: list[tuple[Any, list[IndexDef]]] = [
+                (self.tasks, INDEXES),
+                (self.plans, PLAN_INDEXES),
+                (self.limits, LIMIT_INDEXES),
+                (self.workers, worker_indexes(self.worker_retention)),
+            ]
+            if self.record_events:
+                wanted.append((self.events, EVENT_INDEXES))
+            return [f"{c.name}: {p}" for c, indexes in wanted for p in await index_problems(c, indexes)]
+
+        return await self._call("check indexes", check)
 
     async def _probe_capabilities(self) -> None:
         """Does an update pipeline add milliseconds to a date? (A real server does; mongomock

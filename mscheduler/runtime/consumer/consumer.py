@@ -313,7 +313,7 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
             raise InvalidInput("the consumer is already started")
         if not self._handlers:
             raise InvalidInput("register at least one handler before starting")
-        await self.driver.setup()
+        await self.driver.prepare()  # the indexes are ``mscheduler setup``'s: checked, not built
         await self.clock.sync(self.driver.server_time)
         now = self.clock.now()
         names = sorted(self._handlers)

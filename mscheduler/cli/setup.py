@@ -1,0 +1,111 @@
+"""``mscheduler setup``: make a MongoDB store ready, once, before its workers start (issue 18.8).
+
+Index building is an administrator's step: ``createIndexes`` waits for the commit quorum of a
+replica set, which a consumer's start should not (and a fleet of consumers should not all try).
+Consumers, publishers and ``mscheduler worker`` / ``web`` check the indexes and refuse to start
+without them, naming what is missing. ``setup`` builds every index of this build, rebuilds one
+whose spec changed since the build that made the store, and drops the retired ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from mscheduler.cli.common import (
+    URI_TIMEOUT_HINT,
+    CliError,
+    TimeoutMs,
+    _database,
+    _fail,
+    _one_line,
+    app,
+    ensure_reachable,
+    mongo_client,
+    out,
+    redact,
+)
+from mscheduler.domain.events import DEFAULT_RETENTION
+from mscheduler.domain.exceptions import MSchedulerError
+from mscheduler.drivers.mongo.driver import MongoDriver
+from mscheduler.drivers.mongo.indexes import existing_indexes
+
+
+async def setup_store(
+    database: Any, *, prefix: str = "", events: bool = False, event_retention: timedelta = DEFAULT_RETENTION
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """Build the store's indexes; returns each collection's indexes, and notes: what is still
+    missing (nothing, unless the server refused), what was rebuilt or dropped."""
+    driver = MongoDriver(database, prefix=prefix, events=events, event_retention=event_retention)
+    await driver.setup()
+    collections = [driver.tasks, driver.plans, driver.limits, driver.workers]
+    if events:
+        collections.append(driver.events)
+    made = []
+    for collection in collections:
+        names = [n for n in await existing_indexes(collection) if n != "_id_"]
+        made.append((collection.name, ", ".join(names)))
+    notes = [f"still missing: {m}" for m in await driver.missing_indexes()]
+    if driver.rebuilt:
+        notes.append(f"rebuilt or dropped (their spec changed): {', '.join(driver.rebuilt)}")
+    return made, notes
+
+
+@app.command(short_help="Create the indexes a MongoDB store needs (once, before the workers start).")
+def setup(
+    mongodb_uri: Annotated[
+        str, typer.Option(metavar="URI", help="The server, e.g. mongodb://localhost:27017/?replicaSet=rs0")
+    ],
+    database: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME", help="Database the scheduler uses (default: the URI's, else mscheduler)."
+        ),
+    ] = None,
+    prefix: Annotated[
+        str, typer.Option(metavar="PREFIX", help="Collection prefix (MongoDriver(prefix=...)).")
+    ] = "",
+    events: Annotated[
+        bool,
+        typer.Option("--events/--no-events", help="Also the event log's indexes (MongoDriver(events=True))."),
+    ] = False,
+    event_retention_days: Annotated[
+        float, typer.Option(metavar="DAYS", help="How long events are kept (their TTL index).")
+    ] = DEFAULT_RETENTION.total_seconds() / 86_400,
+    server_selection_timeout_ms: TimeoutMs = None,
+) -> None:
+    """Create (or update) the store's indexes: tasks, plans, limits, workers and, with
+    ``--events``, the event log. Idempotent; an index whose keys or options changed since the
+    build that made the store is rebuilt (it is missing while it builds: run it at a quiet time).
+    """
+
+    async def run() -> tuple[list[tuple[str, str]], list[str], str]:
+        client = mongo_client(mongodb_uri, server_selection_timeout_ms)
+        try:
+            await ensure_reachable(client, redact(mongodb_uri), hint=URI_TIMEOUT_HINT)
+            db = _database(client, database, "mscheduler")
+            retention = timedelta(days=event_retention_days)
+            made, notes = await setup_store(db, prefix=prefix, events=events, event_retention=retention)
+            return made, notes, db.name
+        finally:
+            await client.close()
+
+    try:
+        made, notes, db_name = asyncio.run(run())
+    except CliError as exc:
+        raise _fail(exc) from None
+    except MSchedulerError as exc:
+        raise _fail(CliError(f"setup failed: {_one_line(str(exc), limit=300)}")) from None
+    table = Table(title=f"mscheduler setup: {db_name}")
+    table.add_column("collection")
+    table.add_column("indexes")
+    for name, indexes in made:
+        table.add_row(name, indexes)
+    out.print(table)
+    for note in notes:
+        out.print(note)
+    out.print("ready: workers can start")
