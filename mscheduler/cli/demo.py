@@ -362,6 +362,7 @@ async def run_demo_on_database(
     prefix = demo_prefix()
     driver = MongoDriver(database, prefix=prefix)
     try:
+        await driver.setup()  # its own fresh collections: the demo sets them up (`mscheduler setup`)
         return await run_demo(driver, config=config, on_progress=on_progress), prefix
     finally:
         if not keep:
