@@ -54,6 +54,9 @@ class NewTask:
 
 
 DEFAULT_MAX_ENTRIES = 100
+# Earlier generations a task keeps in ``state.history`` (a restart adds one): with at most
+# ``max_entries`` entries each, a task restarted for ever stays a bounded document.
+MAX_HISTORY = 20
 
 
 @dataclass(slots=True, frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from mscheduler import AttemptStatus, Operations, TaskInfo, TaskStatus, TransitionRefused, UnknownTask
-from mscheduler.drivers.base import ControlParams, ExpireParams, paused_error
+from mscheduler.drivers.base import MAX_HISTORY, ControlParams, ExpireParams, paused_error
 from tests.conformance.support import Store
 
 STATUSES = ["pending", "running", "succeeded", "failed", "expired", "cancelled"]
@@ -209,6 +209,21 @@ async def test_restart_resets_the_budget(store: Store) -> None:
     info = await ops.restart("t")
     state = await store.state("t")
     assert state["generation"] == 2 and len(state["history"]) == 2
+
+
+async def test_a_task_restarted_for_ever_keeps_its_last_generations_only(store: Store) -> None:
+    """18.8: ``state.history`` grew with every restart (a task restarted by a nightly job would
+    pass 16 MiB one day); it keeps the last ``MAX_HISTORY`` generations."""
+    ops = operations(store)
+    await store.add("t", max_unexpected_retries=0)
+    for _ in range(MAX_HISTORY + 5):
+        claimed = await store.claim_one("w1")
+        assert claimed is not None
+        assert await store.fail(claimed, "w1", retry_in=0)
+        await ops.restart("t")
+    state = await store.state("t")
+    assert state["generation"] == MAX_HISTORY + 5
+    assert [h["generation"] for h in state["history"]] == list(range(5, MAX_HISTORY + 5))
 
 
 async def test_restart_of_expired_drops_the_past_deadline(store: Store) -> None:

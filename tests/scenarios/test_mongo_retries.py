@@ -53,7 +53,7 @@ class FailingCursor:
     def sort(self, *args: Any, **kwargs: Any) -> FailingCursor:
         return self
 
-    limit = skip = sort
+    limit = skip = hint = max_time_ms = sort
 
     def __aiter__(self) -> FailingCursor:
         return self

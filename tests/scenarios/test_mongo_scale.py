@@ -228,3 +228,91 @@ async def test_a_claim_of_many_attempts_keeps_a_few_in_flight() -> None:
     claimed = await driver.claim(ClaimParams("w1", ["job"], NOW, [f"a{i}" for i in range(64)], LEASE))
     assert len(claimed) == 64
     assert counting.most <= 8, f"{counting.most} claims in flight at once"
+
+
+def test_the_busy_workers_are_computed_once_per_write_not_per_named_worker() -> None:
+    """18.8: ``state.claimers`` of a task aimed at W workers with E entries recomputed the busy
+    workers (a $map over the entries) inside the $filter over the named workers: O(W x E) per
+    write. It is a $let now: the filter's condition reads a variable."""
+    from mscheduler.drivers.mongo.common import _claimers
+
+    def filters_over_named_workers(value: Any) -> list[dict[str, Any]]:
+        found = []
+        if isinstance(value, dict):
+            if value.get("$filter", {}).get("input") == "$option.specific_worker_ids":
+                found.append(value["$filter"])
+            for v in value.values():
+                found += filters_over_named_workers(v)
+        elif isinstance(value, list):
+            for v in value:
+                found += filters_over_named_workers(v)
+        return found
+
+    (over_workers,) = filters_over_named_workers(_claimers())
+    assert "$map" not in str(over_workers["cond"]) and "$$busy" in str(over_workers["cond"])
+
+
+async def test_the_operators_reads_are_bounded_in_time_and_not_retried_past_it() -> None:
+    """18.8: no maxTimeMS on the operators' reads: a statistics window over millions of tasks or
+    a deep skip ran on. Listings, counts, statistics, events, plans, workers and limits carry
+    ``maxTimeMS``; past it the server's refusal (50) is an error at once, not retried."""
+    from mscheduler.domain.listing import ListParams
+    from mscheduler.drivers.base import StatsParams
+    from mscheduler.drivers.mongo.common import ADMIN_READ_MS
+    from tests.scenarios.test_mongo_retries import FailingCursor, FlakyCollection
+
+    driver = MongoDriver(mongomock_database())
+    await driver.setup()
+    await Publisher(driver, clock=FakeClock(NOW)).send(Task("t", "job"))
+    sent: list[Any] = []
+
+    class Timed(FlakyCollection):
+        def find(self, *args: Any, **kwargs: Any) -> Any:
+            cursor = super().find(*args, **kwargs)
+            if isinstance(cursor, FailingCursor):
+                return cursor
+            original = cursor.max_time_ms
+
+            def max_time_ms(ms: int) -> Any:
+                sent.append(("find", ms))
+                return original(ms)
+
+            cursor.max_time_ms = max_time_ms
+            return cursor
+
+        def aggregate(self, *args: Any, **kwargs: Any) -> Any:
+            sent.append(("aggregate", kwargs.get("maxTimeMS")))
+            return self._inner.aggregate(*args, **kwargs)
+
+    timed = Timed(driver.tasks)
+    driver.tasks = driver.tasks_primary = timed
+    await driver.list_tasks(ListParams())
+    await driver.count_by_status()
+    await driver.task_stats(StatsParams(NOW, timedelta(hours=1)))
+    assert sent == [("find", ADMIN_READ_MS)] + [("aggregate", ADMIN_READ_MS)] * 3
+    from pymongo.errors import ExecutionTimeout
+
+    timed.fail("find", ExecutionTimeout("operation exceeded time limit", code=50))
+    try:
+        await driver.list_tasks(ListParams())
+    except StorageError as exc:
+        assert not exc.transient and "maxTimeMS" in str(exc)
+    else:
+        raise AssertionError("a read past its time is an error")
+    assert timed.calls["find"] == 2, "not retried"
+
+
+def test_statistics_push_one_entry_per_distinct_duration_not_per_attempt() -> None:
+    """18.8: the percentiles' $group pushed every succeeded attempt's duration of a name (past
+    100 MB on a busy name, the stage fails). On a server (``$reduce``) the durations are counted
+    per distinct value first; the ranks are found by a running count (exact: the conformance
+    suite checks the numbers on a real server)."""
+    from mscheduler.drivers.base import StatsParams
+    from mscheduler.drivers.mongo.stats import finished_pipeline
+
+    params = StatsParams(NOW, timedelta(hours=1))
+    facet = finished_pipeline(params, histogram=True)[-1]["$facet"]["durations"]
+    pushes = [stage["$group"] for stage in facet if "$group" in stage]
+    assert pushes[0]["_id"] == {"name": "$name", "d": "$ok"}, "first counted per distinct duration"
+    assert pushes[1]["h"] == {"$push": {"d": "$_id.d", "c": "$c"}}
+    assert "$push" not in str(pushes[0])

@@ -34,6 +34,7 @@ from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.state import LIVE, claimer_tokens, derive, family_inputs
 from mscheduler.drivers.base import (
     DEFAULT_WORKER_RETENTION,
+    MAX_HISTORY,
     ChangeEvent,
     ClaimedTask,
     ClaimParams,
@@ -530,6 +531,7 @@ class MemoryDriver(
                     "worker_states": state["worker_states"],
                 }
             )
+            del history[:-MAX_HISTORY]  # the last MAX_HISTORY generations: a bounded document
             state.update(
                 generation=generation + 1,
                 worker_states=[],

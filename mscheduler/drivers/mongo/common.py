@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -419,11 +419,18 @@ def _claimers() -> dict[str, Any]:
             "in": "$$e.worker_id",
         }
     }
+    # the busy workers once per write, not once per named worker (a $let, not inside the
+    # $filter's condition: O(workers + entries), not O(workers x entries))
     allowed_now = {
-        "$filter": {
-            "input": "$option.specific_worker_ids",
-            "as": "w",
-            "cond": {"$eq": [{"$in": ["$$w", busy_workers]}, False]},
+        "$let": {
+            "vars": {"busy": busy_workers},
+            "in": {
+                "$filter": {
+                    "input": "$option.specific_worker_ids",
+                    "as": "w",
+                    "cond": {"$eq": [{"$in": ["$$w", "$$busy"]}, False]},
+                }
+            },
         }
     }
     groups = {
@@ -525,12 +532,32 @@ def _async_with_options(collection: Any, **options: Any) -> Any:
     return other if inspect.iscoroutinefunction(getattr(other, "find_one", None)) else collection
 
 
+# The operators' reads (listings, counts, statistics) run at most this long on the server
+# (maxTimeMS): a read an index cannot bound (a statistics window over millions of tasks, a skip
+# deep into a listing) is stopped there instead of running on, and not retried.
+ADMIN_READ_MS = 10_000
+
+
+async def admin_read(what: str, read: Callable[[], Awaitable[T]], ms: int = ADMIN_READ_MS) -> T:
+    """``read()``, whose commands carry ``maxTimeMS``; the server's refusal past it (50,
+    MaxTimeMSExpired: a transient error for the scheduler's own reads) is not retried here."""
+    try:
+        return await read()
+    except ExecutionTimeout as exc:
+        raise StorageError(f"{what} ran longer than {ms} ms (maxTimeMS): narrow it") from exc
+
+
 async def read_page(
     collection: Any, filter_: dict[str, Any], sort: list[tuple[str, int]], skip: int, limit: int, index: str
 ) -> list[dict[str, Any]]:
-    """One page of documents (no ``_id``), in ``sort`` order, read through the named index."""
-    cursor = collection.find(filter_, TASK_FIELDS).sort(sort).skip(skip).limit(limit).hint(index)
-    return [_in(doc) async for doc in cursor]
+    """One page of documents (no ``_id``), in ``sort`` order, read through the named index (an
+    operator's read: within ``ADMIN_READ_MS``)."""
+
+    async def read() -> list[dict[str, Any]]:
+        cursor = collection.find(filter_, TASK_FIELDS).sort(sort).skip(skip).limit(limit).hint(index)
+        return [_in(doc) async for doc in cursor.max_time_ms(ADMIN_READ_MS)]
+
+    return await admin_read("a listing", read)
 
 
 async def _resolve(value: Any) -> Any:

@@ -372,6 +372,7 @@ class MongoDriver(
             self.date_arithmetic = await self._call("probe date arithmetic", date_add)
             self.update_hints = await self._call("probe update hints", update_hint)
             self.slice_expressions = await self._call("probe slice expressions", self._probe_slice)
+            self.reduce_expressions = await self._call("probe reduce expressions", self._probe_reduce)
         except StorageError as exc:
             if exc.config or exc.transient:
                 raise
@@ -380,6 +381,17 @@ class MongoDriver(
         self._probed = True
         if not self.date_arithmetic:
             log.debug("no date arithmetic in update pipelines (a fake?): first leases fixed up after claims")
+
+    async def _probe_reduce(self) -> bool:
+        """Does an update pipeline evaluate ``$reduce``? (A server does; mongomock does not: the
+        statistics then push every duration, see ``drivers/mongo/stats.py``.)"""
+        reduce = {"$reduce": {"input": [1, 2], "initialValue": 0, "in": {"$add": ["$$value", "$$this"]}}}
+        try:
+            await self.probe.update_one({"_id": "reduce"}, [{"$set": {"r": reduce}}], upsert=True)
+        except (OperationFailure, NotImplementedError):
+            return False
+        doc = await self.probe.find_one({"_id": "reduce"})
+        return bool(doc and doc.get("r") == 3)
 
     async def _capabilities(self) -> None:
         if not self._probed:

@@ -57,6 +57,7 @@ from mscheduler.drivers.base import (
     UpdateOptionParams,
 )
 from mscheduler.drivers.mongo.common import (
+    ADMIN_READ_MS,
     CONFIG_CODES,
     DEADLINE_INDEX,
     LEASES_INDEX,
@@ -67,6 +68,7 @@ from mscheduler.drivers.mongo.common import (
     _out,
     _resolve,
     _write_concern_codes,
+    admin_read,
     log,
     watch_error,
 )
@@ -366,9 +368,9 @@ class MongoEvents:
             cursor = self.events.find(filter_).sort(order).skip(query.skip).limit(query.limit)
             if self.record_events:  # the indexes exist only where events are recorded
                 cursor = cursor.hint(index)
-            return [_stored(doc) async for doc in cursor]
+            return [_stored(doc) async for doc in cursor.max_time_ms(ADMIN_READ_MS)]
 
-        return await self._call("list events", read)
+        return await self._call("list events", lambda: admin_read("list events", read))
 
     async def open_event_stream(self, query: EventQuery, resume_token: Any = None) -> EventStream:
         watch = getattr(self.events, "watch", None)

@@ -45,7 +45,7 @@ from mscheduler.domain.limits import (
     holder_id,
 )
 from mscheduler.drivers.base import AcquireParams, AcquireResult, LimitNameTaken, PutLimitParams, SlotsParams
-from mscheduler.drivers.mongo.common import _in, _lit, _out
+from mscheduler.drivers.mongo.common import ADMIN_READ_MS, _in, _lit, _out, admin_read
 from mscheduler.drivers.mongo.indexes import ensure_indexes
 
 T = TypeVar("T")
@@ -489,9 +489,9 @@ class MongoLimits:
     async def list_limits(self) -> list[dict[str, Any]]:
         async def read() -> list[dict[str, Any]]:
             cursor = self.limits.find({}).sort("_id", 1).hint(ID_INDEX)
-            return [_in(doc) async for doc in cursor]
+            return [_in(doc) async for doc in cursor.max_time_ms(ADMIN_READ_MS)]
 
-        return await self._call("list limits", read)
+        return await self._call("list limits", lambda: admin_read("list limits", read))
 
     async def delete_limit(self, key: str) -> bool:
         result = await self._call("delete limit", lambda: self.limits.delete_one({"_id": key}))

@@ -14,8 +14,15 @@ from pymongo.errors import DuplicateKeyError
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.listing import BY_CREATED, BY_FINISHED, BY_KEY, ListParams
 from mscheduler.domain.state import TERMINAL
-from mscheduler.drivers.base import ControlParams, UniqueParamsTaken, UpdateOptionParams, paused_error
+from mscheduler.drivers.base import (
+    MAX_HISTORY,
+    ControlParams,
+    UniqueParamsTaken,
+    UpdateOptionParams,
+    paused_error,
+)
 from mscheduler.drivers.mongo.common import (
+    ADMIN_READ_MS,
     AIMED_AT_GROUPS,
     ALL_STATUSES,
     CREATED_INDEX,
@@ -35,6 +42,7 @@ from mscheduler.drivers.mongo.common import (
     _out,
     _rebuild_entries,
     _resolve,
+    admin_read,
     live_hash,
     read_page,
     stop_expression,
@@ -188,10 +196,12 @@ class MongoTaskQueries:
         ]
 
         async def read() -> dict[str, int]:
-            cursor = await _resolve(self.tasks.aggregate(pipeline, hint=STATUS_INDEX))
+            cursor = await _resolve(
+                self.tasks.aggregate(pipeline, hint=STATUS_INDEX, maxTimeMS=ADMIN_READ_MS)
+            )
             return {doc["_id"]: doc["n"] async for doc in cursor}
 
-        return await self._call("count by status", read)
+        return await self._call("count by status", lambda: admin_read("count by status", read))
 
     async def update_option(self, params: UpdateOptionParams) -> bool:
         pipeline = [{"$set": {"option": _lit(params.option)}}, *_derive_stages(params.now)]
@@ -241,9 +251,14 @@ class MongoTaskQueries:
                 # [record] as a $map over one element: an array literal's field paths are not
                 # evaluated by mongomock
                 "state.history": {
-                    "$concatArrays": [
-                        {"$ifNull": ["$state.history", []]},
-                        {"$map": {"input": _lit([0]), "as": "x", "in": record}},
+                    "$slice": [  # the last MAX_HISTORY generations: a bounded document
+                        {
+                            "$concatArrays": [
+                                {"$ifNull": ["$state.history", []]},
+                                {"$map": {"input": _lit([0]), "as": "x", "in": record}},
+                            ]
+                        },
+                        -MAX_HISTORY,
                     ]
                 },
                 "state.generation": {"$add": [generation, 1]},

@@ -38,6 +38,7 @@ from mscheduler.domain.stats import (
 )
 from mscheduler.drivers.base import StatsParams
 from mscheduler.drivers.mongo.common import (
+    ADMIN_READ_MS,
     ALL_STATUSES,
     FINISHED_INDEX,
     STATS_COUNTS_INDEX,
@@ -47,6 +48,7 @@ from mscheduler.drivers.mongo.common import (
     _lit,
     _out,
     _resolve,
+    admin_read,
 )
 
 
@@ -76,7 +78,56 @@ def counts_pipeline(params: StatsParams) -> list[dict[str, Any]]:
     ]
 
 
-def finished_pipeline(params: StatsParams) -> list[dict[str, Any]]:
+def _durations_facet(
+    in_window: dict[str, Any], picks: dict[str, Any], histogram: bool
+) -> list[dict[str, Any]]:
+    """Per name, the duration at each percentile's nearest rank. With ``histogram`` (a server
+    with ``$reduce``) the durations are first counted per distinct value, so a name's $group holds
+    one {duration, count} per distinct duration (at millisecond precision), not one value per
+    attempt: the 100 MB a $group may hold is reached by no number of tasks of a few thousand
+    distinct durations. The ranks are then found by a running count over the sorted values; the
+    result is the same (the exact nearest rank). Without (mongomock), every value is pushed."""
+    if not histogram:
+        return [
+            in_window,
+            {"$unwind": "$ok"},
+            {"$sort": {"name": 1, "ok": 1}},
+            {"$group": {"_id": "$name", "d": {"$push": "$ok"}, "n": {"$sum": 1}}},
+            {"$project": {"n": 1, **picks}},
+        ]
+
+    def at_rank(p: int) -> dict[str, Any]:  # the first value whose running count reaches the rank
+        rank = {"$ceil": {"$divide": [{"$multiply": ["$n", p]}, 100]}}
+        step = {
+            "c": {"$add": ["$$value.c", "$$this.c"]},
+            "v": {
+                "$cond": [
+                    {
+                        "$and": [
+                            {"$eq": ["$$value.v", None]},
+                            {"$gte": [{"$add": ["$$value.c", "$$this.c"]}, rank]},
+                        ]
+                    },
+                    "$$this.d",
+                    "$$value.v",
+                ]
+            },
+        }
+        return {"$reduce": {"input": "$h", "initialValue": {"c": 0, "v": None}, "in": step}}
+
+    by_value = {"$push": {"d": "$_id.d", "c": "$c"}}
+    at_ranks = {p: {"$let": {"vars": {"r": at_rank(int(p[1:]))}, "in": "$$r.v"}} for p in picks}
+    return [
+        in_window,
+        {"$unwind": "$ok"},
+        {"$group": {"_id": {"name": "$name", "d": "$ok"}, "c": {"$sum": 1}}},
+        {"$sort": {"_id.name": 1, "_id.d": 1}},
+        {"$group": {"_id": "$_id.name", "h": by_value, "n": {"$sum": "$c"}}},
+        {"$project": {"n": 1, **at_ranks}},
+    ]
+
+
+def finished_pipeline(params: StatsParams, histogram: bool = False) -> list[dict[str, Any]]:
     """The finished tasks' part: one pass over the tasks finished since the earlier of the
     window's and the throughput hour's starts."""
     assert params.window is not None
@@ -140,13 +191,7 @@ def finished_pipeline(params: StatsParams) -> list[dict[str, Any]]:
                         }
                     },
                 ],
-                "durations": [
-                    in_window,
-                    {"$unwind": "$ok"},
-                    {"$sort": {"name": 1, "ok": 1}},
-                    {"$group": {"_id": "$name", "d": {"$push": "$ok"}, "n": {"$sum": 1}}},
-                    {"$project": {"n": 1, **picks}},
-                ],
+                "durations": _durations_facet(in_window, picks, histogram),
                 "throughput": [
                     {"$match": {"finish": {"$gte": first_bucket}}},
                     {
@@ -165,6 +210,7 @@ class MongoStats:
     """``task_stats`` of ``MongoDriver`` (a mixin: it uses the driver's ``_call`` and ``tasks``)."""
 
     tasks: Any
+    reduce_expressions: bool = True  # $reduce in aggregations (probed: mongomock has none)
 
     if TYPE_CHECKING:
 
@@ -179,10 +225,12 @@ class MongoStats:
 
     async def _aggregate(self, what: str, pipeline: list[dict[str, Any]], index: str) -> list[dict[str, Any]]:
         async def read() -> list[dict[str, Any]]:
-            cursor = await _resolve(self.tasks.aggregate(pipeline, hint=index, allowDiskUse=True))
+            cursor = await _resolve(
+                self.tasks.aggregate(pipeline, hint=index, allowDiskUse=True, maxTimeMS=ADMIN_READ_MS)
+            )
             return [_in(doc) async for doc in cursor]
 
-        return await self._call(what, read)
+        return await self._call(what, lambda: admin_read(what, read))
 
     async def task_stats(self, params: StatsParams, on_step: StatsStep | None = None) -> TaskStats:
         raw = RawStats()
@@ -196,7 +244,8 @@ class MongoStats:
         if params.window is not None:
             if on_step is not None:
                 on_step(WINDOW_STEP)
-            rows = await self._aggregate("finished tasks", finished_pipeline(params), FINISHED_INDEX)
+            pipeline = finished_pipeline(params, histogram=self.reduce_expressions)
+            rows = await self._aggregate("finished tasks", pipeline, FINISHED_INDEX)
             facets = rows[0] if rows else {}
             for row in facets.get("window", []):
                 raw.finished[row["_id"]] = [row["finished"], row["succeeded"], row["first"], row["second"]]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pymongo import ReturnDocument
 
 from mscheduler.drivers.base import WorkerInfo, WorkerListParams
-from mscheduler.drivers.mongo.common import T, _in, _lit, _out
+from mscheduler.drivers.mongo.common import ADMIN_READ_MS, T, _in, _lit, _out, admin_read
 from mscheduler.drivers.mongo.indexes import IndexDef, ensure_indexes
 
 WORKERS_LIST_INDEX = "workers_list"
@@ -148,6 +148,8 @@ class MongoWorkers:
 
         async def read() -> list[dict[str, Any]]:
             cursor = self.workers.find(filter_).sort(sort).limit(params.limit).hint(index)
-            return [_in({"worker_id": doc.pop("_id"), **doc}) async for doc in cursor]
+            return [
+                _in({"worker_id": doc.pop("_id"), **doc}) async for doc in cursor.max_time_ms(ADMIN_READ_MS)
+            ]
 
-        return await self._call("list workers", read)
+        return await self._call("list workers", lambda: admin_read("list workers", read))
