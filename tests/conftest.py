@@ -38,7 +38,15 @@ DriverFactory = Callable[[FakeClock | None], Driver]
 @pytest.fixture(params=DRIVER_KINDS)
 async def make_driver(request: pytest.FixtureRequest) -> AsyncIterator[DriverFactory]:
     """A factory of drivers of one kind; all drivers made in one test share one store."""
-    kind = request.param
+    async for factory in driver_factory(request.param):
+        yield factory
+
+
+async def driver_factory(kind: str) -> AsyncIterator[DriverFactory]:
+    """``make_driver``'s factory for ``kind``: ``memory``, ``mongomock`` or ``real``, optionally
+    with ``-p<N>``: a store of N partitions (issue 18.10; the conformance suite runs with 4)."""
+    kind, _, parts = kind.partition("-p")
+    partitions = int(parts) if parts else 1
     if kind == "real" and not REAL_URI:
         pytest.skip("MSCHEDULER_TEST_MONGODB_URI is not set")
     memory: MemoryDriver | None = None
@@ -56,9 +64,9 @@ async def make_driver(request: pytest.FixtureRequest) -> AsyncIterator[DriverFac
         nonlocal memory
         if kind == "memory":
             if memory is None:
-                memory = MemoryDriver(clock=clock)
+                memory = MemoryDriver(clock=clock, partitions=partitions)
             return memory
-        return MongoDriver(database)
+        return MongoDriver(database, partitions=partitions)
 
     yield factory
     if client is not None:

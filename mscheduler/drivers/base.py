@@ -21,12 +21,13 @@ Rules every driver keeps:
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from mscheduler.domain.listing import ListParams
+from mscheduler.domain.partitions import part_of, spread, visit_order
 from mscheduler.domain.state import derive, family_inputs, lifecycle
 from mscheduler.domain.stats import StatsStep, TaskStats
 
@@ -87,6 +88,9 @@ class ClaimParams:
     # filled by the driver with the attempts whose claim outcome is unknown while others were
     # claimed (an error after the store may have applied it): the flow limiter keeps their slots
     uncertain: list[str] | None = None
+    # the partitions to visit, in order (those the claimer knows to have work, from a random
+    # one: ``mscheduler.domain.partitions.visit_order``); None: every partition, the driver's order
+    parts: Sequence[int] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -530,6 +534,9 @@ class ResumeTokenLost(Exception):
 class Driver(Protocol):
     """Named domain operations over the task store."""
 
+    # the store's number of partitions (``mscheduler.domain.partitions``; 1: unpartitioned)
+    partitions: int
+
     async def setup(self) -> None:
         """Make the store ready (an administrator's step: ``mscheduler setup``): create the
         indexes, rebuilding those whose spec changed since an earlier build."""
@@ -713,8 +720,43 @@ class Driver(Protocol):
         ...
 
 
-def new_task_document(task: NewTask, now: datetime) -> dict[str, Any]:
-    """The stored form of a new task, derived fields included."""
+async def claim_over_parts(
+    params: ClaimParams,
+    partitions: int,
+    claim_round: Callable[[list[tuple[str, int]]], Awaitable[Sequence[ClaimedTask | BaseException | None]]],
+) -> tuple[list[ClaimedTask], list[BaseException], list[str]]:
+    """A claim over partitions, the one rule of every driver (and the sharding benchmark's
+    router): the attempts are dealt round-robin over the partitions to visit (``params.parts``,
+    or all from a random one); each claim names one partition (a sharded cluster's one shard).
+    A partition where a claim found nothing is dropped and its attempt dealt again over the
+    rest, until the attempts are used or no partition has work. ``claim_round(plan)`` claims
+    each ``(attempt, partition)`` and answers, in order, the task, None (nothing there) or the
+    error. Returns the tasks, the errors and the attempts that met them."""
+    parts = list(params.parts) if params.parts else visit_order(partitions)
+    attempts = list(params.attempts)
+    claimed: list[ClaimedTask] = []
+    errors: list[BaseException] = []
+    failed: list[str] = []
+    while attempts and parts:
+        plan = spread(attempts, parts)
+        results = await claim_round(plan)
+        empty: set[int] = set()
+        attempts = []
+        for (attempt, part), result in zip(plan, results, strict=True):
+            if isinstance(result, ClaimedTask):
+                claimed.append(result)
+            elif isinstance(result, BaseException):
+                errors.append(result)
+                failed.append(attempt)
+            else:
+                empty.add(part)
+                attempts.append(attempt)
+        parts = [p for p in parts if p not in empty]
+    return claimed, errors, failed
+
+
+def new_task_document(task: NewTask, now: datetime, partitions: int = 1) -> dict[str, Any]:
+    """The stored form of a new task, derived fields included, in its partition (``part``)."""
     state: dict[str, Any] = {"create_time": now, "update_time": now, "worker_states": []}
     if task.blocked:
         state["blocked"] = True
@@ -729,6 +771,7 @@ def new_task_document(task: NewTask, now: datetime) -> dict[str, Any]:
     return (
         {
             "key": task.key,
+            "part": part_of(task.key, partitions),
             "name": task.name,
             "params": task.params,
             "option": dict(task.option),

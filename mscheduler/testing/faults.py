@@ -343,6 +343,10 @@ class FaultyDriver:
 
     # -- the Driver protocol ----------------------------------------------------------------------
 
+    @property
+    def partitions(self) -> int:
+        return self.inner.partitions
+
     async def setup(self) -> None:
         await self._invoke("setup", self.inner.setup)
 

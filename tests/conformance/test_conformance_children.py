@@ -9,6 +9,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from mscheduler.domain.model import Child, OptionChange, Task, TaskOption
 from mscheduler.drivers.base import MarkParams, NewTask, OpenParentsParams, SyncParentsParams
 from mscheduler.drivers.memory.driver import MemoryDriver
@@ -125,6 +127,7 @@ async def test_sync_ignores_unknown_keys_and_plain_tasks(store: Store) -> None:
     assert "children" not in (await store.state("plain"))
 
 
+@pytest.mark.global_claim_order
 async def test_open_parents_are_listed_in_key_order_a_page_at_a_time(store: Store) -> None:
     for key in ("p3", "p1", "p2", "p4"):
         await store.insert(*family(store, key, children=["a"]))

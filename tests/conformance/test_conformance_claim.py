@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from tests.conformance.support import LEASE, NAME, Store, stored_option
 
 
@@ -169,6 +171,7 @@ async def test_released_and_revoked_attempts_do_not_use_the_budget(store: Store)
     assert [e["status"] for e in await store.entries("a")] == ["released", "revoked", "released"]
 
 
+@pytest.mark.global_claim_order
 async def test_higher_priority_is_claimed_first(store: Store) -> None:
     await store.add("low", priority=-1)
     await store.add("zero")
@@ -178,6 +181,7 @@ async def test_higher_priority_is_claimed_first(store: Store) -> None:
     assert order == [["high"], ["mid"], ["zero"], ["low"], []]
 
 
+@pytest.mark.global_claim_order
 async def test_earlier_due_time_is_claimed_first_within_a_priority(store: Store) -> None:
     await store.add("c", run_at=store.at(-1))
     await store.add("a", run_at=store.at(-3))
@@ -187,6 +191,7 @@ async def test_earlier_due_time_is_claimed_first_within_a_priority(store: Store)
     assert order == [["a"], ["b"], ["c"], []]
 
 
+@pytest.mark.global_claim_order
 async def test_tasks_aimed_at_this_worker_come_first_within_a_priority(store: Store) -> None:
     await store.add("anyone", run_at=store.at(-10))  # older, but for anyone
     await store.add("for-w1", specific_worker_ids=("w1",))
@@ -209,6 +214,7 @@ async def test_only_the_given_names_are_claimed(store: Store) -> None:
     assert await store.status("j") == "pending"
 
 
+@pytest.mark.global_claim_order
 async def test_the_number_of_attempt_tokens_bounds_one_claim(store: Store) -> None:
     for i in range(5):
         await store.add(f"t{i}", priority=i)

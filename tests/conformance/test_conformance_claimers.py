@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+import pytest
+
 from mscheduler.domain.model import TaskOption
 from mscheduler.drivers.base import ClaimParams, InsertParams, NewTask, WakeupParams
 from mscheduler.drivers.memory.driver import MemoryDriver
@@ -34,6 +36,7 @@ async def test_a_claims_cap_shortens_the_first_lease(store: Store) -> None:
     assert entry["ping_expire_time"] == store.now + timedelta(seconds=20)
 
 
+@pytest.mark.global_claim_order
 async def test_claimers_name_the_workers_that_may_claim_now(store: Store) -> None:
     await store.add("open")
     await store.add("aimed", specific_worker_ids=("A", "B"))
@@ -144,6 +147,7 @@ async def test_a_consumer_remembers_the_fan_out_tasks_it_ran() -> None:
     assert sorted(consumer._ran_fanout) == [f"fan{i}" for i in range(5)]
 
 
+@pytest.mark.global_claim_order
 async def test_a_worker_of_three_hundred_names_claims_in_the_claim_order(store: Store) -> None:
     """18.4: 300 names (600 claimer tokens: more ranges than a server query merges) claim and
     poll like a worker of a few: priority first, aimed-at-me first, due time, across all names."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from mscheduler.domain.listing import ListParams
 from mscheduler.operations import Operations
 from tests.conformance.support import NAME, Store
@@ -36,6 +38,7 @@ async def test_key_prefix_with_characters_at_the_edges_of_unicode(store: Store) 
     assert await _keys(store, key_prefix="\ud7ff") == ["\ud7ffx"]
 
 
+@pytest.mark.global_claim_order
 async def test_worker_lists_tasks_with_an_entry_of_that_worker_once(store: Store) -> None:
     await store.add("fan", concurrent_worker_cnt=2, priority=3)  # priorities: the claim order
     await store.add("retried", priority=2)

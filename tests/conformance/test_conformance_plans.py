@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import time, timedelta
 from typing import Any
 
+import pytest
+
 from mscheduler.domain.model import TaskOption
 from mscheduler.domain.plans import Plan, PlanInfo, PlanState
 from mscheduler.domain.schedule import (
@@ -167,6 +169,7 @@ async def test_advance_plans_applies_only_matching_compare_and_sets(store: Store
     assert await store.driver.advance_plans(AdvancePlansParams([], store.now)) == 0
 
 
+@pytest.mark.global_claim_order
 async def test_run_outcomes_give_status_and_last_end_time(store: Store) -> None:
     await store.add("ok")
     await store.add("bad", max_unexpected_retries=0)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from mscheduler.domain.listing import ListParams
 from mscheduler.drivers.base import Wakeup, WakeupParams, WorkerInfo
 from tests.conformance.support import NAME, Store
@@ -20,6 +22,7 @@ async def _claim_wakeups(
     return {(w.key, w.time) for w in wakeups if w.kind == "claim"}
 
 
+@pytest.mark.global_claim_order
 async def test_find_wakeups_lists_claim_times_this_worker_may_use(store: Store) -> None:
     await store.add("due")
     await store.add("future", run_at=store.at(60))
@@ -82,12 +85,14 @@ async def _mixed(store: Store) -> None:
     assert await store.finish("f", "w1", entries["f"], "failed", error={"type": "E", "message": "x"}) is True
 
 
+@pytest.mark.global_claim_order
 async def test_count_by_status(store: Store) -> None:
     assert await store.driver.count_by_status() == {}
     await _mixed(store)
     assert await store.driver.count_by_status() == {"pending": 2, "running": 1, "succeeded": 1, "failed": 1}
 
 
+@pytest.mark.global_claim_order
 async def test_list_tasks_filters_sorts_and_pages(store: Store) -> None:
     await _mixed(store)
 

@@ -271,7 +271,8 @@ async def test_after_the_retries_a_transient_error_surfaces_as_transient(
     async def record_sleep(seconds: float) -> None:
         sleeps.append(seconds)
 
-    monkeypatch.setattr(mongo_module, "asyncio", SimpleNamespace(sleep=record_sleep, gather=asyncio.gather))
+    fake = SimpleNamespace(sleep=record_sleep, gather=asyncio.gather, Semaphore=asyncio.Semaphore)
+    monkeypatch.setattr(mongo_module, "asyncio", fake)
     flaky.fail("find_one_and_update", AutoReconnect("primary stepped down"), times=10)
     with pytest.raises(StorageError) as info:
         await driver.claim(claim_params())

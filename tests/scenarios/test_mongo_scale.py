@@ -97,7 +97,7 @@ async def test_the_deadline_pass_is_served_by_an_index_that_leads_with_the_statu
     driver = MongoDriver(database)
     await driver.setup()
     keys = {options["name"]: keys for keys, options in INDEXES}
-    assert keys[DEADLINE_INDEX] == [("state.status", 1), ("option.deadline", 1)]
+    assert keys[DEADLINE_INDEX] == [("part", 1), ("state.status", 1), ("option.deadline", 1)]
     names = set(await driver.index_names())
     assert DEADLINE_INDEX in names and "deadline" not in names
     await Publisher(driver, clock=FakeClock(NOW)).send(

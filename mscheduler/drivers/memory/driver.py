@@ -31,6 +31,7 @@ from mscheduler.domain.events import (
     task_event,
 )
 from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.partitions import checked_partitions
 from mscheduler.domain.state import LIVE, claimer_tokens, derive, family_inputs
 from mscheduler.drivers.base import (
     DEFAULT_WORKER_RETENTION,
@@ -51,6 +52,7 @@ from mscheduler.drivers.base import (
     WorkerListParams,
     allowed,
     busy_statuses,
+    claim_over_parts,
     due_time,
     event_for,
     failure_times,
@@ -95,14 +97,19 @@ class MemoryDriver(
         events: bool = False,
         max_events: int = DEFAULT_MAX_EVENTS,
         worker_retention: timedelta = DEFAULT_WORKER_RETENTION,
+        partitions: int = 1,
     ) -> None:
         self.clock: Clock = clock or SystemClock()
         self.worker_retention = worker_retention
+        # the store's partitions (mscheduler.domain.partitions): claims and heaps per partition,
+        # as the Mongo driver claims within one partition at a time
+        self.partitions = checked_partitions(partitions)
         self._tasks: dict[str, dict[str, Any]] = {}
         self._version: dict[str, int] = {}
         self._seq = itertools.count()
-        self._future: dict[str, list[tuple[datetime, int, str, int]]] = {}
-        self._ready: dict[str, list[tuple[int, int, datetime, int, str, int]]] = {}
+        # heaps per (partition, claimer token)
+        self._future: dict[tuple[int, str], list[tuple[datetime, int, str, int]]] = {}
+        self._ready: dict[tuple[int, str], list[tuple[int, int, datetime, int, str, int]]] = {}
         self.examined = 0
         self._deadlines: list[tuple[datetime, int, str]] = []
         self._leases: list[tuple[datetime, int, str, str]] = []
@@ -148,15 +155,16 @@ class MemoryDriver(
         self._version[key] = version
         if state["claim_at"] is not None:
             item = (state["claim_at"], next(self._seq), key, version)
+            part = doc.get("part", 0)
             for token in state["claimers"]:
-                heapq.heappush(self._future.setdefault(token, []), item)
+                heapq.heappush(self._future.setdefault((part, token), []), item)
             deadline = doc["option"].get("deadline")
             if deadline is not None:
                 heapq.heappush(self._deadlines, (deadline, next(self._seq), key))
         if self._changes is not None and self._changes.subscribers:
             self._changes.feed(event_for(doc))
 
-    def _promote(self, now: datetime, tokens: Sequence[str]) -> None:
+    def _promote(self, now: datetime, tokens: Sequence[tuple[int, str]]) -> None:
         for token in tokens:
             future = self._future.get(token)
             while future and future[0][0] <= now:
@@ -174,7 +182,7 @@ class MemoryDriver(
                 )
                 heapq.heappush(self._ready.setdefault(token, []), entry)
 
-    def _top(self, token: str) -> tuple[int, int, datetime, int, str, int] | None:
+    def _top(self, token: tuple[int, str]) -> tuple[int, int, datetime, int, str, int] | None:
         heap = self._ready.get(token)
         while heap:
             if self._version.get(heap[0][4]) == heap[0][5]:
@@ -203,7 +211,7 @@ class MemoryDriver(
             if doc is None and holder is not None:
                 created.append(False)  # a live task has the same params: as if the key existed
             elif doc is None:
-                doc = new_task_document(task, params.now)
+                doc = new_task_document(task, params.now, self.partitions)
                 self._tasks[task.key] = doc
                 self._list_new(doc)
                 if task.children is not None:
@@ -247,22 +255,43 @@ class MemoryDriver(
         return True
 
     async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
+        """The Mongo driver's claim rules, without a scan: per partition (``claim_over_parts``,
+        the rule of every driver), the best head among the claimer tokens' ready heaps."""
         tokens = claimer_tokens(list(params.names), params.worker_id, params.groups)
-        self._promote(params.now, tokens)
         excluded = set(params.exclude_keys)
-        claimed: list[ClaimedTask] = []
-        skipped: list[tuple[str, tuple[int, int, datetime, int, str, int]]] = []
-        attempts = iter(params.attempts)
-        attempt = next(attempts, None)
-        while attempt is not None:
+        skipped: list[tuple[tuple[int, str], tuple[int, int, datetime, int, str, int]]] = []
+
+        async def claim_round(plan: list[tuple[str, int]]) -> list[ClaimedTask | BaseException | None]:
+            results: list[ClaimedTask | BaseException | None] = []
+            for attempt, part in plan:  # no await inside: atomic on the event loop
+                heaps = [(part, token) for token in tokens]
+                self._promote(params.now, heaps)
+                results.append(self._claim_from(params, attempt, heaps, excluded, skipped))
+            return results
+
+        claimed, _errors, _failed = await claim_over_parts(params, self.partitions, claim_round)
+        for token, item in skipped:
+            heapq.heappush(self._ready[token], item)
+        return claimed
+
+    def _claim_from(
+        self,
+        params: ClaimParams,
+        attempt: str,
+        heaps: Sequence[tuple[int, str]],
+        excluded: set[str],
+        skipped: list[tuple[tuple[int, str], tuple[int, int, datetime, int, str, int]]],
+    ) -> ClaimedTask | None:
+        """The first eligible task among ``heaps``' heads, claimed for ``attempt`` (None: none)."""
+        while True:
             best: tuple[int, int, datetime, int, str, int] | None = None
-            best_token = ""
-            for token in tokens:
+            best_token = heaps[0] if heaps else (0, "")
+            for token in heaps:
                 top = self._top(token)
                 if top is not None and (best is None or top < best):
                     best, best_token = top, token
             if best is None:
-                break
+                return None
             heapq.heappop(self._ready[best_token])
             if excluded and best[4] in excluded:  # on the index key, as MongoDB does: not examined
                 skipped.append((best_token, best))
@@ -279,29 +308,23 @@ class MemoryDriver(
                 doc["state"]["worker_states"] = trim_entries(entries, params.max_entries)
             self._write(doc, params.now)
             heapq.heappush(self._leases, (expire, next(self._seq), doc["key"], attempt))
-            claimed.append(
-                ClaimedTask(
-                    key=doc["key"],
-                    name=doc["name"],
-                    params=_copy(doc["params"]),
-                    option=dict(doc["option"]),
-                    attempt=attempt,
-                    attempt_no=len(doc["state"]["worker_states"]),
-                    ping_expire_time=expire,
-                    fail_cnt=doc["state"]["fail_cnt"],
-                    failure_times=failure_times(doc["state"]["worker_states"])
-                    if doc["state"]["fail_cnt"]
-                    else (),
-                    checkpoint=_copy(saved["data"]) if (saved := doc["state"].get("checkpoint")) else None,
-                    parent=doc.get("parent"),
-                    due_time=due_time(doc),
-                    trace=doc.get("trace"),
-                )
+            return ClaimedTask(
+                key=doc["key"],
+                name=doc["name"],
+                params=_copy(doc["params"]),
+                option=dict(doc["option"]),
+                attempt=attempt,
+                attempt_no=len(doc["state"]["worker_states"]),
+                ping_expire_time=expire,
+                fail_cnt=doc["state"]["fail_cnt"],
+                failure_times=failure_times(doc["state"]["worker_states"])
+                if doc["state"]["fail_cnt"]
+                else (),
+                checkpoint=_copy(saved["data"]) if (saved := doc["state"].get("checkpoint")) else None,
+                parent=doc.get("parent"),
+                due_time=due_time(doc),
+                trace=doc.get("trace"),
             )
-            attempt = next(attempts, None)
-        for token, item in skipped:
-            heapq.heappush(self._ready[token], item)
-        return claimed
 
     def _running_entry(
         self, doc: dict[str, Any] | None, worker_id: str, attempt: str
@@ -420,7 +443,8 @@ class MemoryDriver(
         return expired
 
     async def find_wakeups(self, params: WakeupParams) -> list[Wakeup]:
-        tokens = claimer_tokens(list(params.names), params.worker_id, params.groups)
+        names = claimer_tokens(list(params.names), params.worker_id, params.groups)
+        tokens = [(part, token) for part in range(self.partitions) for token in names]
         self._promote(params.now, tokens)
         found: dict[str, datetime] = {}
         for token in tokens:
@@ -430,9 +454,15 @@ class MemoryDriver(
                 if self._version.get(key) == version:
                     self.examined += 1
                     found[key] = claim_at
+        # the earliest of every heap (partition and token), merged: the Mongo read's order
+        later: dict[str, datetime] = {}
+        room = params.limit - len(found)
         for token in tokens:
-            for claim_at, key in self._earliest(self._future.get(token, []), params.limit - len(found)):
-                found.setdefault(key, claim_at)
+            for claim_at, key in self._earliest(self._future.get(token, []), room):
+                if key not in found and (key not in later or claim_at < later[key]):
+                    later[key] = claim_at
+        for key, claim_at in sorted(later.items(), key=lambda kv: kv[1])[: max(room, 0)]:
+            found[key] = claim_at
         wakeups = [Wakeup(key, when, "claim") for key, when in found.items()]
         if self._leases:
             wakeups.append(Wakeup(self._leases[0][2], self._leases[0][0], "lease"))

@@ -15,6 +15,7 @@ from pymongo import UpdateOne
 
 from mscheduler.domain.exceptions import StorageError
 from mscheduler.domain.family import SYNC_TRIES, child_keys_of, plan_or_skip
+from mscheduler.domain.partitions import by_part, part_of
 from mscheduler.drivers.base import MarkParams, OpenParentsParams, SyncParentsParams
 from mscheduler.drivers.mongo.common import (
     KEY_INDEX,
@@ -42,6 +43,7 @@ class MongoChildren:
 
     tasks: Any
     tasks_primary: Any
+    partitions: int
 
     if TYPE_CHECKING:
 
@@ -99,28 +101,38 @@ class MongoChildren:
                 change = {"state.children": _lit(plan.summary), "state.children_rev": (rev or 0) + 1}
                 written.append(doc["key"])
                 ops.append(
-                    UpdateOne(
-                        {"key": doc["key"], "state.children_rev": rev},
-                        [{"$set": change}, *_derive_stages(params.now)],
+                    (
+                        part_of(doc["key"], self.partitions),
+                        UpdateOne(
+                            {
+                                "key": doc["key"],
+                                "part": part_of(doc["key"], self.partitions),
+                                "state.children_rev": rev,
+                            },
+                            [{"$set": change}, *_derive_stages(params.now)],
+                        ),
                     )
                 )
             if not ops:
                 break
+            matched = 0
+            uncertain = False
+            for part in sorted({p for p, _ in ops}):  # one bulk write per partition (one shard)
+                batch = [op for p, op in ops if p == part]
 
-            async def write(ops: list[UpdateOne] = ops) -> Any:
-                return await self.tasks.bulk_write(ops, ordered=False)
+                async def write(batch: list[UpdateOne] = batch) -> Any:
+                    return await self.tasks.bulk_write(batch, ordered=False)
 
-            try:
-                result = await self._call("sync parents", write)
-            except StorageError as exc:
-                if exc.config or not write_concern_only(exc.__cause__):
-                    raise
-                # applied on the primary, not yet confirmed by a majority (65 with write-concern
-                # errors only): read again; what landed compares equal and is skipped
-                keys = written
-                continue
-            changed += result.matched_count
-            if result.matched_count == len(ops):
+                try:
+                    matched += (await self._call("sync parents", write)).matched_count
+                except StorageError as exc:
+                    if exc.config or not write_concern_only(exc.__cause__):
+                        raise
+                    # applied on the primary, not yet confirmed by a majority (65 with write-concern
+                    # errors only): read again; what landed compares equal and is skipped
+                    uncertain = True
+            changed += matched
+            if not uncertain and matched == len(ops):
                 break
             # another sync wrote some of them meanwhile: read those again (the ones written now
             # compare equal and are skipped)
@@ -128,13 +140,14 @@ class MongoChildren:
         return changed
 
     async def _unblock(self, keys: list[str], params: SyncParentsParams) -> None:
-        filter_ = {"key": {"$in": keys}, "state.blocked": True}
         pipeline = [{"$set": {"state.blocked": False}}, *_derive_stages(params.now)]
+        for part, of_part in by_part(keys, self.partitions).items():
+            filter_ = {"key": {"$in": of_part}, "part": part, "state.blocked": True}
 
-        async def update() -> Any:
-            return await self.tasks.update_many(filter_, pipeline)
+            async def update(filter_: dict[str, Any] = filter_) -> Any:
+                return await self.tasks.update_many(filter_, pipeline)
 
-        await self._call("unblock children", update)
+            await self._call("unblock children", update)
 
     async def find_open_parents(self, params: OpenParentsParams) -> list[str]:
         # the partial index holds parents only; the filter repeats its condition, so that the
@@ -157,6 +170,7 @@ class MongoChildren:
     async def mark_task(self, params: MarkParams) -> bool:
         filter_ = {
             "key": params.key,
+            "part": part_of(params.key, self.partitions),
             "state.status": {"$in": list(params.statuses)},
             "state.running_cnt": 0,
             "children": {"$exists": False},

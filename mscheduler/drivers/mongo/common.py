@@ -42,6 +42,7 @@ T = TypeVar("T")
 TASKS = "mscheduler_tasks"
 WORKERS = "mscheduler_workers"
 PROBE = "mscheduler_probe"
+META = "mscheduler_meta"  # the store's layout: its partitions, whether it is sharded
 
 WS = "state.worker_states"
 TRANSIENT_ERRORS = (AutoReconnect, ConnectionFailure, NetworkTimeout, NotPrimaryError, ExecutionTimeout)
@@ -117,7 +118,9 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
     (
         # key last: the claim's ``key $nin exclude_keys`` is checked on the index keys, so tasks
         # this worker holds or already ran (fan-out) are skipped without fetching them
+        # the partition first: a claim names one (a sharded cluster's one shard, issue 18.9)
         [
+            ("part", 1),
             ("state.claimers", 1),
             ("option.priority", -1),
             ("state.targeted", -1),
@@ -127,8 +130,9 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
         {"name": CLAIM_INDEX},
     ),
     # wake-ups: the same equality, then due time (merged across tokens: no in-memory sort)
-    ([("state.claimers", 1), ("state.claim_at", 1)], {"name": WAKEUP_INDEX}),
-    ([(f"{WS}.status", 1), (f"{WS}.ping_expire_time", 1)], {"name": LEASES_INDEX}),
+    ([("part", 1), ("state.claimers", 1), ("state.claim_at", 1)], {"name": WAKEUP_INDEX}),
+    # the lease pass, one partition at a time
+    ([("part", 1), (f"{WS}.status", 1), (f"{WS}.ping_expire_time", 1)], {"name": LEASES_INDEX}),
     (f"{WS}.attempt", {"name": ATTEMPT_INDEX}),
     # admin reads: list by status / by name (+ status) / all, newest page by cursor; counts
     ([("state.status", 1), ("state.create_time", 1), ("key", 1)], {"name": STATUS_INDEX}),
@@ -146,7 +150,7 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
     # the deadline pass: pending tasks whose deadline is past. The equality first (ESR): the
     # pass reads a key per pending task past its deadline, not one per past deadline of any
     # status (finished ones included). A null deadline is outside a date range.
-    ([("state.status", 1), ("option.deadline", 1)], {"name": DEADLINE_INDEX}),
+    ([("part", 1), ("state.status", 1), ("option.deadline", 1)], {"name": DEADLINE_INDEX}),
     # unique_by="params": one live task per params hash (unique_live is null once finished, and
     # for tasks not unique by params: outside the partial index)
     (

@@ -42,6 +42,7 @@ from pymongo.read_concern import ReadConcern
 
 from mscheduler.domain.events import DEFAULT_RETENTION
 from mscheduler.domain.exceptions import InvalidInput, StorageError
+from mscheduler.domain.partitions import by_part, checked_partitions, part_of
 from mscheduler.domain.state import claimer_tokens
 from mscheduler.drivers.base import (
     DEFAULT_WORKER_RETENTION,
@@ -55,6 +56,7 @@ from mscheduler.drivers.base import (
     StreamPosition,
     Wakeup,
     WakeupParams,
+    claim_over_parts,
     due_time,
     failure_times,
     first_lease_end,
@@ -83,6 +85,7 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     LEASES_INDEX,
     MAJORITY_WTIMEOUT_MS,
     MAX_SCANS,
+    META,
     NAME_INDEX,
     PROBE,
     RETIRED_INDEXES,
@@ -151,6 +154,9 @@ class MongoDriver(
         its documents deleted ``event_retention`` after their time (a TTL index).
     :param worker_retention: how long a stopped or silent worker's registration is kept (a TTL
         index on its ``last_seen``; no listing shows an older one).
+    :param partitions: the store's number of partitions (``mscheduler.domain.partitions``; a
+        sharded cluster's unit of placement, docs/scaling.md). Fixed when the store is set up
+        (``setup()`` records it); None: as recorded (1 for a store set up without).
     :param create_indexes: ``prepare()`` (a consumer's or publisher's start) builds missing
         indexes itself, as ``setup()`` does; by default only on mongomock. On a server they are
         built by ``mscheduler setup`` (``setup()``), and a start without them fails, naming them.
@@ -173,6 +179,7 @@ class MongoDriver(
         max_parallel_claims: int = DEFAULT_PARALLEL_CLAIMS,
         worker_retention: timedelta = DEFAULT_WORKER_RETENTION,
         create_indexes: bool | None = None,
+        partitions: int | None = None,
     ) -> None:
         self.database = database
         tasks = database[f"{prefix}{TASKS}"]
@@ -209,6 +216,11 @@ class MongoDriver(
         # Limit reads that decide (which limit holds a slot, an acquire's recovery) likewise.
         self.limits_primary = _async_with_options(self.limits, read_preference=ReadPreference.PRIMARY)
         self.probe = database[f"{prefix}{PROBE}"]
+        # the store's layout (its partitions: fixed by setup, read by prepare)
+        self.meta = database[f"{prefix}{META}"]
+        self._asked_partitions = checked_partitions(partitions) if partitions is not None else None
+        self.partitions = self._asked_partitions or 1
+        self.sharded = False
         majority_concern = WriteConcern(w="majority", wtimeout=majority_timeout_ms) if majority else None
         self._init_events(database, prefix, majority_concern, events, event_retention)
         self.retries = retries
@@ -227,6 +239,10 @@ class MongoDriver(
         if create_indexes is None:  # a throwaway in-memory database: nothing waits for a quorum
             create_indexes = any("mongomock" in cls.__module__ for cls in type(database).__mro__)
         self.create_indexes = create_indexes
+
+    def _part(self, key: str) -> int:
+        """The partition of task ``key`` (every write about one task names it)."""
+        return part_of(key, self.partitions)
 
     # -- plumbing ---------------------------------------------------------------------------------
 
@@ -291,9 +307,12 @@ class MongoDriver(
         raise AssertionError("unreachable")
 
     async def setup(self) -> None:
-        """Create the indexes (idempotent; an index whose spec changed since an earlier build is
-        rebuilt, ``drivers/mongo/indexes.py``), drop the retired ones of earlier builds
-        (``RETIRED_INDEXES``) and probe what the server can do."""
+        """Record the store's layout (its partitions), give every task its partition (the tasks
+        an earlier build inserted), create the indexes (idempotent; an index whose spec changed
+        since an earlier build is rebuilt, ``drivers/mongo/indexes.py``), drop the retired ones
+        of earlier builds (``RETIRED_INDEXES``) and probe what the server can do."""
+        await self._layout(record=True)
+        await self._place_unplaced()
         self.rebuilt = await self._call(
             "create indexes", lambda: ensure_indexes(self.tasks, INDEXES, RETIRED_INDEXES)
         )
@@ -316,6 +335,7 @@ class MongoDriver(
             if not self._set_up:
                 await self.setup()
             return
+        await self._layout(record=False)
         missing = await self.missing_indexes()
         if missing:
             where = f"{self.database.name}.{self.tasks.name}"
@@ -325,6 +345,65 @@ class MongoDriver(
                 config=True,
             )
         await self._capabilities()
+
+    async def _layout(self, *, record: bool) -> None:
+        """Read the store's layout (``<prefix>mscheduler_meta``, ``_id: "layout"``): its number of
+        partitions, fixed when it was set up, and whether it is sharded. ``record``: write it
+        when there is none (``setup``). A driver asking for another number is refused."""
+
+        async def read() -> dict[str, Any] | None:
+            doc: dict[str, Any] | None = await self.meta.find_one({"_id": "layout"})
+            return doc
+
+        layout = await self._call("read the store's layout", read)
+        if layout is None:
+            if record:
+                stored = {"_id": "layout", "partitions": self.partitions, "sharded": self.sharded}
+                await self._call(
+                    "record the store's layout",
+                    lambda: self.meta.replace_one({"_id": "layout"}, stored, upsert=True),
+                )
+            return
+        partitions = int(layout.get("partitions") or 1)
+        if self._asked_partitions is not None and self._asked_partitions != partitions:
+            raise StorageError(
+                f"the store was set up with {partitions} partitions, not {self._asked_partitions}: "
+                "partitions are fixed (docs/scaling.md, growing P)",
+                config=True,
+            )
+        self.partitions = partitions
+        self.sharded = bool(layout.get("sharded"))
+
+    async def _place_unplaced(self) -> int:
+        """Give a partition to the tasks that have none (inserted by a build before partitions):
+        ``part`` 0 in an unpartitioned store (one update), else each by its key, a batch at a
+        time. Returns how many were placed."""
+        if self.partitions == 1:
+            result = await self._call(
+                "place unplaced tasks",
+                lambda: self.tasks.update_many({"part": {"$exists": False}}, {"$set": {"part": 0}}),
+            )
+            return int(result.modified_count)
+        placed = 0
+        while True:
+
+            async def read() -> list[str]:
+                cursor = self.tasks.find({"part": {"$exists": False}}, {"key": 1}).limit(1000)
+                return [doc["key"] async for doc in cursor]
+
+            keys = await self._call("find unplaced tasks", read)
+            if not keys:
+                return placed
+            ops = [
+                UpdateOne({"key": k, "part": {"$exists": False}}, {"$set": {"part": self._part(k)}})
+                for k in keys
+            ]
+
+            async def place(ops: list[UpdateOne] = ops) -> Any:
+                return await self.tasks.bulk_write(ops, ordered=False)
+
+            await self._call("place unplaced tasks", place)
+            placed += len(keys)
 
     async def missing_indexes(self) -> list[str]:
         """The indexes this build's queries need that the store lacks or has with another spec
@@ -414,6 +493,7 @@ class MongoDriver(
         await self._call("drop limits", self.limits.drop)
         await self._call("drop probe", self.probe.drop)
         await self._call("drop events", self.events.drop)
+        await self._call("drop layout", self.meta.drop)
 
     async def index_names(self) -> list[str]:
         cursor = await _resolve(self.tasks.list_indexes())
@@ -465,7 +545,9 @@ class MongoDriver(
         # ``_id`` is the key: change events (which carry only the documentKey of an update)
         # then say which task changed without a lookup.
         docs = [
-            _out({"_id": params.tasks[i].key} | new_task_document(params.tasks[i], params.now))
+            _out(
+                {"_id": params.tasks[i].key} | new_task_document(params.tasks[i], params.now, self.partitions)
+            )
             for i in pending
         ]
         if params.session is not None:
@@ -477,8 +559,21 @@ class MongoDriver(
         return created
 
     async def _insert(self, docs: list[dict[str, Any]]) -> set[int]:
-        """insert_many; duplicate keys are the existing tasks. Returns the positions inserted."""
+        """insert_many per partition (a sharded cluster's one shard each: one command when the
+        store is unpartitioned); duplicate keys are the existing tasks. Returns the positions
+        inserted."""
+        if self.partitions == 1:
+            return await self._insert_part(docs)
+        inserted: set[int] = set()
+        positions: dict[int, list[int]] = {}
+        for i, doc in enumerate(docs):
+            positions.setdefault(doc["part"], []).append(i)
+        for part_positions in positions.values():
+            done = await self._insert_part([docs[i] for i in part_positions])
+            inserted |= {part_positions[j] for j in done}
+        return inserted
 
+    async def _insert_part(self, docs: list[dict[str, Any]]) -> set[int]:
         async def insert() -> set[int]:
             # Handled here, inside the operation: BulkWriteError is a PyMongoError, so ``_call``
             # would otherwise turn it into a StorageError.
@@ -510,7 +605,7 @@ class MongoDriver(
             UpdateOne(
                 {"$or": [{"key": doc["key"]}, {"state.unique_live": live_hash(doc["unique_hash"])}]}
                 if doc.get("unique_hash")
-                else {"key": doc["key"]},
+                else {"key": doc["key"], "part": doc["part"]},
                 {"$setOnInsert": doc},
                 upsert=True,
             )
@@ -532,7 +627,7 @@ class MongoDriver(
         for task in params.tasks:
             if task.unique_hash is not None and task.unique_hash in taken:
                 continue  # a live task holds its params: not reset (reported not created)
-            doc = new_task_document(task, params.now)
+            doc = new_task_document(task, params.now, self.partitions)
             state = dict(doc["state"])
             state.pop("create_time")
             state["reset_mark"] = mark
@@ -544,7 +639,8 @@ class MongoDriver(
                 # a fresh run starts from scratch: no checkpoint, no progress
                 "$unset": {"state.broken": "", "state.checkpoint": "", "state.progress": ""},
             }
-            ops.append(UpdateOne({"key": task.key, "state.status": {"$in": list(FINISHED)}}, update))
+            by_key = {"key": task.key, "part": self._part(task.key), "state.status": {"$in": list(FINISHED)}}
+            ops.append(UpdateOne(by_key, update))
         if not ops:
             return set()
 
@@ -573,14 +669,16 @@ class MongoDriver(
 
         reset = await self._call("reset tasks (read back)", read, session=params.session)
 
-        async def unmark() -> Any:
-            return await self.tasks.update_many(
-                {"key": {"$in": sorted(reset)}, "state.reset_mark": mark},
-                {"$unset": {"state.reset_mark": ""}},
-                session=params.session,
-            )
+        for part, keys_of_part in by_part(sorted(reset), self.partitions).items():
 
-        await self._call("reset tasks (unmark)", unmark, session=params.session)
+            async def unmark(part: int = part, keys_of_part: list[str] = keys_of_part) -> Any:
+                return await self.tasks.update_many(
+                    {"key": {"$in": keys_of_part}, "part": part, "state.reset_mark": mark},
+                    {"$unset": {"state.reset_mark": ""}},
+                    session=params.session,
+                )
+
+            await self._call("reset tasks (unmark)", unmark, session=params.session)
         return reset
 
     async def _taken_hashes(self, params: InsertParams) -> set[str]:
@@ -611,7 +709,9 @@ class MongoDriver(
 
     # -- claim / ping / finish --------------------------------------------------------------------
 
-    def _claim_filter(self, params: ClaimParams, tokens: Sequence[str] | None = None) -> dict[str, Any]:
+    def _claim_filter(
+        self, params: ClaimParams, tokens: Sequence[str] | None = None, part: int = 0
+    ) -> dict[str, Any]:
         now = _out(params.now)
         if tokens is None:
             tokens = claimer_tokens(list(params.names), params.worker_id, params.groups)
@@ -620,6 +720,7 @@ class MongoDriver(
         # slot, an unfinished task, an unused budget and (targeted) an allowed worker with no
         # running or succeeded entry; the residual $nor is for untargeted fan-out tasks.
         filter_: dict[str, Any] = {
+            "part": part,  # one partition: a sharded cluster's one shard
             "state.claimers": {"$in": list(tokens)},
             "state.claim_at": {"$lte": now},
             # not started after its deadline (the deadline pass marks such tasks expired)
@@ -660,14 +761,14 @@ class MongoDriver(
         return entry
 
     async def _claim_one(
-        self, params: ClaimParams, attempt: str, key: str | None = None
+        self, params: ClaimParams, attempt: str, key: str | None = None, part: int = 0
     ) -> ClaimedTask | None:
         """One claim: the first task in the claim order (or the task ``key``, a head the chunked
         claim chose: see ``_claim_chunked``)."""
         entry = self._claim_entry(params, attempt)
         append = {"$set": {WS: {"$concatArrays": [f"${WS}", [entry]]}}}
         pipeline = [append, *self._trim_stages(params), *_derive_stages(params.now)]
-        filter_ = self._claim_filter(params)
+        filter_ = self._claim_filter(params, part=part)
         sort = CLAIM_SORT
 
         async def claim() -> dict[str, Any] | None:
@@ -735,7 +836,11 @@ class MongoDriver(
                 {"$eq": ["$$e.status", "running"]},
             ]
         }
-        filter_ = {"key": doc["key"], WS: {"$elemMatch": {"attempt": attempt, "status": "running"}}}
+        filter_ = {
+            "key": doc["key"],
+            "part": self._part(doc["key"]),
+            WS: {"$elemMatch": {"attempt": attempt, "status": "running"}},
+        }
         update = [_rebuild_entries(match, {"ping_expire_time": expire})]
         self.fixups += 1
         await self._call("fix first lease", lambda: self.tasks.update_one(filter_, update))
@@ -785,75 +890,84 @@ class MongoDriver(
         log.warning("task %s failed for good: %s", key, message, extra={"key": key})
         broken = {"type": error_type, "message": message[:2000], "traceback": None}
         pipeline = [{"$set": {"state.broken": _lit(broken)}}, *_derive_stages(now)]
-        await self._call("mark task broken", lambda: self.tasks.update_one({"key": key}, pipeline))
+        by_key = {"key": key, "part": self._part(key)}
+        await self._call("mark task broken", lambda: self.tasks.update_one(by_key, pipeline))
 
     async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
         """Up to ``len(params.attempts)`` claims, sent concurrently (one round trip each, at most
         ``max_parallel_claims`` in flight: more only pile onto the same head document, where the
-        losers conflict and the server runs them again)."""
+        losers conflict and the server runs them again). Each claim names one partition
+        (``claim_over_parts``: the attempts dealt over the partitions to visit)."""
         await self._capabilities()
         tokens = claimer_tokens(list(params.names), params.worker_id, params.groups)
-        if len(tokens) > MAX_SCANS:
-            return await self._claim_chunked(params, tokens)
-        if len(params.attempts) == 1:
-            one = await self._claim_one(params, params.attempts[0])
-            return [one] if one is not None else []
-        return await self._claim_each(params, [(a, None) for a in params.attempts])
 
-    async def _claim_each(
-        self, params: ClaimParams, plan: Sequence[tuple[str, str | None]]
-    ) -> list[ClaimedTask]:
-        """The claims of ``plan`` ((attempt, key or None) pairs), concurrently within the cap."""
-        gate = asyncio.Semaphore(self.max_parallel_claims)
+        async def claim_round(plan: list[tuple[str, int]]) -> list[ClaimedTask | BaseException | None]:
+            if len(tokens) > MAX_SCANS:
+                return await self._claim_chunked(params, tokens, plan)
+            return await self._claim_each(params, [(a, None, part) for a, part in plan])
 
-        async def one(attempt: str, key: str | None) -> ClaimedTask | None:
-            async with gate:
-                return await self._claim_one(params, attempt, key)
-
-        results = await asyncio.gather(*(one(a, k) for a, k in plan), return_exceptions=True)
-        self.claims_empty += sum(r is None for r in results)
-        claimed = [r for r in results if isinstance(r, ClaimedTask)]
-        errors = [r for r in results if isinstance(r, BaseException)]
+        claimed, errors, failed = await claim_over_parts(params, self.partitions, claim_round)
         if params.uncertain is not None:
-            params.uncertain.extend(
-                a for (a, _), r in zip(plan, results, strict=True) if isinstance(r, BaseException)
-            )
+            params.uncertain.extend(failed)
         if errors and not claimed:
             raise errors[0]
         if errors:
             # Raising would orphan the claims that were applied (their leases would expire unused,
             # each costing a retry): hand those over; the next claim meets the error again.
-            log.warning("claim: %d of %d attempts failed (%s)", len(errors), len(results), errors[0])
+            log.warning("claim: %d attempts failed (%s)", len(errors), errors[0])
         return claimed
 
-    async def _claim_chunked(self, params: ClaimParams, tokens: list[str]) -> list[ClaimedTask]:
+    async def _claim_each(
+        self, params: ClaimParams, plan: Sequence[tuple[str, str | None, int]]
+    ) -> list[ClaimedTask | BaseException | None]:
+        """The claims of ``plan`` ((attempt, key or None, partition)), concurrently within the cap."""
+        gate = asyncio.Semaphore(self.max_parallel_claims)
+
+        async def one(attempt: str, key: str | None, part: int) -> ClaimedTask | None:
+            async with gate:
+                return await self._claim_one(params, attempt, key, part)
+
+        results = await asyncio.gather(*(one(*step) for step in plan), return_exceptions=True)
+        self.claims_empty += sum(r is None for r in results)
+        return list(results)
+
+    async def _claim_chunked(
+        self, params: ClaimParams, tokens: list[str], plan: list[tuple[str, int]]
+    ) -> list[ClaimedTask | BaseException | None]:
         """A claim over more claimer tokens than the planner merges (``MAX_SCANS``: one index
         range per token; above ``internalQueryMaxScansToExplode``, 200, the server falls back to
         a blocking sort of every due task of every token, each claim and each poll). The tokens
-        are split into chunks of at most ``MAX_SCANS``; each chunk's heads are read in the claim
-        order (one bounded read per chunk), merged here, and the first ones claimed by key (each
-        claim repeats every condition: a head taken meanwhile is simply not claimed)."""
+        are split into chunks of at most ``MAX_SCANS``; per partition, each chunk's heads are read
+        in the claim order (one bounded read per chunk), merged here, and the first ones claimed
+        by key (each claim repeats every condition: a head taken meanwhile is not claimed)."""
         projection = {"key": 1, "option.priority": 1, "state.targeted": 1, "state.claim_at": 1}
-        want = len(params.attempts)
-        heads: list[dict[str, Any]] = []
-        for start in range(0, len(tokens), MAX_SCANS):
-            filter_ = self._claim_filter(params, tokens[start : start + MAX_SCANS])
+        steps: list[tuple[str, str | None, int]] = []
+        for part in dict.fromkeys(p for _, p in plan):
+            attempts = [a for a, p in plan if p == part]
+            heads: list[dict[str, Any]] = []
+            for start in range(0, len(tokens), MAX_SCANS):
+                filter_ = self._claim_filter(params, tokens[start : start + MAX_SCANS], part)
 
-            async def read(filter_: dict[str, Any] = filter_) -> list[dict[str, Any]]:
-                cursor = self.tasks.find(filter_, projection).sort(CLAIM_SORT).limit(want).hint(CLAIM_INDEX)
-                return [doc async for doc in cursor]
+                async def read(
+                    filter_: dict[str, Any] = filter_, n: int = len(attempts)
+                ) -> list[dict[str, Any]]:
+                    cursor = self.tasks.find(filter_, projection).sort(CLAIM_SORT).limit(n).hint(CLAIM_INDEX)
+                    return [doc async for doc in cursor]
 
-            heads += await self._call("claim (read the heads of a chunk)", read)
-        heads.sort(key=_claim_order)
-        keys = list(dict.fromkeys(doc["key"] for doc in heads))[:want]
-        if not keys:
-            return []
-        return await self._claim_each(params, list(zip(params.attempts, keys, strict=False)))
+                heads += await self._call("claim (read the heads of a chunk)", read)
+            heads.sort(key=_claim_order)
+            keys: list[str | None] = list(dict.fromkeys(doc["key"] for doc in heads))
+            keys = (keys + [None] * len(attempts))[: len(attempts)]
+            steps += [(a, k, part) for a, k in zip(attempts, keys, strict=True)]
+        claimable = [step for step in steps if step[1] is not None]
+        results = dict(zip(claimable, await self._claim_each(params, claimable), strict=True))
+        return [results.get(step) for step in steps]
 
     def _finish_op(self, item: FinishParams) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         now = _out(item.now)
         filter_ = {
             "key": item.key,
+            "part": self._part(item.key),
             WS: {
                 "$elemMatch": {
                     "worker_id": item.worker_id,
@@ -882,9 +996,22 @@ class MongoDriver(
         return filter_, [_rebuild_entries(match, changes), *_derive_stages(item.now)]
 
     async def finish(self, params: Sequence[FinishParams]) -> list[bool]:
-        """Write a batch of attempt outcomes in one command; says which were accepted (fenced)."""
+        """Write a batch of attempt outcomes in one command per partition (one, unpartitioned);
+        says which were accepted (fenced)."""
         if not params:
             return []
+        if self.partitions == 1:
+            return await self._finish_part(params)
+        groups: dict[int, list[int]] = {}
+        for i, item in enumerate(params):
+            groups.setdefault(self._part(item.key), []).append(i)
+        accepted = [False] * len(params)
+        for positions in groups.values():
+            for i, ok in zip(positions, await self._finish_part([params[i] for i in positions]), strict=True):
+                accepted[i] = ok
+        return accepted
+
+    async def _finish_part(self, params: Sequence[FinishParams]) -> list[bool]:
         ops = [self._finish_op(item) for item in params]
 
         async def write() -> Any:
@@ -966,11 +1093,12 @@ class MongoDriver(
             return False
         return bool(single.matched_count)
 
-    async def _expire_leases_only(self, params: ExpireParams) -> int:
-        """``expire_leases`` without events (``MongoEvents.expire_leases`` records them)."""
+    async def _expire_leases_only(self, params: ExpireParams, part: int = 0) -> int:
+        """``expire_leases`` of one partition (one shard), without events
+        (``MongoEvents.expire_leases`` visits every partition and records them)."""
         await self._capabilities()
         now = _out(params.now)
-        filter_ = {WS: {"$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}}}
+        filter_ = {"part": part, WS: {"$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}}}
         match = {"$and": [{"$eq": ["$$e.status", "running"]}, {"$lte": ["$$e.ping_expire_time", _lit(now)]}]}
         changes = {
             "status": "lost",
@@ -1013,7 +1141,7 @@ class MongoDriver(
                 _rebuild_entries(match, changes | {"retry_at": retry_at}),
                 *_derive_stages(params.now),
             ]
-            one = {"key": doc["key"], **filter_}
+            one = {"key": doc["key"], **filter_}  # (the filter names the partition)
 
             async def update(one: dict[str, Any] = one, pipeline: list[dict[str, Any]] = pipeline) -> Any:
                 return await self.tasks.update_one(one, pipeline)
@@ -1023,11 +1151,12 @@ class MongoDriver(
             expired += int(result.modified_count)
         return expired
 
-    async def _expire_deadlines_only(self, params: ExpireParams) -> int:
-        """Tasks whose deadline passed while they waited become ``expired`` (never run late)."""
+    async def _expire_deadlines_only(self, params: ExpireParams, part: int = 0) -> int:
+        """Tasks of one partition whose deadline passed while they waited become ``expired``
+        (never run late)."""
         await self._capabilities()
         now = _out(params.now)
-        filter_ = {"option.deadline": {"$lte": now}, "state.status": "pending"}
+        filter_ = {"part": part, "state.status": "pending", "option.deadline": {"$lte": now}}
         pipeline = [{"$set": {"state.expired_at": _lit(params.now)}}, *_derive_stages(params.now)]
 
         async def expire() -> Any:
@@ -1043,9 +1172,13 @@ class MongoDriver(
         # ranges are merged in claim_at order, no in-memory sort). Tasks aimed at others are
         # not read. More tokens than a query merges (MAX_SCANS): one read per chunk, merged here.
         tokens = claimer_tokens(list(params.names), params.worker_id, params.groups)
+        # every partition (a read may reach every shard): one index range per partition and
+        # token, so a chunk holds at most MAX_SCANS of those
+        parts = list(range(self.partitions))
+        chunk = max(1, MAX_SCANS // len(parts))
         docs: list[dict[str, Any]] = []
-        for start in range(0, len(tokens), MAX_SCANS):
-            filter_ = {"state.claimers": {"$in": tokens[start : start + MAX_SCANS]}}
+        for start in range(0, len(tokens), chunk):
+            filter_ = {"part": {"$in": parts}, "state.claimers": {"$in": tokens[start : start + chunk]}}
 
             async def read(filter_: dict[str, Any] = filter_) -> list[dict[str, Any]]:
                 cursor = (
@@ -1062,7 +1195,7 @@ class MongoDriver(
             claim_at = doc.get("state", {}).get("claim_at")
             if isinstance(claim_at, datetime):  # a document edited by hand must not stop polling
                 wakeups.append(Wakeup(doc["key"], _in(claim_at), "claim"))
-        if len(tokens) > MAX_SCANS:  # the chunks' earliest, merged
+        if len(tokens) > chunk:  # the chunks' earliest, merged
             wakeups = sorted({w.key: w for w in wakeups}.values(), key=lambda w: (w.time, w.key))[
                 : params.limit
             ]

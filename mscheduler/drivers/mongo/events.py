@@ -162,6 +162,7 @@ class MongoEvents:
     tasks: Any
     tasks_primary: Any
     record_events: bool
+    partitions: int
     event_retention: timedelta
 
     if TYPE_CHECKING:
@@ -177,9 +178,9 @@ class MongoEvents:
 
         async def _insert_tasks_only(self, params: InsertParams) -> list[bool]: ...
 
-        async def _expire_leases_only(self, params: ExpireParams) -> int: ...
+        async def _expire_leases_only(self, params: ExpireParams, part: int = 0) -> int: ...
 
-        async def _expire_deadlines_only(self, params: ExpireParams) -> int: ...
+        async def _expire_deadlines_only(self, params: ExpireParams, part: int = 0) -> int: ...
 
     def _init_events(
         self, database: Any, prefix: str, concern: WriteConcern | None, record: bool, retention: timedelta
@@ -267,10 +268,14 @@ class MongoEvents:
         return created
 
     async def expire_leases(self, params: ExpireParams) -> int:
+        """The lease pass, one partition (one shard) at a time."""
+        return sum([await self._expire_leases_part(params, part) for part in range(self.partitions)])
+
+    async def _expire_leases_part(self, params: ExpireParams, part: int) -> int:
         if not self.record_events:
-            return await self._expire_leases_only(params)
+            return await self._expire_leases_only(params, part)
         now = _out(params.now)
-        filter_ = {WS: {"$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}}}
+        filter_ = {"part": part, WS: {"$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}}}
         projection = {
             "_id": 0,
             "key": 1,
@@ -297,14 +302,18 @@ class MongoEvents:
                     )
         if not events:
             return 0  # nothing expired at this ``now``: the update would change nothing
-        expired = await self._expire_leases_only(params)
+        expired = await self._expire_leases_only(params, part)
         await self._record(events, params.now)
         return expired
 
     async def expire_deadlines(self, params: ExpireParams) -> int:
+        """The deadline pass, one partition (one shard) at a time."""
+        return sum([await self._expire_deadlines_part(params, part) for part in range(self.partitions)])
+
+    async def _expire_deadlines_part(self, params: ExpireParams, part: int) -> int:
         if not self.record_events:
-            return await self._expire_deadlines_only(params)
-        filter_ = {"option.deadline": {"$lte": _out(params.now)}, "state.status": "pending"}
+            return await self._expire_deadlines_only(params, part)
+        filter_ = {"part": part, "state.status": "pending", "option.deadline": {"$lte": _out(params.now)}}
 
         async def read() -> list[dict[str, Any]]:
             cursor = self.tasks_primary.find(filter_, {"_id": 0, "key": 1, "name": 1, "option.deadline": 1})
@@ -313,7 +322,7 @@ class MongoEvents:
         docs = await self._call("expire deadlines (read for events)", read)
         if not docs:
             return 0
-        expired = await self._expire_deadlines_only(params)
+        expired = await self._expire_deadlines_only(params, part)
         events = [expired_event(d["key"], d["name"], d["option"]["deadline"], params.now) for d in docs]
         await self._record(events, params.now)
         return expired

@@ -26,6 +26,7 @@ from pymongo import ReturnDocument
 from pymongo.errors import OperationFailure
 
 from mscheduler.domain.exceptions import StorageError
+from mscheduler.domain.partitions import by_part, part_of
 from mscheduler.domain.state import TERMINAL
 from mscheduler.drivers.base import (
     UNCOUNTED_STATUSES,
@@ -63,6 +64,7 @@ class MongoMaintenance:
 
     tasks: Any
     database: Any
+    partitions: int
     probe: Any
     fixups: int
     update_hints: bool
@@ -139,7 +141,9 @@ class MongoMaintenance:
 
         async def trim() -> dict[str, Any] | None:
             found: dict[str, Any] | None = await self.tasks.find_one_and_update(
-                {"key": doc["key"]}, pipeline, return_document=ReturnDocument.AFTER
+                {"key": doc["key"], "part": part_of(doc["key"], self.partitions)},
+                pipeline,
+                return_document=ReturnDocument.AFTER,
             )
             return found
 
@@ -259,17 +263,24 @@ class MongoMaintenance:
             return 0
         keys = [doc["key"] for doc in found]
         children = [k for doc in found for k in (doc.get("children") or {}).get("keys", ())]
-        if children:
+        # one delete per partition (a sharded cluster's one shard)
+        for part, of_part in by_part(children, self.partitions).items():
             # a family's children first: a crash in between leaves a finished parent, which the
             # next pass removes (its children are all finished: it has a finish time)
-            await self._call(
-                "remove finished children",
-                lambda: self.tasks.delete_many({"key": {"$in": children}}, **self._hint(KEY_INDEX)),
-            )
 
-        async def delete() -> Any:
-            # the same conditions again: a task restarted since the read is left alone
-            return await self.tasks.delete_many({"key": {"$in": keys}, **filter_}, **self._hint(KEY_INDEX))
+            async def delete_children(of_part: list[str] = of_part, part: int = part) -> Any:
+                return await self.tasks.delete_many(
+                    {"key": {"$in": of_part}, "part": part}, **self._hint(KEY_INDEX)
+                )
 
-        result = await self._call("remove finished tasks", delete)
-        return int(result.deleted_count)
+            await self._call("remove finished children", delete_children)
+        deleted = 0
+        for part, of_part in by_part(keys, self.partitions).items():
+
+            async def delete(of_part: list[str] = of_part, part: int = part) -> Any:
+                # the same conditions again: a task restarted since the read is left alone
+                by_key = {"key": {"$in": of_part}, "part": part, **filter_}
+                return await self.tasks.delete_many(by_key, **self._hint(KEY_INDEX))
+
+            deleted += int((await self._call("remove finished tasks", delete)).deleted_count)
+        return deleted

@@ -12,12 +12,14 @@ a worker that lost its lease can never overwrite the checkpoint of the attempt t
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pymongo import UpdateMany, UpdateOne
 
 from mscheduler.domain.exceptions import StorageError
+from mscheduler.domain.partitions import by_part
 from mscheduler.drivers.base import (
     AttemptReport,
     PingParams,
@@ -43,6 +45,7 @@ class MongoPing:
 
     tasks: Any
     tasks_primary: Any
+    partitions: int
 
     if TYPE_CHECKING:
 
@@ -61,7 +64,7 @@ class MongoPing:
 
     @staticmethod
     def _ping_filter(
-        worker_id: str, now: datetime, attempts: Mapping[str, str], groups: Sequence[str] = ()
+        worker_id: str, now: datetime, attempts: Mapping[str, str], groups: Sequence[str] = (), part: int = 0
     ) -> dict[str, Any]:
         # still allowed (SPEC F8, F31): no workers or groups named, this worker named, or one of
         # its groups named
@@ -81,6 +84,7 @@ class MongoPing:
             allowed_now.append({"option.specific_groups": {"$in": list(groups)}})
         return {
             "key": {"$in": list(attempts)},
+            "part": part,  # one partition: a sharded cluster's one shard
             WS: {
                 "$elemMatch": {
                     "worker_id": worker_id,
@@ -113,6 +117,27 @@ class MongoPing:
         return [_rebuild_entries(match, {"ping_expire_time": expire})]
 
     async def ping(self, params: PingParams) -> PingResult:
+        """The renewal of every attempt of ``params``: one write per partition its tasks are in
+        (per lease length; one write, unpartitioned), then one read."""
+        if self.partitions == 1:
+            return await self._ping_part(params, 0)
+        keys = [key for group in params.groups.values() for key in group]
+        result = PingResult()
+        for part, of_part in by_part(keys, self.partitions).items():
+            wanted = set(of_part)
+            groups = {
+                expire: {k: a for k, a in group.items() if k in wanted}
+                for expire, group in params.groups.items()
+                if wanted.intersection(group)
+            }
+            reports = {k: r for k, r in params.reports.items() if k in wanted}
+            one = await self._ping_part(replace(params, groups=groups, reports=reports), part)
+            result.alive |= one.alive
+            for name in ("lost", "revoked", "cancelled", "paused", "recorded"):
+                getattr(result, name).extend(getattr(one, name))
+        return result
+
+    async def _ping_part(self, params: PingParams, part: int) -> PingResult:
         await self._capabilities()
         now = _out(params.now)
         every_key: dict[str, str] = {}
@@ -123,7 +148,7 @@ class MongoPing:
             every_key.update(attempts)
             plain = {k: a for k, a in attempts.items() if k not in params.reports}
             if not params.reports:
-                filter_ = self._ping_filter(params.worker_id, now, plain, params.worker_groups)
+                filter_ = self._ping_filter(params.worker_id, now, plain, params.worker_groups, part)
                 update = self._ping_update(params.worker_id, now, plain, expire)
 
                 async def ping_group(
@@ -134,7 +159,7 @@ class MongoPing:
                 writes.append(ping_group)
                 continue
             if plain:
-                filter_ = self._ping_filter(params.worker_id, now, plain, params.worker_groups)
+                filter_ = self._ping_filter(params.worker_id, now, plain, params.worker_groups, part)
                 bulk.append(
                     UpdateMany(filter_, self._ping_update(params.worker_id, now, plain, expire), **hint)
                 )
@@ -149,7 +174,9 @@ class MongoPing:
                 update = [*self._ping_update(params.worker_id, now, one, expire), record]
                 bulk.append(
                     UpdateOne(
-                        self._ping_filter(params.worker_id, now, one, params.worker_groups), update, **hint
+                        self._ping_filter(params.worker_id, now, one, params.worker_groups, part),
+                        update,
+                        **hint,
                     )
                 )
         if bulk:
@@ -174,7 +201,7 @@ class MongoPing:
 
         async def read() -> list[dict[str, Any]]:
             cursor = self.tasks_primary.find(
-                {"key": {"$in": list(every_key)}},
+                {"key": {"$in": list(every_key)}, "part": part},
                 # The whole array: MongoDB refuses an $elemMatch projection on a nested field
                 # (error 31275) and mongomock returns nothing for it; the entry is picked below.
                 projection,

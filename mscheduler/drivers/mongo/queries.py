@@ -156,6 +156,8 @@ class MongoTaskQueries:
 
     if TYPE_CHECKING:
 
+        def _part(self, key: str) -> int: ...
+
         async def _call(
             self,
             what: str,
@@ -207,7 +209,7 @@ class MongoTaskQueries:
         pipeline = [{"$set": {"option": _lit(params.option)}}, *_derive_stages(params.now)]
 
         async def update() -> Any:
-            return await self.tasks.update_one({"key": params.key}, pipeline)
+            return await self.tasks.update_one({"key": params.key, "part": self._part(params.key)}, pipeline)
 
         try:
             result = await self._call("update option", update)
@@ -217,7 +219,11 @@ class MongoTaskQueries:
 
     async def control_task(self, params: ControlParams) -> dict[str, Any] | None:
         # The filter is the compare-and-set: the key in one of the allowed statuses.
-        filter_ = {"key": params.key, "state.status": {"$in": list(params.statuses)}}
+        filter_ = {
+            "key": params.key,
+            "part": self._part(params.key),
+            "state.status": {"$in": list(params.statuses)},
+        }
         if params.action == "remove":
             deleted = await self._call("remove task", lambda: self.tasks.find_one_and_delete(filter_))
             return _without_id(deleted)

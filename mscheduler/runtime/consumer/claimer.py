@@ -9,6 +9,7 @@ due while it knows them all: each slot asked for and not filled is a wasted comm
 from __future__ import annotations
 
 import asyncio
+import random
 import secrets
 from collections import OrderedDict
 from datetime import datetime, timedelta
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from mscheduler.domain.clock import ServerClock
 from mscheduler.domain.exceptions import StorageError
+from mscheduler.domain.partitions import part_of, visit_order
 from mscheduler.drivers.base import ClaimedTask, ClaimParams, Driver, ExpireParams
 from mscheduler.observability.tracing import TaskTracer
 from mscheduler.runtime.consumer.discovery import CLAIM, LEASE, Discovery
@@ -31,6 +33,7 @@ class ConsumerClaimer:
 
     driver: Driver
     clock: ServerClock
+    rng: random.Random
     limiter: Limiter
     discovery: Discovery | None
     child_sync: ChildSync | None
@@ -66,6 +69,13 @@ class ConsumerClaimer:
         ) -> None: ...
 
         async def _storage_trouble(self, what: str, exc: StorageError, *, back_off: bool = True) -> None: ...
+
+    def _parts_to_visit(self, known: set[str] | None) -> list[int] | None:
+        partitions = getattr(self.driver, "partitions", 1)
+        if partitions == 1:
+            return None
+        with_work = {part_of(key, partitions) for key in known} if known else None
+        return visit_order(partitions, with_work, self.rng)
 
     async def _run_claimer(self) -> None:
         assert self.discovery is not None
@@ -117,6 +127,9 @@ class ConsumerClaimer:
                 exclude_keys=[*self._running, *self._ran_fanout],
                 max_entries=self.max_attempt_entries,
                 groups=self.groups,
+                # the partitions the queue says have work (all, when it does not know), from a
+                # random one: a hot partition never makes the others wait (issue 18.9)
+                parts=self._parts_to_visit(known if exact else None),
             )
             # Shielded: a stop that cancels the claimer mid-claim must not orphan tasks the
             # store has already given us; stop() waits for the call and releases them.
