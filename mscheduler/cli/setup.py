@@ -31,17 +31,29 @@ from mscheduler.cli.common import (
 )
 from mscheduler.domain.events import DEFAULT_RETENTION
 from mscheduler.domain.exceptions import MSchedulerError
+from mscheduler.domain.partitions import MAX_PARTITIONS
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.drivers.mongo.indexes import existing_indexes
 
 
 async def setup_store(
-    database: Any, *, prefix: str = "", events: bool = False, event_retention: timedelta = DEFAULT_RETENTION
+    database: Any,
+    *,
+    prefix: str = "",
+    events: bool = False,
+    event_retention: timedelta = DEFAULT_RETENTION,
+    partitions: int | None = None,
+    shards: bool = False,
+    **driver_options: Any,
 ) -> tuple[list[tuple[str, str]], list[str]]:
-    """Build the store's indexes; returns each collection's indexes, and notes: what is still
-    missing (nothing, unless the server refused), what was rebuilt or dropped."""
-    driver = MongoDriver(database, prefix=prefix, events=events, event_retention=event_retention)
+    """Record the layout (partitions), build the store's indexes and, with ``shards``, shard the
+    tasks collection (on a mongos); returns each collection's indexes, and notes: what is still
+    missing (nothing, unless the server refused), what was rebuilt or dropped, what was sent to
+    shard it."""
+    options: dict[str, Any] = {"events": events, "event_retention": event_retention, **driver_options}
+    driver = MongoDriver(database, prefix=prefix, partitions=partitions, sharded=shards, **options)
     await driver.setup()
+    sharding = await driver.shard() if shards else []
     collections = [driver.tasks, driver.plans, driver.limits, driver.workers]
     if events:
         collections.append(driver.events)
@@ -52,6 +64,8 @@ async def setup_store(
     notes = [f"still missing: {m}" for m in await driver.missing_indexes()]
     if driver.rebuilt:
         notes.append(f"rebuilt or dropped (their spec changed): {', '.join(driver.rebuilt)}")
+    notes.append(f"partitions: {driver.partitions}" + (" (sharded)" if driver.sharded else ""))
+    notes += [f"sent: {command}" for command in sharding]
     return made, notes
 
 
@@ -76,6 +90,19 @@ def setup(
     event_retention_days: Annotated[
         float, typer.Option(metavar="DAYS", help="How long events are kept (their TTL index).")
     ] = DEFAULT_RETENTION.total_seconds() / 86_400,
+    partitions: Annotated[
+        int | None,
+        typer.Option(
+            metavar="P",
+            min=1,
+            max=MAX_PARTITIONS,
+            help="The store's partitions (fixed once set; docs/scaling.md). Default: as set, else 1.",
+        ),
+    ] = None,
+    shards: Annotated[
+        bool,
+        typer.Option("--shards", help="Shard the tasks collection (through a mongos): shard key, zones."),
+    ] = False,
     server_selection_timeout_ms: TimeoutMs = None,
 ) -> None:
     """Create (or update) the store's indexes: tasks, plans, limits, workers and, with
@@ -89,7 +116,14 @@ def setup(
             await ensure_reachable(client, redact(mongodb_uri), hint=URI_TIMEOUT_HINT)
             db = _database(client, database, "mscheduler")
             retention = timedelta(days=event_retention_days)
-            made, notes = await setup_store(db, prefix=prefix, events=events, event_retention=retention)
+            made, notes = await setup_store(
+                db,
+                prefix=prefix,
+                events=events,
+                event_retention=retention,
+                partitions=partitions,
+                shards=shards,
+            )
             return made, notes, db.name
         finally:
             await client.close()

@@ -176,6 +176,23 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
     ([("state.status", 1), ("state.finish_time", 1), ("key", 1)], {"name": FINISHED_INDEX}),
 ]
 INDEX_NAMES = tuple(options["name"] for _, options in INDEXES)
+SHARD_KEY = [("part", 1), ("_id", 1)]
+SHARD_KEY_INDEX = "shard_key"
+
+
+def task_indexes(sharded: bool) -> list[tuple[Any, dict[str, Any]]]:
+    """The tasks' indexes; on a sharded store (docs/scaling.md) a unique index must be prefixed by
+    the shard key ``{part: 1, _id: 1}``: ``key`` is unique through ``_id`` already (the key is the
+    ``_id``, and a key's partition never changes, so it lives on one shard), and uniqueness by
+    params is not offered there (``unique_live`` is a plain index); plus the shard key's index."""
+    if not sharded:
+        return INDEXES
+    plain = []
+    for keys, options in INDEXES:
+        if options["name"] in (KEY_INDEX, UNIQUE_LIVE_INDEX):
+            options = {k: v for k, v in options.items() if k != "unique"}
+        plain.append((keys, options))
+    return [*plain, (SHARD_KEY, {"name": SHARD_KEY_INDEX})]
 
 
 # -- datetimes: naive UTC on the wire (mongomock compares naive), aware UTC everywhere else ----

@@ -31,6 +31,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from bson.errors import InvalidDocument
+from bson.min_key import MinKey
 from pymongo import ReadPreference, ReturnDocument, UpdateOne, WriteConcern
 from pymongo.errors import (
     BulkWriteError,
@@ -90,6 +91,7 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     PROBE,
     RETIRED_INDEXES,
     RETRYABLE_WRITE_CONCERN_CODES,
+    SHARD_KEY,
     STATUS_INDEX,
     TASKS,
     TRANSIENT_CODES,
@@ -116,6 +118,7 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     live_hash,
     log,
     read_page,
+    task_indexes,
     watch_error,
     watch_pipeline,
     write_concern_only,
@@ -157,6 +160,8 @@ class MongoDriver(
     :param partitions: the store's number of partitions (``mscheduler.domain.partitions``; a
         sharded cluster's unit of placement, docs/scaling.md). Fixed when the store is set up
         (``setup()`` records it); None: as recorded (1 for a store set up without).
+    :param sharded: set the store up for a sharded cluster (``setup()`` records it with the
+        partitions; ``shard()`` shards the tasks collection). Read from the store otherwise.
     :param create_indexes: ``prepare()`` (a consumer's or publisher's start) builds missing
         indexes itself, as ``setup()`` does; by default only on mongomock. On a server they are
         built by ``mscheduler setup`` (``setup()``), and a start without them fails, naming them.
@@ -180,6 +185,7 @@ class MongoDriver(
         worker_retention: timedelta = DEFAULT_WORKER_RETENTION,
         create_indexes: bool | None = None,
         partitions: int | None = None,
+        sharded: bool = False,
     ) -> None:
         self.database = database
         tasks = database[f"{prefix}{TASKS}"]
@@ -220,7 +226,7 @@ class MongoDriver(
         self.meta = database[f"{prefix}{META}"]
         self._asked_partitions = checked_partitions(partitions) if partitions is not None else None
         self.partitions = self._asked_partitions or 1
-        self.sharded = False
+        self.sharded = sharded
         majority_concern = WriteConcern(w="majority", wtimeout=majority_timeout_ms) if majority else None
         self._init_events(database, prefix, majority_concern, events, event_retention)
         self.retries = retries
@@ -313,8 +319,9 @@ class MongoDriver(
         of earlier builds (``RETIRED_INDEXES``) and probe what the server can do."""
         await self._layout(record=True)
         await self._place_unplaced()
+        indexes = task_indexes(self.sharded)
         self.rebuilt = await self._call(
-            "create indexes", lambda: ensure_indexes(self.tasks, INDEXES, RETIRED_INDEXES)
+            "create indexes", lambda: ensure_indexes(self.tasks, indexes, RETIRED_INDEXES)
         )
         await self._call("create plan indexes", self._create_plan_indexes)
         await self._call("create limit indexes", self._create_limit_indexes)
@@ -372,7 +379,12 @@ class MongoDriver(
                 config=True,
             )
         self.partitions = partitions
-        self.sharded = bool(layout.get("sharded"))
+        self.sharded = self.sharded or bool(layout.get("sharded"))
+        if record and self.sharded and not layout.get("sharded"):
+            await self._call(
+                "record the store's layout",
+                lambda: self.meta.update_one({"_id": "layout"}, {"$set": {"sharded": True}}),
+            )
 
     async def _place_unplaced(self) -> int:
         """Give a partition to the tasks that have none (inserted by a build before partitions):
@@ -405,13 +417,56 @@ class MongoDriver(
             await self._call("place unplaced tasks", place)
             placed += len(keys)
 
+    async def shard(self, *, zones: bool = True) -> list[dict[str, Any]]:
+        """Shard the tasks collection of a store set up with ``sharded=True`` (an administrator's
+        step, on a mongos: ``mscheduler setup --shards``): shard key ``{part: 1, _id: 1}``, a
+        chunk boundary at each partition, and (``zones``) the partitions spread over the shards
+        in contiguous ranges, one zone per shard, so that each partition lives on one shard and a
+        claim naming it reaches that shard (a findAndModify with a shard-key prefix that targets
+        one shard: SERVER-44422). Returns the commands sent. The other collections (plans,
+        limits, workers, events, the layout) stay unsharded, on the database's primary shard."""
+        if not self.sharded:
+            raise InvalidInput("shard() needs a store set up with MongoDriver(..., sharded=True)")
+        admin = self.database.client.admin
+        namespace = f"{self.database.name}.{self.tasks.name}"
+        sent: list[dict[str, Any]] = []
+
+        async def run(command: dict[str, Any]) -> Any:
+            sent.append(command)
+            return await admin.command(command)
+
+        await run({"shardCollection": namespace, "key": dict(SHARD_KEY)})
+        for part in range(1, self.partitions):  # a chunk boundary at each partition
+            try:
+                await run({"split": namespace, "middle": {"part": part, "_id": MinKey()}})
+            except OperationFailure as exc:
+                log.info("split at partition %d: %s (a boundary already there?)", part, exc)
+        if zones:
+            shards = [s["_id"] for s in (await admin.command({"listShards": 1}))["shards"]]
+            for i, shard in enumerate(shards):
+                low = i * self.partitions // len(shards)
+                high = (i + 1) * self.partitions // len(shards)
+                if low == high:
+                    continue  # more shards than partitions: this one holds none
+                zone = f"{self.tasks.name}-{low}-{high - 1}"
+                await run({"addShardToZone": shard, "zone": zone})
+                await run(
+                    {
+                        "updateZoneKeyRange": namespace,
+                        "min": {"part": low, "_id": MinKey()},
+                        "max": {"part": high, "_id": MinKey()},
+                        "zone": zone,
+                    }
+                )
+        return sent
+
     async def missing_indexes(self) -> list[str]:
         """The indexes this build's queries need that the store lacks or has with another spec
         (``collection: index (why)``); empty when the store is set up."""
 
         async def check() -> list[str]:
             wanted: list[tuple[Any, list[IndexDef]]] = [
-                (self.tasks, INDEXES),
+                (self.tasks, task_indexes(self.sharded)),
                 (self.plans, PLAN_INDEXES),
                 (self.limits, LIMIT_INDEXES),
                 (self.workers, worker_indexes(self.worker_retention)),
@@ -533,6 +588,12 @@ class MongoDriver(
 
     async def _insert_tasks_only(self, params: InsertParams) -> list[bool]:
         """``insert_tasks`` without events (``MongoEvents.insert_tasks`` records them)."""
+        if self.sharded and any(task.unique_hash is not None for task in params.tasks):
+            raise InvalidInput(
+                "unique_by='params' is not available on a sharded store (a unique index must be "
+                "prefixed by the shard key): make the key from the params instead "
+                "(mscheduler.domain.unique.params_hash), which the key's uniqueness enforces"
+            )
         created = [False] * len(params.tasks)
         pending = list(range(len(params.tasks)))
         if params.reset_finished:
