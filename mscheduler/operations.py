@@ -11,7 +11,7 @@ whole or refused (``TransitionRefused``, nothing changed).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -48,6 +48,7 @@ from mscheduler.domain.plans import (
     refire_time,
 )
 from mscheduler.domain.schedule import to_storage_dict
+from mscheduler.domain.state import live_attempts
 from mscheduler.domain.stats import DEFAULT_WINDOW as DEFAULT_STATS_WINDOW
 from mscheduler.domain.stats import StatsStep, TaskStats
 from mscheduler.domain.stats import checked_input as checked_stats_input
@@ -301,10 +302,12 @@ class Operations:
         """Stop claims of a pending or running task until ``resume``; refused on a finished task.
 
         By default a running attempt runs on and the status stays. With ``stop_running=True`` the
-        same write also ends the running attempts as ``released`` (error type ``Paused``; not
-        counted against the retry budget) and the task becomes pending: their handlers are
-        cancelled as soon as their consumers hear of it (change stream, else the next ping),
-        their later writes are refused, and ``resume`` lets the task run again, from its last
+        same write also tells the running attempts to stop: their handlers are cancelled as soon
+        as their consumers hear of it (change stream, else the next ping), their leases are no
+        longer renewed and their outcomes are refused; each attempt keeps its entry (and its
+        slot: never twice at once) until its consumer settles it ``released`` (error type
+        ``Paused``; not counted against the retry budget) once the handler stopped, or the lease
+        pass does at its lease's end. ``resume`` lets the task run again, from its last
         checkpoint, with its budget intact."""
         if not isinstance(stop_running, bool):
             raise InvalidInput("stop_running: must be True or False")
@@ -338,7 +341,10 @@ class Operations:
         """Run a failed, cancelled or expired task again (a succeeded one only with
         ``force=True``; a pending or running one never): its attempts are kept in
         ``state.history`` as an earlier generation and the retry budget starts afresh. A
-        deadline already past is dropped (it would expire the task again at once)."""
+        deadline already past is dropped (it would expire the task again at once). Refused
+        (``TransitionRefused`` naming it) while an attempt still holds a live lease — a cancelled
+        task's handler is stopped and its attempt settled within a ping interval of the cancel —
+        so the task never runs twice at once across generations."""
         statuses = (_FAILED, _CANCELLED, _EXPIRED, *((_SUCCEEDED,) if force else ()))
         rule = "only a failed, cancelled or expired task can be restarted" + (
             "" if force else " (a succeeded one with force=True)"
@@ -516,6 +522,9 @@ class Operations:
             status = doc["state"]["status"]
             if status not in statuses:
                 raise TransitionRefused(key, action, status, rule)
+            live = live_attempts(doc["state"], now) if action == "restart" else []
+            if live:  # never twice at once: the attempt must settle first (docs/design.md)
+                raise TransitionRefused(key, action, status, _still_running(live[0]))
         raise StorageError(f"task {key!r} kept changing under {CONTROL_TRIES} tries; try again")
 
     # -- plans --------------------------------------------------------------------------------
@@ -662,6 +671,15 @@ async def change_option(driver: Driver, key: str, change: OptionChange, now: dat
     if not await driver.update_option(UpdateOptionParams(key, stored, now)):
         raise UnknownTask(key)
     return option
+
+
+def _still_running(entry: Mapping[str, Any]) -> str:
+    """Why a restart waits: the attempt that still holds a live lease, named."""
+    return (
+        f"attempt {entry['attempt']} of worker {entry['worker_id']!r} still holds a live lease "
+        f"(until {entry['ping_expire_time'].isoformat()}): it is settled once its handler stops, "
+        "within a ping interval of a cancel, or at that lease's end; restart it then"
+    )
 
 
 def _checked_keys(keys: object) -> list[str]:

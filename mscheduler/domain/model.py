@@ -66,6 +66,9 @@ class AttemptStatus(StrEnum):
     REVOKED = "revoked"  # the worker was removed from specific_worker_ids; does not count
     REJECTED = "rejected"  # invalid params: the task fails at once, no retries
     SNOOZED = "snoozed"  # the handler raised Snooze: tried again later, not counted
+    # the task was cancelled while the attempt ran: settled by its worker once the handler
+    # stopped, or by the lease pass at the lease's end; not counted (nothing failed)
+    CANCELLED = "cancelled"
 
 
 FAILURE_ATTEMPT_STATUSES = frozenset({AttemptStatus.FAILED, AttemptStatus.LOST, AttemptStatus.REJECTED})
@@ -604,7 +607,12 @@ class TaskInfo(BaseModel):
     @property
     def attempts(self) -> int:
         """Attempts that ran and count (released, revoked and snoozed ones are not counted)."""
-        uncounted = {AttemptStatus.RELEASED, AttemptStatus.REVOKED, AttemptStatus.SNOOZED}
+        uncounted = {
+            AttemptStatus.RELEASED,
+            AttemptStatus.REVOKED,
+            AttemptStatus.SNOOZED,
+            AttemptStatus.CANCELLED,
+        }
         return sum(w.status not in uncounted for w in self.worker_states)
 
     @property

@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from mscheduler.domain.listing import ListParams
-from mscheduler.domain.state import derive, family_inputs, lifecycle
+from mscheduler.domain.state import derive, family_inputs, lifecycle, stopped_by_pause
 from mscheduler.domain.stats import StatsStep, TaskStats
 
 
@@ -136,7 +136,8 @@ class PingResult:
     lost: list[str] = field(default_factory=list)  # entry gone, finished or expired
     revoked: list[str] = field(default_factory=list)  # still ours, but no longer allowed
     cancelled: list[str] = field(default_factory=list)  # still ours, but the task was cancelled
-    # released by an operator's ``pause(stop_running=True)``: stop, write nothing (not a failure)
+    # told to stop by an operator's ``pause(stop_running=True)`` (not renewed): stop the handler,
+    # then settle the attempt ``released`` (not a failure)
     paused: list[str] = field(default_factory=list)
     recorded: list[str] = field(default_factory=list)  # keys whose report (checkpoint, progress) landed
 
@@ -229,7 +230,12 @@ class ControlParams:
 
     ``cancel`` and a ``pause`` with ``stop_running`` also set ``state.stop`` to {action, time,
     attempts} when attempts are running (else null): the change stream passes that field, so the
-    consumers running them stop their handlers at once (``ChangeEvent.stop``)."""
+    consumers running them stop their handlers at once (``ChangeEvent.stop``). Those attempts stay
+    running (holding their slots) until settled — ``cancelled``, or ``released`` for a pause — by
+    their workers once the handlers stopped, or by the lease pass at their lease's end
+    (``settlement``). A ``restart`` is refused (None) while an attempt of any generation holds a
+    live lease; running entries whose leases ended are settled first, never moved to the
+    history running."""
 
     key: str
     action: str
@@ -716,12 +722,12 @@ def family_fields(task: NewTask) -> dict[str, Any]:
     return {"solo": True}
 
 
-UNCOUNTED_STATUSES = ("released", "revoked", "snoozed")
+UNCOUNTED_STATUSES = ("released", "revoked", "snoozed", "cancelled")
 
 
 def trim_entries(worker_states: list[dict[str, Any]], max_entries: int) -> list[dict[str, Any]]:
     """At most ``max_entries`` entries if dropping the oldest entries that do not count
-    (released, revoked, snoozed) gets there; running, succeeded and failure entries are never
+    (released, revoked, snoozed, cancelled) gets there; running, succeeded and failure entries are never
     dropped (the counts and the retry budget depend on them)."""
     excess = len(worker_states) - max_entries
     if excess <= 0:
@@ -826,6 +832,53 @@ def stop_record(
 def paused_error() -> dict[str, Any]:
     """The ``error`` of an entry released by ``pause(stop_running=True)``."""
     return {"type": PAUSED_ERROR, "message": "attempt stopped by a pause", "traceback": None}
+
+
+CANCELLED_ERROR = "Cancelled"
+
+
+def cancelled_error() -> dict[str, Any]:
+    """The ``error`` of an entry settled ``cancelled`` (its task was cancelled while it ran)."""
+    return {"type": CANCELLED_ERROR, "message": "the task was cancelled", "traceback": None}
+
+
+def lost_error() -> dict[str, Any]:
+    """The ``error`` of an entry whose lease expired without a word from its worker."""
+    return {"type": "LeaseExpired", "message": "the lease expired (no ping)", "traceback": None}
+
+
+def settlement(state: Mapping[str, Any], attempt: str) -> tuple[str, dict[str, Any]] | None:
+    """How an attempt told to stop is settled, whoever writes it (its worker once the handler
+    stopped, or the lease pass at its lease's end): ``cancelled`` on a cancelled task,
+    ``released`` (error ``Paused``) when ``pause(stop_running=True)`` listed it; None otherwise."""
+    if state.get("cancelled") is not None:
+        return "cancelled", cancelled_error()
+    if stopped_by_pause(state, attempt):
+        return "released", paused_error()
+    return None
+
+
+def finish_allowed(state: Mapping[str, Any], attempt: str, outcome: str) -> bool:
+    """Does the task's state let this attempt's outcome land (the entry's fence aside)? A cancelled
+    task takes only ``cancelled``; an attempt a stopping pause listed only ``released``; any other
+    attempt any outcome but ``cancelled``."""
+    settled = settlement(state, attempt)
+    if settled is None:
+        return outcome != "cancelled"
+    return outcome == settled[0]
+
+
+def expired_entry_changes(
+    doc: Mapping[str, Any], entry: Mapping[str, Any], now: datetime, fail_cnt: int
+) -> dict[str, Any]:
+    """What the lease pass writes on a running entry whose lease ended: its settlement when it was
+    told to stop (cancelled, or released by a pause: nothing was lost), else ``lost`` with the
+    retry time of the task's policy (``fail_cnt``: failures counted before this pass)."""
+    settled = settlement(doc["state"], entry["attempt"])
+    if settled is not None:
+        return {"status": settled[0], "end_time": now, "retry_at": None, "error": settled[1]}
+    retry_at = lost_retry_at(doc["option"], fail_cnt, now)
+    return {"status": "lost", "end_time": now, "retry_at": retry_at, "error": lost_error()}
 
 
 def paused_entry(doc: Mapping[str, Any] | None, worker_id: str, attempt: str) -> bool:

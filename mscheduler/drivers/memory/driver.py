@@ -31,7 +31,13 @@ from mscheduler.domain.events import (
     task_event,
 )
 from mscheduler.domain.exceptions import InvalidInput
-from mscheduler.domain.state import claimer_tokens, derive, family_inputs
+from mscheduler.domain.state import (
+    claimer_tokens,
+    derive,
+    family_inputs,
+    live_attempts,
+    stopped_by_pause,
+)
 from mscheduler.drivers.base import (
     ChangeEvent,
     ClaimedTask,
@@ -50,14 +56,16 @@ from mscheduler.drivers.base import (
     busy_statuses,
     due_time,
     event_for,
+    expired_entry_changes,
     failure_times,
+    finish_allowed,
     first_lease_end,
-    lost_retry_at,
+    lost_error,
     new_entry,
     new_task_document,
     paused_entry,
-    paused_error,
     report_fields,
+    settlement,
     stop_record,
     trim_entries,
 )
@@ -198,7 +206,12 @@ class MemoryDriver(
                     self._parents.add(task.key)
                 self._write(doc, params.now)
                 created.append(True)
-            elif params.reset_finished and doc["state"]["status"] in ("succeeded", "failed") and not holder:
+            elif (
+                params.reset_finished
+                and doc["state"]["status"] in ("succeeded", "failed")
+                and not holder
+                and not live_attempts(doc["state"], params.now)  # never drop a live attempt
+            ):
                 doc["params"] = copy.deepcopy(task.params)
                 doc["unique_hash"] = task.unique_hash
                 doc["option"] = dict(task.option)
@@ -314,6 +327,8 @@ class MemoryDriver(
                         result.lost.append(key)
                 elif doc["state"].get("cancelled") is not None:
                     result.cancelled.append(key)
+                elif stopped_by_pause(doc["state"], attempt):
+                    result.paused.append(key)  # not renewed: its worker settles it released
                 elif not allowed(doc["option"], params.worker_id, params.worker_groups):
                     result.revoked.append(key)
                 else:
@@ -336,7 +351,13 @@ class MemoryDriver(
             if doc is None or entry is None or entry["ping_expire_time"] <= item.now:
                 accepted.append(self._already_finished(doc, item))
                 continue
-            if doc["state"].get("cancelled") is not None:  # fenced out by the cancel
+            if not finish_allowed(doc["state"], item.attempt, item.outcome):
+                # fenced out by a cancel (or a stopping pause): the store decided. The handler
+                # has stopped, so the attempt is settled as the stop said (not left running).
+                settled = settlement(doc["state"], item.attempt)
+                if settled is not None:
+                    entry.update(status=settled[0], end_time=item.now, error=settled[1], retry_at=None)
+                    self._write(doc, item.now)
                 accepted.append(False)
                 continue
             entry.update(
@@ -369,22 +390,22 @@ class MemoryDriver(
             if doc is None:
                 continue
             changed = False
+            fail_cnt = doc["state"]["fail_cnt"]
             for position, entry in enumerate(doc["state"]["worker_states"]):
                 if entry["status"] == "running" and entry["ping_expire_time"] <= now:
-                    if self.record_events:
+                    changes = expired_entry_changes(doc, entry, now, fail_cnt)
+                    if self.record_events and changes["status"] == "lost":  # a stop is no loss
                         lost = lost_lease_event(key, doc["name"], entry, position + 1, now, "lease pass")
                         self._record([lost], now)
-                    entry.update(
-                        status="lost",
-                        end_time=now,
-                        retry_at=lost_retry_at(doc["option"], doc["state"]["fail_cnt"], now),
-                        error={
-                            "type": "LeaseExpired",
-                            "message": "the lease expired (no ping)",
-                            "traceback": None,
-                        },
-                    )
+                    entry.update(changes)
                     changed = True
+            # entries of earlier generations (``state.history``; stores of earlier builds could
+            # move running entries there): never left running for ever
+            for generation in doc["state"].get("history") or ():
+                for entry in generation["worker_states"]:
+                    if entry["status"] == "running" and entry["ping_expire_time"] <= now:
+                        entry.update(status="lost", end_time=now, error=lost_error())
+                        changed = True
             if changed:
                 expired += 1  # tasks changed, as MongoDB's update_many counts them
                 self._write(doc, now)
@@ -485,17 +506,22 @@ class MemoryDriver(
             state["cancelled"] = {"reason": params.reason, "time": params.now}
             state["stop"] = stop_record("cancel", state["worker_states"], params.now)
         elif params.action == "pause" and params.stop_running:
+            # the running attempts keep their entries (and slots) until their workers settle
+            # them released once the handlers stopped, or the lease pass at their lease's end
             state["paused"] = True
             state["stop"] = stop_record("pause", state["worker_states"], params.now)
-            for entry in state["worker_states"]:
-                if entry["status"] == "running":
-                    entry.update(status="released", end_time=params.now, error=paused_error())
         elif params.action in ("pause", "resume"):
             state["paused"] = params.action == "pause"
             if params.action == "resume":
                 state["stop"] = None
         elif params.action == "restart":
+            if live_attempts(state, params.now):
+                return None  # an attempt still runs: refused (Operations names it)
             self._check_unique(doc)  # its params are held by another live task: refused
+            fail_cnt = state["fail_cnt"]
+            for entry in state["worker_states"]:  # holders gone: settled as the lease pass would
+                if entry["status"] == "running":
+                    entry.update(expired_entry_changes(doc, entry, params.now, fail_cnt))
             generation = state.get("generation", 0)
             history = state.setdefault("history", [])
             history.append(

@@ -55,6 +55,7 @@ from mscheduler.drivers.base import (
     InsertEventsParams,
     InsertParams,
     UpdateOptionParams,
+    settlement,
 )
 from mscheduler.drivers.mongo.common import (
     CONFIG_CODES,
@@ -169,6 +170,8 @@ class MongoEvents:
 
         async def _expire_leases_only(self, params: ExpireParams) -> int: ...
 
+        async def _expire_history_leases(self, params: ExpireParams) -> int: ...
+
         async def _expire_deadlines_only(self, params: ExpireParams) -> int: ...
 
     def _init_events(
@@ -261,24 +264,30 @@ class MongoEvents:
             f"{WS}.attempt": 1,
             f"{WS}.status": 1,
             f"{WS}.ping_expire_time": 1,
+            "state.cancelled": 1,
+            "state.stop": 1,
         }
 
         async def read() -> list[dict[str, Any]]:
             cursor = self.tasks_primary.find(filter_, projection).hint(LEASES_INDEX)
             return [_in(doc) async for doc in cursor]
 
+        docs = await self._call("expire leases (read for events)", read)
+        if not docs:  # nothing expired at this ``now``: the update would change nothing
+            return await self._expire_history_leases(params)
         events = []
-        for doc in await self._call("expire leases (read for events)", read):
-            for position, entry in enumerate(doc.get("state", {}).get("worker_states", [])):
+        for doc in docs:
+            state = doc.get("state", {})
+            for position, entry in enumerate(state.get("worker_states", [])):
                 end = entry.get("ping_expire_time")
-                if entry.get("status") == "running" and isinstance(end, datetime) and end <= params.now:
+                if entry.get("status") != "running" or not isinstance(end, datetime) or end > params.now:
+                    continue
+                if settlement(state, entry["attempt"]) is None:  # a stopped attempt is no loss
                     events.append(
                         lost_lease_event(
                             doc["key"], doc["name"], entry, position + 1, params.now, "lease pass"
                         )
                     )
-        if not events:
-            return 0  # nothing expired at this ``now``: the update would change nothing
         expired = await self._expire_leases_only(params)
         await self._record(events, params.now)
         return expired

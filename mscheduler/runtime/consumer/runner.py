@@ -32,7 +32,7 @@ from mscheduler.domain.outcomes import rejected as rejected_outcome
 from mscheduler.domain.outcomes import retry_after as retry_outcome
 from mscheduler.domain.outcomes import snoozed as snoozed_outcome
 from mscheduler.domain.outcomes import succeeded as succeeded_outcome
-from mscheduler.drivers.base import ClaimedTask, FinishParams
+from mscheduler.drivers.base import ClaimedTask, FinishParams, cancelled_error, paused_error
 from mscheduler.runtime.consumer.limiter import Limiter
 from mscheduler.runtime.consumer.reports import AttemptReports
 from mscheduler.services.events import EventKind, EventRecorder, outcome_detail, outcome_kind
@@ -213,10 +213,16 @@ class ConsumerRunner:
             reason = running.cancel_reason
             if reason is None:  # cancelled from outside our bookkeeping: treat as a release
                 reason = "released"
-            # lost: not ours any more; cancelled: the task ended (its finish would be refused)
-            # paused: the store released the entry already (the pause's own write)
-            done = None
-            if reason not in ("lost", "cancelled", "paused"):
+            # lost: not ours any more, nothing to write. Cancelled (the task was) or paused (a
+            # stopping pause): the handler has stopped now, so the attempt is settled, fenced
+            # like any outcome: ``cancelled``, or ``released`` (not counted; docs/design.md).
+            if reason == "lost":
+                done = None
+            elif reason == "cancelled":
+                done = Outcome(AttemptStatus.CANCELLED.value, error=cancelled_error())
+            elif reason == "paused":
+                done = Outcome(AttemptStatus.RELEASED.value, error=paused_error())
+            else:
                 done = Outcome(
                     reason, error={"type": "Cancelled", "message": f"attempt {reason}", "traceback": None}
                 )
@@ -248,12 +254,14 @@ class ConsumerRunner:
         if self._running.get(claimed.key) is running:
             del self._running[claimed.key]
         if running.slot is not None and not submitted:
-            # no outcome sent (lost, cancelled, paused): the finisher releases the slot now
+            # no outcome sent (lost, or the write failed): the finisher releases the slot now
             self.limiter.release(running.slot, self.worker_id, claimed.attempt)
             self._pending_added.set()
         stat = outcome if accepted and outcome is not None else "lost"
         if running.cancel_reason == "paused":  # released by the pause: not a lost lease
             stat = AttemptStatus.RELEASED.value
+        elif running.cancel_reason == "cancelled":  # settled cancelled: nothing was lost
+            stat = AttemptStatus.CANCELLED.value
         option = running.option
         if (
             stat == AttemptStatus.SUCCEEDED.value
