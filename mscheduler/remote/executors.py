@@ -42,7 +42,7 @@ import random
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -83,6 +83,8 @@ from mscheduler.drivers.base import (
     ResumeTokenLost,
     WakeupParams,
     WorkerInfo,
+    cancelled_error,
+    paused_error,
 )
 from mscheduler.runtime.consumer.limiter import Limiter
 from mscheduler.runtime.consumer.reports import (
@@ -105,6 +107,12 @@ WORKERS_KEPT = 10_000  # executors whose registration this service remembers
 REPORT_OUTCOMES = ("succeeded", "failed", "snoozed", "released")
 WAKEUPS_READ = 16  # wake-ups a waiting lease reads (those already due say nothing new)
 _POLL_FIRST = 0.05  # the first pause of a polling wait; it doubles up to poll_interval
+# ping answers whose attempts the service settles at once (the executor stops, reports nothing)
+_SETTLED_AT_THE_ANSWER: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
+    "cancelled": (AttemptStatus.CANCELLED.value, cancelled_error),
+    "paused": (AttemptStatus.RELEASED.value, paused_error),
+    "revoked": (AttemptStatus.REVOKED.value, lambda: error_dict("Cancelled", "attempt revoked")),
+}
 
 
 def check_worker_id(worker_id: object) -> str:
@@ -165,7 +173,9 @@ class AttemptPing:
 class PingAnswer:
     """``state``: ``alive`` (renewed until ``lease_expires``; ping again within
     ``ping_interval`` seconds), or ``lost`` / ``revoked`` / ``cancelled`` / ``paused``: stop
-    working, report nothing. ``recorded``: its checkpoint / progress was stored."""
+    working, report nothing (the service settled a revoked, cancelled or paused attempt with
+    this answer: ``revoked``, ``cancelled``, ``released``). ``recorded``: its checkpoint /
+    progress was stored."""
 
     key: str
     attempt: str
@@ -720,6 +730,7 @@ class RemoteExecutors:
         result = await self.driver.ping(PingParams(worker_id, now, renew, reports, worker_groups=member_of))
         recorded = set(result.recorded)
         answers = []
+        settles: list[Awaitable[None]] = []
         for item in items:
             option = result.alive.get(item.key) if item.attempt not in gone else None
             if option is not None:
@@ -745,13 +756,33 @@ class RemoteExecutors:
                 if item.key in keys:
                     state = name
             gone_held = self._held.pop((item.key, item.attempt), None) or held.get(item.key)
-            if gone_held is not None and gone_held.slot is not None and item.attempt not in gone:
+            slot = gone_held.slot if gone_held is not None and item.attempt not in gone else None
+            settled = _SETTLED_AT_THE_ANSWER.get(state)
+            if settled is not None:
+                # Told to stop (the executor reports nothing): the attempt is settled here, as a
+                # consumer settles it once its handler stopped (fenced; its slot released with
+                # the write), rather than left holding the task until its lease runs out.
+                settle = FinishParams(item.key, worker_id, item.attempt, now, settled[0], None, settled[1]())
+                settles.append(self._settle(settle, slot))
+            elif slot is not None:
                 # the attempt ended without an outcome: its slot goes back (the consumer's rule)
-                self.limiter.release(gone_held.slot, worker_id, item.attempt)
+                self.limiter.release(slot, worker_id, item.attempt)
             answers.append(PingAnswer(item.key, item.attempt, state))
+        if settles:
+            await asyncio.gather(*settles)
         if self.limiter.releases:
             self._finisher_here().kick()
         return answers
+
+    async def _settle(self, params: FinishParams, slot: str | None) -> None:
+        """Write the settlement of an attempt a ping told to stop; a failure is left to the lease
+        pass (it settles the attempt the same way at its lease's end)."""
+        try:
+            await self._finish(params, slot)
+        except StorageError as exc:
+            if exc.config:
+                raise
+            log.warning("could not settle the stopped attempt %s of %s: %s", params.attempt, params.key, exc)
 
     async def _held_of(self, worker_id: str, items: Sequence[AttemptPing], now: datetime) -> dict[str, _Held]:
         """The option (lease length) and the slot's limit of each pinged attempt: remembered from

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mscheduler import FakeClock, MemoryDriver, Operations, Task, TaskOption
+from mscheduler import FakeClock, MemoryDriver, Operations, OptionChange, Task, TaskOption
 from mscheduler.domain.retry import FixedRetry
 from mscheduler.drivers.base import EventQuery
 from mscheduler.web import ApiTokens, create_app
@@ -383,3 +383,29 @@ async def test_executor_attempts_are_in_the_event_log() -> None:
         ("ok", "claimed", "ex-1"),
         ("ok", "succeeded", "ex-1"),
     ]
+
+
+async def test_an_executor_told_to_stop_has_its_attempt_settled_at_the_answer(
+    http: httpx.AsyncClient, driver: CountingDriver, operations: Operations
+) -> None:
+    """Issue 17 A1: a ping answered ``cancelled`` / ``paused`` / ``revoked`` tells the executor to
+    stop and report nothing; the service settles the attempt there (fenced), so the task is not
+    held until the lease runs out, and a restart or a resume may follow at once."""
+    await publisher(driver).send_many([Task(k, "job") for k in ("t1", "t2", "t3")])
+    got = await lease(http, max_tasks=3)
+    attempts = {t["key"]: t["attempt"] for t in got["tasks"]}
+    assert sorted(attempts) == ["t1", "t2", "t3"]
+    await operations.cancel("t1", "not needed")
+    await operations.pause("t2", stop_running=True)
+    await operations.edit("t3", OptionChange(specific_worker_ids=("someone-else",)))
+    items = [{"key": k, "attempt": a} for k, a in sorted(attempts.items())]
+    answer = await http.post(PING, json={"worker_id": "ex-1", "tasks": items}, headers=EXEC)
+    assert [t["state"] for t in answer.json()["tasks"]] == ["cancelled", "paused", "revoked"]
+    t1, t2, t3 = [await operations.get_task(k) for k in ("t1", "t2", "t3")]
+    assert [w.status.value for w in t1.worker_states] == ["cancelled"] and t1.fail_cnt == 0
+    assert [w.status.value for w in t2.worker_states] == ["released"] and t2.status.value == "pending"
+    assert [w.status.value for w in t3.worker_states] == ["revoked"] and t3.running_cnt == 0
+    assert (await operations.restart("t1")).status.value == "pending"  # nothing runs: at once
+    await operations.resume("t2")
+    again = await lease(http, "ex-2", max_tasks=3)
+    assert sorted(t["key"] for t in again["tasks"]) == ["t1", "t2"]

@@ -123,7 +123,8 @@ class PingItemOut(BaseModel):
     key: str
     attempt: str
     state: Literal["alive", "lost", "revoked", "cancelled", "paused"] = Field(
-        description="alive: go on; otherwise stop the work and report nothing"
+        description="alive: go on; otherwise stop the work and report nothing (a revoked, "
+        "cancelled or paused attempt is settled by the service with this answer)"
     )
     lease_expires: datetime | None
     ping_interval_seconds: float | None
