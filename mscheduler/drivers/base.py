@@ -102,6 +102,7 @@ class ClaimedTask:
     due_time: datetime | None = None  # when it became claimable (see ``due_time``): queue wait
     trace: Mapping[str, str] | None = None  # the sender's trace context (mscheduler.observability.tracing)
     slot: str | None = None  # the flow limit whose slot this attempt holds (set by the consumer)
+    generation: int = 0  # the task's generation (``state.generation``: restarts and resets count)
 
 
 @dataclass(slots=True, frozen=True)

@@ -584,7 +584,13 @@ class RemoteExecutors:
             self._remember(task.key, task.attempt, task.option, task.slot)
             if self.events is not None:
                 self.events.attempt_event(
-                    EventKind.CLAIMED, task.key, task.name, task.attempt, task.attempt_no, worker_id
+                    EventKind.CLAIMED,
+                    task.key,
+                    task.name,
+                    task.attempt,
+                    task.attempt_no,
+                    worker_id,
+                    generation=task.generation,
                 )
         self.stats["claimed"] += len(claimed)
         await self._flush_events()
@@ -837,6 +843,8 @@ class RemoteExecutors:
             doc = await self.driver.get_task(key)
             duplicate = self._refused(doc, key, worker_id, attempt, outcome)
         if self.events is not None and not duplicate:
+            if doc is None:  # what the event names: the task's name, the attempt's number
+                doc = await self.driver.get_task(key)
             self._record_outcome(doc, key, worker_id, attempt, outcome)
             await self._flush_events()
         return Reported(key, attempt, outcome, duplicate)
@@ -859,7 +867,9 @@ class RemoteExecutors:
         if report.outcome == "snoozed":
             after = timedelta(seconds=report.retry_after or 0.0)
             return snoozed(report.message or f"snoozed for {after}", after, now)
-        error = error_dict(report.error_type or "ExecutorError", report.message, report.traceback)
+        # the reported type is stored as it is; without one, what a Python handler's would be
+        default = "Fail" if report.final else "Retry" if report.retry_after is not None else "ExecutorError"
+        error = error_dict(report.error_type or default, report.message, report.traceback)
         if report.final:
             return fail_for_good(error)
         if report.retry_after is not None:
@@ -926,17 +936,18 @@ class RemoteExecutors:
         entry = _entry(doc, worker_id, attempt) if doc is not None else None
         fail_cnt = len(_failures_before(doc, entry)) if doc is not None and entry is not None else 0
         option = doc["option"] if doc is not None else {"max_unexpected_retries": None}
-        kind = outcome_kind(outcome.status, fails_for_good(option, fail_cnt, outcome.status, outcome.error))
+        final_for_good = fails_for_good(option, fail_cnt, outcome.status, outcome.error, outcome.final)
+        kind = outcome_kind(outcome.status, final_for_good)
         if kind is None:
             return
         name = doc["name"] if doc is not None else ""
-        attempt_no = 0
+        attempt_no = generation = 0
         if doc is not None:
             positions = [n for n, e in enumerate(doc["state"]["worker_states"], 1) if e["attempt"] == attempt]
             attempt_no = positions[0] if positions else 0
-        self.events.attempt_event(
-            kind, key, name, attempt, attempt_no, worker_id, outcome_detail(outcome.error, outcome.retry_at)
-        )
+            generation = int(doc["state"].get("generation") or 0)
+        detail = outcome_detail(outcome.error, outcome.retry_at)
+        self.events.attempt_event(kind, key, name, attempt, attempt_no, worker_id, detail, generation)
 
     async def _flush_events(self) -> None:
         if self.events is None or not len(self.events):

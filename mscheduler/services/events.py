@@ -31,8 +31,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mscheduler.domain.clock import Clock, ServerClock
-from mscheduler.domain.events import EventKind, attempt_event_id, error_detail, event_doc
+from mscheduler.domain.clock import Clock, ServerClock, truncate_ms
+from mscheduler.domain.events import (
+    EventKind,
+    EventWriter,
+    attempt_event_id,
+    error_detail,
+    event_doc,
+    order_key,
+)
 from mscheduler.domain.exceptions import InvalidInput, StorageError
 from mscheduler.domain.model import validate_key, validate_name
 from mscheduler.domain.plans import checked_plan_id
@@ -67,7 +74,9 @@ class Event(BaseModel):
     plan_id: str | None = None  # set for a plan's run tasks (keys made by ``occurrence_key``)
     worker_id: str | None = None
     attempt: int | None = None  # the attempt's number among the task's attempts (1-based)
-    step: int = 0  # the order of a task's events of one time (events_common.event_step)
+    step: int = 0  # the order of a task's events of one time (mscheduler.domain.events.event_step)
+    writer: str | None = None  # who recorded it (a store, a consumer, an API server)
+    seq: int = 0  # the writer's sequence number: its events of one time and step, in order
     time: datetime  # when it happened
     written: datetime | None = None  # when it was stored (a consumer's events are buffered)
     detail: dict[str, Any] = Field(default_factory=dict)
@@ -97,6 +106,7 @@ class EventRecorder:
             raise InvalidInput("flush_size must be at least 1 and at most max_buffer")
         self.driver = driver
         self.clock = clock
+        self.writer = EventWriter()  # stamps each buffered event with this recorder's sequence
         self.flush_interval = flush_interval
         self.flush_size = flush_size
         self.max_buffer = max_buffer
@@ -128,17 +138,21 @@ class EventRecorder:
         attempt_no: int,
         worker_id: str,
         detail: Mapping[str, Any] | None = None,
+        generation: int = 0,
     ) -> None:
-        """Buffer an attempt's event (its id: key, attempt token and kind)."""
+        """Buffer an attempt's event (its id: key, attempt token and kind); ``generation``: the
+        task's generation when it was claimed (where the event stands: ``event_step``)."""
         self.record(
             event_doc(
                 kind,
                 key,
                 name,
                 self.clock.now(),
+                writer=self.writer,
                 event_id=attempt_event_id(key, attempt, kind),
                 worker_id=worker_id,
                 attempt=attempt_no,
+                generation=generation,
                 detail=detail,
             )
         )
@@ -338,10 +352,12 @@ class Events:
         return self._subscribe(query, _time(since, "since"))
 
     async def _subscribe(self, query: EventQuery, since: datetime | None) -> AsyncIterator[Event]:
-        start = since if since is not None else await self._now()
+        # Compared at the stored precision: ``written`` is kept in milliseconds, so an event
+        # written in the same millisecond as ``since`` (just after the call) is not missed.
+        start = truncate_ms(since if since is not None else await self._now())
         seen = _Seen(self.poll_overlap)
         token: Any = None
-        replay_from: datetime | None = since
+        replay_from: datetime | None = start if since is not None else None
         backoff = 0.1
         while True:
             try:
@@ -417,7 +433,7 @@ class Events:
         """Stored events not handed out yet, in time order (a consumer's batch is stored at once;
         this tells its events in the order they happened)."""
         found = [doc async for doc in self._stored(query, written_from) if seen.first(doc)]
-        found.sort(key=lambda d: (d["time"], d.get("step", 0), d["id"]))
+        found.sort(key=order_key)
         return found
 
     async def _poll(self, query: EventQuery, start: datetime, seen: _Seen) -> AsyncIterator[Event]:

@@ -647,3 +647,52 @@ async def test_stats_read_live_keys_and_only_the_finished_documents(backlog: Bac
     total = await backlog.count()
     assert finished < total // 10  # the backlog is mostly live tasks: a scan would show
     assert_plan(plan, FINISHED_INDEX, max_keys=finished + 2, max_docs=finished, what="stats window")
+
+
+# -- the event log (issue 17 A3) -------------------------------------------------------------------
+
+
+async def test_event_listings_read_one_range_in_index_order() -> None:
+    """A task's history (``events_task``: key, time, step, seq, _id) and a time range
+    (``events_order``: time, step, seq, _id) are read in the listing's order, the writers'
+    sequence included: no in-memory sort, about ``limit`` keys whatever the log holds."""
+    from mscheduler.domain.events import EventKind, EventWriter, task_event
+    from mscheduler.drivers.base import EventQuery, InsertEventsParams
+    from mscheduler.drivers.mongo.events import EVENTS_KEY_INDEX, EVENTS_TIME_INDEX
+
+    recorder = CommandRecorder()
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(REAL_URI, event_listeners=[recorder])
+    database = client[f"mscheduler_events_{uuid.uuid4().hex[:8]}"]
+    try:
+        driver = MongoDriver(database, events=True)
+        await driver.setup()
+        writer = EventWriter("explain")
+        docs = [
+            task_event(writer, kind, f"k{i:03}", "job", T0 + timedelta(milliseconds=j))
+            for i in range(300)
+            for j in range(5)
+            for kind in (EventKind.PAUSED, EventKind.RESUMED)  # two events of each millisecond
+        ]
+        assert await driver.insert_events(InsertEventsParams(docs, NOW)) == len(docs)
+        cases = [
+            (EventQuery(keys=["k007"], limit=100), EVENTS_KEY_INDEX, 10),
+            (EventQuery(time_from=T0 + timedelta(milliseconds=2), limit=50), EVENTS_TIME_INDEX, 50),
+        ]
+        for query, index, returned in cases:
+            recorder.collection = driver.events.name
+            recorder.commands.clear()
+            try:
+                listed = await driver.list_events(query)
+            finally:
+                recorder.collection = None
+            assert len(listed) == returned
+            command = [c for c in recorder.commands if next(iter(c)) == "find"][-1]
+            assert command.get("hint") == index
+            assert list(command["sort"]) == ["time", "step", "seq", "_id"]
+            explained = {k: v for k, v in command.items() if k not in GENERIC_ARGUMENTS}
+            reply = await database.command({"explain": explained, "verbosity": "executionStats"})
+            plan = read_plan(reply)
+            assert_plan(plan, index, max_keys=returned + 2, max_docs=returned, what=f"list_events {query}")
+    finally:
+        await client.drop_database(database.name)
+        await client.close()

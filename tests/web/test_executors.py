@@ -409,3 +409,29 @@ async def test_an_executor_told_to_stop_has_its_attempt_settled_at_the_answer(
     await operations.resume("t2")
     again = await lease(http, "ex-2", max_tasks=3)
     assert sorted(t["key"] for t in again["tasks"]) == ["t1", "t2"]
+
+
+async def test_executor_events_store_what_was_reported() -> None:
+    """Issue 17 A4: a succeeded report's event names the task and the attempt number (not ``""``
+    and 0); a final failure keeps the reported error type (not "Fail"), on the attempt and in its
+    event; a final failure reported without a type is ``Fail``, as a Python handler's."""
+    clock = FakeClock()
+    driver = MemoryDriver(clock=clock, events=True)
+    app = create_app(operations=Operations(driver, clock=clock), tokens=TOKENS)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        await publisher(driver).send_many([Task(k, "job", None) for k in ("ok", "bad", "plain")])
+        leased = {t["key"]: t for t in (await lease(http, max_tasks=3))["tasks"]}
+        await report(http, leased["ok"], outcome="succeeded", result=1)
+        error = {"type": "DiskFull", "message": "no space left"}
+        answer = (await report(http, leased["bad"], outcome="failed", final=True, error=error)).json()
+        assert (answer["final"], answer["error"]["type"]) == (True, "DiskFull")
+        untyped = (await report(http, leased["plain"], outcome="failed", final=True)).json()
+        assert untyped["error"]["type"] == "Fail"
+    events = await driver.list_events(EventQuery(keys=["ok", "bad"], limit=100))
+    ended = {e["key"]: e for e in events if e["kind"] in ("succeeded", "failed")}
+    assert (ended["ok"]["name"], ended["ok"]["attempt"]) == ("job", 1)
+    assert (ended["bad"]["name"], ended["bad"]["attempt"], ended["bad"]["kind"]) == ("job", 1, "failed")
+    assert ended["bad"]["detail"]["error"] == "DiskFull: no space left"
+    info = await Operations(driver, clock=clock).get_task("bad")
+    assert info.status.value == "failed" and info.worker_states[0].error is not None
+    assert info.worker_states[0].error.type == "DiskFull" and info.worker_states[0].final

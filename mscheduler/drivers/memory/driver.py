@@ -218,13 +218,21 @@ class MemoryDriver(
                 doc["state"]["worker_states"] = []
                 doc["state"].pop("checkpoint", None)  # a fresh run starts from scratch
                 doc["state"].pop("progress", None)
+                # a new generation (its events come after the earlier ones; no history is kept)
+                doc["state"]["generation"] = doc["state"].get("generation", 0) + 1
                 self._write(doc, params.now)
                 created.append(True)
             else:
                 created.append(False)
         if self.record_events:
             sent = [t for t, c in zip(params.tasks, created, strict=True) if c]
-            self._record([task_event(EventKind.SENT, t.key, t.name, params.now) for t in sent], params.now)
+            events = [
+                task_event(
+                    self.event_writer, EventKind.SENT, t.key, t.name, params.now, self._tasks[t.key]["state"]
+                )
+                for t in sent
+            ]
+            self._record(events, params.now)
         return created
 
     def _eligible(self, doc: dict[str, Any], params: ClaimParams) -> bool:
@@ -297,6 +305,7 @@ class MemoryDriver(
                     parent=doc.get("parent"),
                     due_time=due_time(doc),
                     trace=doc.get("trace"),
+                    generation=doc["state"].get("generation", 0),
                 )
             )
             attempt = next(attempts, None)
@@ -395,7 +404,17 @@ class MemoryDriver(
                 if entry["status"] == "running" and entry["ping_expire_time"] <= now:
                     changes = expired_entry_changes(doc, entry, now, fail_cnt)
                     if self.record_events and changes["status"] == "lost":  # a stop is no loss
-                        lost = lost_lease_event(key, doc["name"], entry, position + 1, now, "lease pass")
+                        generation = doc["state"].get("generation", 0)
+                        lost = lost_lease_event(
+                            self.event_writer,
+                            key,
+                            doc["name"],
+                            entry,
+                            position + 1,
+                            now,
+                            "lease pass",
+                            generation,
+                        )
                         self._record([lost], now)
                     entry.update(changes)
                     changed = True
@@ -425,7 +444,10 @@ class MemoryDriver(
             doc["state"]["expired_at"] = now
             self._write(doc, now)
             expired += 1
-            self._record([expired_event(key, doc["name"], deadline, now)], now)
+            if self.record_events:
+                self._record(
+                    [expired_event(self.event_writer, key, doc["name"], deadline, now, doc["state"])], now
+                )
         return expired
 
     async def find_wakeups(self, params: WakeupParams) -> list[Wakeup]:
@@ -485,7 +507,11 @@ class MemoryDriver(
             return False
         doc["option"] = dict(params.option)
         self._write(doc, params.now)
-        self._record([task_event(EventKind.EDITED, params.key, doc["name"], params.now)], params.now)
+        if self.record_events:
+            edited = task_event(
+                self.event_writer, EventKind.EDITED, params.key, doc["name"], params.now, doc["state"]
+            )
+            self._record([edited], params.now)
         return True
 
     async def control_task(self, params: ControlParams) -> dict[str, Any] | None:
@@ -493,11 +519,8 @@ class MemoryDriver(
         if doc is None or doc["state"]["status"] not in params.statuses:
             return None
         state = doc["state"]
-        kind = CONTROL_KINDS.get(params.action)
-        if kind is not None:  # checked below (an unknown action raises): nothing is recorded then
-            detail = {"reason": params.reason} if params.reason else None
-            self._record([task_event(kind, params.key, doc["name"], params.now, detail)], params.now)
         if params.action == "remove":
+            self._record_control(doc, params)
             self._forget(doc)
             del self._tasks[params.key]
             self._version[params.key] = self._version.get(params.key, 0) + 1  # drops heap entries
@@ -549,7 +572,18 @@ class MemoryDriver(
         else:
             raise InvalidInput(f"unknown control action {params.action!r}")
         self._write(doc, params.now)
+        self._record_control(doc, params)
         return copy.deepcopy(doc)
+
+    def _record_control(self, doc: dict[str, Any], params: ControlParams) -> None:
+        """The control's event, where the task's state (as the change left it) puts it."""
+        kind = CONTROL_KINDS.get(params.action)
+        if kind is not None and self.record_events:
+            detail = {"reason": params.reason} if params.reason else None
+            event = task_event(
+                self.event_writer, kind, params.key, doc["name"], params.now, doc["state"], detail
+            )
+            self._record([event], params.now)
 
     async def register_worker(self, info: WorkerInfo) -> bool:
         old = self._workers.get(info.worker_id)

@@ -370,15 +370,16 @@ class MongoDriver(
 
     # -- publish ------------------------------------------------------------------------------------
 
-    async def _insert_tasks_only(self, params: InsertParams) -> list[bool]:
-        """``insert_tasks`` without events (``MongoEvents.insert_tasks`` records them)."""
-        created = [False] * len(params.tasks)
+    async def _insert_tasks_only(self, params: InsertParams) -> list[int | None]:
+        """``insert_tasks`` without events (``MongoEvents.insert_tasks`` records them): for each
+        task, the generation it was created (0) or reset in, or None when nothing was written."""
+        created: list[int | None] = [None] * len(params.tasks)
         pending = list(range(len(params.tasks)))
         if params.reset_finished:
             reset = await self._reset_finished(params)
             pending = [i for i in pending if params.tasks[i].key not in reset]
             for i, task in enumerate(params.tasks):
-                created[i] = task.key in reset
+                created[i] = reset.get(task.key)
         if not pending:
             return created
         # ``_id`` is the key: change events (which carry only the documentKey of an update)
@@ -392,7 +393,7 @@ class MongoDriver(
         else:
             inserted = await self._insert(docs)
         for position, i in enumerate(pending):
-            created[i] = position in inserted
+            created[i] = 0 if position in inserted else None
         return created
 
     async def _insert(self, docs: list[dict[str, Any]]) -> set[int]:
@@ -439,9 +440,10 @@ class MongoDriver(
         result = await self._call("insert tasks (transaction)", upsert, session=session)
         return set(result.upserted_ids)
 
-    async def _reset_finished(self, params: InsertParams) -> set[str]:
+    async def _reset_finished(self, params: InsertParams) -> dict[str, int]:
         """Reset the tasks that ended (succeeded or failed) to pending with their new params and
-        options: one bulk write for the batch, then one read of which ones it reset."""
+        options, in a new generation: one bulk write for the batch, then one read of which ones
+        it reset (key -> generation)."""
         mark = uuid.uuid4().hex
         ops = []
         for task in params.tasks:
@@ -456,6 +458,8 @@ class MongoDriver(
                 ),
                 # a fresh run starts from scratch: no checkpoint, no progress
                 "$unset": {"state.broken": "", "state.checkpoint": "", "state.progress": ""},
+                # a new generation: its events come after the earlier ones (no history is kept)
+                "$inc": {"state.generation": 1},
             }
             # never while an attempt holds a live lease (a succeeded task may still run one whose
             # slot an edit of concurrent_worker_cnt took away): dropping it would let the reset
@@ -482,14 +486,16 @@ class MongoDriver(
             return int(result.modified_count)
 
         if not await self._call("reset tasks", write, session=params.session):
-            return set()
+            return {}
         keys = [task.key for task in params.tasks]
 
-        async def read() -> set[str]:
+        async def read() -> dict[str, int]:
             cursor = self.tasks_primary.find(
-                {"key": {"$in": keys}, "state.reset_mark": mark}, {"key": 1}, session=params.session
+                {"key": {"$in": keys}, "state.reset_mark": mark},
+                {"key": 1, "state.generation": 1},
+                session=params.session,
             )
-            return {doc["key"] async for doc in cursor}
+            return {doc["key"]: int(doc["state"].get("generation") or 0) async for doc in cursor}
 
         reset = await self._call("reset tasks (read back)", read, session=params.session)
 
@@ -603,6 +609,7 @@ class MongoDriver(
             parent=doc.get("parent"),
             due_time=due_time(doc),
             trace=doc.get("trace"),
+            generation=int(doc["state"].get("generation") or 0),
         )
 
     async def _fix_first_lease(self, params: ClaimParams, doc: dict[str, Any], attempt: str) -> datetime:

@@ -504,15 +504,24 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
     # -- events ---------------------------------------------------------------------------------
 
     @staticmethod
-    def _fails_for_good(running: _Running, stat: str, error: dict[str, Any] | None) -> bool:
+    def _fails_for_good(
+        running: _Running, stat: str, error: dict[str, Any] | None, final: bool = False
+    ) -> bool:
         """Does this outcome end the task as failed (rejected, Fail, or the budget used)?"""
-        return fails_for_good(running.option, running.claimed.fail_cnt, stat, error)
+        return fails_for_good(running.option, running.claimed.fail_cnt, stat, error, final)
 
     def _record_event(self, running: _Running, kind: EventKind, detail: dict[str, Any] | None = None) -> None:
         assert self.events is not None
         claimed = running.claimed
         self.events.attempt_event(
-            kind, claimed.key, claimed.name, claimed.attempt, claimed.attempt_no, self.worker_id, detail
+            kind,
+            claimed.key,
+            claimed.name,
+            claimed.attempt,
+            claimed.attempt_no,
+            self.worker_id,
+            detail,
+            claimed.generation,
         )
 
     async def _run_events(self) -> None:

@@ -173,7 +173,9 @@ class ConsumerRunner:
         def _emit(self, event: str, data: dict[str, Any]) -> None: ...
 
         @staticmethod
-        def _fails_for_good(running: _Running, stat: str, error: dict[str, Any] | None) -> bool: ...
+        def _fails_for_good(
+            running: _Running, stat: str, error: dict[str, Any] | None, final: bool = False
+        ) -> bool: ...
 
         def _record_event(
             self, running: _Running, kind: EventKind, detail: dict[str, Any] | None = None
@@ -276,10 +278,10 @@ class ConsumerRunner:
                     self._ran_fanout.popitem(last=False)
         self.stats[stat] = self.stats.get(stat, 0) + 1
         if self.events is not None and accepted:
-            kind = outcome_kind(stat, self._fails_for_good(running, stat, error))
+            kind = outcome_kind(stat, self._fails_for_good(running, stat, error, final))
             if kind is not None:
                 self._record_event(running, kind, outcome_detail(error, retry_at))
-        self._log_outcome(running, stat, error)
+        self._log_outcome(running, stat, error, final)
         if self._listeners:
             self._emit(
                 "finished",
@@ -310,14 +312,16 @@ class ConsumerRunner:
             "worker_id": self.worker_id,
         } | more
 
-    def _log_outcome(self, running: _Running, stat: str, error: dict[str, Any] | None) -> None:
+    def _log_outcome(
+        self, running: _Running, stat: str, error: dict[str, Any] | None, final: bool = False
+    ) -> None:
         """Failures are never silent: a failed attempt at INFO, a task failed for good (its budget
         used, or rejected) at WARNING with the traceback."""
         if stat not in (AttemptStatus.FAILED.value, AttemptStatus.REJECTED.value) or error is None:
             return
         claimed = running.claimed
         budget = running.option["max_unexpected_retries"]  # None: unlimited
-        final = self._fails_for_good(running, stat, error)
+        final = self._fails_for_good(running, stat, error, final)
         fields = self._fields(
             running,
             outcome=stat,

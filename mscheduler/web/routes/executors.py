@@ -136,7 +136,12 @@ class PingOut(BaseModel):
 
 
 class ErrorIn(_Body):
-    type: str = Field("ExecutorError", min_length=1, max_length=200)
+    type: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="stored as reported; left out: Fail (final), Retry (retry_after) or ExecutorError",
+    )
     message: str = Field("", max_length=100_000)
     traceback: str | None = Field(None, max_length=1_000_000)
 
@@ -263,7 +268,7 @@ async def report(body: ReportIn, service: Service) -> ReportOut:
     """Record the outcome by the consumer's rules: a failure is retried by the task's retry
     policy (or after ``retry_after``; never with ``final``) while its budget lasts; a result too
     large to store fails the task (``rejected``). 409 when the attempt's lease moved on."""
-    error = body.error or ErrorIn()
+    error = body.error or ErrorIn()  # its type left out: the service's default for the outcome
     done = await service.report(
         body.worker_id,
         body.key,
