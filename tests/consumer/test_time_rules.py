@@ -113,18 +113,20 @@ async def test_a_run_timeout_cancels_the_attempt_and_the_policy_retries_it(harne
     consumer = harness.consumer("w1", {"slow": slow})
     await harness.start(consumer)
     option = TaskOption(
-        run_timeout=timedelta(milliseconds=200),
+        run_timeout=timedelta(seconds=20),
         retry_delay=timedelta(seconds=1),
         ping_interval=timedelta(seconds=1),
         worker_timeout=timedelta(seconds=5),
     )
     await harness.publisher.send(Task("t", "slow", {}, option=option))
     await harness.discover()
-    for _ in range(100):  # asyncio.timeout runs on the loop's clock: let real time pass a little
-        if harness.recorder.counts["finished"]:
-            break
-        await asyncio.sleep(0.01)
-    await harness.recorder.wait("finished", 1)
+    await harness.recorder.wait("claimed", 1)
+    for _ in range(19):  # pings keep the lease; 19 s of the consumer's clock, a blink of real time
+        await harness.advance(1.0)
+    assert not harness.recorder.counts["finished"]
+    await harness.advance(1.0)
+    # issue 17 B6: at the run timeout on the consumer's (fake) clock, not after real seconds
+    await harness.recorder.wait("finished", 1, timeout=2)
     info = await harness.get("t")
     first = info.worker_states[0]
     assert first.status is AttemptStatus.FAILED and first.error is not None

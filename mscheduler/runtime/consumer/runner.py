@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, get_type_hints
 
 from pydantic import BaseModel, ValidationError
 
-from mscheduler.domain.clock import ServerClock
+from mscheduler.domain.clock import ClockTimeout, ServerClock
 from mscheduler.domain.exceptions import Fail, InvalidInput, MSchedulerError, Retry, Snooze
 from mscheduler.domain.model import AttemptStatus, TaskOption
 from mscheduler.domain.outcomes import Outcome, error_info
@@ -196,11 +196,11 @@ class ConsumerRunner:
                 if not run_timeout:
                     result = await registered.fn(*args)
                 else:
-                    try:
-                        async with asyncio.timeout(run_timeout / 1000) as deadline:
+                    try:  # on the consumer's clock, like every other time (FakeClock in tests)
+                        async with ClockTimeout(self.clock, run_timeout / 1000) as deadline:
                             result = await registered.fn(*args)
                     except TimeoutError as exc:
-                        if deadline.expired() and running.cancel_reason is None:
+                        if deadline.expired and running.cancel_reason is None:
                             message = f"the attempt ran longer than its run_timeout ({run_timeout} ms)"
                             raise RunTimedOut(message) from exc
                         raise
