@@ -27,6 +27,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -259,9 +260,26 @@ class TaskOption(_UserInput):
             "run_timeout_ms": _ms(self.run_timeout) if self.run_timeout is not None else None,
         }
 
+    @model_validator(mode="after")
+    def _check_run_at_before_deadline(self, info: ValidationInfo) -> TaskOption:
+        """A task to run at ``run_at`` that must start by ``deadline`` could never run if the
+        one is after the other: refused when given (stored options are read as they are)."""
+        stored = isinstance(info.context, Mapping) and info.context.get("stored") is True
+        if (
+            not stored
+            and self.run_at is not None
+            and self.deadline is not None
+            and self.run_at > self.deadline
+        ):
+            raise ValueError(
+                f"run_at ({self.run_at.isoformat()}) is after deadline ({self.deadline.isoformat()}): "
+                "the task could never start (it is not claimed before run_at and expires at deadline)"
+            )
+        return self
+
     @classmethod
     def from_storage(cls, doc: Mapping[str, Any]) -> TaskOption:
-        return cls(
+        fields = dict(
             priority=doc["priority"],
             concurrent_worker_cnt=doc["concurrent_worker_cnt"],
             specific_worker_ids=tuple(doc["specific_worker_ids"]),
@@ -276,6 +294,10 @@ class TaskOption(_UserInput):
             deadline=doc.get("deadline"),
             run_timeout=timedelta(milliseconds=doc["run_timeout_ms"]) if doc.get("run_timeout_ms") else None,
         )
+        try:
+            return cls.model_validate(fields, context={"stored": True})
+        except ValidationError as exc:
+            raise InvalidInput(_refusal("stored TaskOption", cls.model_fields, exc)) from exc
 
 
 class OptionChange(_UserInput):

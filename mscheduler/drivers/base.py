@@ -172,7 +172,8 @@ class WakeupParams:
 
 @dataclass(slots=True, frozen=True)
 class Wakeup:
-    """A time at which a known task may become claimable (``kind``: claim or lease)."""
+    """A time at which a known task may become claimable (``kind``: claim or lease), or its
+    deadline (``kind``: deadline: the deadline pass marks it expired then if it has not started)."""
 
     key: str
     time: datetime
@@ -204,6 +205,9 @@ class ChangeEvent:
     # were running; None when not known (the consumer running the task then pings at once).
     stop: str | None = None
     stop_attempts: tuple[str, ...] | None = None
+    # the task's deadline, where the store delivered its option (inserts, the memory driver):
+    # the consumer runs the deadline pass then (None: none, or not known from this event)
+    deadline: datetime | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -921,4 +925,5 @@ def event_for(doc: Mapping[str, Any], token: Any = None) -> ChangeEvent:
         claimers=tuple(state.get("claimers", ())),
         stop=stop["action"] if stop else None,
         stop_attempts=tuple(stop["attempts"]) if stop else None,
+        deadline=doc["option"].get("deadline"),
     )

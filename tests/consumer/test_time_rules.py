@@ -10,7 +10,18 @@ from typing import Any
 
 import pytest
 
-from mscheduler import Fail, Retry, Snooze, Task, TaskContext, TaskExpired, TaskOption, TaskStatus
+from mscheduler import (
+    Fail,
+    InvalidInput,
+    Retry,
+    Snooze,
+    Task,
+    TaskContext,
+    TaskExpired,
+    TaskOption,
+    TaskStatus,
+    UnknownTask,
+)
 from mscheduler.domain.model import AttemptStatus
 from mscheduler.domain.retry import ExponentialRetry, FixedRetry, Jitter
 from mscheduler.drivers.base import ClaimParams, ExpireParams
@@ -198,3 +209,43 @@ async def test_a_lost_lease_waits_the_policys_delay(harness: Harness) -> None:
     (entry,) = info.worker_states
     assert entry.status is AttemptStatus.LOST and entry.retry_at == later + timedelta(seconds=42)
     assert info.claim_at == later + timedelta(seconds=42)
+
+
+async def test_a_deadline_is_marked_expired_at_the_deadline_not_at_the_next_poll(harness: Harness) -> None:
+    """Issue 17 B7: the consumer queues a known task's deadline like any due time and runs the
+    deadline pass then, not at its next poll (30 s here), so ``wait()`` learns it at once."""
+    gate = asyncio.Event()
+
+    async def busy(params: Any) -> None:
+        await gate.wait()
+
+    consumer = harness.consumer("w1", {"work": busy}, poll_interval=30.0, stream_poll_interval=30.0)
+    await harness.start(consumer)
+    await harness.publisher.send(Task("long", "work", {}))
+    await harness.discover()
+    await harness.recorder.wait("claimed", 1)  # its only slot is taken: "late" waits
+    option = TaskOption(deadline=harness.clock.now() + timedelta(seconds=1))
+    await harness.publisher.send(Task("late", "work", {}, option=option))
+    await harness.discover()  # a poll (or, with a change stream, the insert's event) tells of it
+    await harness.advance(0.5)
+    assert (await harness.get("late")).status is TaskStatus.PENDING
+    await harness.advance(0.5)  # the deadline; the next poll is 29 s away
+    assert (await harness.get("late")).status is TaskStatus.EXPIRED
+    with pytest.raises(TaskExpired):
+        await harness.publisher.wait("late", timeout=0)
+    gate.set()
+
+
+async def test_a_task_sent_with_run_at_after_its_deadline_is_refused(harness: Harness) -> None:
+    """Issue 17 B7: it could never start; refused at send naming both fields, nothing written."""
+    now = harness.clock.now()
+    with pytest.raises(InvalidInput, match=r"run_at .* is after deadline"):
+        TaskOption(run_at=now + timedelta(seconds=10), deadline=now + timedelta(seconds=5))
+    with pytest.raises(InvalidInput, match=r"run_at.*deadline"):
+        await harness.publisher.send(
+            Task("never", "work", {}, option={"run_at": now + timedelta(hours=1), "deadline": now})
+        )
+    with pytest.raises(UnknownTask):
+        await harness.get("never")
+    ok = TaskOption(run_at=now + timedelta(seconds=5), deadline=now + timedelta(seconds=5))
+    assert await harness.publisher.send(Task("just-in-time", "work", {}, option=ok))

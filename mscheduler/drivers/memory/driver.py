@@ -467,7 +467,31 @@ class MemoryDriver(
         wakeups = [Wakeup(key, when, "claim") for key, when in found.items()]
         if self._leases:
             wakeups.append(Wakeup(self._leases[0][2], self._leases[0][0], "lease"))
+        wakeups += [Wakeup(key, when, "deadline") for when, key in self._earliest_deadlines(params.limit)]
         return wakeups
+
+    def _earliest_deadlines(self, limit: int) -> list[tuple[datetime, str]]:
+        """The ``limit`` earliest deadlines of pending tasks (a best-first walk of the heap, as
+        ``_earliest``; entries of tasks that moved on are skipped)."""
+        heap = self._deadlines
+        out: list[tuple[datetime, str]] = []
+        seen: set[str] = set()
+        frontier = [(heap[0], 0)] if heap and limit > 0 else []
+        while frontier and len(out) < limit:
+            (deadline, _, key), i = heapq.heappop(frontier)
+            doc = self._tasks.get(key)
+            if (
+                doc is not None
+                and key not in seen
+                and doc["state"]["status"] == "pending"
+                and doc["option"].get("deadline") == deadline
+            ):
+                seen.add(key)
+                out.append((deadline, key))
+            for child in (2 * i + 1, 2 * i + 2):
+                if child < len(heap):
+                    heapq.heappush(frontier, (heap[child], child))
+        return out
 
     def _earliest(self, heap: list[tuple[datetime, int, str, int]], limit: int) -> list[tuple[datetime, str]]:
         """The ``limit`` earliest live entries of a heap, in O(limit log limit): a best-first walk

@@ -603,6 +603,7 @@ def watch_pipeline(names: Sequence[str]) -> list[dict[str, Any]]:
                 "fullDocument.key": 1,
                 "fullDocument.name": 1,
                 "fullDocument.option.specific_worker_ids": 1,
+                "fullDocument.option.deadline": 1,
                 "fullDocument.state.claim_at": 1,
                 "fullDocument.state.claimers": 1,
                 "fullDocument.state.worker_states.status": 1,

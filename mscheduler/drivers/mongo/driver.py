@@ -910,8 +910,9 @@ class MongoDriver(
         }
 
         async def read() -> list[dict[str, Any]]:
+            projection = {"_id": 0, "key": 1, "state.claim_at": 1, "option.deadline": 1}
             cursor = (
-                self.tasks.find(filter_, {"_id": 0, "key": 1, "state.claim_at": 1})
+                self.tasks.find(filter_, projection)
                 .sort("state.claim_at", 1)
                 .limit(params.limit)
                 .hint(WAKEUP_INDEX)
@@ -924,6 +925,9 @@ class MongoDriver(
             claim_at = doc.get("state", {}).get("claim_at")
             if isinstance(claim_at, datetime):  # a document edited by hand must not stop polling
                 wakeups.append(Wakeup(doc["key"], _in(claim_at), "claim"))
+            deadline = doc.get("option", {}).get("deadline")
+            if isinstance(deadline, datetime):  # when the deadline pass should look at it
+                wakeups.append(Wakeup(doc["key"], _in(deadline), "deadline"))
         return wakeups
 
     def _watch_pipeline(self, names: Sequence[str]) -> list[dict[str, Any]]:
