@@ -25,7 +25,7 @@ from mscheduler import (
 from mscheduler.domain.model import AttemptStatus
 from mscheduler.domain.retry import ExponentialRetry, FixedRetry, Jitter
 from mscheduler.drivers.base import ClaimParams, ExpireParams
-from tests.consumer.support import Harness
+from tests.consumer.support import Harness, NoStreamDriver
 
 
 async def _run_attempts(harness: Harness, n: int, step: float = 1.0, limit: int = 200) -> None:
@@ -249,3 +249,39 @@ async def test_a_task_sent_with_run_at_after_its_deadline_is_refused(harness: Ha
         await harness.get("never")
     ok = TaskOption(run_at=now + timedelta(seconds=5), deadline=now + timedelta(seconds=5))
     assert await harness.publisher.send(Task("just-in-time", "work", {}, option=ok))
+
+
+async def test_a_consumer_wakes_for_the_retry_and_snooze_times_it_wrote(harness: Harness) -> None:
+    """Issue 17 B8: without a change stream (a standalone server, mongomock) a retry due in 5 s
+    and a snooze due in 3 s run then, not at the next poll (30 s here): the consumer queued the
+    due times it wrote itself."""
+    calls: dict[str, int] = {}
+
+    async def work(params: Any, ctx: TaskContext) -> str:
+        calls[ctx.key] = calls.get(ctx.key, 0) + 1
+        if calls[ctx.key] == 1:
+            if ctx.key == "snoozy":
+                raise Snooze(3)
+            raise RuntimeError("once")
+        return "ok"
+
+    consumer = harness.consumer(
+        "w1",
+        {"work": work},
+        driver=NoStreamDriver(harness.new_driver()),
+        poll_interval=30.0,
+        concurrency=2,
+    )
+    await harness.start(consumer)
+    option = TaskOption(retry_delay=timedelta(seconds=5))
+    await harness.publisher.send_many([Task("retry", "work", {}, option=option), Task("snoozy", "work", {})])
+    await harness.discover()
+    await harness.recorder.wait("finished", 2)
+    await harness.advance(3.0)
+    await harness.recorder.wait("finished", 3, timeout=2)
+    assert calls == {"retry": 1, "snoozy": 2}
+    await harness.advance(2.0)
+    await harness.recorder.wait("finished", 4, timeout=2)
+    assert calls == {"retry": 2, "snoozy": 2}
+    for key in ("retry", "snoozy"):
+        assert (await harness.get(key)).status is TaskStatus.SUCCEEDED

@@ -33,6 +33,7 @@ from mscheduler.domain.outcomes import retry_after as retry_outcome
 from mscheduler.domain.outcomes import snoozed as snoozed_outcome
 from mscheduler.domain.outcomes import succeeded as succeeded_outcome
 from mscheduler.drivers.base import ClaimedTask, FinishParams, cancelled_error, paused_error
+from mscheduler.runtime.consumer.discovery import Discovery
 from mscheduler.runtime.consumer.limiter import Limiter
 from mscheduler.runtime.consumer.reports import AttemptReports
 from mscheduler.services.events import EventKind, EventRecorder, outcome_detail, outcome_kind
@@ -159,6 +160,7 @@ class ConsumerRunner:
     _listeners: list[Listener]
     clock: ServerClock
     limiter: Limiter
+    discovery: Discovery | None
     events: EventRecorder | None
     worker_id: str
     max_result_bytes: int
@@ -277,6 +279,15 @@ class ConsumerRunner:
                 if len(self._ran_fanout) > RAN_FANOUT_KEPT:
                     self._ran_fanout.popitem(last=False)
         self.stats[stat] = self.stats.get(stat, 0) + 1
+        if (
+            accepted
+            and retry_at is not None
+            and self.discovery is not None
+            and not self._fails_for_good(running, stat, error, final)
+        ):
+            # this consumer wrote the due time itself (a retry, a snooze): it wakes for it without
+            # waiting for its next poll, where no change stream tells it (issue 17 B8)
+            self.discovery.due_at(claimed.key, retry_at)
         if self.events is not None and accepted:
             kind = outcome_kind(stat, self._fails_for_good(running, stat, error, final))
             if kind is not None:
