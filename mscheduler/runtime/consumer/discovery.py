@@ -224,6 +224,10 @@ class Discovery:
         # while its claims come back full instead of trusting the queue's count.
         self.page_full = sum(w.kind == CLAIM for w in wakeups) >= limit
         self.push_wakeups(wakeups)
+        if self.queue.due(now):
+            # something is due: wake the claimer even where the queue knew the time already (a
+            # due time this consumer queued itself) and its timer was armed for later
+            self.queue.changed.set()
         self._emit("polled", {"found": len(wakeups)})
 
     async def run_poller(self) -> None:
