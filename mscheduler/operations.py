@@ -11,7 +11,8 @@ whole or refused (``TransitionRefused``, nothing changed).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,6 +23,7 @@ from typing_extensions import Unpack
 from mscheduler.domain.clock import Clock, ServerClock
 from mscheduler.domain.exceptions import (
     InvalidInput,
+    MSchedulerError,
     StorageError,
     TransitionRefused,
     UnknownLimit,
@@ -31,12 +33,15 @@ from mscheduler.domain.exceptions import (
 from mscheduler.domain.limits import LimitInfo, Rate, checked_limit, from_storage
 from mscheduler.domain.listing import LIST_LIMIT_MAX, TaskFilters, TaskPage, list_params, task_page
 from mscheduler.domain.model import (
+    DEFAULT_MAX_PARAMS_BYTES,
     OptionChange,
     TaskInfo,
     TaskOption,
     TaskStatus,
+    checked_params_size,
     validate_key,
     validate_name,
+    validate_worker_id,
 )
 from mscheduler.domain.plans import (
     Plan,
@@ -66,6 +71,8 @@ from mscheduler.drivers.base import (
     UpdateOptionParams,
     UpdatePlanParams,
 )
+
+log = logging.getLogger("mscheduler.operations")
 
 MANY_MAX = 1000  # keys of one get_tasks / restart_many call
 MANY_AT_ONCE = 16  # restarts of restart_many in flight at once
@@ -138,11 +145,18 @@ class Operations:
     :param driver: the storage.
     :param clock: time source; by default the system clock corrected to the server's clock (the
         same correction consumers use, so a stop request is stamped in the server's time).
+    :param max_params_bytes: the largest params a plan may carry (their BSON size), the cap
+        ``Publisher.send`` puts on a task's: every run of the plan carries them.
     """
 
-    def __init__(self, driver: Driver, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self, driver: Driver, *, clock: Clock | None = None, max_params_bytes: int = DEFAULT_MAX_PARAMS_BYTES
+    ) -> None:
+        if not 1 <= max_params_bytes <= 8 * 1024 * 1024:
+            raise InvalidInput("max_params_bytes must be between 1 byte and 8 MiB")
         self.driver = driver
         self.clock = clock if isinstance(clock, ServerClock) else ServerClock(clock)
+        self.max_params_bytes = max_params_bytes  # a plan's params (each of its runs carries them)
         self._synced = False
         self._plans_set_up = False
 
@@ -181,8 +195,7 @@ class Operations:
     async def request_worker_stop(self, worker_id: str) -> bool:
         """Ask a running consumer to stop gracefully (it sees the request at its next heartbeat).
         False if no running consumer has that id (unknown, or stopped already)."""
-        if not isinstance(worker_id, str) or not worker_id or worker_id.startswith("$"):
-            raise InvalidInput(f"invalid worker id {worker_id!r}")
+        worker_id = _checked(validate_worker_id, worker_id, "worker_id")
         return await self.driver.request_worker_stop(worker_id, await self._now())
 
     # -- flow limits (SPEC G5) ----------------------------------------------------------------
@@ -533,6 +546,7 @@ class Operations:
         """Create a plan; raises ``InvalidInput`` (nothing written) if its id is taken."""
         if not isinstance(plan, Plan):
             raise InvalidInput(f"add_plan() takes a Plan, got {type(plan).__name__}")
+        checked_params_size(plan.params, self.max_params_bytes, f"plan {plan.plan_id!r}")
         if not self._plans_set_up:  # the plans' indexes, before the first plan (as a publisher does)
             await self.driver.setup()
             self._plans_set_up = True
@@ -540,6 +554,7 @@ class Operations:
         doc = plan.to_storage(now)
         if not await self.driver.insert_plan(InsertPlanParams(doc, now)):
             raise InvalidInput(f"plan_id: a plan with id {plan.plan_id!r} exists already")
+        await warn_if_unhandled(self.driver, [plan.name], now, log)  # as send does
         return PlanInfo.from_storage(doc)
 
     async def get_plan(self, plan_id: str) -> PlanInfo:
@@ -600,6 +615,7 @@ class Operations:
         def change(doc: dict[str, Any], now: datetime) -> dict[str, Any]:
             current = PlanInfo.from_storage(doc).as_plan()
             edited = Plan(**(current.model_dump() | changes))
+            checked_params_size(edited.params, self.max_params_bytes, f"plan {plan_id!r}")
             fields: dict[str, Any] = {
                 "task": {
                     "name": edited.name,
@@ -614,7 +630,10 @@ class Operations:
                 fields["next_fire_time"] = refire_time(edited.timing, now)
             return fields
 
-        return await self._change_plan(plan_id, change)
+        info = await self._change_plan(plan_id, change)
+        if "name" in changes:
+            await warn_if_unhandled(self.driver, [info.name], await self._now(), log)
+        return info
 
     async def remove_plan(self, plan_id: str) -> None:
         """Delete a plan (tasks it already made stay); raises ``UnknownPlan``."""
@@ -680,6 +699,33 @@ def _still_running(entry: Mapping[str, Any]) -> str:
         f"(until {entry['ping_expire_time'].isoformat()}): it is settled once its handler stops, "
         "within a ping interval of a cancel, or at that lease's end; restart it then"
     )
+
+
+async def live_handlers(driver: Driver, now: datetime) -> set[str]:
+    """Task names that a live registered consumer (or executor) handles."""
+    names: set[str] = set()
+    for worker in await driver.list_workers():
+        if worker.get("stop_time") is None and worker["last_seen"] >= now - WORKER_LIVENESS:
+            names.update(worker["names"])
+    return names
+
+
+async def warn_if_unhandled(
+    driver: Driver, names: Iterable[str], now: datetime, logger: logging.Logger
+) -> None:
+    """Warn for each of ``names`` no live consumer handles: its tasks (a plan's runs) would wait
+    silently. A hint only: a store that cannot tell is not an error."""
+    try:
+        handled = await live_handlers(driver, now)
+    except MSchedulerError:
+        return
+    for name in sorted(set(names) - handled):
+        logger.warning(
+            "no live worker handles tasks named %r: they wait until a consumer that registers "
+            "a handler for that name starts",
+            name,
+            extra={"task_name": name},
+        )
 
 
 def _checked_keys(keys: object) -> list[str]:

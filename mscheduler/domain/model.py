@@ -36,6 +36,9 @@ from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.retry import AnyRetryPolicy, FixedRetry, RetryPolicy
 
 KEY_MAX_LEN = 512
+# the largest params a task (or a plan, whose every run carries them) may hold, BSON size: a
+# task's document also holds its attempts, and MongoDB's limit is 16 MiB per document
+DEFAULT_MAX_PARAMS_BYTES = 512 * 1024
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,199}$")
 PARAMS_MAX_DEPTH = 32
 
@@ -79,9 +82,17 @@ def _ms(value: timedelta) -> int:
     return int(value / timedelta(milliseconds=1))
 
 
+OUT_OF_RANGE = "is out of range: in UTC it would be before year 1 or after year 9999"
+
+
 def _utc_ms(value: datetime) -> datetime:
-    """UTC, cut to milliseconds: what MongoDB stores, so every driver returns the same time."""
-    value = value.astimezone(UTC)
+    """UTC, cut to milliseconds: what MongoDB stores, so every driver returns the same time. A
+    time whose UTC is outside Python's years 1-9999 (year 9999 at -14:00, year 1 at +14:00) is
+    a ValueError (refused as bad input), not an OverflowError."""
+    try:
+        value = value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(OUT_OF_RANGE) from None
     return value.replace(microsecond=value.microsecond // 1000 * 1000)
 
 
@@ -410,7 +421,10 @@ def check_params(value: Any, depth: int = 0, *, path: str = "params") -> Any:
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise ValueError(f"datetime at {path} must be timezone-aware (e.g. datetime.now(UTC))")
-        return _utc_ms(value)
+        try:
+            return _utc_ms(value)
+        except ValueError as exc:
+            raise ValueError(f"datetime at {path} {exc}") from None
     if value is None or isinstance(value, (bool, int, str)):
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
             raise ValueError(f"integer at {path} must fit in 64 bits")
@@ -684,6 +698,17 @@ class TaskInfo(BaseModel):
             parent=doc.get("parent"),
             blocked=state.get("blocked") is True,
             marked=dict(state["marked"]) if state.get("marked") else None,
+        )
+
+
+def checked_params_size(params: Any, max_bytes: int, what: str) -> None:
+    """Refuse params larger than ``max_bytes`` (their BSON size) with ``InvalidInput`` naming
+    ``what`` (``task 'k'``, ``plan 'p'``)."""
+    size = encoded_size(params)
+    if size > max_bytes:
+        raise InvalidInput(
+            f"{what}: params are {size} bytes, more than max_params_bytes ({max_bytes}); store "
+            "large data elsewhere and send a reference"
         )
 
 

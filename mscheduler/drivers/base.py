@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
+from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.listing import ListParams
+from mscheduler.domain.model import GROUP_PREFIX
 from mscheduler.domain.state import derive, family_inputs, lifecycle, stopped_by_pause
 from mscheduler.domain.stats import StatsStep, TaskStats
 
@@ -84,6 +86,9 @@ class ClaimParams:
     # filled by the driver with the attempts whose claim outcome is unknown while others were
     # claimed (an error after the store may have applied it): the flow limiter keeps their slots
     uncertain: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        _check_claimer(self.worker_id)
 
 
 @dataclass(slots=True, frozen=True)
@@ -168,6 +173,16 @@ class WakeupParams:
     now: datetime
     limit: int = 100
     groups: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        _check_claimer(self.worker_id)
+
+
+def _check_claimer(worker_id: str) -> None:
+    """A worker id starting with ``g:`` would read as a group's claimer token (``name|g:<group>``)
+    and claim the tasks aimed at that group: refused before any driver sees it."""
+    if worker_id.startswith(GROUP_PREFIX):
+        raise InvalidInput(f"worker id {worker_id!r}: must not start with {GROUP_PREFIX!r} (a group's token)")
 
 
 @dataclass(slots=True, frozen=True)

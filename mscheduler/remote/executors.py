@@ -56,7 +56,13 @@ from mscheduler.domain.exceptions import (
     UnknownTask,
 )
 from mscheduler.domain.limits import DEFAULT_SLOT_LEASE
-from mscheduler.domain.model import AttemptStatus, validate_group, validate_key, validate_name
+from mscheduler.domain.model import (
+    GROUP_PREFIX,
+    AttemptStatus,
+    validate_group,
+    validate_key,
+    validate_name,
+)
 from mscheduler.domain.outcomes import (
     DEFAULT_MAX_RESULT_BYTES,
     Outcome,
@@ -116,16 +122,18 @@ _SETTLED_AT_THE_ANSWER: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
 
 
 def check_worker_id(worker_id: object) -> str:
-    """An executor's worker id: the consumer's rule (1 to 200 characters, not starting with '$')
-    and no spaces or control characters (it travels in logs and JSON)."""
+    """An executor's worker id: the consumer's rule (1 to 200 characters, not starting with '$'
+    nor with ``g:``, a group's token: such an id would claim the tasks aimed at that group) and
+    no spaces or control characters (it travels in logs and JSON)."""
     if (
         not isinstance(worker_id, str)
         or not 1 <= len(worker_id) <= WORKER_ID_MAX
-        or worker_id.startswith("$")
+        or worker_id.startswith(("$", GROUP_PREFIX))
         or any(c.isspace() or not c.isprintable() for c in worker_id)
     ):
         raise InvalidInput(
-            f"worker_id: 1 to {WORKER_ID_MAX} printable characters without spaces, not starting with '$'"
+            f"worker_id: 1 to {WORKER_ID_MAX} printable characters without spaces, not starting "
+            f"with '$' or '{GROUP_PREFIX}'"
         )
     return worker_id
 

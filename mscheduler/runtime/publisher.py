@@ -4,38 +4,34 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from datetime import timedelta
 from typing import Any
 
 from mscheduler.domain.clock import Clock, SystemClock
 from mscheduler.domain.exceptions import (
     InvalidInput,
-    MSchedulerError,
     TaskCancelled,
     TaskExpired,
     TaskFailed,
     UnknownTask,
 )
 from mscheduler.domain.model import (
+    DEFAULT_MAX_PARAMS_BYTES,
     OptionChange,
     Task,
     TaskInfo,
     TaskOption,
     TaskStatus,
-    encoded_size,
+    checked_params_size,
     validate_key,
 )
 from mscheduler.domain.state import CHILD_ENDED_BADLY
 from mscheduler.domain.unique import params_hash
 from mscheduler.drivers.base import Driver, InsertParams, NewTask
 from mscheduler.observability.tracing import tracer_for
-from mscheduler.operations import change_option
+from mscheduler.operations import change_option, live_handlers, warn_if_unhandled
 from mscheduler.services.children import child_names, expand
 
 SEND_MANY_BATCH = 1000
-DEFAULT_MAX_PARAMS_BYTES = 512 * 1024
-# A worker whose heartbeat is older than this is not counted as live (5 s heartbeats by default).
-WORKER_LIVENESS = timedelta(seconds=30)
 
 log = logging.getLogger("mscheduler.publisher")
 
@@ -90,12 +86,7 @@ class Publisher:
     def _prepare(self, task: Task) -> NewTask:
         if not isinstance(task, Task):
             raise InvalidInput(f"send() takes a Task, got {type(task).__name__}")
-        size = encoded_size(task.params)
-        if size > self.max_params_bytes:
-            raise InvalidInput(
-                f"task {task.key!r}: params are {size} bytes, more than max_params_bytes "
-                f"({self.max_params_bytes}); store large data elsewhere and send a reference"
-            )
+        checked_params_size(task.params, self.max_params_bytes, f"task {task.key!r}")
         unique_hash = params_hash(task.name, task.params) if task.unique_by == "params" else None
         option = task.option.to_storage(self.clock.now())
         trace = self._tracer.carrier() if self._tracer is not None else None
@@ -103,12 +94,7 @@ class Publisher:
 
     async def _live_handlers(self) -> set[str]:
         """Task names that a live registered consumer handles."""
-        now = self.clock.now()
-        names: set[str] = set()
-        for worker in await self.driver.list_workers():
-            if worker.get("stop_time") is None and worker["last_seen"] >= now - WORKER_LIVENESS:
-                names.update(worker["names"])
-        return names
+        return await live_handlers(self.driver, self.clock.now())
 
     async def _warn_if_unhandled(self, names: Iterable[str]) -> None:
         """Warn once per name when no live consumer handles it: such a task waits silently."""
@@ -116,17 +102,7 @@ class Publisher:
         if not new:
             return
         self._names_checked |= new
-        try:
-            handled = await self._live_handlers()
-        except MSchedulerError:
-            return  # a hint only
-        for name in sorted(new - handled):
-            log.warning(
-                "no live worker handles tasks named %r: they wait until a consumer that registers "
-                "a handler for that name starts",
-                name,
-                extra={"task_name": name},
-            )
+        await warn_if_unhandled(self.driver, new, self.clock.now(), log)
 
     async def send(self, task: Task, *, reset_finished: bool = False, session: Any = None) -> bool:
         """Publish ``task`` unless its key exists (SPEC F1); True if this call created (or reset) it.

@@ -26,7 +26,7 @@ import builtins
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,7 +41,7 @@ from mscheduler.domain.events import (
     order_key,
 )
 from mscheduler.domain.exceptions import InvalidInput, StorageError
-from mscheduler.domain.model import validate_key, validate_name
+from mscheduler.domain.model import validate_key, validate_name, validate_worker_id
 from mscheduler.domain.plans import checked_plan_id
 from mscheduler.drivers.base import (
     ChangeStreamUnsupported,
@@ -238,9 +238,12 @@ def _kind(value: object) -> str:
 def _time(value: object, field: str) -> datetime | None:
     if value is None:
         return None
-    if not isinstance(value, datetime) or value.tzinfo is None:
+    if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
         raise InvalidInput(f"{field}: a timezone-aware datetime")
-    return value
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise InvalidInput(f"{field}: out of range (in UTC before year 1 or after year 9999)") from None
 
 
 class Events:
@@ -285,10 +288,11 @@ class Events:
         plans: Iterable[str] | str | None,
         worker_id: str | None = None,
     ) -> EventQuery:
-        if worker_id is not None and (
-            not isinstance(worker_id, str) or not worker_id or worker_id.startswith("$")
-        ):
-            raise InvalidInput(f"worker_id: invalid worker id {worker_id!r}")
+        if worker_id is not None:
+            try:
+                validate_worker_id(worker_id)
+            except ValueError as exc:
+                raise InvalidInput(f"worker_id: {exc}") from None
         return EventQuery(
             keys=_many(keys, validate_key, "keys"),
             names=_many(names, validate_name, "names"),

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Request
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from mscheduler.domain.model import TaskName, validate_group
+from mscheduler.domain.model import GROUP_PREFIX, TaskName, validate_group
 from mscheduler.remote.executors import (
     MAX_GROUPS,
     MAX_PINGS,
@@ -38,13 +38,21 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+def _not_a_group_token(worker_id: str) -> str:
+    if worker_id.startswith(GROUP_PREFIX):
+        raise ValueError(f"must not start with {GROUP_PREFIX!r} (a group's claimer token)")
+    return worker_id
+
+
 WorkerId = Annotated[
     str,
+    AfterValidator(_not_a_group_token),
     Field(
         min_length=1,
         max_length=WORKER_ID_MAX,
         pattern=r"^[^$\s][^\s]*$",
-        description="the executor's id (as a consumer's worker_id: tasks may target it)",
+        description="the executor's id (as a consumer's worker_id: tasks may target it; not "
+        "starting with '$' or 'g:', a group's token)",
     ),
 ]
 TaskKey = Annotated[str, Field(min_length=1, max_length=1024)]
