@@ -508,7 +508,14 @@ class RemoteExecutors:
             await self._maintain(now)
             # a limit set or removed meanwhile applies from here (re-read every limits_interval)
             await self.limiter.maybe_refresh(names, self.clock.monotonic())
-            claimed = await self._claim(worker_id, names, member_of, max_tasks, host, pid, now)
+            # Shielded: a caller that goes away mid-claim (its HTTP client disconnected) must not
+            # leave what the store gave it to run out its lease (a retry each): given back at once
+            claim = asyncio.ensure_future(self._claim(worker_id, names, member_of, max_tasks, host, pid, now))
+            try:
+                claimed = await asyncio.shield(claim)
+            except asyncio.CancelledError:
+                await self._give_back(worker_id, claim)
+                raise
             if claimed or self.clock.monotonic() >= deadline:
                 return Lease(claimed, claimed_at=now)
             if await self._wait_for_work(worker_id, names, member_of, deadline, pause):
@@ -516,6 +523,43 @@ class RemoteExecutors:
             else:
                 pause = min(pause * 2, self.poll_interval)
             now = self.clock.now()
+
+    async def _give_back(self, worker_id: str, claim: asyncio.Future[list[ClaimedTask]]) -> None:
+        """Wait for a claim cut off by a cancel, then release what it took."""
+        try:
+            claimed = await asyncio.shield(claim)
+        except asyncio.CancelledError:  # cancelled again: let the claim land on its own
+            claim.add_done_callback(
+                lambda done: (
+                    None
+                    if done.cancelled() or done.exception()
+                    else asyncio.ensure_future(self.release(worker_id, done.result()))
+                )
+            )
+            raise
+        except MSchedulerError:
+            return  # it failed: nothing to give back (an applied claim runs out its lease)
+        await self.release(worker_id, claimed)
+
+    async def release(self, worker_id: str, tasks: Sequence[ClaimedTask]) -> None:
+        """Give back leased attempts whose answer could not be delivered (the executor went away
+        before it): each is finished ``released`` at once — not counted, its slot freed — rather
+        than left to run out its lease and cost a retry."""
+        if not tasks:
+            return
+        now = await self._now()
+        error = error_dict("Cancelled", "the lease's answer could not be delivered (the executor went away)")
+        releases = []
+        for task in tasks:
+            self._held.pop((task.key, task.attempt), None)
+            params = FinishParams(
+                task.key, worker_id, task.attempt, now, AttemptStatus.RELEASED.value, None, dict(error)
+            )
+            releases.append(self._settle(params, task.slot))
+        await asyncio.gather(*releases)
+        log.info(
+            "executor %s went away before its lease's answer: %d attempts released", worker_id, len(tasks)
+        )
 
     async def _check_in(
         self,

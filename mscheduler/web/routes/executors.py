@@ -11,10 +11,11 @@ Task names under a flow limit are leased with the limit's slots, as a consumer c
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from mscheduler.domain.model import GROUP_PREFIX, TaskName, validate_group
@@ -200,23 +201,49 @@ executors = APIRouter(
 )
 
 
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has disconnected (the body was read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 @executors.post("/lease", response_model=LeaseOut, summary="Lease due tasks (long poll)")
-async def lease(body: LeaseIn, service: Service, request: Request) -> LeaseOut:
+async def lease(body: LeaseIn, service: Service, request: Request) -> LeaseOut | Response:
     """Claim up to ``max_tasks`` due tasks among ``names`` for ``worker_id`` (the consumer's claim:
     targeting, priority, retry budget); when none is due, wait up to ``wait_seconds`` for one.
     An empty ``tasks`` means nothing came in time: lease again. Names under a flow limit are
     claimed only with a free slot of the limit (``max_running``, ``rate``), shared with every
     consumer and executor; a full limit makes its names wait while the others are leased."""
-    got = await service.lease(
-        body.worker_id,
-        body.names,
-        max_tasks=body.max_tasks,
-        wait=body.wait_seconds,
-        host=body.host or (request.client.host if request.client is not None else None),
-        pid=body.pid,
-        running=body.running,
-        groups=body.groups,
+    leasing = asyncio.ensure_future(
+        service.lease(
+            body.worker_id,
+            body.names,
+            max_tasks=body.max_tasks,
+            wait=body.wait_seconds,
+            host=body.host or (request.client.host if request.client is not None else None),
+            pid=body.pid,
+            running=body.running,
+            groups=body.groups,
+        )
     )
+    # A long poll whose client goes away stops waiting and claims nothing; a claim whose answer
+    # cannot be delivered is given back at once (not left to run out its lease, costing a retry).
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({leasing, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not leasing.done():
+            leasing.cancel()  # the service releases what a claim in flight took
+            await asyncio.gather(leasing, return_exceptions=True)
+            return Response(status_code=499)  # nobody reads it: the client has gone
+        got = leasing.result()
+        await asyncio.sleep(0)  # a disconnect that came with the answer is seen now
+        if gone.done():
+            await service.release(body.worker_id, got.tasks)
+            return Response(status_code=499)
+    finally:
+        gone.cancel()
+        if not leasing.done():
+            leasing.cancel()
     tasks = []
     for task in got.tasks:
         option = task.option
