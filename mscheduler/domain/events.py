@@ -211,10 +211,12 @@ def lost_lease_event(
     now: datetime,
     by: str,
     generation: int = 0,
+    position: int | None = None,
 ) -> dict[str, Any]:
     """``lease_lost`` of one worker entry (its attempt token makes the id): written by a lease
     pass (``by="lease pass"``) and by the worker whose ping found the lease gone (``"ping"``);
-    whichever lands first is kept."""
+    whichever lands first is kept. ``position``: where it stands among the task's events (a
+    pass: how many attempts the task has, like any task-level event; default the attempt's)."""
     return event_doc(
         EventKind.LEASE_LOST,
         key,
@@ -225,6 +227,7 @@ def lost_lease_event(
         worker_id=entry.get("worker_id"),
         attempt=attempt_no,
         generation=generation,
+        position=position,
         detail={"by": by, "lease_end": entry.get("ping_expire_time")},
     )
 

@@ -414,6 +414,7 @@ class MemoryDriver(
                             now,
                             "lease pass",
                             generation,
+                            len(doc["state"]["worker_states"]),
                         )
                         self._record([lost], now)
                     entry.update(changes)

@@ -316,6 +316,7 @@ class MongoEvents:
                         params.now,
                         "lease pass",
                         generation,
+                        len(state.get("worker_states", [])),
                     )
                     events.append(lost)
         expired = await self._expire_leases_only(params)
