@@ -940,5 +940,6 @@ def event_for(doc: Mapping[str, Any], token: Any = None) -> ChangeEvent:
         claimers=tuple(state.get("claimers", ())),
         stop=stop["action"] if stop else None,
         stop_attempts=tuple(stop["attempts"]) if stop else None,
-        deadline=doc["option"].get("deadline"),
+        # only while it may still expire (an insert's projected document has no status: pending)
+        deadline=doc["option"].get("deadline") if state.get("status", "pending") == "pending" else None,
     )
