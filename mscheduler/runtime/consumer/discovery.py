@@ -215,6 +215,8 @@ class Discovery:
         past_deadline = await self.driver.expire_deadlines(ExpireParams(now))
         if past_deadline:
             self._emit("deadlines_expired", {"count": past_deadline})
+        while (when := self._next_deadline()) is not None and when <= now:  # this pass saw to them
+            del self._deadline_of[heapq.heappop(self.deadlines)[1]]
         limit = self.batch_size
         wakeups = await self.driver.find_wakeups(
             WakeupParams(self.worker_id, self.names, now, limit, groups=self.groups)
@@ -255,8 +257,8 @@ class Discovery:
                 log.log(level, "poll failed (%s); trying again next interval", exc, extra={"error": str(exc)})
 
     async def _sleep_or_poll(self, seconds: float) -> bool:
-        """Sleep ``seconds``, or less when a poll is asked for; True if one was (or a deadline
-        was noted: the sleep is re-armed, the poll comes at its time)."""
+        """Sleep ``seconds``, or less when a poll is asked for (True) or a deadline was noted
+        (False: the caller re-arms its sleep for it)."""
         await sleep_unless(self.clock, seconds, self._poll_now, self._rearm)
         self._rearm.clear()
         requested = self._poll_now.is_set()
