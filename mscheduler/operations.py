@@ -195,7 +195,10 @@ class Operations:
     async def request_worker_stop(self, worker_id: str) -> bool:
         """Ask a running consumer to stop gracefully (it sees the request at its next heartbeat).
         False if no running consumer has that id (unknown, or stopped already)."""
-        worker_id = _checked(validate_worker_id, worker_id, "worker_id")
+        try:
+            worker_id = validate_worker_id(worker_id)  # not '$...', not 'g:...' (a group's token)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
         return await self.driver.request_worker_stop(worker_id, await self._now())
 
     # -- flow limits (SPEC G5) ----------------------------------------------------------------

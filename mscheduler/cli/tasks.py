@@ -173,14 +173,18 @@ def tasks_pause(
         bool,
         typer.Option(
             "--stop-running",
-            help="Also stop its running attempts (released, not counted against its retries).",
+            help="Also stop its running attempts (released once their handlers stopped, not "
+            "counted against its retries).",
         ),
     ] = False,
 ) -> None:
     """Stop claims of task KEY (pending or running) until it is resumed; with --stop-running its
     running handlers are stopped too and the resumed task starts from its last checkpoint."""
     info = run(conn, lambda ops: ops.pause(key, stop_running=stop_running))
-    _done(f"paused task {info.key!r} ({info.status.value})")
+    stopping = (
+        f"; {info.running_cnt} running attempt(s) told to stop" if stop_running and info.running_cnt else ""
+    )
+    _done(f"paused task {info.key!r} ({info.status.value}{stopping})")
 
 
 @tasks_app.command("resume", short_help="Make a paused task claimable again.")
