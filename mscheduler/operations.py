@@ -32,6 +32,7 @@ from mscheduler.domain.limits import LimitInfo, Rate, checked_limit, from_storag
 from mscheduler.domain.listing import LIST_LIMIT_MAX, TaskFilters, TaskPage, list_params, task_page
 from mscheduler.domain.model import (
     OptionChange,
+    Task,
     TaskInfo,
     TaskOption,
     TaskStatus,
@@ -64,6 +65,12 @@ from mscheduler.drivers.base import (
     UniqueParamsTaken,
     UpdateOptionParams,
     UpdatePlanParams,
+)
+from mscheduler.publishing import (
+    DEFAULT_MAX_PARAMS_BYTES,
+    checked_max_params_bytes,
+    insert_families,
+    prepared_families,
 )
 
 MANY_MAX = 1000  # keys of one get_tasks / restart_many call
@@ -137,13 +144,23 @@ class Operations:
     :param driver: the storage.
     :param clock: time source; by default the system clock corrected to the server's clock (the
         same correction consumers use, so a stop request is stamped in the server's time).
+    :param max_params_bytes: the largest params ``send`` / ``send_many`` accept (their BSON size),
+        as ``Publisher(max_params_bytes=...)``.
     """
 
-    def __init__(self, driver: Driver, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        *,
+        clock: Clock | None = None,
+        max_params_bytes: int = DEFAULT_MAX_PARAMS_BYTES,
+    ) -> None:
         self.driver = driver
         self.clock = clock if isinstance(clock, ServerClock) else ServerClock(clock)
+        self.max_params_bytes = checked_max_params_bytes(max_params_bytes)
         self._synced = False
         self._plans_set_up = False
+        self._tasks_set_up = False
 
     async def _now(self) -> datetime:
         if not self._synced:
@@ -284,6 +301,32 @@ class Operations:
         checked_window, checked_names, checked_statuses = checked_stats_input(window, names, statuses)
         params = StatsParams(await self._now(), checked_window, checked_names, checked_statuses)
         return await self.driver.task_stats(params, on_step)
+
+    # -- publishing -----------------------------------------------------------------------------
+
+    async def send(self, task: Task, *, reset_finished: bool = False) -> bool:
+        """Publish ``task`` unless its key exists (SPEC F1); True if this call created (or reset)
+        it. The rules are ``Publisher.send``'s, from the same code (``mscheduler.publishing``):
+        the REST API's ``POST /api/v1/tasks`` is this call."""
+        if not isinstance(task, Task):
+            raise InvalidInput(f"send() takes a Task, got {type(task).__name__}")
+        return (await self.send_many([task], reset_finished=reset_finished))[0]
+
+    async def send_many(self, tasks: Sequence[Task], *, reset_finished: bool = False) -> list[bool]:
+        """Publish many tasks (``Publisher.send_many``'s rules): every task is checked before
+        anything is written; a bool per task, in order, True where it was created (or reset)."""
+        if isinstance(tasks, (str, bytes, Task)) or not isinstance(tasks, Sequence):
+            raise InvalidInput(f"tasks: a list of Tasks, got {type(tasks).__name__}")
+        if not isinstance(reset_finished, bool):
+            raise InvalidInput("reset_finished: must be True or False")
+        now = await self._now()
+        families = prepared_families(
+            tasks, now=now, reset_finished=reset_finished, max_params_bytes=self.max_params_bytes
+        )
+        if not self._tasks_set_up:  # the unique key index before the first insert (SPEC F1)
+            await self.driver.setup()
+            self._tasks_set_up = True
+        return await insert_families(self.driver, families, self.clock.now, reset_finished=reset_finished)
 
     # -- task control -------------------------------------------------------------------------
 

@@ -22,18 +22,20 @@ from mscheduler.domain.model import (
     TaskInfo,
     TaskOption,
     TaskStatus,
-    encoded_size,
     validate_key,
 )
 from mscheduler.domain.state import CHILD_ENDED_BADLY
-from mscheduler.domain.unique import params_hash
-from mscheduler.drivers.base import Driver, InsertParams, NewTask
+from mscheduler.drivers.base import Driver
 from mscheduler.observability.tracing import tracer_for
 from mscheduler.operations import change_option
-from mscheduler.services.children import child_names, expand
+from mscheduler.publishing import (
+    DEFAULT_MAX_PARAMS_BYTES,
+    checked_max_params_bytes,
+    child_names,
+    insert_families,
+    prepared_families,
+)
 
-SEND_MANY_BATCH = 1000
-DEFAULT_MAX_PARAMS_BYTES = 512 * 1024
 # A worker whose heartbeat is older than this is not counted as live (5 s heartbeats by default).
 WORKER_LIVENESS = timedelta(seconds=30)
 
@@ -60,8 +62,7 @@ class Publisher:
         max_params_bytes: int = DEFAULT_MAX_PARAMS_BYTES,
         tracing: bool | None = None,
     ) -> None:
-        if not 1 <= max_params_bytes <= 8 * 1024 * 1024:
-            raise InvalidInput("max_params_bytes must be between 1 byte and 8 MiB")
+        checked_max_params_bytes(max_params_bytes)
         self._tracer = tracer_for(tracing)
         self.driver = driver
         self.clock: Clock = clock or SystemClock()
@@ -87,19 +88,8 @@ class Publisher:
             await self.driver.setup()
             self._set_up = True
 
-    def _prepare(self, task: Task) -> NewTask:
-        if not isinstance(task, Task):
-            raise InvalidInput(f"send() takes a Task, got {type(task).__name__}")
-        size = encoded_size(task.params)
-        if size > self.max_params_bytes:
-            raise InvalidInput(
-                f"task {task.key!r}: params are {size} bytes, more than max_params_bytes "
-                f"({self.max_params_bytes}); store large data elsewhere and send a reference"
-            )
-        unique_hash = params_hash(task.name, task.params) if task.unique_by == "params" else None
-        option = task.option.to_storage(self.clock.now())
-        trace = self._tracer.carrier() if self._tracer is not None else None
-        return NewTask(task.key, task.name, task.params, option, unique_hash=unique_hash, trace=trace)
+    def _trace(self) -> dict[str, str] | None:
+        return self._tracer.carrier() if self._tracer is not None else None
 
     async def _live_handlers(self) -> set[str]:
         """Task names that a live registered consumer handles."""
@@ -143,28 +133,24 @@ class Publisher:
         return await self._send(task, reset_finished, session)
 
     async def _send(self, task: Task, reset_finished: bool, session: Any) -> bool:
-        params = InsertParams(self._family(task, reset_finished), self.clock.now(), reset_finished, session)
+        if not isinstance(task, Task):
+            raise InvalidInput(f"send() takes a Task, got {type(task).__name__}")
+        families = prepared_families(
+            [task],
+            now=self.clock.now(),
+            reset_finished=reset_finished,
+            max_params_bytes=self.max_params_bytes,
+            trace=self._trace(),
+        )
         await self._setup()
-        created = (await self.driver.insert_tasks(params))[0]
+        created = (
+            await insert_families(
+                self.driver, families, self.clock.now, reset_finished=reset_finished, session=session
+            )
+        )[0]
         self._emit_sent([task], [created])
         await self._warn_if_unhandled(child_names(task))
         return created
-
-    def _family(self, task: Task, reset_finished: bool) -> list[NewTask]:
-        """The documents a task is stored as: itself, or with children the parent first, then
-        its children (mscheduler.services.children), inserted in one command."""
-        if not isinstance(task, Task) or not task.children:
-            return [self._prepare(task)]
-        if reset_finished:
-            raise InvalidInput(
-                f"task {task.key!r}: reset_finished does not apply to a task with children "
-                "(restart it with Operations.restart)"
-            )
-        if getattr(task, "unique_by", "key") != "key":
-            raise InvalidInput(
-                f"task {task.key!r}: unique_by='params' does not apply to a task with children"
-            )
-        return expand(task, self._prepare)
 
     async def send_many(
         self, tasks: Iterable[Task], *, reset_finished: bool = False, session: Any = None
@@ -178,26 +164,17 @@ class Publisher:
         return await self._send_many(tasks, reset_finished, session)
 
     async def _send_many(self, tasks: list[Task], reset_finished: bool, session: Any) -> list[bool]:
-        for i, task in enumerate(tasks):
-            if not isinstance(task, Task):
-                raise InvalidInput(f"send_many() takes Tasks, got {type(task).__name__} at index {i}")
-        families = [self._family(t, reset_finished) for t in tasks]
-        keys = [t.key for family in families for t in family]
-        seen: set[str] = set()
-        for key in keys:
-            if key in seen:
-                raise InvalidInput(f"send_many got the key {key!r} twice")
-            seen.add(key)
-        created: list[bool] = []
+        families = prepared_families(
+            tasks,
+            now=self.clock.now(),
+            reset_finished=reset_finished,
+            max_params_bytes=self.max_params_bytes,
+            trace=self._trace(),
+        )
         await self._setup()
-        for batch in _batches(families):
-            docs = [t for family in batch for t in family]
-            params = InsertParams(docs, self.clock.now(), reset_finished, session)
-            results = await self.driver.insert_tasks(params)
-            first = 0
-            for family in batch:  # a task with children: whether its parent was created
-                created.append(results[first])
-                first += len(family)
+        created = await insert_families(
+            self.driver, families, self.clock.now, reset_finished=reset_finished, session=session
+        )
         self._emit_sent(tasks, created)
         await self._warn_if_unhandled({n for t in tasks for n in child_names(t)})
         return created
@@ -278,20 +255,6 @@ def _result(info: TaskInfo) -> Any:
     if info.option.concurrent_worker_cnt > 1:
         return info.results
     return info.results[0] if info.results else None
-
-
-def _batches(families: list[list[NewTask]]) -> list[list[list[NewTask]]]:
-    """Families grouped into insert commands of about ``SEND_MANY_BATCH`` documents; a family
-    (a parent and its children) is never split between two commands."""
-    batches: list[list[list[NewTask]]] = []
-    size = SEND_MANY_BATCH
-    for family in families:
-        if size + len(family) > SEND_MANY_BATCH:
-            batches.append([])
-            size = 0
-        batches[-1].append(family)
-        size += len(family)
-    return batches
 
 
 def _key(key: str) -> str:
