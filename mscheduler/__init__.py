@@ -63,7 +63,7 @@ from mscheduler.domain.version import __version__ as __version__
 from mscheduler.drivers import Driver, MemoryDriver, MongoDriver
 from mscheduler.operations import Operations, WorkerView
 from mscheduler.remote.executors import RemoteExecutors
-from mscheduler.runtime.consumer import Consumer, TaskContext
+from mscheduler.runtime.consumer import Consumer, SyncTaskContext, TaskContext
 from mscheduler.runtime.publisher import Publisher
 from mscheduler.services.events import Event, EventKind, Events
 from mscheduler.services.expiry import ExpiryService
@@ -121,6 +121,7 @@ __all__ = [
     "Schedule",
     "Snooze",
     "StorageError",
+    "SyncTaskContext",
     "Task",
     "TaskCancelled",
     "TaskContext",

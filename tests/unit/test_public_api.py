@@ -60,6 +60,7 @@ EXPECTED = [
     "Schedule",
     "Snooze",
     "StorageError",
+    "SyncTaskContext",
     "Task",
     "TaskCancelled",
     "TaskContext",
