@@ -153,9 +153,13 @@ async def test_a_plain_handler_that_raises_is_recorded_as_an_async_one(harness: 
         assert info.status is TaskStatus.PENDING and info.fail_cnt == 1
     sync_error, async_error = sync_info.worker_states[0].error, async_info.worker_states[0].error
     assert sync_error is not None and async_error is not None
-    assert (sync_error.type, sync_error.message) == (async_error.type, async_error.message) == (
-        "Boom",
-        "broken in a thread",
+    assert (
+        (sync_error.type, sync_error.message)
+        == (async_error.type, async_error.message)
+        == (
+            "Boom",
+            "broken in a thread",
+        )
     )
     assert "sync_boom" in (sync_error.traceback or "")
     retried = await harness.get("sr")
@@ -303,9 +307,14 @@ async def test_cpu_bound_work_runs_in_a_process_with_its_context(memory_harness:
     assert (await harness.get("s")).results == [15]
     retried = await harness.get("r")
     error = retried.worker_states[0].error
-    assert retried.fail_cnt == 1 and error is not None and (error.type, error.message) == (
-        "Retry",
-        "not ready in a process",
+    assert (
+        retried.fail_cnt == 1
+        and error is not None
+        and (error.type, error.message)
+        == (
+            "Retry",
+            "not ready in a process",
+        )
     )
     assert retried.next_due == harness.clock.now() + timedelta(seconds=60)
 
