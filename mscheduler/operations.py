@@ -28,7 +28,7 @@ from mscheduler.domain.exceptions import (
     UnknownPlan,
     UnknownTask,
 )
-from mscheduler.domain.limits import LimitInfo, Rate, checked_limit, from_storage
+from mscheduler.domain.limits import Limit, LimitInfo, Rate, checked_limit, from_storage
 from mscheduler.domain.listing import LIST_LIMIT_MAX, TaskFilters, TaskPage, list_params, task_page
 from mscheduler.domain.model import (
     OptionChange,
@@ -197,9 +197,7 @@ class Operations:
     async def request_worker_stop(self, worker_id: str) -> bool:
         """Ask a running consumer to stop gracefully (it sees the request at its next heartbeat).
         False if no running consumer has that id (unknown, or stopped already)."""
-        if not isinstance(worker_id, str) or not worker_id or worker_id.startswith("$"):
-            raise InvalidInput(f"invalid worker id {worker_id!r}")
-        return await self.driver.request_worker_stop(worker_id, await self._now())
+        return await self.driver.request_worker_stop(checked_worker_id(worker_id), await self._now())
 
     # -- flow limits (SPEC G5) ----------------------------------------------------------------
 
@@ -216,12 +214,7 @@ class Operations:
         starts per period (``"10/s"``, ``"1000/h"``). Applies to every consumer's next claim
         (slots held already are kept: a lowered ``max_running`` grants nothing until the running
         count is below it). A name covered by another limit is ``InvalidInput``."""
-        if names is not None and (isinstance(names, (str, bytes)) or not isinstance(names, Sequence)):
-            raise InvalidInput(f"names: a list of task names, got {type(names).__name__}")
-        fields: dict[str, Any] = {"key": key, "max_running": max_running, "rate": rate}
-        if names is not None:
-            fields["names"] = tuple(names)
-        limit = checked_limit(**fields)
+        limit = limit_input(key, names, max_running, rate)
         now = await self._now()
         try:
             await self.driver.put_limit(PutLimitParams(limit.key, limit.to_storage(), now))
@@ -335,8 +328,7 @@ class Operations:
         cancelled as soon as its consumer hears of it (the change stream; without one, its next
         ping) and its outcome is refused; ``wait`` raises ``TaskCancelled``. Refused on a
         finished task (succeeded, failed, expired, cancelled)."""
-        if not isinstance(reason, str) or len(reason) > REASON_MAX:
-            raise InvalidInput(f"reason: must be a string of at most {REASON_MAX} characters")
+        checked_reason(reason)
         rule = "only a pending or running task can be cancelled"
         return await self._change(key, "cancel", _UNFINISHED, rule, reason=reason)
 
@@ -436,10 +428,7 @@ class Operations:
         nothing running). Recorded as ``state.marked`` {status, reason, by, time}; the task is
         not claimed again until a restart (which clears it). A child's parent is synced. A task
         with children takes its status from them: refused (set its children's)."""
-        if status not in MARKABLE:
-            raise InvalidInput(f"status: one of {', '.join(MARKABLE)}, got {status!r}")
-        _check_text(reason, "reason", REASON_MAX)
-        _check_text(by, "by", 200)
+        checked_mark(status, reason, by)
         key = _checked(validate_key, key, "key")
         statuses, rule = MARKABLE[status]
         for _ in range(CONTROL_TRIES):
@@ -477,14 +466,7 @@ class Operations:
         return await self.restart(await self._child_key(key, child), force=force)
 
     async def _child_key(self, key: str, child: str) -> str:
-        info = await self.get_task(key)
-        if info.children is None:
-            raise InvalidInput(f"task {key!r} has no children")
-        for entry in info.children:
-            if entry.name == child:
-                return entry.key
-        names = ", ".join(repr(c.name) for c in info.children)
-        raise InvalidInput(f"task {key!r} has no child named {child!r} (its children: {names})")
+        return child_key_of(await self.get_task(key), child)
 
     async def _follow_family(
         self, info: TaskInfo, action: str, *, reason: str = "", stop_running: bool = False
@@ -592,16 +574,7 @@ class Operations:
         self, *, state: str | None = None, limit: int = 100, skip: int = 0
     ) -> list[PlanInfo]:
         """Plans oldest first, optionally of one state (served by an index)."""
-        if state is not None:
-            try:
-                state = PlanState(state).value
-            except ValueError:
-                choices = ", ".join(s.value for s in PlanState)
-                raise InvalidInput(f"state: unknown plan state {state!r} (one of {choices})") from None
-        if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
-            raise InvalidInput(f"limit: must be an integer from 1 to {LIST_LIMIT_MAX}")
-        if not isinstance(skip, int) or skip < 0:
-            raise InvalidInput("skip: must be a non-negative integer")
+        state = checked_plan_listing(state, limit, skip)
         docs = await self.driver.list_plans(PlanListParams(state=state, limit=limit, skip=skip))
         return [PlanInfo.from_storage(doc) for doc in docs]
 
@@ -618,8 +591,7 @@ class Operations:
 
     async def skip_plan(self, plan_id: str, n: int = 1) -> PlanInfo:
         """Skip the plan's next ``n`` occurrences (sets the count: 0 cancels earlier skips)."""
-        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 10**9:
-            raise InvalidInput("n: must be an integer from 0 to 1,000,000,000")
+        n = checked_skip_count(n)
         return await self._change_plan(plan_id, lambda doc, now: {"skip_next": n})
 
     async def edit_plan(self, plan_id: str, **changes: Any) -> PlanInfo:
@@ -705,6 +677,79 @@ async def change_option(driver: Driver, key: str, change: OptionChange, now: dat
     if not await driver.update_option(UpdateOptionParams(key, stored, now)):
         raise UnknownTask(key)
     return option
+
+
+# -- input checks, shared with ``mscheduler.remote.client.RemoteOperations`` (which runs them before
+# a request, so that a refusal reads the same whichever way the CLI reaches the store) -------------
+
+
+def checked_worker_id(worker_id: object) -> str:
+    if not isinstance(worker_id, str) or not worker_id or worker_id.startswith("$"):
+        raise InvalidInput(f"invalid worker id {worker_id!r}")
+    return worker_id
+
+
+def limit_input(
+    key: str, names: Sequence[str] | None, max_running: int | None, rate: Rate | str | None
+) -> Limit:
+    """The limit ``set_limit`` stores, or ``InvalidInput``."""
+    if names is not None and (isinstance(names, (str, bytes)) or not isinstance(names, Sequence)):
+        raise InvalidInput(f"names: a list of task names, got {type(names).__name__}")
+    fields: dict[str, Any] = {"key": key, "max_running": max_running, "rate": rate}
+    if names is not None:
+        fields["names"] = tuple(names)
+    return checked_limit(**fields)
+
+
+def checked_reason(reason: object) -> str:
+    if not isinstance(reason, str) or len(reason) > REASON_MAX:
+        raise InvalidInput(f"reason: must be a string of at most {REASON_MAX} characters")
+    return reason
+
+
+def checked_mark(status: object, reason: object, by: object) -> None:
+    """``set_status``'s input: a status that may be set by hand, a reason, who did it."""
+    if status not in MARKABLE:
+        raise InvalidInput(f"status: one of {', '.join(MARKABLE)}, got {status!r}")
+    _check_text(reason, "reason", REASON_MAX)
+    _check_text(by, "by", 200)
+
+
+def child_key_of(info: TaskInfo, child: str) -> str:
+    """The key of the child named ``child`` of the task ``info``, or ``InvalidInput``."""
+    if info.children is None:
+        raise InvalidInput(f"task {info.key!r} has no children")
+    for entry in info.children:
+        if entry.name == child:
+            return entry.key
+    names = ", ".join(repr(c.name) for c in info.children)
+    raise InvalidInput(f"task {info.key!r} has no child named {child!r} (its children: {names})")
+
+
+def checked_plan_listing(state: str | None, limit: object, skip: object) -> str | None:
+    """``list_plans``' filters: the state's value (None: all), a page size, an offset."""
+    if state is not None:
+        try:
+            state = PlanState(state).value
+        except ValueError:
+            choices = ", ".join(s.value for s in PlanState)
+            raise InvalidInput(f"state: unknown plan state {state!r} (one of {choices})") from None
+    if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
+        raise InvalidInput(f"limit: must be an integer from 1 to {LIST_LIMIT_MAX}")
+    if not isinstance(skip, int) or skip < 0:
+        raise InvalidInput("skip: must be a non-negative integer")
+    return state
+
+
+def checked_skip_count(n: object) -> int:
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 10**9:
+        raise InvalidInput("n: must be an integer from 0 to 1,000,000,000")
+    return n
+
+
+def checked_keys(keys: object) -> list[str]:
+    """Distinct valid keys, in the order given (at most ``MANY_MAX``); else ``InvalidInput``."""
+    return _checked_keys(keys)
 
 
 def _checked_keys(keys: object) -> list[str]:
