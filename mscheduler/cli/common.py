@@ -14,18 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import inspect
 import json
 import logging
 import os
 import re
+import sys
 import time
+import traceback
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any, TypeVar, get_args, get_type_hints
 
 import typer
@@ -230,6 +234,49 @@ async def ensure_reachable(
 
 
 URI_TIMEOUT_HINT = f"to wait longer, pass {TIMEOUT_OPTION} or set serverSelectionTimeoutMS in the URI"
+
+
+def user_code_failed(what: str, exc: Exception) -> CliError:
+    """The user's module or factory raised: a malformed MongoDB URI is a usage error (exit 2, one
+    line); anything else shows its traceback (exit 1)."""
+    reason = mongo_setting_error(exc)
+    if reason is not None:
+        return CliError(f"{what} failed: invalid MongoDB URI or client option: {reason}", exit_code=2)
+    return CliError(f"{what} failed:\n{_short_traceback(exc)}")
+
+
+def import_target(spec: str) -> Any:
+    """Import ``MODULE:ATTR`` (ATTR may be dotted); the current directory is importable, as with -m."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name.strip() or not attr.strip():
+        raise CliError(f"expected MODULE:ATTR (e.g. myapp.workers:make_consumers), got {spec!r}", exit_code=2)
+    cwd = str(Path.cwd())
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise CliError(
+                f"cannot import module {module_name!r}: {exc} "
+                "(run from your project's directory or set PYTHONPATH)",
+                exit_code=2,
+            ) from exc
+        raise user_code_failed(f"importing {module_name!r}", exc) from exc
+    except Exception as exc:  # the user's module failed while importing
+        raise user_code_failed(f"importing {module_name!r}", exc) from exc
+    target: Any = module
+    walked = module_name
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise CliError(f"{walked!r} has no attribute {part!r} (looked up {spec!r})", exit_code=2)
+        target = getattr(target, part)
+        walked = f"{walked}:{part}" if walked == module_name else f"{walked}.{part}"
+    return target
+
+
+def _short_traceback(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc, limit=-6)).rstrip()
 
 
 def _database(client: Any, name: str | None, fallback: str) -> Any:

@@ -951,7 +951,7 @@ class RemoteEvents:
                 query[name] = when.isoformat()
         try:
             answer = await self.operations._call("GET", "/events", params=query, refused=_log_off)
-        except EventLogOff:
+        except _EventLogOff:
             return []
         return [Event.model_validate(e) for e in answer["events"]]
 
@@ -983,7 +983,7 @@ class RemoteEvents:
                     await answer.aread()
                     code, detail = error_of(answer)
                     if answer.status_code == 409 and code == "event_log_off":
-                        raise EventLogOff(detail)
+                        raise _EventLogOff(detail)
                     raise ops._error(answer, "GET", "/events/stream") or ops._not_api(
                         answer, "GET", "/events/stream"
                     )
@@ -1000,13 +1000,13 @@ class RemoteEvents:
             ) from exc
 
 
-class EventLogOff(InvalidInput):
+class _EventLogOff(InvalidInput):
     """The API's store keeps no event log (409 ``event_log_off``)."""
 
 
 def _log_off(body: dict[str, Any]) -> MSchedulerError:
     if body.get("error") == "event_log_off":
-        return EventLogOff(str(body.get("detail", "")))
+        return _EventLogOff(str(body.get("detail", "")))
     return StorageError(f"409 {body.get('error')}: {body.get('detail')}")
 
 
