@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
-from mscheduler.domain.clock import Clock, SystemClock
+from mscheduler.domain.clock import Clock, SystemClock, check_same_time, sleep_unless
 from mscheduler.domain.exceptions import (
     InvalidInput,
     MSchedulerError,
@@ -25,7 +26,7 @@ from mscheduler.domain.model import (
     validate_key,
 )
 from mscheduler.domain.state import CHILD_ENDED_BADLY
-from mscheduler.drivers.base import Driver
+from mscheduler.drivers.base import ChangeEvent, Driver
 from mscheduler.observability.tracing import tracer_for
 from mscheduler.operations import change_option
 from mscheduler.publishing import (
@@ -63,6 +64,7 @@ class Publisher:
         tracing: bool | None = None,
     ) -> None:
         checked_max_params_bytes(max_params_bytes)
+        check_same_time(driver, clock, "this Publisher")
         self._tracer = tracer_for(tracing)
         self.driver = driver
         self.clock: Clock = clock or SystemClock()
@@ -200,12 +202,31 @@ class Publisher:
         With ``concurrent_worker_cnt`` > 1 the result is the list of every worker's result. A
         task with children returns ``{child name: its result}``, or raises ``TaskFailed`` with the
         error of the child that failed.
-        Raises ``TimeoutError`` after ``timeout`` seconds (None waits for ever).
+        Raises ``TimeoutError`` after ``timeout`` seconds (None waits for ever), on the
+        publisher's clock. It reads the task again after each poll interval, and at once when
+        an in-process store (``MemoryDriver``) says the task changed: so it also returns under a
+        ``FakeClock`` nobody moves, as soon as the task has ended.
         """
+        watch = _TaskWatch(self.driver, key)
+        try:
+            return await self._wait(key, timeout, poll_interval, max_poll_interval, watch)
+        finally:
+            watch.close()
+
+    async def _wait(
+        self,
+        key: str,
+        timeout: float | None,
+        poll_interval: float,
+        max_poll_interval: float,
+        watch: _TaskWatch,
+    ) -> Any:
         started = self.clock.monotonic()
         interval = poll_interval
         while True:
+            watch.changed.clear()  # before the read: a change after it wakes the sleep below
             info = await self.get(key)
+            watch.start(info)
             if info.children is not None and info.status in (TaskStatus.SUCCEEDED, TaskStatus.FAILED):
                 return await self._family_outcome(info)
             if info.status is TaskStatus.SUCCEEDED:
@@ -224,7 +245,7 @@ class Publisher:
                     hint = f"; no live worker handles tasks named {info.name!r}"
                 raise TimeoutError(f"task {key!r} is still {info.status.value} after {timeout}s{hint}")
             sleep = interval if timeout is None else min(interval, timeout - waited)
-            await self.clock.sleep(sleep)
+            await sleep_unless(self.clock, sleep, watch.changed)
             interval = min(interval * 1.5, max_poll_interval)
 
     async def _family_outcome(self, info: TaskInfo) -> Any:
@@ -247,6 +268,32 @@ class Publisher:
         ``ping_interval`` applies from the next ping; the rest applies to the next claim.
         """
         return await change_option(self.driver, key, change, self.clock.now())
+
+
+class _TaskWatch:
+    """Wakes ``Publisher.wait`` when its task (or a child) changes, where the store says so for
+    free: an in-process store (``driver.in_process``). Elsewhere ``wait`` polls."""
+
+    def __init__(self, driver: Driver, key: str) -> None:
+        self.driver = driver
+        self.key = key
+        self.changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, info: TaskInfo) -> None:
+        if self._task is None and getattr(self.driver, "in_process", False):
+            names = sorted({info.name, *(c.name for c in info.children or ())})
+            self._task = asyncio.ensure_future(self._follow(names))
+
+    async def _follow(self, names: list[str]) -> None:
+        prefix = self.key + "/"
+        async for event in self.driver.watch(names):
+            if isinstance(event, ChangeEvent) and (event.key == self.key or event.key.startswith(prefix)):
+                self.changed.set()
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
 
 
 def _result(info: TaskInfo) -> Any:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from mscheduler.domain.clock import Clock, ServerClock
+from mscheduler.domain.clock import Clock, ServerClock, check_same_time
 from mscheduler.domain.exceptions import (
     ConsumerStopped,
     InvalidInput,
@@ -223,6 +223,7 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         self.max_attempt_entries = max_attempt_entries
         if not 0 < limits_interval <= 3600 or not 0 < limit_backoff <= 60:
             raise InvalidInput("limits_interval must be in (0, 3600] and limit_backoff in (0, 60] seconds")
+        check_same_time(driver, clock, "this Consumer")
         self.clock = ServerClock(clock) if not isinstance(clock, ServerClock) else clock
         self._handlers: dict[str, Registered] = {}
         # plain handlers' threads and run_in="process" handlers' processes (handlers.py)
