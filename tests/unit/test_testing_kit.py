@@ -247,3 +247,27 @@ def test_the_pytest_plugin_is_found_by_its_entry_point(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "3 passed" in done.stdout
+
+
+def test_the_examples_of_docs_testing_run(tmp_path: Path) -> None:
+    """docs/testing.md's blocks, in order, as one test module of a project of its own."""
+    import re
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "testing.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.DOTALL)
+    checkout = (
+        "\n\nasync def checkout(publisher, order_id):\n"
+        "    await publisher.send(Task(f'invoice-{order_id}', 'send_invoice',"
+        " {'order_id': order_id, 'email': 'c@d.e'}))\n"
+    )
+    (tmp_path / "test_docs.py").write_text("\n\n".join(blocks) + checkout)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nasyncio_mode = auto\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "5 passed" in done.stdout
