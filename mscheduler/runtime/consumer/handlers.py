@@ -166,7 +166,6 @@ class DaemonThreadPool(Executor):
         ]
         for thread in self._threads:
             thread.start()
-        self.busy = 0  # calls running now (a stuck handler keeps its thread)
 
     def _run(self) -> None:
         while True:
@@ -176,13 +175,10 @@ class DaemonThreadPool(Executor):
             future, call = item
             if not future.set_running_or_notify_cancel():
                 continue
-            self.busy += 1
             try:
                 future.set_result(call())
             except BaseException as exc:
                 future.set_exception(exc)
-            finally:
-                self.busy -= 1
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         future: Future[Any] = Future()
@@ -213,6 +209,7 @@ class HandlerPools:
         self._threads: DaemonThreadPool | None = None
         self._processes: ProcessPoolExecutor | None = None
         self._manager: Any = None
+        self._manager_lock = threading.Lock()  # ``manager`` is called from threads
 
     def threads(self) -> DaemonThreadPool:
         if self._threads is None:
@@ -226,10 +223,12 @@ class HandlerPools:
         return self._processes
 
     def manager(self) -> Any:
-        """A multiprocessing manager: the per-attempt flags and queues a process's context uses."""
-        if self._manager is None:
-            self._manager = _SPAWN.Manager()
-        return self._manager
+        """A multiprocessing manager: the per-attempt flags and queues a process's context uses
+        (started in a thread by the first attempt that needs one: starting it blocks)."""
+        with self._manager_lock:
+            if self._manager is None:
+                self._manager = _SPAWN.Manager()
+            return self._manager
 
     def close(self) -> None:
         """At the consumer's stop: the threads end when their handlers return; the processes are
@@ -238,7 +237,8 @@ class HandlerPools:
             self._threads.shutdown(wait=False)
             self._threads = None
         if self._processes is not None:
-            processes = list(getattr(self._processes, "_processes", {}).values())
+            # the pool's own list of its processes (ProcessPoolExecutor has no public one before 3.14)
+            processes = list((getattr(self._processes, "_processes", None) or {}).values())
             self._processes.shutdown(wait=False, cancel_futures=True)
             for process in processes:
                 if process.is_alive():
@@ -287,6 +287,12 @@ class SyncTaskContext:
     def checkpoint(self, data: Any) -> None:
         if self.cancelled:
             raise LeaseLost("the checkpoint was not saved: the attempt was given up")
+        try:
+            on_the_loop = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            on_the_loop = False
+        if on_the_loop:  # it would wait for the loop it blocks
+            raise InvalidInput("SyncTaskContext.checkpoint blocks: call it from the handler's thread")
         asyncio.run_coroutine_threadsafe(self._ctx.checkpoint(data), self._loop).result()
 
     def progress(self, fraction: float, message: str | None = None) -> None:
