@@ -174,7 +174,9 @@ class StatsOut(BaseModel):
 
 
 class WhoAmIOut(BaseModel):
-    role: str = Field(description="the token's role: admin (reads and changes) or read")
+    role: str = Field(
+        description="the token's role: admin (reads and changes), read, publish (sends tasks) or executor"
+    )
 
 
 class HealthOut(BaseModel):

@@ -141,3 +141,11 @@ async def test_a_publish_token_may_send_and_nothing_else(client: httpx.AsyncClie
         assert answer.status_code == 403, (method, path)
         assert "publish token may only send tasks" in answer.json()["detail"]
     assert (await client.post(TASKS, json={"key": "k", "name": "job"})).status_code == 401
+
+
+def test_publish_tokens_come_from_the_configuration() -> None:
+    from mscheduler.web import Role, parse_tokens
+
+    tokens = parse_tokens(f"admin:{ADMIN_TOKEN}\npublish:{PUBLISH_TOKEN}")
+    assert tokens.role_of(PUBLISH_TOKEN) is Role.PUBLISH and tokens.role_of(ADMIN_TOKEN) is Role.ADMIN
+    assert "publish=1 token(s)" in repr(tokens)
