@@ -30,11 +30,11 @@ from mscheduler.domain.exceptions import (
     UnknownPlan,
     UnknownTask,
 )
-from mscheduler.domain.limits import LimitInfo, Rate, checked_limit, from_storage
+from mscheduler.domain.limits import Limit, LimitInfo, Rate, checked_limit, from_storage
 from mscheduler.domain.listing import LIST_LIMIT_MAX, TaskFilters, TaskPage, list_params, task_page
 from mscheduler.domain.model import (
-    DEFAULT_MAX_PARAMS_BYTES,
     OptionChange,
+    Task,
     TaskInfo,
     TaskOption,
     TaskStatus,
@@ -70,6 +70,12 @@ from mscheduler.drivers.base import (
     UniqueParamsTaken,
     UpdateOptionParams,
     UpdatePlanParams,
+)
+from mscheduler.publishing import (
+    DEFAULT_MAX_PARAMS_BYTES,
+    checked_max_params_bytes,
+    insert_families,
+    prepared_families,
 )
 
 log = logging.getLogger("mscheduler.operations")
@@ -145,20 +151,24 @@ class Operations:
     :param driver: the storage.
     :param clock: time source; by default the system clock corrected to the server's clock (the
         same correction consumers use, so a stop request is stamped in the server's time).
-    :param max_params_bytes: the largest params a plan may carry (their BSON size), the cap
-        ``Publisher.send`` puts on a task's: every run of the plan carries them.
+    :param max_params_bytes: the largest params ``send`` / ``send_many`` accept (their BSON size),
+        as ``Publisher(max_params_bytes=...)``, and a plan's (``add_plan``, ``edit_plan``): every
+        run of a plan carries them.
     """
 
     def __init__(
-        self, driver: Driver, *, clock: Clock | None = None, max_params_bytes: int = DEFAULT_MAX_PARAMS_BYTES
+        self,
+        driver: Driver,
+        *,
+        clock: Clock | None = None,
+        max_params_bytes: int = DEFAULT_MAX_PARAMS_BYTES,
     ) -> None:
-        if not 1 <= max_params_bytes <= 8 * 1024 * 1024:
-            raise InvalidInput("max_params_bytes must be between 1 byte and 8 MiB")
         self.driver = driver
         self.clock = clock if isinstance(clock, ServerClock) else ServerClock(clock)
-        self.max_params_bytes = max_params_bytes  # a plan's params (each of its runs carries them)
+        self.max_params_bytes = checked_max_params_bytes(max_params_bytes)
         self._synced = False
         self._plans_set_up = False
+        self._tasks_set_up = False
 
     async def _now(self) -> datetime:
         if not self._synced:
@@ -195,11 +205,7 @@ class Operations:
     async def request_worker_stop(self, worker_id: str) -> bool:
         """Ask a running consumer to stop gracefully (it sees the request at its next heartbeat).
         False if no running consumer has that id (unknown, or stopped already)."""
-        try:
-            worker_id = validate_worker_id(worker_id)  # not '$...', not 'g:...' (a group's token)
-        except ValueError as exc:
-            raise InvalidInput(str(exc)) from None
-        return await self.driver.request_worker_stop(worker_id, await self._now())
+        return await self.driver.request_worker_stop(checked_worker_id(worker_id), await self._now())
 
     # -- flow limits (SPEC G5) ----------------------------------------------------------------
 
@@ -216,12 +222,7 @@ class Operations:
         starts per period (``"10/s"``, ``"1000/h"``). Applies to every consumer's next claim
         (slots held already are kept: a lowered ``max_running`` grants nothing until the running
         count is below it). A name covered by another limit is ``InvalidInput``."""
-        if names is not None and (isinstance(names, (str, bytes)) or not isinstance(names, Sequence)):
-            raise InvalidInput(f"names: a list of task names, got {type(names).__name__}")
-        fields: dict[str, Any] = {"key": key, "max_running": max_running, "rate": rate}
-        if names is not None:
-            fields["names"] = tuple(names)
-        limit = checked_limit(**fields)
+        limit = limit_input(key, names, max_running, rate)
         now = await self._now()
         try:
             await self.driver.put_limit(PutLimitParams(limit.key, limit.to_storage(), now))
@@ -302,6 +303,32 @@ class Operations:
         params = StatsParams(await self._now(), checked_window, checked_names, checked_statuses)
         return await self.driver.task_stats(params, on_step)
 
+    # -- publishing -----------------------------------------------------------------------------
+
+    async def send(self, task: Task, *, reset_finished: bool = False) -> bool:
+        """Publish ``task`` unless its key exists (SPEC F1); True if this call created (or reset)
+        it. The rules are ``Publisher.send``'s, from the same code (``mscheduler.publishing``):
+        the REST API's ``POST /api/v1/tasks`` is this call."""
+        if not isinstance(task, Task):
+            raise InvalidInput(f"send() takes a Task, got {type(task).__name__}")
+        return (await self.send_many([task], reset_finished=reset_finished))[0]
+
+    async def send_many(self, tasks: Sequence[Task], *, reset_finished: bool = False) -> list[bool]:
+        """Publish many tasks (``Publisher.send_many``'s rules): every task is checked before
+        anything is written; a bool per task, in order, True where it was created (or reset)."""
+        if isinstance(tasks, (str, bytes, Task)) or not isinstance(tasks, Sequence):
+            raise InvalidInput(f"tasks: a list of Tasks, got {type(tasks).__name__}")
+        if not isinstance(reset_finished, bool):
+            raise InvalidInput("reset_finished: must be True or False")
+        now = await self._now()
+        families = prepared_families(
+            tasks, now=now, reset_finished=reset_finished, max_params_bytes=self.max_params_bytes
+        )
+        if not self._tasks_set_up:  # the unique key index before the first insert (SPEC F1)
+            await self.driver.setup()
+            self._tasks_set_up = True
+        return await insert_families(self.driver, families, self.clock.now, reset_finished=reset_finished)
+
     # -- task control -------------------------------------------------------------------------
 
     async def cancel(self, key: str, reason: str = "") -> TaskInfo:
@@ -309,8 +336,7 @@ class Operations:
         cancelled as soon as its consumer hears of it (the change stream; without one, its next
         ping) and its outcome is refused; ``wait`` raises ``TaskCancelled``. Refused on a
         finished task (succeeded, failed, expired, cancelled)."""
-        if not isinstance(reason, str) or len(reason) > REASON_MAX:
-            raise InvalidInput(f"reason: must be a string of at most {REASON_MAX} characters")
+        checked_reason(reason)
         rule = "only a pending or running task can be cancelled"
         return await self._change(key, "cancel", _UNFINISHED, rule, reason=reason)
 
@@ -415,10 +441,7 @@ class Operations:
         nothing running). Recorded as ``state.marked`` {status, reason, by, time}; the task is
         not claimed again until a restart (which clears it). A child's parent is synced. A task
         with children takes its status from them: refused (set its children's)."""
-        if status not in MARKABLE:
-            raise InvalidInput(f"status: one of {', '.join(MARKABLE)}, got {status!r}")
-        _check_text(reason, "reason", REASON_MAX)
-        _check_text(by, "by", 200)
+        checked_mark(status, reason, by)
         key = _checked(validate_key, key, "key")
         statuses, rule = MARKABLE[status]
         for _ in range(CONTROL_TRIES):
@@ -456,14 +479,7 @@ class Operations:
         return await self.restart(await self._child_key(key, child), force=force)
 
     async def _child_key(self, key: str, child: str) -> str:
-        info = await self.get_task(key)
-        if info.children is None:
-            raise InvalidInput(f"task {key!r} has no children")
-        for entry in info.children:
-            if entry.name == child:
-                return entry.key
-        names = ", ".join(repr(c.name) for c in info.children)
-        raise InvalidInput(f"task {key!r} has no child named {child!r} (its children: {names})")
+        return child_key_of(await self.get_task(key), child)
 
     async def _follow_family(
         self, info: TaskInfo, action: str, *, reason: str = "", stop_running: bool = False
@@ -576,16 +592,7 @@ class Operations:
         self, *, state: str | None = None, limit: int = 100, skip: int = 0
     ) -> list[PlanInfo]:
         """Plans oldest first, optionally of one state (served by an index)."""
-        if state is not None:
-            try:
-                state = PlanState(state).value
-            except ValueError:
-                choices = ", ".join(s.value for s in PlanState)
-                raise InvalidInput(f"state: unknown plan state {state!r} (one of {choices})") from None
-        if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
-            raise InvalidInput(f"limit: must be an integer from 1 to {LIST_LIMIT_MAX}")
-        if not isinstance(skip, int) or skip < 0:
-            raise InvalidInput("skip: must be a non-negative integer")
+        state = checked_plan_listing(state, limit, skip)
         docs = await self.driver.list_plans(PlanListParams(state=state, limit=limit, skip=skip))
         return [PlanInfo.from_storage(doc) for doc in docs]
 
@@ -602,8 +609,7 @@ class Operations:
 
     async def skip_plan(self, plan_id: str, n: int = 1) -> PlanInfo:
         """Skip the plan's next ``n`` occurrences (sets the count: 0 cancels earlier skips)."""
-        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 10**9:
-            raise InvalidInput("n: must be an integer from 0 to 1,000,000,000")
+        n = checked_skip_count(n)
         return await self._change_plan(plan_id, lambda doc, now: {"skip_next": n})
 
     async def edit_plan(self, plan_id: str, **changes: Any) -> PlanInfo:
@@ -729,6 +735,82 @@ async def warn_if_unhandled(
             name,
             extra={"task_name": name},
         )
+
+
+# -- input checks, shared with ``mscheduler.remote.client.RemoteOperations`` (which runs them before
+# a request, so that a refusal reads the same whichever way the CLI reaches the store) -------------
+
+
+def checked_worker_id(worker_id: object) -> str:
+    """A worker id as consumers take it: not starting with '$', nor with 'g:' (a group's claimer
+    token: such an id would claim the tasks aimed at that group)."""
+    try:
+        return validate_worker_id(worker_id)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def limit_input(
+    key: str, names: Sequence[str] | None, max_running: int | None, rate: Rate | str | None
+) -> Limit:
+    """The limit ``set_limit`` stores, or ``InvalidInput``."""
+    if names is not None and (isinstance(names, (str, bytes)) or not isinstance(names, Sequence)):
+        raise InvalidInput(f"names: a list of task names, got {type(names).__name__}")
+    fields: dict[str, Any] = {"key": key, "max_running": max_running, "rate": rate}
+    if names is not None:
+        fields["names"] = tuple(names)
+    return checked_limit(**fields)
+
+
+def checked_reason(reason: object) -> str:
+    if not isinstance(reason, str) or len(reason) > REASON_MAX:
+        raise InvalidInput(f"reason: must be a string of at most {REASON_MAX} characters")
+    return reason
+
+
+def checked_mark(status: object, reason: object, by: object) -> None:
+    """``set_status``'s input: a status that may be set by hand, a reason, who did it."""
+    if status not in MARKABLE:
+        raise InvalidInput(f"status: one of {', '.join(MARKABLE)}, got {status!r}")
+    _check_text(reason, "reason", REASON_MAX)
+    _check_text(by, "by", 200)
+
+
+def child_key_of(info: TaskInfo, child: str) -> str:
+    """The key of the child named ``child`` of the task ``info``, or ``InvalidInput``."""
+    if info.children is None:
+        raise InvalidInput(f"task {info.key!r} has no children")
+    for entry in info.children:
+        if entry.name == child:
+            return entry.key
+    names = ", ".join(repr(c.name) for c in info.children)
+    raise InvalidInput(f"task {info.key!r} has no child named {child!r} (its children: {names})")
+
+
+def checked_plan_listing(state: str | None, limit: object, skip: object) -> str | None:
+    """``list_plans``' filters: the state's value (None: all), a page size, an offset."""
+    if state is not None:
+        try:
+            state = PlanState(state).value
+        except ValueError:
+            choices = ", ".join(s.value for s in PlanState)
+            raise InvalidInput(f"state: unknown plan state {state!r} (one of {choices})") from None
+    if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
+        raise InvalidInput(f"limit: must be an integer from 1 to {LIST_LIMIT_MAX}")
+    if not isinstance(skip, int) or skip < 0:
+        raise InvalidInput("skip: must be a non-negative integer")
+    return state
+
+
+def checked_skip_count(n: object) -> int:
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 10**9:
+        raise InvalidInput("n: must be an integer from 0 to 1,000,000,000")
+    return n
+
+
+def checked_keys(keys: object) -> list[str]:
+    """Distinct valid keys, in the order given (at most ``MANY_MAX``); else ``InvalidInput``."""
+    return _checked_keys(keys)
 
 
 def _checked_keys(keys: object) -> list[str]:

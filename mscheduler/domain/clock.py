@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+from mscheduler.domain.exceptions import InvalidInput
+
 
 async def sleep_unless(clock: Clock, seconds: float, *events: asyncio.Event) -> None:
     """Sleep ``seconds`` on ``clock``, or less: until one of ``events`` is set (none is cleared)."""
@@ -149,3 +151,27 @@ class ServerClock:
         self.uncertainty = timedelta(seconds=rtt / 2)
         self.synced = True
         return True
+
+
+def _root(clock: object) -> object:
+    """The clock a wrapper (``ServerClock``, a skewed clock) runs on."""
+    seen = 0
+    while hasattr(clock, "base") and seen < 10:
+        clock = clock.base
+        seen += 1
+    return clock
+
+
+def check_same_time(driver: object, clock: Clock | None, who: str) -> None:
+    """Refuse a consumer or publisher on a test clock over an in-process store on the system
+    clock: the store would judge what is due by real time, the consumer by the fake one, and
+    nothing would run (a test that passes ``clock=`` to one of them only)."""
+    store_clock = getattr(driver, "clock", None)
+    if clock is None or store_clock is None or not isinstance(_root(store_clock), SystemClock):
+        return
+    if not isinstance(_root(clock), SystemClock):
+        raise InvalidInput(
+            f"{who} runs on a {type(_root(clock)).__name__} but its store on the system clock: give the "
+            "store the same clock (MemoryDriver(clock=clock)), or let mscheduler.testing.scheduler_kit() "
+            "build the store, the publisher and the consumers on one clock"
+        )

@@ -462,6 +462,19 @@ MAX_CHILDREN = 100
 CHILD_KEY_SEPARATOR = "/"
 
 
+def _positional(
+    what: str, names: tuple[str, ...], args: tuple[Any, ...], data: dict[str, Any]
+) -> dict[str, Any]:
+    """A model's positional arguments as its fields, merged with the keyword ones."""
+    if len(args) > len(names):
+        raise TypeError(f"{what}() takes at most {len(names)} positional arguments ({len(args)} given)")
+    for name, value in zip(names, args, strict=False):
+        if name in data:
+            raise TypeError(f"{what}() got multiple values for argument {name!r}")
+        data[name] = value
+    return data
+
+
 def child_key(parent_key: str, name: str) -> str:
     """A child task's key: ``<parent key>/<child name>`` (names hold no '/', so it is unique)."""
     return f"{parent_key}{CHILD_KEY_SEPARATOR}{name}"
@@ -480,8 +493,16 @@ class Child(_UserInput):
     params: Params = None
     option: TaskOption | OptionChange | None = None
 
-    def __init__(self, name: str, **data: Any) -> None:
-        super().__init__(name=name, **data)
+    if TYPE_CHECKING:
+
+        def __init__(self, name: str, **data: Any) -> None: ...
+
+    else:
+
+        def __init__(self, *args: Any, **data: Any) -> None:
+            # positional or by keyword; a missing name is the model's refusal (InvalidInput), also
+            # when pydantic calls this __init__ to validate a child from JSON (an API body)
+            super().__init__(**_positional(type(self).__name__, ("name",), args, data))
 
     def option_for(self, parent: TaskOption) -> TaskOption:
         """The child's option, given the parent's."""
@@ -508,8 +529,15 @@ class Task(_UserInput):
     # (SPEC F16; the hash is mscheduler.domain.unique.params_hash), reported like an existing key
     unique_by: Literal["key", "params"] = "key"
 
-    def __init__(self, key: str, name: str, params: Any = None, **data: Any) -> None:
-        super().__init__(key=key, name=name, params=params, **data)
+    if TYPE_CHECKING:
+
+        def __init__(self, key: str, name: str, params: Any = None, **data: Any) -> None: ...
+
+    else:
+
+        def __init__(self, *args: Any, **data: Any) -> None:
+            # as Child: a missing key or name is InvalidInput naming the field, never a TypeError
+            super().__init__(**_positional(type(self).__name__, ("key", "name", "params"), args, data))
 
     @field_validator("children", mode="before")
     @classmethod

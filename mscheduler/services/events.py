@@ -246,6 +246,14 @@ def _time(value: object, field: str) -> datetime | None:
         raise InvalidInput(f"{field}: out of range (in UTC before year 1 or after year 9999)") from None
 
 
+def checked_page(limit: object, skip: object) -> None:
+    """``Events.list``'s page: ``limit`` from 1 to ``LIST_LIMIT_MAX``, ``skip`` from 0."""
+    if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
+        raise InvalidInput(f"limit: must be an integer from 1 to {LIST_LIMIT_MAX}")
+    if not isinstance(skip, int) or skip < 0:
+        raise InvalidInput("skip: must be a non-negative integer")
+
+
 class Events:
     """Read the event log: ``list`` it, ``subscribe`` to it.
 
@@ -316,10 +324,7 @@ class Events:
     ) -> list[Event]:
         """Events in time order (then id), filtered: ``since <= time < until``; one task's
         history is ``list(keys=key)``. Paged by ``skip`` / ``limit``."""
-        if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
-            raise InvalidInput(f"limit: must be an integer from 1 to {LIST_LIMIT_MAX}")
-        if not isinstance(skip, int) or skip < 0:
-            raise InvalidInput("skip: must be a non-negative integer")
+        checked_page(limit, skip)
         base = self._query(keys, names, kinds, plans, worker_id)
         query = EventQuery(
             keys=base.keys,

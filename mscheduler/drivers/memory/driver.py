@@ -92,6 +92,8 @@ class MemoryDriver(
     :param events: keep an event log (``mscheduler.services.events``): the newest ``max_events``.
     """
 
+    in_process = True  # its change feed costs nothing: ``Publisher.wait`` follows it
+
     def __init__(
         self, clock: Clock | None = None, *, events: bool = False, max_events: int = DEFAULT_MAX_EVENTS
     ) -> None:

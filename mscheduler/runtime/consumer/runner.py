@@ -11,16 +11,15 @@ attempt's state while it runs, shared by the claimer, the pinger and the finishe
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import random
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, get_type_hints
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from mscheduler.domain.clock import ClockTimeout, ServerClock
 from mscheduler.domain.exceptions import Fail, InvalidInput, MSchedulerError, Retry, Snooze
@@ -34,13 +33,13 @@ from mscheduler.domain.outcomes import snoozed as snoozed_outcome
 from mscheduler.domain.outcomes import succeeded as succeeded_outcome
 from mscheduler.drivers.base import ClaimedTask, FinishParams, cancelled_error, paused_error
 from mscheduler.runtime.consumer.discovery import Discovery
+from mscheduler.runtime.consumer.handlers import Registered as _Registered
 from mscheduler.runtime.consumer.limiter import Limiter
 from mscheduler.runtime.consumer.reports import AttemptReports
 from mscheduler.services.events import EventKind, EventRecorder, outcome_detail, outcome_kind
 
 log = logging.getLogger("mscheduler.consumer")
 
-Handler = Callable[..., Awaitable[Any]]
 Listener = Callable[[str, dict[str, Any]], None]
 LEASE_SAFETY_MARGIN = timedelta(milliseconds=500)
 # Keys of untargeted fan-out tasks this worker ran, sent with each claim so that the store skips
@@ -68,6 +67,20 @@ class TaskContext:
     option: TaskOption
     checkpoint_data: Any = None
     _reports: AttemptReports | None = field(default=None, repr=False, compare=False)
+    _given_up: bool = field(default=False, repr=False, compare=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once this attempt was given up (cancelled, paused, lease lost or revoked, run
+        timeout, stop): a handler in a thread or a process (which cannot be stopped from outside)
+        polls it and returns; nothing it saves or returns afterwards is kept."""
+        return self._given_up or (self._reports is not None and self._reports.closed is not None)
+
+    def _give_up(self, reason: str) -> None:
+        """The attempt is settled without its handler (see ``handlers``): flag it, close its reports."""
+        self._given_up = True
+        if self._reports is not None:
+            self._reports.close(reason)
 
     async def checkpoint(self, data: Any) -> None:
         """Save ``data`` (JSON-like, at most ``Consumer(max_checkpoint_bytes=...)``) on the task,
@@ -86,14 +99,6 @@ class TaskContext:
         if self._reports is None:
             raise InvalidInput("this TaskContext is not attached to a running attempt")
         self._reports.set_progress(fraction, message)
-
-
-@dataclass(slots=True)
-class _Registered:
-    fn: Handler
-    model: type[BaseModel] | None
-    wants_params: bool
-    wants_context: bool
 
 
 @dataclass(slots=True)
@@ -129,21 +134,6 @@ class _Running:
         if self.reports is not None:
             self.reports.close(reason)
         self.task.cancel()
-
-
-def _inspect_handler(fn: Handler) -> _Registered:
-    if not inspect.iscoroutinefunction(fn):
-        raise InvalidInput(f"handler {fn!r} must be an async function")
-    parameters = list(inspect.signature(fn).parameters.values())
-    if len(parameters) > 2:
-        raise InvalidInput("a handler takes (params) or (params, ctx)")
-    model = None
-    if parameters:
-        hints = get_type_hints(fn)
-        hint = hints.get(parameters[0].name)
-        if inspect.isclass(hint) and issubclass(hint, BaseModel):
-            model = hint
-    return _Registered(fn, model, len(parameters) >= 1, len(parameters) == 2)
 
 
 class ConsumerRunner:
