@@ -60,11 +60,17 @@ async def test_dates_out_of_range_are_refused_not_a_server_error(
         ),
         await client.post(PLANS, json=_plan("opt", option={"run_at": iso}), headers=ADMIN),
         await client.get("/api/v1/events", params={"since": iso}, headers=READ),
+        await client.post(
+            "/api/v1/tasks", json={"key": "t", "name": "job", "option": {"run_at": iso}}, headers=ADMIN
+        ),
+        await client.post(
+            "/api/v1/tasks", json={"key": "t", "name": "job", "option": {"deadline": iso}}, headers=ADMIN
+        ),
     ]
     for response in refused:
         assert response.status_code == 422, (response.request.url, response.text)
-        assert "range" in response.text or "cursor" in response.text
-    assert await operations.list_plans() == []
+        assert "range" in response.text or "cursor" in response.text, response.text
+    assert await operations.list_plans() == [] and await operations.list_tasks() == []
     # in Python: InvalidInput, whatever carries the date
     for make in (
         lambda: TaskOption(run_at=when),
@@ -140,3 +146,15 @@ async def test_a_worker_id_starting_with_g_colon_is_refused_everywhere(
     with pytest.raises(InvalidInput, match="g:"):
         WakeupParams("g:gpu", ["job"], driver.clock.now())
     assert (await operations.get_task("gpu-job")).status.value == "pending"  # nobody claimed it
+
+
+async def test_a_task_sent_over_http_with_run_at_after_its_deadline_is_refused(
+    client: httpx.AsyncClient, operations: Operations
+) -> None:
+    """Issue 17 B7 through ``POST /api/v1/tasks``: 422 naming both fields, nothing written."""
+    option = {"run_at": "2030-01-01T01:00:00Z", "deadline": "2030-01-01T00:00:00Z"}
+    response = await client.post(
+        "/api/v1/tasks", json={"key": "t", "name": "job", "option": option}, headers=ADMIN
+    )
+    assert response.status_code == 422 and "run_at" in response.text and "deadline" in response.text
+    assert await operations.list_tasks() == []
