@@ -14,6 +14,7 @@ import pytest
 
 from mscheduler import FakeClock, MemoryDriver, Operations, Task, TaskOption
 from mscheduler.cli import common as cli_ops
+from mscheduler.domain.events import EventWriter
 from mscheduler.domain.plans import Plan
 from mscheduler.domain.schedule import EverySchedule, PlanTiming
 from mscheduler.drivers.base import ClaimParams, FinishParams, WorkerInfo
@@ -58,8 +59,10 @@ async def _seed(driver: MemoryDriver) -> None:
 
 
 def make_store() -> Operations:
-    """A fresh store, the same one every time (a fake clock, fixed attempt tokens)."""
+    """A fresh store, the same one every time (a fake clock, fixed attempt tokens, a fixed id for
+    the store's event writer: its events' ids name it)."""
     driver = MemoryDriver(clock=FakeClock(), events=True)
+    driver.event_writer = EventWriter("store")
     asyncio.run(_seed(driver))
     return Operations(driver, clock=driver.clock)
 
