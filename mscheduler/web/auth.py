@@ -1,9 +1,10 @@
 """Bearer tokens of the REST API and their roles.
 
-Three roles: ``read`` (every GET), ``admin`` (everything, mutations included) and ``executor``
+Four roles: ``read`` (every GET), ``admin`` (everything, mutations included), ``executor``
 (the remote-executor routes ``/api/v1/executors/...`` only: lease, ping, report; nothing else,
-not even reads). Tokens come from configuration (``ApiTokens(admin=[...], read=[...],
-executor=[...])``, or ``parse_tokens`` of
+not even reads) and ``publish`` (sending tasks, ``POST /api/v1/tasks``, and ``GET
+/api/v1/whoami``; nothing else). Tokens come from configuration (``ApiTokens(admin=[...],
+read=[...], executor=[...], publish=[...])``, or ``parse_tokens`` of
 ``MSCHEDULER_API_TOKENS`` / a tokens file). A presented token is compared with every configured
 one, always all of them, with ``hmac.compare_digest`` on SHA-256 digests (equal lengths: neither
 the token nor its length leaks through timing). Tokens are never logged, echoed or put in errors;
@@ -28,6 +29,7 @@ class Role(StrEnum):
     READ = "read"
     ADMIN = "admin"
     EXECUTOR = "executor"
+    PUBLISH = "publish"
 
 
 def _digest(token: str | bytes) -> bytes:
@@ -41,13 +43,21 @@ class ApiTokens:
     :param admin: tokens that may read and change everything.
     :param read: tokens that may only read (GET); a mutation answers 403.
     :param executor: tokens of remote executors: the executor routes only (403 elsewhere).
+    :param publish: tokens of services that send tasks over HTTP (``POST /api/v1/tasks``) and do
+        nothing else (403 elsewhere).
     """
 
     def __init__(
-        self, *, admin: Iterable[str] = (), read: Iterable[str] = (), executor: Iterable[str] = ()
+        self,
+        *,
+        admin: Iterable[str] = (),
+        read: Iterable[str] = (),
+        executor: Iterable[str] = (),
+        publish: Iterable[str] = (),
     ) -> None:
         entries: list[tuple[bytes, Role]] = []
-        for role, tokens in ((Role.ADMIN, admin), (Role.READ, read), (Role.EXECUTOR, executor)):
+        roles = ((Role.ADMIN, admin), (Role.READ, read), (Role.EXECUTOR, executor), (Role.PUBLISH, publish))
+        for role, tokens in roles:
             if isinstance(tokens, str):
                 raise InvalidInput(f"{role.value} tokens: a list of tokens, not one string")
             for n, token in enumerate(tokens, 1):
@@ -62,14 +72,16 @@ class ApiTokens:
                     )
                 entries.append((_digest(token), role))
         if not entries:
-            raise InvalidInput("no API token configured: give at least one admin, read or executor token")
+            raise InvalidInput(
+                "no API token configured: give at least one admin, read, executor or publish token"
+            )
         self._entries = tuple(entries)
 
     def __repr__(self) -> str:
         counts = {role: sum(r is role for _, r in self._entries) for role in Role}
         return (
             f"ApiTokens(admin={counts[Role.ADMIN]} token(s), read={counts[Role.READ]} token(s), "
-            f"executor={counts[Role.EXECUTOR]} token(s))"
+            f"executor={counts[Role.EXECUTOR]} token(s), publish={counts[Role.PUBLISH]} token(s))"
         )
 
     def role_of(self, presented: str) -> Role | None:
@@ -98,10 +110,17 @@ def parse_tokens(text: str, *, source: str = "MSCHEDULER_API_TOKENS") -> ApiToke
         role, sep, token = item.partition(":")
         role = role.strip().lower()
         if not sep or role not in by_role:
-            raise InvalidInput(f"{source}: item #{n} is not 'admin:TOKEN', 'read:TOKEN' or 'executor:TOKEN'")
+            raise InvalidInput(
+                f"{source}: item #{n} is not 'admin:TOKEN', 'read:TOKEN', 'executor:TOKEN' or 'publish:TOKEN'"
+            )
         by_role[role].append(token.strip())
     try:
-        return ApiTokens(admin=by_role["admin"], read=by_role["read"], executor=by_role["executor"])
+        return ApiTokens(
+            admin=by_role["admin"],
+            read=by_role["read"],
+            executor=by_role["executor"],
+            publish=by_role["publish"],
+        )
     except InvalidInput as exc:
         raise InvalidInput(f"{source}: {exc}") from None
 

@@ -11,13 +11,14 @@ Task names under a flow limit are leased with the limit's slots, as a consumer c
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from mscheduler.domain.model import TaskName, validate_group
+from mscheduler.domain.model import GROUP_PREFIX, TaskName, validate_group
 from mscheduler.remote.executors import (
     MAX_GROUPS,
     MAX_PINGS,
@@ -38,13 +39,21 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+def _not_a_group_token(worker_id: str) -> str:
+    if worker_id.startswith(GROUP_PREFIX):
+        raise ValueError(f"must not start with {GROUP_PREFIX!r} (a group's claimer token)")
+    return worker_id
+
+
 WorkerId = Annotated[
     str,
+    AfterValidator(_not_a_group_token),
     Field(
         min_length=1,
         max_length=WORKER_ID_MAX,
         pattern=r"^[^$\s][^\s]*$",
-        description="the executor's id (as a consumer's worker_id: tasks may target it)",
+        description="the executor's id (as a consumer's worker_id: tasks may target it; not "
+        "starting with '$' or 'g:', a group's token)",
     ),
 ]
 TaskKey = Annotated[str, Field(min_length=1, max_length=1024)]
@@ -123,7 +132,8 @@ class PingItemOut(BaseModel):
     key: str
     attempt: str
     state: Literal["alive", "lost", "revoked", "cancelled", "paused"] = Field(
-        description="alive: go on; otherwise stop the work and report nothing"
+        description="alive: go on; otherwise stop the work and report nothing (a revoked, "
+        "cancelled or paused attempt is settled by the service with this answer)"
     )
     lease_expires: datetime | None
     ping_interval_seconds: float | None
@@ -135,7 +145,12 @@ class PingOut(BaseModel):
 
 
 class ErrorIn(_Body):
-    type: str = Field("ExecutorError", min_length=1, max_length=200)
+    type: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="stored as reported; left out: Fail (final), Retry (retry_after) or ExecutorError",
+    )
     message: str = Field("", max_length=100_000)
     traceback: str | None = Field(None, max_length=1_000_000)
 
@@ -186,23 +201,49 @@ executors = APIRouter(
 )
 
 
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has disconnected (the body was read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 @executors.post("/lease", response_model=LeaseOut, summary="Lease due tasks (long poll)")
-async def lease(body: LeaseIn, service: Service, request: Request) -> LeaseOut:
+async def lease(body: LeaseIn, service: Service, request: Request) -> LeaseOut | Response:
     """Claim up to ``max_tasks`` due tasks among ``names`` for ``worker_id`` (the consumer's claim:
     targeting, priority, retry budget); when none is due, wait up to ``wait_seconds`` for one.
     An empty ``tasks`` means nothing came in time: lease again. Names under a flow limit are
     claimed only with a free slot of the limit (``max_running``, ``rate``), shared with every
     consumer and executor; a full limit makes its names wait while the others are leased."""
-    got = await service.lease(
-        body.worker_id,
-        body.names,
-        max_tasks=body.max_tasks,
-        wait=body.wait_seconds,
-        host=body.host or (request.client.host if request.client is not None else None),
-        pid=body.pid,
-        running=body.running,
-        groups=body.groups,
+    leasing = asyncio.ensure_future(
+        service.lease(
+            body.worker_id,
+            body.names,
+            max_tasks=body.max_tasks,
+            wait=body.wait_seconds,
+            host=body.host or (request.client.host if request.client is not None else None),
+            pid=body.pid,
+            running=body.running,
+            groups=body.groups,
+        )
     )
+    # A long poll whose client goes away stops waiting and claims nothing; a claim whose answer
+    # cannot be delivered is given back at once (not left to run out its lease, costing a retry).
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({leasing, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not leasing.done():
+            leasing.cancel()  # the service releases what a claim in flight took
+            await asyncio.gather(leasing, return_exceptions=True)
+            return Response(status_code=499)  # nobody reads it: the client has gone
+        got = leasing.result()
+        await asyncio.sleep(0)  # a disconnect that came with the answer is seen now
+        if gone.done():
+            await service.release(body.worker_id, got.tasks)
+            return Response(status_code=499)
+    finally:
+        gone.cancel()
+        if not leasing.done():
+            leasing.cancel()
     tasks = []
     for task in got.tasks:
         option = task.option
@@ -262,7 +303,7 @@ async def report(body: ReportIn, service: Service) -> ReportOut:
     """Record the outcome by the consumer's rules: a failure is retried by the task's retry
     policy (or after ``retry_after``; never with ``final``) while its budget lasts; a result too
     large to store fails the task (``rejected``). 409 when the attempt's lease moved on."""
-    error = body.error or ErrorIn()
+    error = body.error or ErrorIn()  # its type left out: the service's default for the outcome
     done = await service.report(
         body.worker_id,
         body.key,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
@@ -18,11 +18,24 @@ async def stats(
     window: Annotated[
         float | None, Query(ge=60, le=7 * 86400, description="seconds of the rates' window (default 1 h)")
     ] = None,
+    names: Annotated[
+        str | None, Query(max_length=10_000, description="only these task names (comma-separated)")
+    ] = None,
+    statuses: Annotated[
+        str | None, Query(max_length=1000, description="only these statuses (comma-separated)")
+    ] = None,
 ) -> StatsOut:
     """Counts by status, plus ``Operations.stats()`` (SPEC F27: success rates, duration
     percentiles, throughput over the window) in ``details``."""
-    details = await operations.stats(window=window) if window is not None else await operations.stats()
+    filters: dict[str, Any] = {"names": _listed(names), "statuses": _listed(statuses)}
+    if window is not None:
+        filters["window"] = window
+    details = await operations.stats(**filters)
     return StatsOut(counts=details.counts, total=details.total, details=details)
+
+
+def _listed(value: str | None) -> list[str] | None:
+    return None if value is None else [part.strip() for part in value.split(",")]
 
 
 @misc.get("/whoami", response_model=WhoAmIOut, summary="The role of the presented token")
