@@ -19,9 +19,12 @@ real server would, so their share here overstates the real one (see README) — 
 ``FAKE_ONLY``), reported apart.
 
     python -m benchmarks.commands_per_task [--tasks 1000] [--mode backlog|trickle] [--events] [--limit N]
+                                           [--no-reserve]
 
 ``--limit N``: with a flow limit ``max_running=N`` on the tasks' name (acquire, settle and release
-writes count per task; the slot extensions before pings are time-driven).
+writes count per task; the slot extensions before pings are time-driven, and so are the releases
+sent because their hold ran out - ``Limiter.flush``, at most one per limit and worker per
+``RELEASE_HOLD`` - reported as ``held_releases``). ``--no-reserve``: ``Consumer(limit_reserve=False)``.
 
 ``--events``: with the event log on (``MongoDriver(events=True)``); the event inserts count as
 per-task commands, the expiry passes' reads for events as time-driven ones.
@@ -45,6 +48,7 @@ SEND_BATCH = 100
 TIME_DRIVEN = frozenset(
     {
         "expire leases",
+        "expire leases of earlier generations",  # the lease pass's second range (issue 17)
         "expire deadlines",
         "expire leases (read)",  # mongomock only: its lease pass reads, then updates one by one
         "find wake-ups",
@@ -54,6 +58,7 @@ TIME_DRIVEN = frozenset(
         "hello",
         "server time",
         "find due plans",  # the consumer's planner, once per planner_interval
+        "find open parents",  # the child tasks' reconciler pass, every 10 s
         "expire leases (read for events)",  # with --events: the lease pass reads first
         "expire deadlines (read for events)",
         "read limit keys",  # every Consumer(limits_interval), limits or not
@@ -93,14 +98,19 @@ class CountingMongoDriver(MongoDriver):
 
 
 async def main(
-    tasks: int, mode: str, concurrency: int, events: bool = False, limit: int | None = None
+    tasks: int,
+    mode: str,
+    concurrency: int,
+    events: bool = False,
+    limit: int | None = None,
+    reserve: bool = True,
 ) -> None:
     driver = CountingMongoDriver(mongomock_database(), events=events)
     if limit is not None:
         await driver.setup()
         await Operations(driver).set_limit(TASK_NAME, max_running=limit)
     publisher = Publisher(driver)
-    consumer = Consumer(driver, concurrency=concurrency)
+    consumer = Consumer(driver, concurrency=concurrency, limit_reserve=reserve)
     consumer.register(TASK_NAME, noop_handler)
     finished = 0
     progress = asyncio.Event()
@@ -123,6 +133,7 @@ async def main(
         await asyncio.wait_for(wait_finished(SEND_BATCH), timeout=600)
         commands_before = driver.commands
         counted_before = Counter(driver.by_operation)
+        held_before = consumer.limiter.commands["release_held"]
         for start in range(0, tasks, SEND_BATCH):
             await publisher.send_many(noop_tasks(min(SEND_BATCH, tasks - start), start))
             if mode == "trickle":
@@ -132,12 +143,15 @@ async def main(
         await asyncio.wait_for(wait_finished(SEND_BATCH + tasks), timeout=1800)
         commands = driver.commands - commands_before
         by_operation = driver.by_operation - counted_before
+        held = consumer.limiter.commands["release_held"] - held_before
     if consumer.stats["succeeded"] != SEND_BATCH + tasks:
         raise RuntimeError(f"not every task succeeded: {consumer.stats}")
     if sum(by_operation.values()) != commands:
         raise RuntimeError(f"breakdown {sum(by_operation.values())} != MongoDriver.commands {commands}")
-    per_task = sum(n for op, n in by_operation.items() if op not in TIME_DRIVEN | ONE_OFF | FAKE_ONLY)
-    time_driven = sum(n for op, n in by_operation.items() if op in TIME_DRIVEN)
+    # a release whose hold ran out (Limiter.flush, RELEASE_HOLD) is time-driven: at most one per
+    # limit and worker per hold, however many tasks; the others ride on the acquires
+    per_task = sum(n for op, n in by_operation.items() if op not in TIME_DRIVEN | ONE_OFF | FAKE_ONLY) - held
+    time_driven = sum(n for op, n in by_operation.items() if op in TIME_DRIVEN) + held
     fake_only = sum(n for op, n in by_operation.items() if op in FAKE_ONLY)
     emit(
         {
@@ -145,6 +159,7 @@ async def main(
             "mode": mode,
             "events": events,
             "limit": limit,
+            "reserve": reserve,
             "tasks": tasks,
             "concurrency": concurrency,
             "send_batch": SEND_BATCH,
@@ -153,6 +168,7 @@ async def main(
             "fake_only_commands": fake_only,
             "per_task_commands_per_task": round(per_task / tasks, 3),
             "time_driven_commands": time_driven,
+            "held_releases": held,
             "one_off_commands": commands - per_task - time_driven - fake_only,
             "by_operation": dict(by_operation.most_common()),
         }
@@ -168,8 +184,11 @@ def cli() -> None:
     parser.add_argument("--concurrency", type=int, default=30)
     parser.add_argument("--events", action="store_true", help="with the event log on")
     parser.add_argument("--limit", type=int, default=None, help="a flow limit max_running=N on the name")
+    parser.add_argument(
+        "--no-reserve", action="store_true", help="Consumer(limit_reserve=False): one acquire per claim"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.tasks, args.mode, args.concurrency, args.events, args.limit))
+    asyncio.run(main(args.tasks, args.mode, args.concurrency, args.events, args.limit, not args.no_reserve))
 
 
 if __name__ == "__main__":

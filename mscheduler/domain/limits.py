@@ -269,15 +269,27 @@ def from_storage(doc: Mapping[str, Any], now: datetime) -> LimitInfo:
     )
 
 
+def pre_rate_slot(slot: Mapping[str, Any]) -> bool:
+    """On a limit with a rate: a slot granted while it had none (no start counted for it)."""
+    return slot.get("b") is None
+
+
 def grant(
-    doc: dict[str, Any], worker_id: str, attempts: Sequence[str], now: datetime, expire: datetime
+    doc: dict[str, Any],
+    worker_id: str,
+    attempts: Sequence[str],
+    now: datetime,
+    expire: datetime,
+    release: Sequence[str] = (),
 ) -> None:
     """``acquire`` on one limit document, in place (the memory driver; the Mongo driver's update
-    pipeline is the same, checked equal by the conformance suite): drop expired slots and the
-    buckets that left the window; drop earlier grants of these attempts with their starts (a
-    retried acquire is not counted twice); then grant the first ``room`` attempts a slot (and a
-    start in the current bucket), ``room = min(asked, max_running - live, rate_n - recent)``."""
+    pipeline is the same, checked equal by the conformance suite): drop expired slots, the slots
+    of this worker's ended attempts (``release``: their starts stay counted) and the buckets
+    that left the window; drop earlier grants of these attempts with their starts (a retried
+    acquire is not counted twice); then grant the first ``room`` attempts a slot (and a start in
+    the current bucket), ``room = min(asked, max_running - live, rate_n - recent)``."""
     mine = set(attempts)
+    ended = set(release)
     rated = doc.get("rate_n") is not None
     slots = _slots(doc)
     starts: dict[str, int] = {}
@@ -302,14 +314,32 @@ def grant(
             if given in starts:
                 starts[given] -= 1
         starts = {k: n for k, n in starts.items() if n > 0}
-    slots = {a: s for a, s in slots.items() if s["e"] > now and a not in mine}
+    holder = holder_id(worker_id)
+    kept = {
+        a: s
+        for a, s in slots.items()
+        if s["e"] > now and a not in mine and not (a in ended and s["w"] == holder)
+    }
+    # Slots granted while the limit had no rate (``b`` None; pre_rate_slot): a start through one
+    # may come, or came, uncounted (a reserved grant is used later, without a write). While one
+    # is in the document it counts as a start in every window; when it leaves (expired or
+    # released) its start is counted in the current bucket - no earlier than it happened, so no
+    # window misses it. A retried grant of the same attempt never started: no start.
+    pre_live = sum(1 for s in kept.values() if pre_rate_slot(s)) if rated else 0
+    pre_gone = (
+        sum(1 for a, s in slots.items() if pre_rate_slot(s) and a not in kept and a not in mine)
+        if rated
+        else 0
+    )
+    slots = kept
+    if pre_gone:
+        starts[current] = starts.get(current, 0) + pre_gone
     room = len(attempts)
     if doc.get("max_running") is not None:
         room = min(room, doc["max_running"] - len(slots))
     if rated:
-        room = min(room, doc["rate_n"] - sum(starts.values()))
+        room = min(room, doc["rate_n"] - sum(starts.values()) - pre_live)
     granted = list(attempts[: max(room, 0)])
-    holder = holder_id(worker_id)
     for a in granted:
         slots[a] = {"w": holder, "e": expire, "b": current if rated else None}
     if rated and granted:
@@ -318,7 +348,7 @@ def grant(
     doc["starts"] = starts
     doc["starts_w"] = width if rated else None
     doc["live"] = len(slots)
-    doc["recent"] = sum(starts.values())
+    doc["recent"] = sum(starts.values()) + pre_live
     doc["retry_ms"] = (
         (min(int(k) for k in starts) + 1) * width + doc["rate_period_ms"] - 1
         if rated and starts and doc["recent"] >= doc["rate_n"]
@@ -363,8 +393,13 @@ def settle(
     """``update_slots`` on one document, in place: release the slots of ``release`` and ``unused``
     (an ``unused`` grant also gives its start back: nothing started), move the expiry of each
     live slot in ``extend`` (never revive an expired one), drop expired slots. Only this worker's
-    slots are touched. Returns the attempts of ``extend`` whose slot is live afterwards."""
+    slots are touched. Returns the attempts of ``extend`` whose slot is live afterwards.
+
+    On a limit with a rate, a slot granted before it had one (``pre_rate_slot``) is not dropped
+    here but ended (its expiry set to ``now`` at the latest): the next ``grant`` drops it and
+    counts its start (an ``unused`` one never started: dropped)."""
     holder = holder_id(worker_id)
+    rated = doc.get("rate_n") is not None
     dropped, gone = set(release) | set(unused), set(unused)
     slots: dict[str, dict[str, Any]] = {}
     starts = dict(doc.get("starts") or {})
@@ -372,7 +407,16 @@ def settle(
         ours = slot["w"] == holder
         if ours and a in gone and slot.get("b") in starts:
             starts[slot["b"]] -= 1
-        if slot["e"] <= now or (ours and a in dropped):
+        if rated and pre_rate_slot(slot):
+            if ours and a in gone:
+                continue
+            if ours and a in dropped:
+                slots[a] = slot | {"e": min(slot["e"], now)}
+                continue
+            if slot["e"] <= now:
+                slots[a] = slot
+                continue
+        elif slot["e"] <= now or (ours and a in dropped):
             continue
         if ours and a in extend:
             slot = slot | {"e": extend[a]}

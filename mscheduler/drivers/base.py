@@ -496,13 +496,17 @@ class PutLimitParams:
 @dataclass(slots=True, frozen=True)
 class AcquireParams:
     """Grant concurrency slots (and rate starts) of limit ``key`` to ``attempts`` of ``worker_id``,
-    each slot leased until ``expire`` (see ``mscheduler.domain.limits.grant``). Idempotent by attempt."""
+    each slot leased until ``expire`` (see ``mscheduler.domain.limits.grant``). Idempotent by attempt.
+    ``release``: slots of this worker's attempts that ended, released in the same write (before
+    the grant, so they count as free; their starts stay counted) - what ``update_slots(release=)``
+    would do, without a write of its own."""
 
     key: str
     worker_id: str
     attempts: Sequence[str]
     now: datetime
     expire: datetime
+    release: Sequence[str] = ()
 
 
 @dataclass(slots=True, frozen=True)

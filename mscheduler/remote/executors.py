@@ -311,10 +311,13 @@ class _Finisher:
         self.loop = asyncio.get_running_loop()
         self.pending: list[_PendingFinish] = []
         self.task: asyncio.Task[None] | None = None
+        self.added = asyncio.Event()  # a report came (or idle() wants the held releases out)
+        self.draining = False
 
     async def submit(self, params: FinishParams, slot: str | None) -> bool:
         pending = _PendingFinish(params, self.loop.create_future(), slot)
         self.pending.append(pending)
+        self.added.set()
         self.kick()
         return await asyncio.shield(pending.future)
 
@@ -324,16 +327,28 @@ class _Finisher:
             self.task = asyncio.ensure_future(self._run())
 
     async def idle(self) -> None:
-        """Wait until nothing is waiting to be written (tests, and ``RemoteExecutors.aclose``)."""
-        while self.task is not None and not self.task.done():
-            await asyncio.shield(self.task)
+        """Wait until nothing is waiting to be written (tests, and ``RemoteExecutors.aclose``):
+        releases held for the next acquire go now."""
+        self.draining = True
+        self.added.set()
+        try:
+            while self.task is not None and not self.task.done():
+                await asyncio.shield(self.task)
+        finally:
+            self.draining = False
 
     async def _run(self) -> None:
         while self.pending or self.limiter.releases:
             batch, self.pending = self.pending, []
             if not batch:  # releases only: one try; those refused run out at their expiry
-                await self.limiter.flush(self.clock.now())
-                return
+                self.added.clear()
+                wait = None if self.draining else self.limiter.release_due_in(self.clock.now())
+                if wait:  # held for the next acquire of their limit: until due, or a report
+                    await sleep_unless(self.clock, wait, self.added)
+                    continue
+                if not await self.limiter.flush(self.clock.now(), everything=self.draining):
+                    return
+                continue
             release = (
                 asyncio.ensure_future(self.limiter.flush(self.clock.now())) if self.limiter.releases else None
             )
@@ -957,7 +972,7 @@ class RemoteExecutors:
             return
         await finisher.idle()
         if self.limiter.releases:
-            await self.limiter.flush(self.clock.now())
+            await self.limiter.flush(self.clock.now(), everything=True)
 
     def _refused(
         self, doc: Mapping[str, Any] | None, key: str, worker_id: str, attempt: str, outcome: Outcome

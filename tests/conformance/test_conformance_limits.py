@@ -28,15 +28,18 @@ class Limits:
         limit = Limit(key=key, **fields)
         return await self.driver.put_limit(PutLimitParams(key, limit.to_storage(), self.clock.now()))
 
-    async def acquire(self, key: str, worker: str, *attempts: str, lease: timedelta = LEASE) -> list[str]:
+    async def acquire(
+        self, key: str, worker: str, *attempts: str, lease: timedelta = LEASE, release: tuple[str, ...] = ()
+    ) -> list[str]:
         now = self.clock.now()
         before = await self.driver.get_limit(key)
-        result = await self.driver.acquire_slots(AcquireParams(key, worker, attempts, now, now + lease))
+        params = AcquireParams(key, worker, attempts, now, now + lease, release=release)
+        result = await self.driver.acquire_slots(params)
         after = await self.driver.get_limit(key)
         if before is not None:
             assert after is not None
             expected = copy.deepcopy(before)
-            grant(expected, worker, attempts, now, now + lease)
+            grant(expected, worker, attempts, now, now + lease, release)
             assert after["slots"] == expected["slots"] and after["starts"] == expected["starts"]
             summary = ("live", "recent", "retry_ms", "starts_w")
             assert {f: after.get(f) for f in summary} == {f: expected.get(f) for f in summary}
@@ -177,6 +180,46 @@ async def test_rate_is_a_sliding_window(limits: Limits) -> None:
     assert await limits.acquire("job", "w3", "c2") == []
     limits.advance(0.5)  # a1, a2 leave the window
     assert await limits.acquire("job", "w3", "c3", "c4", "c5") == ["c3", "c4"]
+
+
+async def test_an_acquire_releases_the_ended_slots_of_its_worker_in_the_same_write(limits: Limits) -> None:
+    """``AcquireParams.release``: the slots of this worker's ended attempts go first (they count
+    as free for this grant), another worker's are left alone, and their starts stay counted."""
+    await limits.put("job", max_running=2, rate="3/h")
+    assert await limits.acquire("job", "w1", "a1", "a2") == ["a1", "a2"]
+    assert await limits.acquire("job", "w2", "b1") == []  # full
+    assert await limits.acquire("job", "w2", "b1", release=("a1",)) == []  # not w2's slot
+    assert await limits.live("job") == ["a1", "a2"]
+    assert await limits.acquire("job", "w1", "a3", "a4", release=("a1",)) == ["a3"]
+    assert await limits.live("job") == ["a2", "a3"]
+    # the rate: a1's start stays counted (3 starts in the hour)
+    assert await limits.acquire("job", "w1", "a5", release=("a2", "a3")) == []
+    assert await limits.live("job") == []
+
+
+async def test_a_rate_added_later_counts_the_slots_granted_before_it(limits: Limits) -> None:
+    """A slot granted while the limit had no rate carries no start; a grant reserved then may be
+    used later without a write (``Consumer(limit_reserve=True)``). Once a rate is set, each
+    such slot counts as a start while it is in the document, and its start is counted when it
+    leaves (released, expired), so that no window of the rate misses it; an unused one never
+    started."""
+    await limits.put("job", max_running=10)
+    assert await limits.acquire("job", "w1", "a1", "a2", "a3") == ["a1", "a2", "a3"]
+    await limits.put("job", max_running=10, rate="3/h")
+    assert await limits.acquire("job", "w2", "b1") == []  # a1..a3 may start (or have) in this hour
+    await limits.update("job", "w1", release=["a1"])  # ended: kept until the next acquire counts it
+    assert await limits.live("job") == ["a2", "a3"]
+    assert await limits.acquire("job", "w2", "b1") == []  # a1's start now in a bucket
+    doc = await limits.driver.get_limit("job")
+    assert doc is not None and sum(doc["starts"].values()) == 1 and sorted(doc["slots"]) == ["a2", "a3"]
+    await limits.update("job", "w1", unused=["a2"])  # never started: no start
+    assert await limits.acquire("job", "w2", "b1", "b2", lease=timedelta(hours=2)) == ["b1"]  # a1, a3, b1
+    limits.advance(31)  # a3 expires (its start counted when the next acquire drops it)
+    assert await limits.acquire("job", "w2", "b2") == []
+    doc = await limits.driver.get_limit("job")
+    assert doc is not None and sum(doc["starts"].values()) == 3 and sorted(doc["slots"]) == ["b1"]
+    limits.advance(3600)
+    assert await limits.acquire("job", "w2", "b3", release=("b1",)) == ["b3"]
 
 
 async def test_lowering_max_running_grants_nothing_until_below(limits: Limits) -> None:

@@ -211,8 +211,6 @@ class LimitMachine(RuleBasedStateMachine):
         rate=st.sampled_from([None, (2, 10), (3, 10), (5, 10)]),
     )
     def edit(self, max_running: int | None, rate: tuple[int, int] | None) -> None:
-        if self.reserve:
-            rate = None  # documented: reserved grants carry no start (a rate added later)
         new_rate = Rate(n=rate[0], period=timedelta(seconds=rate[1])) if rate else None
         if max_running is None and new_rate is None:
             max_running = 1
@@ -329,6 +327,30 @@ def test_a_reserved_grant_bounds_the_first_lease() -> None:
         m.limits_hold()
         m.time_passes(1, False)  # the last reserved grant is now older than half a slot lease
         m.claim("w0", 1)  # stale: given back, and a fresh acquire
+        m.limits_hold()
+        m.teardown()
+    finally:
+        if not m.loop.is_closed():
+            m.loop.close()
+
+
+def test_a_rate_added_after_grants_were_reserved_counts_them() -> None:
+    """Pinned: grants reserved while the limit had no rate are used later without a write; a rate
+    set meanwhile counts them (as starts while their slots are held, and when they leave), so
+    the starts of one window never exceed it (before issue 18 the reserve's documented gap)."""
+    m = MemoryReserveLimitMachine()
+    try:
+        m.claim("w0", 1)  # learns that the limit has room
+        m.claim("w0", 1)  # acquires 4 grants: uses 1, keeps 3
+        assert len(m.limiters["w0"].reserve[("lim", "w0")]) == 3
+        m.edit(40, (2, 10))  # 2 starts per 10 s from now
+        m.claim("w0", 2)  # from the reserve, no acquire: 2 starts after the edit
+        assert len(m.held["w0"]) == 4
+        m.claim("w1", 2)  # an acquire: the window already holds 2 (the reserved grants may start)
+        m.limits_hold()
+        assert not m.held["w1"]
+        m.time_passes(9, False)
+        m.claim("w1", 2)
         m.limits_hold()
         m.teardown()
     finally:

@@ -68,7 +68,7 @@ class MemoryLimits:
         doc = self._limits.get(params.key)
         if doc is None:
             return AcquireResult(granted=list(params.attempts), limited=False)
-        grant(doc, params.worker_id, params.attempts, params.now, params.expire)
+        grant(doc, params.worker_id, params.attempts, params.now, params.expire, params.release)
         granted = granted_of(doc, params.worker_id, params.attempts, params.now)
         return AcquireResult(granted=granted, **acquire_result_fields(doc, params.now))
 

@@ -108,7 +108,9 @@ _SLOTS_IN = {
     ]
 }
 _TEMPORARY: tuple[str, ...] = ("_w", "_slots_in", "_starts_in", "_keys", "_vals", "_cur", "_low", "_slots")
-_TEMPORARY += ("_starts", "_svals", "_skeys", "_recent", "_room", "_g", "_gone")
+_TEMPORARY += ("_starts", "_svals", "_skeys", "_recent", "_room", "_g", "_gone", "_pgone", "_plive", "_add")
+# a slot granted while the limit had no rate (domain.limits.pre_rate_slot): b is null
+_PRE = {"$eq": [{"$ifNull": ["$$s.v.b", None]}, None]}
 
 
 def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
@@ -117,6 +119,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
     (the grants, the pruned slots, one bucket), so the write's oplog delta does not grow with the
     limit. Temporary fields start with ``_`` and are projected away at the end."""
     mine = checked_tokens(params.attempts)
+    ended = checked_tokens(params.release)
     k = len(mine)
     now_ms = epoch_ms(params.now)
     rated = {"$ne": [{"$ifNull": ["$rate_n", None]}, None]}
@@ -229,13 +232,43 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
             }
         }
     }
+    ours = {"$eq": ["$$s.v.w", _lit(holder_id(params.worker_id))]}
     stage3 = {
         "$set": {
+            # pre-rate slots leaving now (expired, or released by this worker; not re-granted)
+            "_pgone": {
+                "$size": {
+                    "$filter": {
+                        "input": "$_slots_in",
+                        "as": "s",
+                        "cond": {
+                            "$and": [
+                                _PRE,
+                                _not_in("$$s.k", mine),
+                                {
+                                    "$or": [
+                                        {"$lte": ["$$s.v.e", _lit(params.now)]},
+                                        {"$and": [ours, {"$in": ["$$s.k", _lit(ended)]}]},
+                                    ]
+                                },
+                            ]
+                        },
+                    }
+                }
+            },
             "_slots": {
                 "$filter": {
                     "input": "$_slots_in",
                     "as": "s",
-                    "cond": {"$and": [{"$gt": ["$$s.v.e", _lit(params.now)]}, _not_in("$$s.k", mine)]},
+                    "cond": {
+                        "$and": [
+                            {"$gt": ["$$s.v.e", _lit(params.now)]},
+                            _not_in("$$s.k", mine),
+                            # this worker's ended attempts (release): their slots go, their
+                            # starts stay counted
+                            {"$eq": [{"$and": [ours, {"$in": ["$$s.k", _lit(ended)]}]}, False]},
+                        ]
+                    },
                 }
             },
             "_starts": {
@@ -269,9 +302,18 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
         "$set": {
             "_svals": {"$map": {"input": "$_starts", "as": "e", "in": "$$e.v"}},
             "_skeys": {"$map": {"input": "$_starts", "as": "e", "in": {"$toLong": "$$e.k"}}},
+            "_plive": {"$size": {"$filter": {"input": "$_slots", "as": "s", "cond": _PRE}}},
         }
     }
-    stage5 = {"$set": {"_recent": {"$sum": "$_svals"}}}
+    # (a field path's $sum: mongomock sums an array expression as 0); live pre-rate slots count
+    # as starts while the limit has a rate
+    stage5 = {
+        "$set": {
+            "_recent": {
+                "$add": [{"$sum": "$_svals"}, {"$cond": [rated, {"$add": ["$_plive", "$_pgone"]}, 0]}]
+            }
+        }
+    }
     room = {
         "$min": [
             k,
@@ -281,6 +323,8 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
     }
     stage6 = {"$set": {"_room": room}}
     stage7 = {"$set": {"_g": {"$max": [0, "$_room"]}}}
+    # what the current bucket gains: the grants' starts and those of the pre-rate slots leaving
+    stage7b = {"$set": {"_add": {"$add": ["$_g", {"$cond": [rated, "$_pgone", 0]}]}}}
     asked = [{"a": a, "i": i} for i, a in enumerate(mine)]
     picked = {"$filter": {"input": _lit(asked), "as": "r", "cond": {"$lt": ["$$r.i", "$_room"]}}}
     new_slots = {
@@ -306,20 +350,22 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
                     "as": "e",
                     "in": {
                         "k": "$$e.k",
-                        "v": {"$cond": [{"$eq": ["$$e.k", "$_cur"]}, {"$add": ["$$e.v", "$_g"]}, "$$e.v"]},
+                        "v": {"$cond": [{"$eq": ["$$e.k", "$_cur"]}, {"$add": ["$$e.v", "$_add"]}, "$$e.v"]},
                     },
                 }
             },
             {
                 "$cond": [
-                    {"$and": [{"$gt": ["$_g", 0]}, {"$eq": [{"$in": ["$_cur", keys_now]}, False]}]},
-                    _one({"k": "$_cur", "v": "$_g"}),
+                    {"$and": [{"$gt": ["$_add", 0]}, {"$eq": [{"$in": ["$_cur", keys_now]}, False]}]},
+                    _one({"k": "$_cur", "v": "$_add"}),
                     [],
                 ]
             },
         ]
     }
     recent = {"$add": ["$_recent", "$_g"]}
+    # the bumped buckets are not empty (the domain's ``starts``, after the grant)
+    counted = {"$or": [{"$gt": [{"$size": "$_starts"}, 0]}, {"$gt": ["$_add", 0]}]}
     oldest = {"$ifNull": [{"$min": "$_skeys"}, {"$toLong": "$_cur"}]}
     stage8 = {
         "$set": {
@@ -330,7 +376,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
             "recent": {"$cond": [rated, recent, 0]},
             "retry_ms": {
                 "$cond": [
-                    {"$and": [rated, {"$gte": [recent, "$rate_n"]}, {"$gt": [recent, 0]}]},
+                    {"$and": [rated, counted, {"$gte": [recent, "$rate_n"]}]},
                     {"$subtract": [{"$add": [{"$multiply": [{"$add": [oldest, 1]}, "$_w"]}, period]}, 1]},
                     None,
                 ]
@@ -345,6 +391,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
         stage5,
         stage6,
         stage7,
+        stage7b,
         stage8,
         {"$project": dict.fromkeys(_TEMPORARY, 0)},
     ]
@@ -357,28 +404,38 @@ def slots_pipeline(params: SlotsParams) -> list[dict[str, Any]]:
     ext_keys = checked_tokens(list(params.extend))
     pairs = [{"a": a, "e": params.extend[a]} for a in ext_keys]
     ours = {"$eq": ["$$s.v.w", holder]}
+    live = {"$gt": ["$$s.v.e", _lit(params.now)]}
+    # on a limit with a rate, a slot granted before it had one stays until the next acquire
+    # counts its start (domain.limits.settle): a released one is ended (expiry now at the latest)
+    pre = {"$and": [{"$ne": [{"$ifNull": ["$rate_n", None]}, None]}, _PRE]}
     keep = {
-        "$and": [
-            {"$gt": ["$$s.v.e", _lit(params.now)]},
-            {"$eq": [{"$and": [ours, {"$in": ["$$s.k", _lit(dropped)]}]}, False]},
+        "$cond": [
+            pre,
+            {"$eq": [{"$and": [ours, {"$in": ["$$s.k", _lit(checked_tokens(params.unused))]}]}, False]},
+            {"$and": [live, {"$eq": [{"$and": [ours, {"$in": ["$$s.k", _lit(dropped)]}]}, False]}]},
         ]
     }
     # the new expiry of slot ``$$s`` from the literal pairs (no ``$indexOfArray`` in mongomock)
     match = {"$filter": {"input": _lit(pairs), "as": "x", "cond": {"$eq": ["$$x.a", "$$s.k"]}}}
     moved = {"$let": {"vars": {"m": {"$arrayElemAt": [match, 0]}}, "in": "$$m.e"}}
     extended = {"w": "$$s.v.w", "e": moved, "b": "$$s.v.b"}
+    ended = {"w": "$$s.v.w", "e": {"$min": ["$$s.v.e", _lit(params.now)]}, "b": None}
+    value = {
+        "$switch": {
+            "branches": [
+                {"case": {"$and": [pre, ours, {"$in": ["$$s.k", _lit(dropped)]}]}, "then": ended},
+                {"case": {"$and": [ours, live, {"$in": ["$$s.k", _lit(ext_keys)]}]}, "then": extended},
+            ],
+            "default": "$$s.v",
+        }
+    }
     fields: dict[str, Any] = {
         "slots": {
             "$arrayToObject": {
                 "$map": {
                     "input": {"$filter": {"input": "$_slots_in", "as": "s", "cond": keep}},
                     "as": "s",
-                    "in": {
-                        "k": "$$s.k",
-                        "v": {
-                            "$cond": [{"$and": [ours, {"$in": ["$$s.k", _lit(ext_keys)]}]}, extended, "$$s.v"]
-                        },
-                    },
+                    "in": {"k": "$$s.k", "v": value},
                 }
             }
         }

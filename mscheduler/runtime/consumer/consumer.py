@@ -121,8 +121,9 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         this consumer asks again (a rate limit: until its window frees a start).
     :param limit_reserve: for limits without a rate that are far from their ``max_running``, ask
         for several claim batches' slots at once and use the spare ones for the next claims (one
-        acquire per 4 claims instead of one per claim; spare slots count as running). Off by
-        default: a rate later added to such a limit does not count the starts of reserved grants.
+        acquire per 4 claims instead of one per claim; spare slots count as running). On by
+        default; a rate added to such a limit later counts the reserved grants as starts (see
+        ``mscheduler.domain.limits.pre_rate_slot``).
     :param claim_lease: an optional cap on the first lease of a claim. The first lease is the
         task's own ``worker_timeout`` (computed by the store inside the claim); with a cap,
         ``min(worker_timeout, claim_lease)``. None (the default): no cap.
@@ -157,7 +158,7 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         groups: Sequence[str] = (),
         limits_interval: float = 2.0,
         limit_backoff: float = 0.2,
-        limit_reserve: bool = False,
+        limit_reserve: bool = True,
         clock: Clock | None = None,
         host: str | None = None,
         tracing: bool | None = None,

@@ -1,6 +1,7 @@
 """The finisher of the Consumer: handlers hand their outcomes to it (``_submit``) and it writes
 them in batches, whatever piled up while the last write was in flight, in one ``finish`` command;
-the flow-limit slots of written outcomes are released alongside the next batch.
+the flow-limit slots of written outcomes are released alongside the next batch, or with the next
+acquire of their limit (``Limiter.flush``: held at most ``RELEASE_HOLD`` while the limit has room).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from mscheduler.domain.clock import ServerClock
+from mscheduler.domain.clock import ServerClock, sleep_unless
 from mscheduler.domain.exceptions import ConsumerStopped, StorageError
 from mscheduler.drivers.base import Driver, FinishParams
 from mscheduler.runtime.consumer.limiter import Limiter
@@ -56,9 +57,14 @@ class ConsumerFinisher:
 
     async def _run_finisher(self) -> None:
         while True:
-            if not self._pending and not self.limiter.releases:
+            if not self._pending:
                 self._pending_added.clear()
-                await self._pending_added.wait()
+                wait = self.limiter.release_due_in(self.clock.now())
+                if wait is None:
+                    await self._pending_added.wait()
+                elif wait > 0:  # releases held for the next acquire: until due, or an outcome
+                    await sleep_unless(self.clock, wait, self._pending_added)
+                    continue
             await self._flush()
 
     async def _flush(self) -> None:
@@ -111,4 +117,4 @@ class ConsumerFinisher:
                 log.error("could not write outcomes while stopping: %s", exc)
                 return
         if self.limiter.releases:  # one try: slots not released run out at their expiry
-            await self.limiter.flush(self.clock.now())
+            await self.limiter.flush(self.clock.now(), everything=True)

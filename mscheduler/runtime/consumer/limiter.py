@@ -11,8 +11,10 @@ start) before this consumer asks again, and its names do not hold up the others'
 Per ping: the slots of the running attempts are extended first (one write per limit) to the same
 expiry their leases get; an attempt whose slot is gone is not pinged (its lease runs out; its
 handler is given up like a lost lease). Per finish: the slots are released after the outcomes are
-written (one write per limit per batch). Which limit covers which name is read from the store every
-``refresh`` seconds (per name, for the names a claim asks for).
+written - with the next acquire of that limit by the same worker (``AcquireParams.release``: no write
+of their own) while the limit was at most half full at the last acquire and nobody waits for it,
+for at most ``RELEASE_HOLD``; else in one write per limit per batch. Which limit covers which name
+is read from the store every ``refresh`` seconds (per name, for the names a claim asks for).
 
 One ``Limiter`` serves one consumer, or one API server's remote executors
 (``mscheduler.remote``): the worker id of each operation is the claim's (``ClaimParams.worker_id``)
@@ -40,6 +42,12 @@ from mscheduler.drivers.base import AcquireParams, ClaimedTask, ClaimParams, Dri
 
 log = logging.getLogger("mscheduler.consumer")
 RESERVE_ROUNDS = 4  # an acquire far from max_running asks for this many claim batches
+# How long the release of an ended attempt's slot may wait for the next acquire of its limit by
+# the same worker (which then carries it), while the limit is at most half full (with room for a
+# reserve: as long as a reserved grant is kept, half a slot lease): a release in a command of its
+# own per finish batch would be a second write per claim round on the limit's document. Held
+# slots only make a limit stricter, never looser.
+RELEASE_HOLD = timedelta(seconds=1)
 NAMES_KEPT = 10_000  # task names whose limit (or none) a Limiter remembers
 
 
@@ -74,13 +82,27 @@ class Limiter:
         self.wait_until: dict[str, datetime] = {}  # limit key -> when to ask again after a refusal
         # (limit key, worker id) -> attempts whose slot to release
         self.releases: dict[tuple[str, str], list[str]] = {}
-        self.commands = {"acquire": 0, "settle": 0, "extend": 0, "release": 0, "refused": 0}
+        self._held_since: dict[tuple[str, str], datetime] = {}  # when a flush first kept them
+        # limits at most half full at this Limiter's last acquire: their releases may wait
+        self.ample: set[str] = set()
+        self.release_hold = RELEASE_HOLD
+        # "release_held": releases sent because their hold ran out (RELEASE_HOLD): at most one per
+        # limit and worker per hold, a time-driven count (benchmarks/commands_per_task.py)
+        self.commands = {
+            "acquire": 0,
+            "settle": 0,
+            "extend": 0,
+            "release": 0,
+            "release_held": 0,
+            "refused": 0,
+        }
         # With ``reserve`` (Consumer(limit_reserve=True)): grants kept for the next claims
         # ((limit key, worker id) -> [(attempt, slot expiry)]). While a limit without a rate is far
         # from its max_running, an acquire asks for RESERVE_ROUNDS batches and the claims of the
         # next rounds use the spare grants without an acquire of their own. Spare grants are live
         # slots (counted against max_running; given back when half a slot lease old, or at stop).
-        # Not exact for a rate added to the limit later: a reserved grant carries no start.
+        # A reserved grant carries no start; a rate added to the limit later counts it as one
+        # while its slot is held and when it leaves (domain.limits.pre_rate_slot).
         self.reserve: dict[tuple[str, str], list[tuple[str, datetime]]] = {}
         self.roomy: set[str] = set()  # limits whose last acquire left room for a reserve
 
@@ -197,12 +219,24 @@ class Limiter:
             )
             expire = now + self.slot_lease
             self.commands["acquire"] += 1
-            result = await self.driver.acquire_slots(
-                AcquireParams(key, worker_id, [*attempts, *extra], now, expire)
-            )
+            # the slots of this worker's ended attempts go with the acquire (one write)
+            ended = self.releases.pop((key, worker_id), [])
+            self._held_since.pop((key, worker_id), None)
+            try:
+                result = await self.driver.acquire_slots(
+                    AcquireParams(key, worker_id, [*attempts, *extra], now, expire, release=ended)
+                )
+            except BaseException:
+                if ended:  # still to release (a release is idempotent if it was applied)
+                    self.releases.setdefault((key, worker_id), [])[:0] = ended
+                raise
             if not result.limited:
                 return [], attempts, True
             cap = result.max_running
+            if cap is None or result.live * 2 <= cap:
+                self.ample.add(key)
+            else:
+                self.ample.discard(key)
             roomy = self.reserve_enabled and not result.rate and cap is not None
             if roomy and cap is not None and result.live + n * RESERVE_ROUNDS <= cap // 2:
                 self.roomy.add(key)
@@ -273,20 +307,58 @@ class Limiter:
         released with the next ``flush``."""
         self.releases.setdefault((key, worker_id), []).append(attempt)
 
-    async def flush(self, now: datetime) -> bool:
-        """Release the slots of the attempts that ended (one write per limit and worker); on an
+    def _hold(self, key: str) -> timedelta:
+        """How long the releases of limit ``key`` may wait for the next acquire: as long as a
+        reserved grant is kept (half a slot lease) while the limit has room for a reserve (the
+        ended slots are no more than the reserve those tasks ran on), ``RELEASE_HOLD`` while it
+        is at most half full."""
+        return self.slot_lease / 2 if key in self.roomy else self.release_hold
+
+    def _due(self, where: tuple[str, str], now: datetime, everything: bool) -> bool:
+        """Whether the releases of (limit, worker) go now, or may wait for that worker's next
+        acquire of the limit (``_hold``): they go when the limit was more than half full at the
+        last acquire (or is not known), when this Limiter was refused by it (someone waits for
+        a slot), and once held that long."""
+        if everything or where[0] not in self.ample or where[0] in self.wait_until:
+            return True
+        return now - self._held_since.setdefault(where, now) >= self._hold(where[0])
+
+    def release_due_in(self, now: datetime) -> float | None:
+        """Seconds until a held release is due (0: one is due now); None when none is waiting."""
+        if not self.releases:
+            return None
+        waits = [
+            0.0
+            if where not in self._held_since or self._due(where, now, False)
+            else (self._held_since[where] + self._hold(where[0]) - now).total_seconds()
+            for where in self.releases
+        ]
+        return max(0.0, min(waits))
+
+    async def flush(self, now: datetime, *, everything: bool = False) -> bool:
+        """Release the slots of the attempts that ended (one write per limit and worker), those
+        that may not wait for the next acquire (``_due``; ``everything``: all, at stop); on an
         error they are kept for the next flush (and run out at their expiry anyway): False."""
-        releases, self.releases = self.releases, {}
-        for (key, worker_id), attempts in releases.items():
+        due = [where for where in self.releases if self._due(where, now, everything)]
+        self.commands["release_held"] += sum(
+            1
+            for where in due
+            if not everything and where[0] in self.ample and where[0] not in self.wait_until
+        )
+        releases = {where: self.releases.pop(where) for where in due}
+        for where in due:
+            self._held_since.pop(where, None)
+        while releases:
+            (key, worker_id), attempts = next(iter(releases.items()))
             self.commands["release"] += 1
             try:
                 await self.driver.update_slots(SlotsParams(key, worker_id, now, release=attempts))
             except StorageError as exc:
                 log.warning("could not release the slots of limit %s (%s)", key, exc)
                 for where, a in releases.items():  # this one and the ones not tried yet
-                    if where == (key, worker_id) or where not in self.releases:
-                        self.releases.setdefault(where, []).extend(a)
+                    self.releases.setdefault(where, []).extend(a)
                 return False
+            del releases[(key, worker_id)]
             if key in self.wait_until:  # refused before (there is work): a slot is free now
                 self.wait_until[key] = now
                 if self.on_free is not None:
