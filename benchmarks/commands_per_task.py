@@ -133,7 +133,7 @@ async def main(
         await asyncio.wait_for(wait_finished(SEND_BATCH), timeout=600)
         commands_before = driver.commands
         counted_before = Counter(driver.by_operation)
-        held_before = consumer.limiter.commands["release_held"]
+        held_before = consumer.limiter.commands.get("release_held", 0)
         for start in range(0, tasks, SEND_BATCH):
             await publisher.send_many(noop_tasks(min(SEND_BATCH, tasks - start), start))
             if mode == "trickle":
@@ -143,7 +143,7 @@ async def main(
         await asyncio.wait_for(wait_finished(SEND_BATCH + tasks), timeout=1800)
         commands = driver.commands - commands_before
         by_operation = driver.by_operation - counted_before
-        held = consumer.limiter.commands["release_held"] - held_before
+        held = consumer.limiter.commands.get("release_held", 0) - held_before
     if consumer.stats["succeeded"] != SEND_BATCH + tasks:
         raise RuntimeError(f"not every task succeeded: {consumer.stats}")
     if sum(by_operation.values()) != commands:

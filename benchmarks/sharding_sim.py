@@ -173,7 +173,8 @@ class ShardRouter:
             found += await self._on(i, lambda shard=shard: shard.find_wakeups(params))
         claims = sorted((w for w in found if w.kind == "claim"), key=lambda w: w.time)[: params.limit]
         leases = sorted((w for w in found if w.kind == "lease"), key=lambda w: w.time)[:1]
-        return claims + leases
+        deadlines = sorted((w for w in found if w.kind == "deadline"), key=lambda w: w.time)[: params.limit]
+        return claims + leases + deadlines
 
     def watch(self, names: Sequence[str], resume_token: Any = None) -> Any:
         async def unsupported() -> Any:
