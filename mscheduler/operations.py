@@ -71,6 +71,7 @@ MANY_AT_ONCE = 16  # restarts of restart_many in flight at once
 PLAN_CHANGE_TRIES = 10  # compare-and-set tries of a plan change racing planners
 CONTROL_TRIES = 10  # a task control refused, but the task's status allows it on re-read: again
 REASON_MAX = 2000
+BY_MAX = 200
 
 _PENDING, _RUNNING = TaskStatus.PENDING.value, TaskStatus.RUNNING.value
 _SUCCEEDED, _FAILED = TaskStatus.SUCCEEDED.value, TaskStatus.FAILED.value
@@ -287,17 +288,18 @@ class Operations:
 
     # -- task control -------------------------------------------------------------------------
 
-    async def cancel(self, key: str, reason: str = "") -> TaskInfo:
+    async def cancel(self, key: str, reason: str = "", *, by: str | None = None) -> TaskInfo:
         """End a pending or running task as ``cancelled`` (terminal). A running handler is
         cancelled as soon as its consumer hears of it (the change stream; without one, its next
         ping) and its outcome is refused; ``wait`` raises ``TaskCancelled``. Refused on a
-        finished task (succeeded, failed, expired, cancelled)."""
+        finished task (succeeded, failed, expired, cancelled). ``by``: who did it (kept in
+        ``state.cancelled`` and the event; every control takes it)."""
         if not isinstance(reason, str) or len(reason) > REASON_MAX:
             raise InvalidInput(f"reason: must be a string of at most {REASON_MAX} characters")
         rule = "only a pending or running task can be cancelled"
-        return await self._change(key, "cancel", _UNFINISHED, rule, reason=reason)
+        return await self._change(key, "cancel", _UNFINISHED, rule, reason=reason, by=_checked_by(by))
 
-    async def pause(self, key: str, *, stop_running: bool = False) -> TaskInfo:
+    async def pause(self, key: str, *, stop_running: bool = False, by: str | None = None) -> TaskInfo:
         """Stop claims of a pending or running task until ``resume``; refused on a finished task.
 
         By default a running attempt runs on and the status stays. With ``stop_running=True`` the
@@ -309,32 +311,36 @@ class Operations:
         if not isinstance(stop_running, bool):
             raise InvalidInput("stop_running: must be True or False")
         rule = "a finished task cannot be paused"
-        return await self._change(key, "pause", _UNFINISHED, rule, stop_running=stop_running)
+        return await self._change(
+            key, "pause", _UNFINISHED, rule, stop_running=stop_running, by=_checked_by(by)
+        )
 
-    async def resume(self, key: str) -> TaskInfo:
+    async def resume(self, key: str, *, by: str | None = None) -> TaskInfo:
         """Make a paused task claimable again. Refused on a finished task."""
-        return await self._change(key, "resume", _UNFINISHED, "a finished task cannot be resumed")
+        rule = "a finished task cannot be resumed"
+        return await self._change(key, "resume", _UNFINISHED, rule, by=_checked_by(by))
 
-    async def remove(self, key: str, *, force: bool = False) -> None:
+    async def remove(self, key: str, *, force: bool = False, by: str | None = None) -> None:
         """Delete a task that is not running; a running one only with ``force=True`` (it is
         cancelled first, so its handler is stopped as by ``cancel``). A task with children is removed
         with its children (children first, each under the same rule); a child only with its
         parent."""
+        by = _checked_by(by)
         doc = await self.driver.get_task(_checked(validate_key, key, "key"))
         if doc is not None and doc.get("parent") is not None:
             rule = f"a child task is removed with its parent ({doc['parent']!r})"
             raise TransitionRefused(key, "remove", doc["state"]["status"], rule)
         for child in (doc or {}).get("children", {}).get("keys", []):
-            await self._remove_child(child, force)
+            await self._remove_child(child, force, by)
         if force:
             try:
-                await self._control(key, "cancel", (_RUNNING,), "", reason="removed")
+                await self._control(key, "cancel", (_RUNNING,), "", reason="removed", by=by)
             except TransitionRefused:
                 pass  # not running (any more): removed below as it is
         rule = "a running task is removed only with force=True (it is cancelled first)"
-        await self._control(key, "remove", _NOT_RUNNING, rule)
+        await self._control(key, "remove", _NOT_RUNNING, rule, by=by)
 
-    async def restart(self, key: str, *, force: bool = False) -> TaskInfo:
+    async def restart(self, key: str, *, force: bool = False, by: str | None = None) -> TaskInfo:
         """Run a failed, cancelled or expired task again (a succeeded one only with
         ``force=True``; a pending or running one never): its attempts are kept in
         ``state.history`` as an earlier generation and the retry budget starts afresh. A
@@ -347,7 +353,7 @@ class Operations:
             rule = "a task with children is not restarted with force: restart_child(..., force=True)"
             raise TransitionRefused(key, "restart", info.status.value, rule)
         try:
-            return await self._change(key, "restart", statuses, rule)
+            return await self._change(key, "restart", statuses, rule, by=_checked_by(by))
         except UniqueParamsTaken as exc:  # unique_by="params": one live task per params hash
             held = f"live task {exc.holder!r}" if exc.holder else "a live task"
             status = (await self.get_task(key)).status.value
@@ -444,7 +450,13 @@ class Operations:
         raise InvalidInput(f"task {key!r} has no child named {child!r} (its children: {names})")
 
     async def _follow_family(
-        self, info: TaskInfo, action: str, *, reason: str = "", stop_running: bool = False
+        self,
+        info: TaskInfo,
+        action: str,
+        *,
+        reason: str = "",
+        stop_running: bool = False,
+        by: str | None = None,
     ) -> TaskInfo:
         """After a change of one task: a child's parent is synced; a cancel, pause, resume or
         restart of a parent is applied to those of its children it applies to (each its own
@@ -457,21 +469,23 @@ class Operations:
         for child in info.children:
             try:
                 statuses = FAMILY_ACTIONS[action]
-                await self._control(child.key, action, statuses, "", reason=reason, stop_running=stop_running)
+                await self._control(
+                    child.key, action, statuses, "", reason=reason, stop_running=stop_running, by=by
+                )
             except (TransitionRefused, UnknownTask):
                 pass  # not in a status the action applies to (or gone): left as it is
         await self.driver.sync_parents(SyncParentsParams([info.key], await self._now()))
         return await self.get_task(info.key)
 
-    async def _remove_child(self, key: str, force: bool) -> None:
+    async def _remove_child(self, key: str, force: bool, by: str | None = None) -> None:
         if force:
             try:
-                await self._control(key, "cancel", (_RUNNING,), "", reason="removed")
+                await self._control(key, "cancel", (_RUNNING,), "", reason="removed", by=by)
             except (TransitionRefused, UnknownTask):
                 pass
         rule = "a task with a running child is removed only with force=True"
         try:
-            await self._control(key, "remove", _NOT_RUNNING, rule)
+            await self._control(key, "remove", _NOT_RUNNING, rule, by=by)
         except UnknownTask:
             pass
 
@@ -484,11 +498,14 @@ class Operations:
         *,
         reason: str = "",
         stop_running: bool = False,
+        by: str | None = None,
     ) -> TaskInfo:
         """``_control`` of an action that keeps the task: the task as it is after the change."""
-        info = await self._control(key, action, statuses, rule, reason=reason, stop_running=stop_running)
+        info = await self._control(
+            key, action, statuses, rule, reason=reason, stop_running=stop_running, by=by
+        )
         assert info is not None
-        return await self._follow_family(info, action, reason=reason, stop_running=stop_running)
+        return await self._follow_family(info, action, reason=reason, stop_running=stop_running, by=by)
 
     async def _control(
         self,
@@ -499,13 +516,14 @@ class Operations:
         *,
         reason: str = "",
         stop_running: bool = False,
+        by: str | None = None,
     ) -> TaskInfo | None:
         """One compare-and-set of ``action`` while the task's status is one of ``statuses``;
         ``UnknownTask`` / ``TransitionRefused`` (with ``rule``) when it does not apply."""
         key = _checked(validate_key, key, "key")
         for _ in range(CONTROL_TRIES):
             now = await self._now()
-            params = ControlParams(key, action, statuses, now, reason, stop_running)
+            params = ControlParams(key, action, statuses, now, reason, stop_running, by)
             after = await self.driver.control_task(params)
             if after is not None:
                 # the task as this change left it (a later change may have moved it on since)
@@ -672,6 +690,13 @@ def _checked_keys(keys: object) -> list[str]:
     if len(checked) > MANY_MAX:
         raise InvalidInput(f"keys: at most {MANY_MAX} keys at once, got {len(checked)}")
     return checked
+
+
+def _checked_by(by: str | None) -> str | None:
+    """Who did an operator action (an API token's ``api:<name>``): kept as given."""
+    if by is not None:
+        _check_text(by, "by", BY_MAX)
+    return by
 
 
 def _limit_key(key: object) -> str:

@@ -48,6 +48,8 @@ from mscheduler.drivers.base import (
     WorkerInfo,
     allowed,
     busy_statuses,
+    cancelled_record,
+    control_detail,
     due_time,
     event_for,
     failure_times,
@@ -474,7 +476,7 @@ class MemoryDriver(
         state = doc["state"]
         kind = CONTROL_KINDS.get(params.action)
         if kind is not None:  # checked below (an unknown action raises): nothing is recorded then
-            detail = {"reason": params.reason} if params.reason else None
+            detail = control_detail(params)
             self._record([task_event(kind, params.key, doc["name"], params.now, detail)], params.now)
         if params.action == "remove":
             self._forget(doc)
@@ -482,7 +484,7 @@ class MemoryDriver(
             self._version[params.key] = self._version.get(params.key, 0) + 1  # drops heap entries
             return doc
         if params.action == "cancel":
-            state["cancelled"] = {"reason": params.reason, "time": params.now}
+            state["cancelled"] = cancelled_record(params)
             state["stop"] = stop_record("cancel", state["worker_states"], params.now)
         elif params.action == "pause" and params.stop_running:
             state["paused"] = True

@@ -55,6 +55,7 @@ from mscheduler.drivers.base import (
     InsertEventsParams,
     InsertParams,
     UpdateOptionParams,
+    control_detail,
 )
 from mscheduler.drivers.mongo.common import (
     CONFIG_CODES,
@@ -311,7 +312,7 @@ class MongoEvents:
         after: dict[str, Any] | None = await super().control_task(params)  # type: ignore[misc]
         if after is not None and self.record_events and kind is not None:
             # the changed (or deleted) task names itself: no read before the write
-            detail = {"reason": params.reason} if params.reason else None
+            detail = control_detail(params)
             await self._record([task_event(kind, params.key, after["name"], params.now, detail)], params.now)
         return after
 

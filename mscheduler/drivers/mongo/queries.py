@@ -14,7 +14,13 @@ from pymongo.errors import DuplicateKeyError
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.listing import BY_CREATED, BY_FINISHED, BY_KEY, ListParams
 from mscheduler.domain.state import TERMINAL
-from mscheduler.drivers.base import ControlParams, UniqueParamsTaken, UpdateOptionParams, paused_error
+from mscheduler.drivers.base import (
+    ControlParams,
+    UniqueParamsTaken,
+    UpdateOptionParams,
+    cancelled_record,
+    paused_error,
+)
 from mscheduler.drivers.mongo.common import (
     AIMED_AT_GROUPS,
     ALL_STATUSES,
@@ -202,7 +208,7 @@ class MongoTaskQueries:
         stages: list[dict[str, Any]] = []
         if params.action == "cancel":
             change = {
-                "state.cancelled": _lit({"reason": params.reason, "time": params.now}),
+                "state.cancelled": _lit(cancelled_record(params)),
                 "state.stop": stop_expression("cancel", params.now),
             }
         elif params.action == "pause" and params.stop_running:
