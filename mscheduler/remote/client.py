@@ -44,6 +44,24 @@ from mscheduler.runtime.consumer.runner import RunTimedOut
 
 log = logging.getLogger("mscheduler.executor_client")
 
+
+class ServerBusy(StorageError):
+    """A 429: the server holds as many waiting leases as its caps allow (per token or in all);
+    ``retry_after``: the seconds it asked the client to wait (``Retry-After``)."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message, transient=True)
+        self.retry_after = retry_after
+
+
+def _retry_after(response: httpx.Response) -> float:
+    """``Retry-After`` in seconds (1 to 60; 1 when missing or a date)."""
+    try:
+        return min(max(float(response.headers.get("retry-after", "1")), 1.0), 60.0)
+    except ValueError:
+        return 1.0
+
+
 API = "/api/v1/executors"
 LEASE_MARGIN = 0.5  # seconds before a lease's end at which an unconfirmed attempt is given up
 REPORT_TRIES = 5
@@ -194,6 +212,8 @@ class ExecutorClient:
                 raise UnknownTask(body.get("key", ""))
             if status >= 500:  # the server or its store failed: 503 says retrying may help
                 raise StorageError(f"{status} {code}: {detail}", transient=status == 503)
+            if status == 429:  # too many waits at once (the server's caps): back off as told
+                raise ServerBusy(f"{status} {code}: {detail}", _retry_after(response))
             raise InvalidInput(f"{status} {code}: {detail}")
         answer: dict[str, Any] = response.json()
         return answer
@@ -252,8 +272,9 @@ class ExecutorClient:
                 try:
                     tasks = await self.lease(free, self.wait_seconds)
                 except (httpx.TransportError, StorageError) as exc:
-                    log.warning("lease failed (%s); trying again in 1 s", exc)
-                    await self.clock.sleep(1.0)
+                    pause = exc.retry_after if isinstance(exc, ServerBusy) else 1.0
+                    log.warning("lease failed (%s); trying again in %g s", exc, pause)
+                    await self.clock.sleep(pause)
                     continue
                 for task in tasks:
                     self._start(task, handler)

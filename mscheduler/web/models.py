@@ -91,8 +91,12 @@ class LimitOut(BaseModel):
     update_time: datetime | None
 
     @classmethod
-    def of(cls, info: LimitInfo) -> LimitOut:
-        return cls.model_validate(info.as_dict())
+    def of(cls, info: LimitInfo, *, secrets: bool = True) -> LimitOut:
+        """``secrets=False`` (a read token): the holders' attempt tokens blanked (``""``)."""
+        out = cls.model_validate(info.as_dict())
+        if not secrets:
+            out.holders = [h.model_copy(update={"attempt": ""}) for h in out.holders]
+        return out
 
 
 class TaskPageOut(BaseModel):
@@ -149,6 +153,7 @@ class StatsOut(BaseModel):
 
 class WhoAmIOut(BaseModel):
     role: str = Field(description="the token's role: admin (reads and changes) or read")
+    name: str = Field(description="the token's name: what operator actions record as their author")
 
 
 class HealthOut(BaseModel):

@@ -28,4 +28,4 @@ async def stats(
 @misc.get("/whoami", response_model=WhoAmIOut, summary="The role of the presented token")
 async def whoami(request: Request) -> WhoAmIOut:
     """What this token may do: the dashboard shows its action buttons to admin tokens only."""
-    return WhoAmIOut(role=request.state.role)
+    return WhoAmIOut(role=request.state.role, name=request.state.identity.name)
