@@ -67,6 +67,8 @@ from mscheduler.drivers.base import (
 )
 
 MANY_MAX = 1000  # keys of one get_tasks / restart_many call
+COUNT_CAP = 100_000  # tasks count_tasks counts by default before it answers "at least"
+COUNT_MAX = 10_000_000
 MANY_AT_ONCE = 16  # restarts of restart_many in flight at once
 PLAN_CHANGE_TRIES = 10  # compare-and-set tries of a plan change racing planners
 CONTROL_TRIES = 10  # a task control refused, but the task's status allows it on re-read: again
@@ -112,6 +114,14 @@ class RestartOutcome:
     @property
     def restarted(self) -> bool:
         return self.outcome == "restarted"
+
+
+@dataclass(slots=True, frozen=True)
+class TaskCount:
+    """How many tasks a filter selects: ``count``, or at least that many when ``capped``."""
+
+    count: int
+    capped: bool
 
 
 @dataclass(slots=True, frozen=True)
@@ -257,6 +267,16 @@ class Operations:
         (``InvalidInput``, nothing queried)."""
         params = list_params(**filters)
         return task_page(params, await self.driver.list_tasks(params))
+
+    async def count_tasks(self, *, cap: int = COUNT_CAP, **filters: Unpack[TaskFilters]) -> TaskCount:
+        """How many tasks the filters of ``page_tasks`` select, counting at most ``cap`` (1 to
+        ``COUNT_MAX``): a store of millions answers "at least ``cap``" (``capped``) in the time
+        ``cap`` index keys take. The count a bulk action's confirmation shows."""
+        if not isinstance(cap, int) or isinstance(cap, bool) or not 1 <= cap <= COUNT_MAX:
+            raise InvalidInput(f"cap: an integer from 1 to {COUNT_MAX}")
+        params = list_params(**{k: v for k, v in filters.items() if k not in ("cursor", "limit", "skip")})
+        counted = await self.driver.count_tasks(params, cap)
+        return TaskCount(counted, counted >= cap)
 
     async def list_tasks(self, **filters: Unpack[TaskFilters]) -> list[TaskInfo]:
         """The tasks of ``page_tasks`` (without the next cursor)."""

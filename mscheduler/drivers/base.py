@@ -569,6 +569,11 @@ class Driver(Protocol):
 
     async def list_tasks(self, params: ListParams) -> list[dict[str, Any]]: ...
 
+    async def count_tasks(self, params: ListParams, cap: int) -> int:
+        """How many tasks the listing's filters select (its order, cursor, skip and limit are
+        ignored), counting at most ``cap``: ``cap`` means "``cap`` or more"."""
+        ...
+
     async def count_by_status(self) -> dict[str, int]: ...
 
     async def task_stats(self, params: StatsParams, on_step: StatsStep | None = None) -> TaskStats:

@@ -13,7 +13,6 @@ benchmarks compare it with MongoDB's ``docsExamined``). Every operation runs wit
 from __future__ import annotations
 
 import asyncio
-import copy
 import heapq
 import itertools
 from collections import Counter
@@ -64,6 +63,7 @@ from mscheduler.drivers.base import (
     trim_entries,
 )
 from mscheduler.drivers.memory.children import MemoryChildren
+from mscheduler.drivers.memory.copying import copy_doc
 from mscheduler.drivers.memory.events import MemoryEvents
 from mscheduler.drivers.memory.limits import MemoryLimits
 from mscheduler.drivers.memory.listing import MemoryListing
@@ -75,7 +75,7 @@ _SCALARS = (str, int, float, bool, type(None), datetime)
 
 
 def _copy(value: Any) -> Any:
-    return value if isinstance(value, _SCALARS) else copy.deepcopy(value)
+    return value if isinstance(value, _SCALARS) else copy_doc(value)
 
 
 class MemoryDriver(
@@ -201,7 +201,7 @@ class MemoryDriver(
                 self._write(doc, params.now)
                 created.append(True)
             elif params.reset_finished and doc["state"]["status"] in ("succeeded", "failed") and not holder:
-                doc["params"] = copy.deepcopy(task.params)
+                doc["params"] = copy_doc(task.params)
                 doc["unique_hash"] = task.unique_hash
                 doc["option"] = dict(task.option)
                 doc["state"]["worker_states"] = []
@@ -455,7 +455,7 @@ class MemoryDriver(
 
     async def get_task(self, key: str) -> dict[str, Any] | None:
         doc = self._tasks.get(key)
-        return copy.deepcopy(doc) if doc is not None else None
+        return copy_doc(doc) if doc is not None else None
 
     async def count_by_status(self) -> dict[str, int]:
         return dict(Counter(doc["state"]["status"] for doc in self._tasks.values()))
@@ -525,7 +525,7 @@ class MemoryDriver(
         else:
             raise InvalidInput(f"unknown control action {params.action!r}")
         self._write(doc, params.now)
-        return copy.deepcopy(doc)
+        return copy_doc(doc)
 
     async def register_worker(self, info: WorkerInfo) -> bool:
         old = self._workers.get(info.worker_id)
