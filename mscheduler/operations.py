@@ -11,7 +11,7 @@ whole or refused (``TransitionRefused``, nothing changed).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -114,6 +114,21 @@ class RestartOutcome:
     @property
     def restarted(self) -> bool:
         return self.outcome == "restarted"
+
+
+BULK_ACTIONS = ("cancel", "pause", "resume", "restart", "remove")
+BULK_PAGE = 200  # tasks a bulk action over a filter reads and changes per page
+
+
+@dataclass(slots=True, frozen=True)
+class BulkOutcome:
+    """What a bulk action (``control_many``, ``control_matching``) did to one task: ``done``,
+    ``refused`` (``status`` and ``rule`` say why; nothing changed) or ``unknown`` (gone)."""
+
+    key: str
+    outcome: str
+    status: str | None = None
+    rule: str | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -400,6 +415,108 @@ class Operations:
         for start in range(0, len(checked), MANY_AT_ONCE):
             await asyncio.gather(*(one(key) for key in checked[start : start + MANY_AT_ONCE]))
         return {key: outcomes[key] for key in checked}
+
+    async def control_many(
+        self,
+        action: str,
+        keys: Sequence[str],
+        *,
+        reason: str = "",
+        force: bool = False,
+        stop_running: bool = False,
+        by: str | None = None,
+    ) -> list[BulkOutcome]:
+        """``action`` (cancel, pause, resume, restart, remove) on each key, each its own
+        compare-and-set under the action's rules, a few at a time; the outcome per key in the
+        order given. Keys and options are checked first: bad input changes nothing."""
+        run = self._bulk_action(action, reason=reason, force=force, stop_running=stop_running, by=by)
+        return await self._bulk(run, _checked_keys(keys))
+
+    async def control_matching(
+        self,
+        action: str,
+        *,
+        reason: str = "",
+        force: bool = False,
+        stop_running: bool = False,
+        by: str | None = None,
+        page_size: int = BULK_PAGE,
+        **filters: Unpack[TaskFilters],
+    ) -> AsyncIterator[list[BulkOutcome]]:
+        """``action`` on every task the filters of ``page_tasks`` select, page by page (a
+        listing in the filters' own order, by cursor), yielding each page's outcomes: the caller
+        shows progress and may stop between pages. Tasks created after the call are left out
+        (the creation range ends now), so the action ends even while tasks keep arriving. Bad
+        input is refused before anything changes; ``sort``, ``cursor`` and ``limit`` are not
+        filters here."""
+        run = self._bulk_action(action, reason=reason, force=force, stop_running=stop_running, by=by)
+        if not isinstance(page_size, int) or isinstance(page_size, bool) or not 1 <= page_size <= MANY_MAX:
+            raise InvalidInput(f"page_size: an integer from 1 to {MANY_MAX}")
+        selected: dict[str, Any] = {
+            k: v for k, v in filters.items() if k not in ("sort", "cursor", "limit", "skip")
+        }
+        now = await self._now() + timedelta(milliseconds=1)
+        created_to = selected.get("created_to")
+        if created_to is None or (
+            isinstance(created_to, datetime) and created_to.tzinfo is not None and created_to > now
+        ):
+            selected["created_to"] = now
+        list_params(**selected)  # every filter checked before the first change
+        return self._bulk_pages(run, selected, page_size)
+
+    async def _bulk_pages(
+        self, run: Callable[[str], Awaitable[BulkOutcome]], selected: dict[str, Any], page_size: int
+    ) -> AsyncIterator[list[BulkOutcome]]:
+        cursor = None
+        while True:
+            page = await self.page_tasks(**selected, cursor=cursor, limit=page_size)
+            if page.tasks:
+                yield await self._bulk(run, [t.key for t in page.tasks])
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def _bulk_action(
+        self, action: str, *, reason: str, force: bool, stop_running: bool, by: str | None
+    ) -> Callable[[str], Awaitable[BulkOutcome]]:
+        """The checked action as a function of a key (its outcome, never a refusal raised)."""
+        if action not in BULK_ACTIONS:
+            raise InvalidInput(f"action: one of {', '.join(BULK_ACTIONS)}, got {action!r}")
+        for name, value in (("force", force), ("stop_running", stop_running)):
+            if not isinstance(value, bool):
+                raise InvalidInput(f"{name}: must be True or False")
+        if not isinstance(reason, str) or len(reason) > REASON_MAX:
+            raise InvalidInput(f"reason: must be a string of at most {REASON_MAX} characters")
+        by = _checked_by(by)
+        calls: dict[str, Callable[[str], Awaitable[Any]]] = {
+            "cancel": lambda key: self.cancel(key, reason, by=by),
+            "pause": lambda key: self.pause(key, stop_running=stop_running, by=by),
+            "resume": lambda key: self.resume(key, by=by),
+            "restart": lambda key: self.restart(key, force=force, by=by),
+            "remove": lambda key: self.remove(key, force=force, by=by),
+        }
+        call = calls[action]
+
+        async def run(key: str) -> BulkOutcome:
+            try:
+                await call(key)
+            except TransitionRefused as exc:
+                return BulkOutcome(key, "refused", status=exc.status, rule=exc.rule)
+            except UnknownTask:
+                return BulkOutcome(key, "unknown")
+            return BulkOutcome(key, "done")
+
+        return run
+
+    async def _bulk(self, run: Callable[[str], Awaitable[BulkOutcome]], keys: list[str]) -> list[BulkOutcome]:
+        outcomes: dict[str, BulkOutcome] = {}
+
+        async def one(key: str) -> None:
+            outcomes[key] = await run(key)
+
+        for start in range(0, len(keys), MANY_AT_ONCE):
+            await asyncio.gather(*(one(key) for key in keys[start : start + MANY_AT_ONCE]))
+        return [outcomes[key] for key in keys]
 
     async def edit(self, key: str, change: OptionChange) -> TaskOption:
         """Change a pending or running task's options (F26: due time, priority, retry budget or

@@ -40,6 +40,7 @@ from mscheduler.domain.version import __version__
 from mscheduler.operations import Operations
 from mscheduler.remote.executors import RemoteExecutors
 from mscheduler.web.auth import ApiTokens
+from mscheduler.web.bulk import BulkJobs
 from mscheduler.web.dashboard import mount_dashboard
 from mscheduler.web.deps import (
     API,
@@ -106,6 +107,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     """At shutdown, the executors' outcomes and flow-limit slot releases still waiting are written
     (slots whose release is never written run out at their expiry)."""
     yield
+    await app.state.bulk.aclose()  # the bulk actions stop after their page
     await app.state.executors.aclose()
 
 
@@ -174,6 +176,7 @@ def create_app(
     )
     app.state.operations = operations
     app.state.limits = limits
+    app.state.bulk = BulkJobs()
     app.state.streams = Slots("event streams", limits.streams_per_token, limits.streams_total)
     app.state.waits = Slots("waiting leases", limits.waits_per_token, limits.waits_total)
     app.state.executors = executors or RemoteExecutors(operations.driver, clock=operations.clock)

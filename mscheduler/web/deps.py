@@ -7,14 +7,12 @@ Routers import this module, never the app.
 from __future__ import annotations
 
 import logging
-import re
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import Depends, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
-from pydantic import BaseModel, BeforeValidator
+from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mscheduler.domain.exceptions import (
@@ -31,6 +29,7 @@ from mscheduler.operations import Operations
 from mscheduler.web.auth import ApiTokens, Identity, Role
 from mscheduler.web.dashboard import is_dashboard_path
 from mscheduler.web.models import ErrorOut
+from mscheduler.web.models import IsoTime as IsoTime  # for the routers
 
 API = "/api/v1"
 
@@ -201,19 +200,6 @@ def ops(request: Request) -> Operations:
 
 
 Ops = Annotated[Operations, Depends(ops)]
-
-
-def _iso_text(value: object) -> object:
-    """Times in queries are ISO-8601 text only (pydantic would also take 0.5 as a Unix time)."""
-    if isinstance(value, str) and not _ISO_DATE.match(value):
-        raise ValueError("an ISO-8601 time with its offset, e.g. 2030-01-01T00:00:00Z")
-    return value
-
-
-_ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]")
-
-
-IsoTime = Annotated[datetime, BeforeValidator(_iso_text)]
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {

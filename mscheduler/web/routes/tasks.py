@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from mscheduler.domain.listing import CURSOR_MAX_LEN, LIST_LIMIT_MAX
+from mscheduler.domain.listing import CURSOR_MAX_LEN, LIST_LIMIT_MAX, TaskFilters
 from mscheduler.domain.model import OptionChange, TaskInfo, TaskOption, TaskStatus
 from mscheduler.web.deps import (
     _ERRORS,
@@ -41,13 +41,27 @@ async def list_tasks(
         IsoTime | None, Query(description="finished before (with offset): listed by finish time")
     ] = None,
     group: Annotated[str | None, Query(description="tasks aimed at this worker group")] = None,
-    cursor: Annotated[str | None, Query(max_length=CURSOR_MAX_LEN, description="next_cursor")] = None,
+    cursor: Annotated[
+        str | None, Query(max_length=CURSOR_MAX_LEN, description="next_cursor or prev_cursor")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=LIST_LIMIT_MAX)] = 100,
+    sort: Annotated[
+        str | None,
+        Query(
+            max_length=20,
+            description="created, updated, finished, status, name, attempts or key; '-' in front: "
+            "descending (-created: newest first). Default: oldest first (by finish time with a "
+            "finished range, key order with a key prefix, which allows only key / -key)",
+        ),
+    ] = None,
+    with_total: Annotated[
+        bool, Query(description="also count the tasks the filters select (up to 100,000)")
+    ] = False,
 ) -> Response:
     """Tasks oldest first (with ``key_prefix``: in key order; with a finished range and no
-    prefix: by finish time, finished tasks only), one page; ``next_cursor`` goes on. A read
-    token sees attempt tokens blanked."""
-    page = await operations.page_tasks(
+    prefix: by finish time, finished tasks only), or as ``sort`` says, one page;
+    ``next_cursor`` goes on, ``prev_cursor`` back. A read token sees attempt tokens blanked."""
+    filters = TaskFilters(
         status=status.value if status is not None else None,
         name=name,
         key_prefix=key_prefix,
@@ -57,11 +71,17 @@ async def list_tasks(
         finished_from=finished_from,
         finished_to=finished_to,
         group=group,
+        sort=sort,
         cursor=cursor,
         limit=limit,
     )
+    page = await operations.page_tasks(**filters)
     tasks = [shown_task(info, who) for info in page.tasks]
-    return json_answer(TaskPageOut(tasks=tasks, next_cursor=page.next_cursor))
+    out = TaskPageOut(tasks=tasks, next_cursor=page.next_cursor, prev_cursor=page.prev_cursor)
+    if with_total:
+        counted = await operations.count_tasks(**filters)  # (cursor and limit do not count)
+        out.total, out.total_capped = counted.count, counted.capped
+    return json_answer(out)
 
 
 @tasks.get("/{key:path}", response_model=TaskInfo, responses=_NOT_FOUND, summary="A task and its attempts")
