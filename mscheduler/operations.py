@@ -43,6 +43,7 @@ from mscheduler.domain.plans import (
     PlanInfo,
     PlanState,
     checked_plan_id,
+    occurrence_key,
     option_to_storage,
     plan_state,
     refire_time,
@@ -54,9 +55,11 @@ from mscheduler.domain.stats import checked_input as checked_stats_input
 from mscheduler.drivers.base import (
     ControlParams,
     Driver,
+    InsertParams,
     InsertPlanParams,
     LimitNameTaken,
     MarkParams,
+    NewTask,
     PlanListParams,
     PutLimitParams,
     StatsParams,
@@ -716,6 +719,32 @@ class Operations:
             raise InvalidInput("skip: must be a non-negative integer")
         docs = await self.driver.list_plans(PlanListParams(state=state, limit=limit, skip=skip))
         return [PlanInfo.from_storage(doc) for doc in docs]
+
+    async def run_plan_now(self, plan_id: str) -> TaskInfo:
+        """Run the plan's task once, now, outside its schedule: a task like its occurrences
+        (name, params, option; keyed as the occurrence at this instant, so it lists with the
+        plan's runs and its events name the plan). The schedule, the counters and the last run
+        stay as they are. Refused when the plan does not allow overlap and its last run is still
+        pending or running."""
+        plan_id = checked_plan_id(plan_id)
+        doc = await self.driver.get_plan(plan_id)
+        if doc is None:
+            raise UnknownPlan(plan_id)
+        last = doc.get("last_run_key")
+        if last is not None and not doc["allow_overlap"]:
+            outcome = (await self.driver.get_run_outcomes([last])).get(last)
+            if outcome is not None and outcome.status in _UNFINISHED:
+                rule = f"plan {plan_id!r} does not allow overlap"
+                raise TransitionRefused(last, "start another run beside", outcome.status, rule)
+        now = await self._now()
+        task = doc["task"]
+        option = TaskOption.from_storage(task["option"])
+        key = occurrence_key(plan_id, now)
+        new = NewTask(key, task["name"], task.get("params"), option.to_storage(now))
+        (created,) = await self.driver.insert_tasks(InsertParams([new], now))
+        if not created:
+            raise TransitionRefused(key, "run now", "pending", "a run of the plan at this instant exists")
+        return await self.get_task(key)
 
     async def suspend_plan(self, plan_id: str) -> PlanInfo:
         """Suspend a plan: no occurrence is materialised until ``resume_plan``."""
