@@ -88,7 +88,7 @@ INTERNAL_EXCEPTIONS = {
     "mscheduler.testing.faults.DriverKilled": "fault injection in tests: simulates a killed process",
     "mscheduler.runtime.consumer.runner.RunTimedOut": "an attempt's error type, never raised to users",
     "mscheduler.web.guards.BodyTooLarge": "the body cap's signal inside the app, answered as a 413",
-    "mscheduler.remote.client.ServerBusy": "a 429 to ExecutorClient: a transient StorageError with retry_after",
+    "mscheduler.remote.client.ServerBusy": "a 429 to ExecutorClient: a transient StorageError",
 }
 
 REPO = Path(__file__).resolve().parents[2]
