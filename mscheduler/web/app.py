@@ -52,7 +52,7 @@ from mscheduler.web.deps import (
     domain_error,
     log,
 )
-from mscheduler.web.guards import ApiHeaders, ApiLimits, BodyLimit, Slots, too_large_detail
+from mscheduler.web.guards import AnswerCache, ApiHeaders, ApiLimits, BodyLimit, Slots, too_large_detail
 from mscheduler.web.routes import ROUTERS
 
 # -- errors ---------------------------------------------------------------------------------------
@@ -177,6 +177,7 @@ def create_app(
     app.state.operations = operations
     app.state.limits = limits
     app.state.bulk = BulkJobs()
+    app.state.stats_cache = AnswerCache(limits.stats_cache_seconds)
     app.state.streams = Slots("event streams", limits.streams_per_token, limits.streams_total)
     app.state.waits = Slots("waiting leases", limits.waits_per_token, limits.waits_total)
     app.state.executors = executors or RemoteExecutors(operations.driver, clock=operations.clock)

@@ -7,6 +7,8 @@ headers every answer carries.
   the cap (a chunked body). Nothing is parsed, queried or written.
 * ``Slots``: how many streams (``GET /events/stream``) or waits (a lease with ``wait_seconds``)
   one token and all tokens hold; one more is a 429 ``too_many_streams`` / ``too_many_waits``.
+* ``AnswerCache``: reads whose cost grows with the store (``GET /stats``) computed once a
+  second at most, however many clients ask.
 * ``ApiHeaders``: ``X-Content-Type-Options: nosniff`` and ``Cache-Control: no-store`` on every
   answer that does not set its own (the dashboard's files revalidate), and redirects that never
   name a host: Starlette builds a redirect's ``Location`` from the request's ``Host`` header,
@@ -15,7 +17,10 @@ headers every answer carries.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -200,3 +205,40 @@ def _relative(location: bytes) -> bytes:
     if path.startswith("//"):  # "//evil.example/x" would name a host again
         path = "/" + path.lstrip("/")
     return (path + (f"?{parts.query}" if parts.query else "")).encode("latin-1")
+
+
+class AnswerCache:
+    """Answers reused for ``ttl`` seconds, computed once however many ask at the same time
+    (the others wait for that computation). For reads whose cost grows with the store and whose
+    answer may be a moment old: ``GET /stats`` (``ApiLimits.stats_cache_seconds``). A failed
+    computation is not kept; ``ttl`` 0 computes every time."""
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._kept: dict[str, tuple[float, bytes]] = {}
+        self._pending: dict[str, asyncio.Future[bytes]] = {}
+        self.computed = 0
+
+    async def get(self, key: str, compute: Callable[[], Awaitable[bytes]]) -> bytes:
+        if self.ttl <= 0:
+            self.computed += 1
+            return await compute()
+        kept = self._kept.get(key)
+        if kept is not None and time.monotonic() - kept[0] < self.ttl:
+            return kept[1]
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = self._pending[key] = asyncio.ensure_future(self._compute(key, compute))
+        return await asyncio.shield(pending)  # a caller that goes away does not cancel it
+
+    async def _compute(self, key: str, compute: Callable[[], Awaitable[bytes]]) -> bytes:
+        try:
+            started = time.monotonic()
+            value = await compute()
+            self.computed += 1
+            self._kept[key] = (started, value)
+            if len(self._kept) > 64:  # a few keys in practice (the windows asked for)
+                self._kept.pop(next(iter(self._kept)))
+            return value
+        finally:
+            del self._pending[key]

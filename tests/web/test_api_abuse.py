@@ -212,3 +212,35 @@ async def test_no_redirect_names_the_host_the_client_sent(client: httpx.AsyncCli
     assert _relative(b"http://evil.example/ui/?a=1") == b"/ui/?a=1"
     assert _relative(b"https://evil.example//other.example/x") == b"/other.example/x"
     assert _relative(b"ui/") == b"ui/"
+
+
+# -- no per-request recomputation ------------------------------------------------------------------
+
+
+async def test_stats_are_computed_once_for_many_clients_and_again_after_the_cache_time(
+    driver: CountingDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = _app(driver, stats_cache_seconds=60)
+    operations = app.state.operations
+    computed = 0
+    real = operations.stats
+
+    async def counted(**kwargs: Any) -> Any:
+        nonlocal computed
+        computed += 1
+        await asyncio.sleep(0.01)  # long enough for the others to ask meanwhile
+        return await real(**kwargs)
+
+    monkeypatch.setattr(operations, "stats", counted)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        answers = await asyncio.gather(*(http.get("/api/v1/stats", headers=READ) for _ in range(20)))
+        assert {a.status_code for a in answers} == {200} and computed == 1
+        assert len({a.text for a in answers}) == 1
+        assert (await http.get("/api/v1/stats", params={"window": 600}, headers=READ)).status_code == 200
+        assert computed == 2  # another window: its own answer
+    fresh = _app(driver, stats_cache_seconds=0)
+    monkeypatch.setattr(fresh.state.operations, "stats", counted)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=fresh), base_url="http://test") as http:
+        for _ in range(3):
+            await http.get("/api/v1/stats", headers=READ)
+    assert computed == 5

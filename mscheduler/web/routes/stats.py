@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 
 from mscheduler.web.deps import _ERRORS, Ops, _common
+from mscheduler.web.guards import AnswerCache
 from mscheduler.web.models import StatsOut, WhoAmIOut
 
 misc = APIRouter(tags=["stats"], dependencies=_common, responses=_ERRORS)
@@ -15,14 +16,25 @@ misc = APIRouter(tags=["stats"], dependencies=_common, responses=_ERRORS)
 @misc.get("/stats", response_model=StatsOut, summary="Task statistics (counts, rates, durations)")
 async def stats(
     operations: Ops,
+    request: Request,
     window: Annotated[
         float | None, Query(ge=60, le=7 * 86400, description="seconds of the rates' window (default 1 h)")
     ] = None,
-) -> StatsOut:
+) -> Response:
     """Counts by status, plus ``Operations.stats()`` (SPEC F27: success rates, duration
-    percentiles, throughput over the window) in ``details``."""
-    details = await operations.stats(window=window) if window is not None else await operations.stats()
-    return StatsOut(counts=details.counts, total=details.total, details=details)
+    percentiles, throughput over the window) in ``details``. Computed at most once per
+    ``ApiLimits.stats_cache_seconds`` (1 s by default) however many clients ask: an answer may
+    be that much old."""
+
+    async def compute() -> bytes:
+        details = await operations.stats(window=window) if window is not None else await operations.stats()
+        return (
+            StatsOut(counts=details.counts, total=details.total, details=details).model_dump_json().encode()
+        )
+
+    cache: AnswerCache = request.app.state.stats_cache
+    body = await cache.get(f"window={window}", compute)
+    return Response(body, media_type="application/json")
 
 
 @misc.get("/whoami", response_model=WhoAmIOut, summary="The role of the presented token")

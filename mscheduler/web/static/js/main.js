@@ -12,6 +12,7 @@ import { tasksPage } from "./pages/tasks.js";
 import { workersPage } from "./pages/workers.js";
 
 const REFRESH_GAP_MS = 1000; // live updates redraw at most once a second
+const SETTLE_MS = 1500;
 const main = document.getElementById("main");
 const banner = document.getElementById("banner");
 let role = null;
@@ -20,6 +21,7 @@ let renderSeq = 0;
 let pendingNotice = null;
 let stopLive = null;
 let refreshTimer = null;
+let settleTimer = null;
 let refreshing = false;
 let refreshAgain = false;
 let lastRefresh = 0;
@@ -131,7 +133,11 @@ async function start() {
   stopLive?.();
   stopLive = startLive({
     onEvent: (event) => {
-      if (wanted(event)) scheduleRefresh();
+      if (!wanted(event)) return;
+      scheduleRefresh();
+      // and once more when the events stop: statistics may be a second old (the API reuses them)
+      clearTimeout(settleTimer);
+      settleTimer = setTimeout(scheduleRefresh, SETTLE_MS);
     },
     onState: showLive,
     onPoll: () => scheduleRefresh(),
