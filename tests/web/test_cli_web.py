@@ -23,6 +23,8 @@ URI = "mongodb://unused.invalid/"
 def served(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     monkeypatch.setattr(cli_web, "operations_override", lambda: Operations(MemoryDriver()))
+    # the real one changes the whole test process's garbage collector
+    monkeypatch.setattr(cli_web, "quiet_collector", lambda: seen.setdefault("collector", "quieted"))
 
     async def serve(self: uvicorn.Server, sockets: Any = None) -> None:
         seen["host"], seen["port"] = self.config.host, self.config.port
@@ -48,6 +50,7 @@ def test_tokens_from_the_environment(served: dict[str, Any]) -> None:
     code, err = _run({"MSCHEDULER_API_TOKENS": f"admin:{ADMIN_TOKEN},read:{READ_TOKEN}"}, "--port", "8123")
     assert code == 0, err
     limits = served.pop("limits")
+    assert served.pop("collector") == "quieted"
     assert served == {"host": "127.0.0.1", "port": 8123, "stats": 200, "anonymous": 401, "metrics": 401}
     assert (limits.max_body_bytes, limits.streams_per_token) == (4 * 1024 * 1024, 8)  # the defaults
 
@@ -91,3 +94,16 @@ def test_the_caps_are_options(served: dict[str, Any]) -> None:
     assert (limits.max_body_bytes, limits.streams_per_token, limits.waits_total) == (1024 * 1024, 2, 10)
     code, err = _run(env, "--streams-per-token", "100", "--streams-total", "10")
     assert code == 2 and "per-token cap" in err
+
+
+def test_the_server_keeps_the_collectors_pauses_short() -> None:
+    import gc
+
+    threshold = gc.get_threshold()
+    try:
+        cli_web.quiet_collector(young=12_345)
+        assert gc.get_freeze_count() > 1000  # modules, functions: out of the full passes
+        assert gc.get_threshold()[0] == 12_345
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
