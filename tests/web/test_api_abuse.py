@@ -1,7 +1,11 @@
 """The API under abuse (issue 20, part B): bodies above the cap are a 413 before they are read
 whole and change nothing; event streams and long-poll waits are capped per token and in all (429
 with ``Retry-After``) and their slots come back however they end; every answer carries
-``nosniff`` and ``no-store``; no redirect names the ``Host`` a client sent."""
+``nosniff`` and ``no-store``; no redirect names the ``Host`` a client sent.
+
+The tests of the defaults use nothing the earlier build lacks, so on it they fail by what it
+does (no 413, a tenth stream or a 65th wait that never answers, missing headers), not by an
+import."""
 
 from __future__ import annotations
 
@@ -15,7 +19,6 @@ import pytest
 from mscheduler import FakeClock, Operations, Task
 from mscheduler.remote.executors import RemoteExecutors
 from mscheduler.web import ApiTokens, create_app
-from mscheduler.web.guards import ApiLimits, _relative
 from tests.web.support import ADMIN, ADMIN_TOKEN, READ, READ_TOKEN, CountingDriver, publisher
 
 EXECUTOR_TOKEN = "executor-token-0123456789abcdef"
@@ -28,6 +31,10 @@ TOKENS = ApiTokens(admin=[ADMIN_TOKEN], read=[READ_TOKEN, OTHER_READ_TOKEN], exe
 def _app(driver: CountingDriver, **limits: Any) -> Any:
     operations = Operations(driver, clock=driver.clock)
     executors = RemoteExecutors(driver, clock=driver.clock)
+    if not limits:  # the defaults
+        return create_app(operations=operations, tokens=TOKENS, executors=executors)
+    from mscheduler.web.guards import ApiLimits
+
     return create_app(operations=operations, tokens=TOKENS, executors=executors, limits=ApiLimits(**limits))
 
 
@@ -97,6 +104,7 @@ async def test_the_default_cap_lets_a_full_report_through_and_stops_a_huge_one(
 
 async def test_the_limits_are_checked() -> None:
     from mscheduler.domain.exceptions import InvalidInput
+    from mscheduler.web.guards import ApiLimits
 
     with pytest.raises(InvalidInput, match="max_body_bytes"):
         ApiLimits(max_body_bytes=0)
@@ -152,7 +160,43 @@ async def test_streams_are_capped_per_token_and_in_all_and_their_slots_come_back
         await _until(lambda: slots.held() == 0)  # a stream that ended gives its slot back
 
 
+async def test_by_default_a_token_holds_eight_streams(log_driver: CountingDriver) -> None:
+    app = _app(log_driver)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        open_ = [await _open_stream(http, READ) for _ in range(8)]
+        await _until(lambda: len(log_driver._event_streams) == 8)
+        ninth = await asyncio.wait_for(http.get("/api/v1/events/stream", headers=READ), 5)
+        assert ninth.status_code == 429 and ninth.headers["retry-after"] == "5"
+        other = await _open_stream(http, OTHER_READ)  # another token still may
+        await _until(lambda: len(log_driver._event_streams) == 9)
+        for task in [*open_, other]:
+            task.cancel()
+        await asyncio.gather(*open_, other, return_exceptions=True)
+
+
 # -- 429: waits -----------------------------------------------------------------------------------
+
+
+async def test_by_default_a_token_has_64_leases_waiting(driver: CountingDriver) -> None:
+    app = _app(driver)
+    lease = {"names": ["job"], "wait_seconds": 30}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        waiting = [
+            asyncio.ensure_future(
+                http.post("/api/v1/executors/lease", json=lease | {"worker_id": f"ex-{n}"}, headers=EXEC)
+            )
+            for n in range(64)
+        ]
+        for _ in range(20_000):  # until every one of them waits
+            await asyncio.sleep(0)
+        assert not any(w.done() for w in waiting)
+        late = await asyncio.wait_for(
+            http.post("/api/v1/executors/lease", json=lease | {"worker_id": "ex-64"}, headers=EXEC), 5
+        )
+        assert late.status_code == 429 and late.json()["error"] == "too_many_waits"
+        for w in waiting:
+            w.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
 
 
 async def test_long_poll_waits_are_capped_per_token_and_a_lease_without_wait_still_goes(
@@ -209,6 +253,8 @@ async def test_no_redirect_names_the_host_the_client_sent(client: httpx.AsyncCli
         assert response.headers["location"] == "ui/", path  # relative: works under a mount too
     # any absolute Location the framework builds (its slash redirects use the Host header) is cut
     # to its path on the way out
+    from mscheduler.web.guards import _relative
+
     assert _relative(b"http://evil.example/ui/?a=1") == b"/ui/?a=1"
     assert _relative(b"https://evil.example//other.example/x") == b"/other.example/x"
     assert _relative(b"ui/") == b"ui/"

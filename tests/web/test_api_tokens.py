@@ -17,7 +17,6 @@ from mscheduler import FakeClock, MemoryDriver, Operations, Task
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.remote.executors import RemoteExecutors
 from mscheduler.web import ApiTokens, Role, create_app, parse_tokens, read_tokens_file
-from mscheduler.web.auth import Token
 from tests.web.support import ADMIN_TOKEN, READ_TOKEN, publisher
 
 RESIZER_TOKEN = "resizer-token-7c41d09a2be5f318"
@@ -58,6 +57,8 @@ def test_tokens_have_names_and_the_file_format_keeps_the_old_lines(tmp_path: Pat
     assert resizers.tasks == frozenset({"resize", "thumb"}) and resizers.groups == frozenset({"gpu"})
     with pytest.raises(InvalidInput, match="item #1"):
         parse_tokens(f"admin:{ADMIN_TOKEN} colour=red")
+    from mscheduler.web.auth import Token
+
     with pytest.raises(InvalidInput, match="name 'x' is taken"):
         ApiTokens(admin=[Token(ADMIN_TOKEN, name="x")], read=[Token(READ_TOKEN, name="x")])
     with pytest.raises(InvalidInput, match="bind executor tokens only"):
@@ -92,21 +93,29 @@ def store() -> MemoryDriver:
     return MemoryDriver(clock=FakeClock(), events=True)
 
 
-@pytest.fixture
-async def http(store: MemoryDriver) -> Any:
-    tokens = ApiTokens(
-        admin=[Token(ADMIN_TOKEN, name="alice")],
-        read=[READ_TOKEN],
-        executor=[
-            Token(
-                RESIZER_TOKEN, name="resizers", worker_prefix="resizer-", tasks=("resize",), groups=("gpu",)
-            ),
-            FREE_EXECUTOR_TOKEN,
-        ],
-    )
+def _client(store: MemoryDriver, tokens: ApiTokens) -> httpx.AsyncClient:
     executors = RemoteExecutors(store, clock=store.clock, max_wait=0)
     app = create_app(operations=Operations(store, clock=store.clock), tokens=tokens, executors=executors)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+
+
+@pytest.fixture
+async def http(store: MemoryDriver) -> Any:
+    """Named and bound tokens (the format an earlier build refuses)."""
+    tokens = parse_tokens(
+        f"admin:{ADMIN_TOKEN} name=alice\nread:{READ_TOKEN}\n"
+        f"executor:{RESIZER_TOKEN} name=resizers worker_prefix=resizer- tasks=resize groups=gpu\n"
+        f"executor:{FREE_EXECUTOR_TOKEN}"
+    )
+    async with _client(store, tokens) as client:
+        yield client
+
+
+@pytest.fixture
+async def plain_http(store: MemoryDriver) -> Any:
+    """Unnamed tokens, as an earlier build took them."""
+    tokens = ApiTokens(admin=[ADMIN_TOKEN], read=[READ_TOKEN], executor=[FREE_EXECUTOR_TOKEN])
+    async with _client(store, tokens) as client:
         yield client
 
 
@@ -172,8 +181,9 @@ async def test_a_bound_executor_token_leases_pings_and_reports_only_as_itself(
 
 
 async def test_attempt_tokens_are_not_shown_to_read_tokens(
-    http: httpx.AsyncClient, store: MemoryDriver
+    plain_http: httpx.AsyncClient, store: MemoryDriver
 ) -> None:
+    http = plain_http
     ops = Operations(store, clock=store.clock)
     await ops.set_limit("job", max_running=2)
     await publisher(store).send(Task("t1", "job", None))
@@ -212,3 +222,12 @@ async def test_attempt_tokens_are_not_shown_to_read_tokens(
     assert token not in streamed.text
     ids = [json.loads(line[6:])["id"] for line in streamed.text.splitlines() if line.startswith("data: ")]
     assert ids == [e["id"] for e in listed]
+
+
+async def test_an_unnamed_tokens_actions_record_its_role_and_position(
+    plain_http: httpx.AsyncClient, store: MemoryDriver
+) -> None:
+    await publisher(store).send(Task("a", "job", None))
+    assert (await plain_http.post("/api/v1/tasks/a/cancel", headers=_as(ADMIN_TOKEN))).is_success
+    task = (await plain_http.get("/api/v1/tasks/a", headers=_as(ADMIN_TOKEN))).json()
+    assert task["cancelled"]["by"] == "api:admin-1"  # not "api": which token did it
