@@ -213,8 +213,9 @@ async def _stream(http: httpx.AsyncClient, load: Load, stop: float) -> None:
         try:
             async with http.stream("GET", "/api/v1/events/stream", headers=ask, timeout=None) as response:
                 if response.status_code != 200:
-                    load.errors["stream"] = load.errors.get("stream", 0) + 1
-                    await asyncio.sleep(1)
+                    kind = f"stream {response.status_code}"
+                    load.errors[kind] = load.errors.get(kind, 0) + 1
+                    await asyncio.sleep(float(response.headers.get("retry-after", 1)))  # as told
                     continue
                 load.streams_opened += 1
 
@@ -229,8 +230,9 @@ async def _stream(http: httpx.AsyncClient, load: Load, stop: float) -> None:
                     await asyncio.wait_for(read(), max(until - time.monotonic(), 0.01))
                 except TimeoutError:
                     pass
-        except httpx.HTTPError:
-            load.errors["stream"] = load.errors.get("stream", 0) + 1
+        except httpx.HTTPError as exc:
+            kind = f"stream {type(exc).__name__}"
+            load.errors[kind] = load.errors.get(kind, 0) + 1
 
 
 async def drive(port: int, seconds: float, tasks: int, rate: float) -> Load:
