@@ -8,8 +8,8 @@ The probe's mix, for ``--seconds`` (30) against a server over a MemoryDriver wit
   limit=100``, ``/tasks/{key}``, ``/workers``, ``/whoami``;
 * 4 executors: ``POST /executors/lease`` (up to 5 tasks, waiting up to 1 s), then a ``report``
   (succeeded) for each task leased;
-* 4 event-stream clients reconnecting: each reads ``/events/stream`` for 2 s, closes it and
-  opens it again (with ``Last-Event-ID``).
+* 4 event-stream clients reconnecting, each with its own read token: each reads
+  ``/events/stream`` for 2 s, closes it and opens it again (with ``Last-Event-ID``).
 
 Measured: requests/s (readers' and executors' requests that completed, stream openings not
 counted), p50 / p99 latency of those requests (a lease that waited is measured too: its wait is
@@ -57,6 +57,9 @@ TOKENS = {
     "read": "load-read-2c8e6a4f0b9d1357",
     "executor": "load-exec-9d1b3f5a7c2e4680",
 }
+# one read token per event-stream client: the per-token cap on streams (8) then never refuses a
+# reconnection whose previous stream the loaded server has not yet seen closed
+STREAM_TOKENS = [f"load-stream-{n}-5e2a7c9b1d3f4086" for n in range(4)]
 
 
 @dataclass
@@ -204,8 +207,8 @@ async def _executor(port: int, load: Load, stop: float, n: int, rng: random.Rand
     conn.close()
 
 
-async def _stream(http: httpx.AsyncClient, load: Load, stop: float) -> None:
-    headers = {"Authorization": f"Bearer {TOKENS['read']}", "Accept": "text/event-stream"}
+async def _stream(http: httpx.AsyncClient, load: Load, stop: float, token: str) -> None:
+    headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
     last_id: str | None = None
     while time.monotonic() < stop:
         ask = dict(headers) | ({"Last-Event-ID": last_id} if last_id else {})
@@ -252,7 +255,7 @@ async def drive(port: int, seconds: float, tasks: int, rate: float) -> Load:
                 _executor(port, load, stop, n, random.Random(rng.random()), interval)
                 for n in range(EXECUTORS)
             ),
-            *(_stream(http, load, stop) for _ in range(STREAMS)),
+            *(_stream(http, load, stop, STREAM_TOKENS[n % len(STREAM_TOKENS)]) for n in range(STREAMS)),
         )
     return load
 

@@ -21,6 +21,9 @@ TOKENS = {
     "read": "load-read-2c8e6a4f0b9d1357",
     "executor": "load-exec-9d1b3f5a7c2e4680",
 }
+# one read token per event-stream client: the per-token cap on streams (8) then never refuses a
+# reconnection whose previous stream the loaded server has not yet seen closed
+STREAM_TOKENS = [f"load-stream-{n}-5e2a7c9b1d3f4086" for n in range(4)]
 
 
 async def serve(tasks: int, port: int) -> None:
@@ -39,7 +42,8 @@ async def serve(tasks: int, port: int) -> None:
         await publisher.send_many([Task(f"load-{i:06}", "job", {"n": i, "note": "x" * 64}) for i in keys])
     operations = Operations(driver)
     cli_web.operations_override = lambda: operations
-    tokens = parse_tokens(",".join(f"{role}:{token}" for role, token in TOKENS.items()))
+    items = [f"{role}:{token}" for role, token in TOKENS.items()] + [f"read:{t}" for t in STREAM_TOKENS]
+    tokens = parse_tokens(",".join(items))
     ready = {"port": port, "pid": os.getpid(), "mscheduler_file": mscheduler.__file__}
     print(json.dumps(ready), flush=True)
     await cli_web.serve(
