@@ -167,8 +167,12 @@ async def _sse(
     try:
         yield ": mscheduler events\n\n"  # the headers and a first byte: the client knows it is open
         while max_events is None or sent < max_events:
+            # asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for swallows a
+            # cancellation that comes when its inner wait is done already — which, while events
+            # keep coming, is always: a client that went away was then streamed to for ever
             try:
-                item = await asyncio.wait_for(queue.get(), HEARTBEAT_SECONDS)
+                async with asyncio.timeout(HEARTBEAT_SECONDS):
+                    item = await queue.get()
             except TimeoutError:
                 yield ": keep-alive\n\n"
                 continue
@@ -183,12 +187,24 @@ async def _sse(
             sent += 1
     finally:  # the client went away (the response is cancelled) or the stream ended
         pump.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await pump
-        aclose = getattr(source, "aclose", None)
-        if aclose is not None:
-            with contextlib.suppress(Exception):
-                await aclose()
+        # the subscription is closed whatever happens here: the response's cancellation is
+        # delivered again at each of our awaits, so the closing runs as its own task
+        closing = asyncio.ensure_future(_close(pump, source))
+        _CLOSING.add(closing)
+        closing.add_done_callback(_CLOSING.discard)
+        await asyncio.shield(closing)
+
+
+_CLOSING: set[asyncio.Future[None]] = set()  # subscriptions being closed (kept from the GC)
+
+
+async def _close(pump: asyncio.Task[None], source: AsyncIterator[Event]) -> None:
+    with contextlib.suppress(asyncio.CancelledError):
+        await pump
+    aclose = getattr(source, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            await aclose()
 
 
 @events.get(
