@@ -26,8 +26,8 @@ browser:
 	test -x $(CHROMIUM) || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check mscheduler tests benchmarks
-	$(BIN)/ruff format --check mscheduler tests benchmarks
+	$(BIN)/ruff check mscheduler tests benchmarks examples
+	$(BIN)/ruff format --check mscheduler tests benchmarks examples
 	$(BIN)/lint-imports  # the layers and no import cycles (pyproject.toml [tool.importlinter])
 
 typecheck: $(VENV)/.installed

@@ -63,7 +63,8 @@ from mscheduler.domain.version import __version__ as __version__
 from mscheduler.drivers import Driver, MemoryDriver, MongoDriver
 from mscheduler.operations import Operations, WorkerView
 from mscheduler.remote.executors import RemoteExecutors
-from mscheduler.runtime.consumer import Consumer, TaskContext
+from mscheduler.runtime.app import App
+from mscheduler.runtime.consumer import Consumer, SyncTaskContext, TaskContext
 from mscheduler.runtime.publisher import Publisher
 from mscheduler.services.events import Event, EventKind, Events
 from mscheduler.services.expiry import ExpiryService
@@ -72,6 +73,10 @@ from mscheduler.services.retention import Retention, RetentionService
 from mscheduler.testing.clock import FakeClock
 
 __all__ = [
+    "ApiError",
+    "ApiRefused",
+    "ApiUnreachable",
+    "App",
     "AtSchedule",
     "AttemptStatus",
     "CatchUp",
@@ -102,6 +107,7 @@ __all__ = [
     "MemoryDriver",
     "MongoDriver",
     "MonthlySchedule",
+    "NotAnApi",
     "Operations",
     "OptionChange",
     "PerDayRetry",
@@ -113,6 +119,7 @@ __all__ = [
     "Publisher",
     "Rate",
     "RemoteExecutors",
+    "RemoteOperations",
     "RemoteTask",
     "Retention",
     "RetentionService",
@@ -121,6 +128,7 @@ __all__ = [
     "Schedule",
     "Snooze",
     "StorageError",
+    "SyncTaskContext",
     "Task",
     "TaskCancelled",
     "TaskContext",
@@ -140,10 +148,29 @@ __all__ = [
 
 
 if TYPE_CHECKING:
-    from mscheduler.remote.client import ExecutorClient, RemoteTask
+    from mscheduler.remote.client import (
+        ApiError,
+        ApiRefused,
+        ApiUnreachable,
+        ExecutorClient,
+        NotAnApi,
+        RemoteOperations,
+        RemoteTask,
+    )
 
-# imported when first asked for (httpx is not needed by a process that runs no executor client)
-_LAZY = {"ExecutorClient": "mscheduler.remote.client", "RemoteTask": "mscheduler.remote.client"}
+# imported when first asked for (httpx is not needed by a process that runs no API client)
+_LAZY = {
+    name: "mscheduler.remote.client"
+    for name in (
+        "ApiError",
+        "ApiRefused",
+        "ApiUnreachable",
+        "ExecutorClient",
+        "NotAnApi",
+        "RemoteOperations",
+        "RemoteTask",
+    )
+}
 
 
 def __getattr__(name: str) -> object:

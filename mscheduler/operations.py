@@ -11,7 +11,8 @@ whole or refused (``TransitionRefused``, nothing changed).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,21 +23,25 @@ from typing_extensions import Unpack
 from mscheduler.domain.clock import Clock, ServerClock
 from mscheduler.domain.exceptions import (
     InvalidInput,
+    MSchedulerError,
     StorageError,
     TransitionRefused,
     UnknownLimit,
     UnknownPlan,
     UnknownTask,
 )
-from mscheduler.domain.limits import LimitInfo, Rate, checked_limit, from_storage
+from mscheduler.domain.limits import Limit, LimitInfo, Rate, checked_limit, from_storage
 from mscheduler.domain.listing import LIST_LIMIT_MAX, TaskFilters, TaskPage, list_params, task_page
 from mscheduler.domain.model import (
     OptionChange,
+    Task,
     TaskInfo,
     TaskOption,
     TaskStatus,
+    checked_params_size,
     validate_key,
     validate_name,
+    validate_worker_id,
 )
 from mscheduler.domain.plans import (
     Plan,
@@ -49,6 +54,7 @@ from mscheduler.domain.plans import (
     refire_time,
 )
 from mscheduler.domain.schedule import to_storage_dict
+from mscheduler.domain.state import live_attempts
 from mscheduler.domain.stats import DEFAULT_WINDOW as DEFAULT_STATS_WINDOW
 from mscheduler.domain.stats import StatsStep, TaskStats
 from mscheduler.domain.stats import checked_input as checked_stats_input
@@ -68,6 +74,14 @@ from mscheduler.drivers.base import (
     UpdateOptionParams,
     UpdatePlanParams,
 )
+from mscheduler.publishing import (
+    DEFAULT_MAX_PARAMS_BYTES,
+    checked_max_params_bytes,
+    insert_families,
+    prepared_families,
+)
+
+log = logging.getLogger("mscheduler.operations")
 
 MANY_MAX = 1000  # keys of one get_tasks / restart_many call
 COUNT_CAP = 100_000  # tasks count_tasks counts by default before it answers "at least"
@@ -166,13 +180,24 @@ class Operations:
     :param driver: the storage.
     :param clock: time source; by default the system clock corrected to the server's clock (the
         same correction consumers use, so a stop request is stamped in the server's time).
+    :param max_params_bytes: the largest params ``send`` / ``send_many`` accept (their BSON size),
+        as ``Publisher(max_params_bytes=...)``, and a plan's (``add_plan``, ``edit_plan``): every
+        run of a plan carries them.
     """
 
-    def __init__(self, driver: Driver, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        *,
+        clock: Clock | None = None,
+        max_params_bytes: int = DEFAULT_MAX_PARAMS_BYTES,
+    ) -> None:
         self.driver = driver
         self.clock = clock if isinstance(clock, ServerClock) else ServerClock(clock)
+        self.max_params_bytes = checked_max_params_bytes(max_params_bytes)
         self._synced = False
         self._plans_set_up = False
+        self._tasks_set_up = False
 
     async def _now(self) -> datetime:
         if not self._synced:
@@ -209,9 +234,7 @@ class Operations:
     async def request_worker_stop(self, worker_id: str) -> bool:
         """Ask a running consumer to stop gracefully (it sees the request at its next heartbeat).
         False if no running consumer has that id (unknown, or stopped already)."""
-        if not isinstance(worker_id, str) or not worker_id or worker_id.startswith("$"):
-            raise InvalidInput(f"invalid worker id {worker_id!r}")
-        return await self.driver.request_worker_stop(worker_id, await self._now())
+        return await self.driver.request_worker_stop(checked_worker_id(worker_id), await self._now())
 
     # -- flow limits (SPEC G5) ----------------------------------------------------------------
 
@@ -228,12 +251,7 @@ class Operations:
         starts per period (``"10/s"``, ``"1000/h"``). Applies to every consumer's next claim
         (slots held already are kept: a lowered ``max_running`` grants nothing until the running
         count is below it). A name covered by another limit is ``InvalidInput``."""
-        if names is not None and (isinstance(names, (str, bytes)) or not isinstance(names, Sequence)):
-            raise InvalidInput(f"names: a list of task names, got {type(names).__name__}")
-        fields: dict[str, Any] = {"key": key, "max_running": max_running, "rate": rate}
-        if names is not None:
-            fields["names"] = tuple(names)
-        limit = checked_limit(**fields)
+        limit = limit_input(key, names, max_running, rate)
         now = await self._now()
         try:
             await self.driver.put_limit(PutLimitParams(limit.key, limit.to_storage(), now))
@@ -324,6 +342,32 @@ class Operations:
         params = StatsParams(await self._now(), checked_window, checked_names, checked_statuses)
         return await self.driver.task_stats(params, on_step)
 
+    # -- publishing -----------------------------------------------------------------------------
+
+    async def send(self, task: Task, *, reset_finished: bool = False) -> bool:
+        """Publish ``task`` unless its key exists (SPEC F1); True if this call created (or reset)
+        it. The rules are ``Publisher.send``'s, from the same code (``mscheduler.publishing``):
+        the REST API's ``POST /api/v1/tasks`` is this call."""
+        if not isinstance(task, Task):
+            raise InvalidInput(f"send() takes a Task, got {type(task).__name__}")
+        return (await self.send_many([task], reset_finished=reset_finished))[0]
+
+    async def send_many(self, tasks: Sequence[Task], *, reset_finished: bool = False) -> list[bool]:
+        """Publish many tasks (``Publisher.send_many``'s rules): every task is checked before
+        anything is written; a bool per task, in order, True where it was created (or reset)."""
+        if isinstance(tasks, (str, bytes, Task)) or not isinstance(tasks, Sequence):
+            raise InvalidInput(f"tasks: a list of Tasks, got {type(tasks).__name__}")
+        if not isinstance(reset_finished, bool):
+            raise InvalidInput("reset_finished: must be True or False")
+        now = await self._now()
+        families = prepared_families(
+            tasks, now=now, reset_finished=reset_finished, max_params_bytes=self.max_params_bytes
+        )
+        if not self._tasks_set_up:  # the unique key index before the first insert (SPEC F1)
+            await self.driver.setup()
+            self._tasks_set_up = True
+        return await insert_families(self.driver, families, self.clock.now, reset_finished=reset_finished)
+
     # -- task control -------------------------------------------------------------------------
 
     async def cancel(self, key: str, reason: str = "", *, by: str | None = None) -> TaskInfo:
@@ -332,8 +376,7 @@ class Operations:
         ping) and its outcome is refused; ``wait`` raises ``TaskCancelled``. Refused on a
         finished task (succeeded, failed, expired, cancelled). ``by``: who did it (kept in
         ``state.cancelled`` and the event; every control takes it)."""
-        if not isinstance(reason, str) or len(reason) > REASON_MAX:
-            raise InvalidInput(f"reason: must be a string of at most {REASON_MAX} characters")
+        checked_reason(reason)
         rule = "only a pending or running task can be cancelled"
         return await self._change(key, "cancel", _UNFINISHED, rule, reason=reason, by=_checked_by(by))
 
@@ -341,10 +384,12 @@ class Operations:
         """Stop claims of a pending or running task until ``resume``; refused on a finished task.
 
         By default a running attempt runs on and the status stays. With ``stop_running=True`` the
-        same write also ends the running attempts as ``released`` (error type ``Paused``; not
-        counted against the retry budget) and the task becomes pending: their handlers are
-        cancelled as soon as their consumers hear of it (change stream, else the next ping),
-        their later writes are refused, and ``resume`` lets the task run again, from its last
+        same write also tells the running attempts to stop: their handlers are cancelled as soon
+        as their consumers hear of it (change stream, else the next ping), their leases are no
+        longer renewed and their outcomes are refused; each attempt keeps its entry (and its
+        slot: never twice at once) until its consumer settles it ``released`` (error type
+        ``Paused``; not counted against the retry budget) once the handler stopped, or the lease
+        pass does at its lease's end. ``resume`` lets the task run again, from its last
         checkpoint, with its budget intact."""
         if not isinstance(stop_running, bool):
             raise InvalidInput("stop_running: must be True or False")
@@ -382,7 +427,10 @@ class Operations:
         """Run a failed, cancelled or expired task again (a succeeded one only with
         ``force=True``; a pending or running one never): its attempts are kept in
         ``state.history`` as an earlier generation and the retry budget starts afresh. A
-        deadline already past is dropped (it would expire the task again at once)."""
+        deadline already past is dropped (it would expire the task again at once). Refused
+        (``TransitionRefused`` naming it) while an attempt still holds a live lease — a cancelled
+        task's handler is stopped and its attempt settled within a ping interval of the cancel —
+        so the task never runs twice at once across generations."""
         statuses = (_FAILED, _CANCELLED, _EXPIRED, *((_SUCCEEDED,) if force else ()))
         rule = "only a failed, cancelled or expired task can be restarted" + (
             "" if force else " (a succeeded one with force=True)"
@@ -488,8 +536,7 @@ class Operations:
         for name, value in (("force", force), ("stop_running", stop_running)):
             if not isinstance(value, bool):
                 raise InvalidInput(f"{name}: must be True or False")
-        if not isinstance(reason, str) or len(reason) > REASON_MAX:
-            raise InvalidInput(f"reason: must be a string of at most {REASON_MAX} characters")
+        checked_reason(reason)
         by = _checked_by(by)
         calls: dict[str, Callable[[str], Awaitable[Any]]] = {
             "cancel": lambda key: self.cancel(key, reason, by=by),
@@ -539,10 +586,7 @@ class Operations:
         nothing running). Recorded as ``state.marked`` {status, reason, by, time}; the task is
         not claimed again until a restart (which clears it). A child's parent is synced. A task
         with children takes its status from them: refused (set its children's)."""
-        if status not in MARKABLE:
-            raise InvalidInput(f"status: one of {', '.join(MARKABLE)}, got {status!r}")
-        _check_text(reason, "reason", REASON_MAX)
-        _check_text(by, "by", 200)
+        checked_mark(status, reason, by)
         key = _checked(validate_key, key, "key")
         statuses, rule = MARKABLE[status]
         for _ in range(CONTROL_TRIES):
@@ -580,14 +624,7 @@ class Operations:
         return await self.restart(await self._child_key(key, child), force=force)
 
     async def _child_key(self, key: str, child: str) -> str:
-        info = await self.get_task(key)
-        if info.children is None:
-            raise InvalidInput(f"task {key!r} has no children")
-        for entry in info.children:
-            if entry.name == child:
-                return entry.key
-        names = ", ".join(repr(c.name) for c in info.children)
-        raise InvalidInput(f"task {key!r} has no child named {child!r} (its children: {names})")
+        return child_key_of(await self.get_task(key), child)
 
     async def _follow_family(
         self,
@@ -674,6 +711,9 @@ class Operations:
             status = doc["state"]["status"]
             if status not in statuses:
                 raise TransitionRefused(key, action, status, rule)
+            live = live_attempts(doc["state"], now) if action == "restart" else []
+            if live:  # never twice at once: the attempt must settle first (docs/design.md)
+                raise TransitionRefused(key, action, status, _still_running(live[0]))
         raise StorageError(f"task {key!r} kept changing under {CONTROL_TRIES} tries; try again")
 
     # -- plans --------------------------------------------------------------------------------
@@ -682,6 +722,7 @@ class Operations:
         """Create a plan; raises ``InvalidInput`` (nothing written) if its id is taken."""
         if not isinstance(plan, Plan):
             raise InvalidInput(f"add_plan() takes a Plan, got {type(plan).__name__}")
+        checked_params_size(plan.params, self.max_params_bytes, f"plan {plan.plan_id!r}")
         if not self._plans_set_up:  # the plans' indexes, before the first plan (as a publisher does)
             await self.driver.setup()
             self._plans_set_up = True
@@ -689,6 +730,7 @@ class Operations:
         doc = plan.to_storage(now)
         if not await self.driver.insert_plan(InsertPlanParams(doc, now)):
             raise InvalidInput(f"plan_id: a plan with id {plan.plan_id!r} exists already")
+        await warn_if_unhandled(self.driver, [plan.name], now, log)  # as send does
         return PlanInfo.from_storage(doc)
 
     async def get_plan(self, plan_id: str) -> PlanInfo:
@@ -707,16 +749,7 @@ class Operations:
         self, *, state: str | None = None, limit: int = 100, skip: int = 0
     ) -> list[PlanInfo]:
         """Plans oldest first, optionally of one state (served by an index)."""
-        if state is not None:
-            try:
-                state = PlanState(state).value
-            except ValueError:
-                choices = ", ".join(s.value for s in PlanState)
-                raise InvalidInput(f"state: unknown plan state {state!r} (one of {choices})") from None
-        if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
-            raise InvalidInput(f"limit: must be an integer from 1 to {LIST_LIMIT_MAX}")
-        if not isinstance(skip, int) or skip < 0:
-            raise InvalidInput("skip: must be a non-negative integer")
+        state = checked_plan_listing(state, limit, skip)
         docs = await self.driver.list_plans(PlanListParams(state=state, limit=limit, skip=skip))
         return [PlanInfo.from_storage(doc) for doc in docs]
 
@@ -759,8 +792,7 @@ class Operations:
 
     async def skip_plan(self, plan_id: str, n: int = 1) -> PlanInfo:
         """Skip the plan's next ``n`` occurrences (sets the count: 0 cancels earlier skips)."""
-        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 10**9:
-            raise InvalidInput("n: must be an integer from 0 to 1,000,000,000")
+        n = checked_skip_count(n)
         return await self._change_plan(plan_id, lambda doc, now: {"skip_next": n})
 
     async def edit_plan(self, plan_id: str, **changes: Any) -> PlanInfo:
@@ -775,6 +807,7 @@ class Operations:
         def change(doc: dict[str, Any], now: datetime) -> dict[str, Any]:
             current = PlanInfo.from_storage(doc).as_plan()
             edited = Plan(**(current.model_dump() | changes))
+            checked_params_size(edited.params, self.max_params_bytes, f"plan {plan_id!r}")
             fields: dict[str, Any] = {
                 "task": {
                     "name": edited.name,
@@ -789,7 +822,10 @@ class Operations:
                 fields["next_fire_time"] = refire_time(edited.timing, now)
             return fields
 
-        return await self._change_plan(plan_id, change)
+        info = await self._change_plan(plan_id, change)
+        if "name" in changes:
+            await warn_if_unhandled(self.driver, [info.name], await self._now(), log)
+        return info
 
     async def remove_plan(self, plan_id: str) -> None:
         """Delete a plan (tasks it already made stay); raises ``UnknownPlan``."""
@@ -846,6 +882,118 @@ async def change_option(driver: Driver, key: str, change: OptionChange, now: dat
     if not await driver.update_option(UpdateOptionParams(key, stored, now)):
         raise UnknownTask(key)
     return option
+
+
+def _still_running(entry: Mapping[str, Any]) -> str:
+    """Why a restart waits: the attempt that still holds a live lease, named."""
+    return (
+        f"attempt {entry['attempt']} of worker {entry['worker_id']!r} still holds a live lease "
+        f"(until {entry['ping_expire_time'].isoformat()}): it is settled once its handler stops, "
+        "within a ping interval of a cancel, or at that lease's end; restart it then"
+    )
+
+
+async def live_handlers(driver: Driver, now: datetime) -> set[str]:
+    """Task names that a live registered consumer (or executor) handles."""
+    names: set[str] = set()
+    for worker in await driver.list_workers():
+        if worker.get("stop_time") is None and worker["last_seen"] >= now - WORKER_LIVENESS:
+            names.update(worker["names"])
+    return names
+
+
+async def warn_if_unhandled(
+    driver: Driver, names: Iterable[str], now: datetime, logger: logging.Logger
+) -> None:
+    """Warn for each of ``names`` no live consumer handles: its tasks (a plan's runs) would wait
+    silently. A hint only: a store that cannot tell is not an error."""
+    try:
+        handled = await live_handlers(driver, now)
+    except MSchedulerError:
+        return
+    for name in sorted(set(names) - handled):
+        logger.warning(
+            "no live worker handles tasks named %r: they wait until a consumer that registers "
+            "a handler for that name starts",
+            name,
+            extra={"task_name": name},
+        )
+
+
+# -- input checks, shared with ``mscheduler.remote.client.RemoteOperations`` (which runs them before
+# a request, so that a refusal reads the same whichever way the CLI reaches the store) -------------
+
+
+def checked_worker_id(worker_id: object) -> str:
+    """A worker id as consumers take it: not starting with '$', nor with 'g:' (a group's claimer
+    token: such an id would claim the tasks aimed at that group)."""
+    try:
+        return validate_worker_id(worker_id)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def limit_input(
+    key: str, names: Sequence[str] | None, max_running: int | None, rate: Rate | str | None
+) -> Limit:
+    """The limit ``set_limit`` stores, or ``InvalidInput``."""
+    if names is not None and (isinstance(names, (str, bytes)) or not isinstance(names, Sequence)):
+        raise InvalidInput(f"names: a list of task names, got {type(names).__name__}")
+    fields: dict[str, Any] = {"key": key, "max_running": max_running, "rate": rate}
+    if names is not None:
+        fields["names"] = tuple(names)
+    return checked_limit(**fields)
+
+
+def checked_reason(reason: object) -> str:
+    if not isinstance(reason, str) or len(reason) > REASON_MAX:
+        raise InvalidInput(f"reason: must be a string of at most {REASON_MAX} characters")
+    return reason
+
+
+def checked_mark(status: object, reason: object, by: object) -> None:
+    """``set_status``'s input: a status that may be set by hand, a reason, who did it."""
+    if status not in MARKABLE:
+        raise InvalidInput(f"status: one of {', '.join(MARKABLE)}, got {status!r}")
+    _check_text(reason, "reason", REASON_MAX)
+    _check_text(by, "by", 200)
+
+
+def child_key_of(info: TaskInfo, child: str) -> str:
+    """The key of the child named ``child`` of the task ``info``, or ``InvalidInput``."""
+    if info.children is None:
+        raise InvalidInput(f"task {info.key!r} has no children")
+    for entry in info.children:
+        if entry.name == child:
+            return entry.key
+    names = ", ".join(repr(c.name) for c in info.children)
+    raise InvalidInput(f"task {info.key!r} has no child named {child!r} (its children: {names})")
+
+
+def checked_plan_listing(state: str | None, limit: object, skip: object) -> str | None:
+    """``list_plans``' filters: the state's value (None: all), a page size, an offset."""
+    if state is not None:
+        try:
+            state = PlanState(state).value
+        except ValueError:
+            choices = ", ".join(s.value for s in PlanState)
+            raise InvalidInput(f"state: unknown plan state {state!r} (one of {choices})") from None
+    if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
+        raise InvalidInput(f"limit: must be an integer from 1 to {LIST_LIMIT_MAX}")
+    if not isinstance(skip, int) or skip < 0:
+        raise InvalidInput("skip: must be a non-negative integer")
+    return state
+
+
+def checked_skip_count(n: object) -> int:
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 10**9:
+        raise InvalidInput("n: must be an integer from 0 to 1,000,000,000")
+    return n
+
+
+def checked_keys(keys: object) -> list[str]:
+    """Distinct valid keys, in the order given (at most ``MANY_MAX``); else ``InvalidInput``."""
+    return _checked_keys(keys)
 
 
 def _checked_keys(keys: object) -> list[str]:

@@ -1,29 +1,35 @@
 """What every command shares: the root Typer ``app`` and its consoles, ``CliError`` and the exit
-codes, the MongoDB connection (options declared once by ``@connected``; ``run`` calls one
-``Operations`` method and turns a refusal into one line), and the input parsers and options of
-several groups.
+codes, the connection — to MongoDB (``Operations``) or to a REST API (``RemoteOperations``, the
+same methods), its options declared once by ``@connected``; ``run`` calls one method and turns a
+refusal into one line — and the input parsers and options of several groups.
 
 Exit codes of the operator commands: 0 done; 1 refused or not found (``TransitionRefused``,
 ``UnknownTask``, ``UnknownPlan``, ``UnknownLimit``, no running worker with that id); 2 bad input or
-usage (``InvalidInput``, a malformed URI, a bad option); 3 storage unreachable or failing
-(``StorageError``).
+usage (``InvalidInput``, a malformed URI, a bad option); 3 the store or the API unreachable or
+failing (``StorageError``, ``ApiUnreachable``); 4 the API refused the token (401 / 403); 5 the
+address does not answer as an mscheduler API.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import inspect
 import json
 import logging
+import os
 import re
+import sys
 import time
+import traceback
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any, TypeVar, get_args, get_type_hints
 
 import typer
@@ -44,6 +50,11 @@ from mscheduler.domain.exceptions import (
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.observability.logs import CONTROL_CHARS, plain_text
 from mscheduler.operations import Operations
+from mscheduler.remote.client import ApiRefused, ApiUnreachable, NotAnApi, RemoteEvents, RemoteOperations
+from mscheduler.services.events import Events
+
+# What an operator command calls: the store's operations, or the same methods over the REST API.
+Ops = Operations | RemoteOperations
 
 DEFAULT_SERVER_SELECTION_MS = 2000
 
@@ -245,6 +256,49 @@ async def ensure_reachable(
 URI_TIMEOUT_HINT = f"to wait longer, pass {TIMEOUT_OPTION} or set serverSelectionTimeoutMS in the URI"
 
 
+def user_code_failed(what: str, exc: Exception) -> CliError:
+    """The user's module or factory raised: a malformed MongoDB URI is a usage error (exit 2, one
+    line); anything else shows its traceback (exit 1)."""
+    reason = mongo_setting_error(exc)
+    if reason is not None:
+        return CliError(f"{what} failed: invalid MongoDB URI or client option: {reason}", exit_code=2)
+    return CliError(f"{what} failed:\n{_short_traceback(exc)}")
+
+
+def import_target(spec: str) -> Any:
+    """Import ``MODULE:ATTR`` (ATTR may be dotted); the current directory is importable, as with -m."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name.strip() or not attr.strip():
+        raise CliError(f"expected MODULE:ATTR (e.g. myapp.workers:make_consumers), got {spec!r}", exit_code=2)
+    cwd = str(Path.cwd())
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise CliError(
+                f"cannot import module {module_name!r}: {exc} "
+                "(run from your project's directory or set PYTHONPATH)",
+                exit_code=2,
+            ) from exc
+        raise user_code_failed(f"importing {module_name!r}", exc) from exc
+    except Exception as exc:  # the user's module failed while importing
+        raise user_code_failed(f"importing {module_name!r}", exc) from exc
+    target: Any = module
+    walked = module_name
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise CliError(f"{walked!r} has no attribute {part!r} (looked up {spec!r})", exit_code=2)
+        target = getattr(target, part)
+        walked = f"{walked}:{part}" if walked == module_name else f"{walked}.{part}"
+    return target
+
+
+def _short_traceback(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc, limit=-6)).rstrip()
+
+
 def _database(client: Any, name: str | None, fallback: str) -> Any:
     return client[name] if name else client.get_default_database(fallback)
 
@@ -268,12 +322,13 @@ def log_say(message: str, *, level: int = logging.INFO, **fields: Any) -> None:
 
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_STORAGE = 1, 2, 3
+EXIT_TOKEN_REFUSED, EXIT_NOT_AN_API = 4, 5  # --api-url: 401 / 403; not an mscheduler API
 T = TypeVar("T")
 
 
 # A hidden testing hook: when set, commands use the Operations it returns instead of connecting
 # (tests set it with monkeypatch; it is not part of the command line).
-operations_override: Callable[[], Operations] | None = None
+operations_override: Callable[[], Ops] | None = None
 
 
 def _typer(name: str, help: str) -> typer.Typer:
@@ -287,7 +342,10 @@ def _typer(name: str, help: str) -> typer.Typer:
     )
 
 
-EXITS = "Exits 1 if refused or not found, 2 on bad input, 3 if MongoDB fails."
+EXITS = (
+    "Exits 1 if refused or not found, 2 on bad input, 3 if MongoDB or the API cannot be reached or "
+    "fails, 4 if the API refuses the token, 5 if --api-url is not an mscheduler API."
+)
 
 
 UriOpt = Annotated[
@@ -320,20 +378,58 @@ PrefixOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
+URI_ENV, API_URL_ENV, TOKEN_ENV = "MSCHEDULER_MONGODB_URI", "MSCHEDULER_API_URL", "MSCHEDULER_TOKEN"
+
+
+# The three options of ``@connected`` read their environment variables in ``_connection`` (not by
+# ``envvar=``): which store a command goes to depends on where each value came from.
+ApiUrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--api-url",
+        metavar="URL",
+        help=f"Go through this REST API instead of MongoDB, e.g. http://127.0.0.1:8000 (or {API_URL_ENV}).",
+    ),
+]
+
+
+TokenOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        metavar="TOKEN",
+        help=f"The API token for --api-url (or {TOKEN_ENV}, better: a value here shows in process lists).",
+    ),
+]
+
+
 @dataclass(slots=True, frozen=True)
 class Connection:
-    uri: str
+    uri: str | None
     database: str | None = None
     prefix: str = ""
     server_selection_timeout_ms: int | None = None
+    api_url: str | None = None
+    token: str | None = None
 
 
 @asynccontextmanager
-async def connect(conn: Connection) -> AsyncIterator[Operations]:
-    """``Operations`` on the server, failing fast (exit 3) when it cannot be reached."""
+async def connect(conn: Connection) -> AsyncIterator[Ops]:
+    """``Operations`` on the server, failing fast (exit 3) when it cannot be reached; with an API
+    URL, ``RemoteOperations`` on it (exit 3, 4 or 5 when it cannot be used)."""
     if operations_override is not None:
         yield operations_override()
         return
+    if conn.api_url is not None:
+        try:
+            remote = RemoteOperations(conn.api_url, conn.token or "")
+        except MSchedulerError as exc:
+            raise CliError(str(exc), exit_code=EXIT_USAGE) from exc
+        async with remote:
+            await remote.connect()
+            yield remote
+        return
+    assert conn.uri is not None
     client = mongo_client(conn.uri, conn.server_selection_timeout_ms)
     try:
         try:
@@ -349,6 +445,12 @@ async def connect(conn: Connection) -> AsyncIterator[Operations]:
 def refusal(exc: MSchedulerError) -> CliError:
     """The one-line error and exit code of a refusal from ``Operations``."""
     message = _one_line(str(exc), limit=300)
+    if isinstance(exc, ApiUnreachable):
+        return CliError(message, exit_code=EXIT_STORAGE)
+    if isinstance(exc, ApiRefused):
+        return CliError(message, exit_code=EXIT_TOKEN_REFUSED)
+    if isinstance(exc, NotAnApi):
+        return CliError(message, exit_code=EXIT_NOT_AN_API)
     if isinstance(exc, InvalidInput):
         return CliError(message, exit_code=EXIT_USAGE)
     if isinstance(exc, StorageError):
@@ -358,7 +460,12 @@ def refusal(exc: MSchedulerError) -> CliError:
     return CliError(message, exit_code=EXIT_REFUSED)
 
 
-def run(conn: Connection, body: Callable[[Operations], Awaitable[T]]) -> T:
+def event_log(ops: Ops) -> Events | RemoteEvents:
+    """The event log of the store, or of the API's store."""
+    return ops.events if isinstance(ops, RemoteOperations) else Events(ops.driver)
+
+
+def run(conn: Connection, body: Callable[[Ops], Awaitable[T]]) -> T:
     """Connect, call ``body`` with the operations, and turn every refusal into one line."""
 
     async def go() -> T:
@@ -376,20 +483,74 @@ def run(conn: Connection, body: Callable[[Operations], Awaitable[T]]) -> T:
 _KW = inspect.Parameter.KEYWORD_ONLY
 
 
-_URI_PARAM = inspect.Parameter("mongodb_uri", _KW, annotation=UriOpt)
+OptionalUriOpt = Annotated[
+    str | None,
+    typer.Option("--mongodb-uri", metavar="URI", help=f"The scheduler's MongoDB server (or {URI_ENV})."),
+]
+
+
+_URI_PARAM = inspect.Parameter("mongodb_uri", _KW, default=None, annotation=OptionalUriOpt)
 
 
 _CONNECTION_PARAMS = (
     inspect.Parameter("database", _KW, default=None, annotation=DatabaseOpt),
     inspect.Parameter("prefix", _KW, default="", annotation=PrefixOpt),
     inspect.Parameter("server_selection_timeout_ms", _KW, default=None, annotation=TimeoutMs),
+    inspect.Parameter("api_url", _KW, default=None, annotation=ApiUrlOpt),
+    inspect.Parameter("token", _KW, default=None, annotation=TokenOpt),
 )
+
+
+def _connection(
+    mongodb_uri: str | None,
+    database: str | None,
+    prefix: str,
+    server_selection_timeout_ms: int | None,
+    api_url: str | None,
+    token: str | None,
+) -> Connection:
+    """Where the command goes: MongoDB or a REST API; a usage error (exit 2) when it cannot tell.
+    The command line wins over the environment; two stores given the same way are refused."""
+    if operations_override is not None:  # the testing hook: the store is set up already
+        return Connection(mongodb_uri, database, prefix, server_selection_timeout_ms)
+    if api_url is not None and mongodb_uri is not None:
+        raise _fail(CliError("give --mongodb-uri or --api-url, not both", exit_code=EXIT_USAGE))
+    if api_url is None and mongodb_uri is None:
+        mongodb_uri, api_url = os.environ.get(URI_ENV) or None, os.environ.get(API_URL_ENV) or None
+        if api_url is not None and mongodb_uri is not None:
+            message = f"{URI_ENV} and {API_URL_ENV} are both set: pass --mongodb-uri or --api-url"
+            raise _fail(CliError(message, exit_code=EXIT_USAGE))
+    if api_url is None:
+        if mongodb_uri is None:
+            raise _fail(
+                CliError(
+                    f"no store: give --mongodb-uri URI (or {URI_ENV}), or --api-url URL with --token "
+                    f"TOKEN (or {API_URL_ENV} and {TOKEN_ENV})",
+                    exit_code=EXIT_USAGE,
+                )
+            )
+        _needs("--api-url", {"--token": token is not None}, "a token is for the REST API")
+        return Connection(mongodb_uri, database, prefix, server_selection_timeout_ms)
+    token = token or os.environ.get(TOKEN_ENV) or None
+    _needs(
+        "--mongodb-uri",
+        {
+            "--database": database is not None,
+            "--prefix": prefix != "",
+            TIMEOUT_OPTION: server_selection_timeout_ms is not None,
+        },
+        "with --api-url the API's server chooses its store",
+    )
+    if not token:
+        raise _fail(CliError("--api-url needs --token TOKEN (or MSCHEDULER_TOKEN)", exit_code=EXIT_USAGE))
+    return Connection(None, api_url=api_url, token=token)
 
 
 def connected(command: Callable[..., None]) -> Callable[..., None]:
     """A command taking ``conn: Connection`` gets the connection options — ``--mongodb-uri``
-    (or ``MSCHEDULER_MONGODB_URI``) after its arguments, ``--database``, ``--prefix`` and
-    ``--server-selection-timeout-ms`` last — declared once, here, for every operator command.
+    (or ``MSCHEDULER_MONGODB_URI``) after its arguments, ``--database``, ``--prefix``,
+    ``--server-selection-timeout-ms``, ``--api-url`` and ``--token`` last — declared once, here,
+    for every operator command.
 
     Typer reads a command's parameters from its signature: the wrapper shows the command's own
     (``conn`` left out) with the four options added, and builds the ``Connection`` from them."""
@@ -408,13 +569,16 @@ def connected(command: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(command)
     def wrapper(
         *,
-        mongodb_uri: str,
+        mongodb_uri: str | None = None,
         database: str | None = None,
         prefix: str = "",
         server_selection_timeout_ms: int | None = None,
+        api_url: str | None = None,
+        token: str | None = None,
         **kwargs: Any,
     ) -> None:
-        command(conn=Connection(mongodb_uri, database, prefix, server_selection_timeout_ms), **kwargs)
+        where = _connection(mongodb_uri, database, prefix, server_selection_timeout_ms, api_url, token)
+        command(conn=where, **kwargs)
 
     wrapper.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}

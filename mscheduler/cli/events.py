@@ -13,18 +13,19 @@ from rich.text import Text
 from mscheduler.cli.common import (
     Connection,
     JsonOpt,
+    Ops,
     _instant,
     _typer,
     app,
     connected,
     err,
+    event_log,
     out,
     print_json,
     run,
 )
 from mscheduler.cli.render import event_line, event_rows
-from mscheduler.operations import Operations
-from mscheduler.services.events import LIST_LIMIT_MAX, Event, Events
+from mscheduler.services.events import LIST_LIMIT_MAX, Event
 
 events_app = _typer(
     "events",
@@ -62,8 +63,8 @@ def events_ls(
     """List events in time order, filtered by task, name, kind, plan, worker and time."""
     first, last = _instant(since, "--since"), _instant(until, "--until")
 
-    async def listing(ops: Operations) -> list[Event]:
-        return await Events(ops.driver).list(
+    async def listing(ops: Ops) -> list[Event]:
+        return await event_log(ops).list(
             keys=key,
             names=name,
             kinds=kind,
@@ -100,9 +101,9 @@ def events_tail(
     now or from --since; until Ctrl+C or --count events."""
     first = _instant(since, "--since")
 
-    async def follow(ops: Operations) -> int:
+    async def follow(ops: Ops) -> int:
         seen = 0
-        source = Events(ops.driver).subscribe(keys=key, names=name, kinds=kind, plans=plan, since=first)
+        source = event_log(ops).subscribe(keys=key, names=name, kinds=kind, plans=plan, since=first)
         try:
             async for event in source:
                 if as_json:

@@ -15,7 +15,7 @@ import typer
 from mscheduler.cli.common import app, out
 
 # Each group registers its commands on ``app`` when imported, in the order ``--help`` lists them.
-from mscheduler.cli import demo, worker, check  # noqa: F401  # isort: skip
+from mscheduler.cli import demo, dev, worker, check  # noqa: F401  # isort: skip
 from mscheduler.cli import tasks, plans, workers, stats, limits  # noqa: F401  # isort: skip
 from mscheduler.cli import maintenance, events, web  # noqa: F401  # isort: skip
 from mscheduler.domain.version import __version__

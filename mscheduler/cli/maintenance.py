@@ -25,6 +25,7 @@ from mscheduler.cli.common import (
     CliError,
     Connection,
     JsonOpt,
+    Ops,
     _fail,
     app,
     connected,
@@ -214,7 +215,10 @@ def maintenance(
     if not once:
         configure_logging(logging.INFO, "text")
 
-    async def body(ops: Operations) -> dict[str, int]:
+    async def body(ops: Ops) -> dict[str, int]:
+        if not isinstance(ops, Operations):
+            message = "maintenance runs on the store itself: give --mongodb-uri, not --api-url"
+            raise CliError(message, exit_code=EXIT_USAGE)
         found = services(ops, expiry=expiry, planner=planner, retention=kept, interval=interval)
         if once:
             return await pass_once(ops, found)

@@ -9,11 +9,10 @@ from typing import Any
 
 from rich.table import Table
 
-from mscheduler.cli.common import _one_line, _when
+from mscheduler.cli.common import Ops, _one_line, _when, event_log
 from mscheduler.domain.model import TaskInfo
 from mscheduler.domain.plans import PlanInfo
-from mscheduler.operations import Operations
-from mscheduler.services.events import LIST_LIMIT_MAX, Event, Events
+from mscheduler.services.events import LIST_LIMIT_MAX, Event
 
 
 def task_rows(tasks: list[TaskInfo], *, finished: bool = False) -> Table:
@@ -122,9 +121,9 @@ def event_line(e: Event) -> str:
 LAST_EVENTS = 10
 
 
-async def last_events(ops: Operations, key: str) -> list[Event]:
+async def last_events(ops: Ops, key: str) -> list[Event]:
     """The task's newest events (empty when the store records none)."""
-    found = await Events(ops.driver).list(keys=key, limit=LIST_LIMIT_MAX)
+    found = await event_log(ops).list(keys=key, limit=LIST_LIMIT_MAX)
     return found[-LAST_EVENTS:]
 
 

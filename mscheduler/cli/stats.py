@@ -13,9 +13,8 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from mscheduler.cli.common import Connection, JsonOpt, app, connected, err, out, print_json, run
+from mscheduler.cli.common import Connection, JsonOpt, Ops, app, connected, err, out, print_json, run
 from mscheduler.domain.stats import TaskStats
-from mscheduler.operations import Operations
 
 SPARKS = "▁▂▃▄▅▆▇█"
 
@@ -47,7 +46,7 @@ def sparkline(values: list[int]) -> str:
 
 
 async def stats_with_progress(
-    ops: Operations, window: timedelta, names: list[str] | None, console: Console, show: bool
+    ops: Ops, window: timedelta, names: list[str] | None, console: Console, show: bool
 ) -> TaskStats:
     """``Operations.stats`` with, when ``show``, a transient line on ``console`` (stderr) naming
     the read in progress and the time spent: the store's aggregations report nothing while they

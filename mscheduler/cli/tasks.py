@@ -25,6 +25,7 @@ from mscheduler.cli.common import (
     ForceOpt,
     JsonOpt,
     KeyArg,
+    Ops,
     PriorityOpt,
     RetriesOpt,
     RetryDelayOpt,
@@ -48,8 +49,6 @@ from mscheduler.cli.common import (
 from mscheduler.cli.render import last_events, task_detail, task_extras, task_rows
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.model import OptionChange, Task, TaskInfo, TaskOption
-from mscheduler.operations import Operations
-from mscheduler.runtime.publisher import Publisher
 from mscheduler.services.events import LIST_LIMIT_MAX
 
 # -- tasks ----------------------------------------------------------------------------------------
@@ -151,7 +150,7 @@ def tasks_show(
     """Show task KEY: status, counters, attempts (worker, status, start, end, error),
     checkpoint, progress, children and its last events (where the store records events)."""
 
-    async def show(ops: Operations) -> tuple[TaskInfo, list[Any]]:
+    async def show(ops: Ops) -> tuple[TaskInfo, list[Any]]:
         info = await ops.get_task(key)
         return info, await last_events(ops, key)
 
@@ -184,14 +183,18 @@ def tasks_pause(
         bool,
         typer.Option(
             "--stop-running",
-            help="Also stop its running attempts (released, not counted against its retries).",
+            help="Also stop its running attempts (released once their handlers stopped, not "
+            "counted against its retries).",
         ),
     ] = False,
 ) -> None:
     """Stop claims of task KEY (pending or running) until it is resumed; with --stop-running its
     running handlers are stopped too and the resumed task starts from its last checkpoint."""
     info = run(conn, lambda ops: ops.pause(key, stop_running=stop_running))
-    _done(f"paused task {info.key!r} ({info.status.value})")
+    stopping = (
+        f"; {info.running_cnt} running attempt(s) told to stop" if stop_running and info.running_cnt else ""
+    )
+    _done(f"paused task {info.key!r} ({info.status.value}{stopping})")
 
 
 @tasks_app.command("resume", short_help="Make a paused task claimable again.")
@@ -251,7 +254,7 @@ def tasks_restart(
         return
     show_progress = not as_json and err.is_terminal
 
-    async def restart(ops: Operations) -> list[Any]:
+    async def restart(ops: Ops) -> list[Any]:
         chosen = list(keys or ()) or await select_keys(ops, str(status), name)
         return await restart_keys(ops, chosen, force, show_progress)
 
@@ -293,7 +296,8 @@ def tasks_send(
     as_json: JsonOpt = False,
 ) -> None:
     """Send task NAME with --key and --params (JSON). A key that exists is left alone (exit 0,
-    "exists"); --reset-finished resets a succeeded or failed one."""
+    "exists"); --reset-finished resets a succeeded or failed one. With --api-url it goes through
+    POST /api/v1/tasks (an admin or publish token)."""
     fields = _option_fields(priority, run_at, deadline, max_retries, retry_delay, specific_worker)
     try:
         task = Task(
@@ -306,8 +310,8 @@ def tasks_send(
     except (ValidationError, InvalidInput) as exc:
         raise invalid(exc, "task") from None
 
-    async def send(ops: Operations) -> bool:
-        return await Publisher(ops.driver).send(task, reset_finished=reset_finished)
+    async def send(ops: Ops) -> bool:
+        return await ops.send(task, reset_finished=reset_finished)
 
     created = run(conn, send)
     if as_json:
@@ -353,7 +357,7 @@ def tasks_edit(
 RESTART_BATCH = 100  # keys per Operations.restart_many call (its own limit is MANY_MAX)
 
 
-async def select_keys(ops: Operations, status: str, name: str | None) -> list[str]:
+async def select_keys(ops: Ops, status: str, name: str | None) -> list[str]:
     """Every key with this status (and name), read page by page before anything changes (a
     restart moves a task out of the status the pages are read by)."""
     keys: list[str] = []
@@ -366,7 +370,7 @@ async def select_keys(ops: Operations, status: str, name: str | None) -> list[st
         cursor = page.next_cursor
 
 
-async def restart_keys(ops: Operations, keys: list[str], force: bool, show_progress: bool) -> list[Any]:
+async def restart_keys(ops: Ops, keys: list[str], force: bool, show_progress: bool) -> list[Any]:
     """``restart_many`` in batches, with a progress bar on stderr when asked."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 

@@ -147,8 +147,8 @@ def web(
             "--tokens-file",
             envvar=TOKENS_FILE_ENV,
             metavar="FILE",
-            help=f"API tokens, one 'admin:TOKEN', 'read:TOKEN' or 'executor:TOKEN' per line "
-            f"(default: ${TOKENS_ENV}).",
+            help="API tokens, one 'admin:TOKEN', 'read:TOKEN', 'publish:TOKEN' or 'executor:TOKEN' "
+            f"per line (default: ${TOKENS_ENV}).",
         ),
     ] = None,
     metrics_public: Annotated[

@@ -6,13 +6,11 @@ them are plain functions here. Signal handlers are installed by these commands o
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import logging
+import os
 import signal
-import sys
-import traceback
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
@@ -22,7 +20,9 @@ from mscheduler.cli.common import (
     TIMEOUT_OPTION,
     URI_TIMEOUT_HINT,
     CliError,
+    DatabaseOpt,
     LogFormat,
+    PrefixOpt,
     Say,
     TimeoutMs,
     _database,
@@ -31,62 +31,25 @@ from mscheduler.cli.common import (
     _servers,
     app,
     ensure_reachable,
+    import_target,
     log,
     log_say,
     mongo_client,
-    mongo_setting_error,
     plain_say,
     redact,
+    user_code_failed,
 )
-from mscheduler.domain.exceptions import MSchedulerError
+from mscheduler.domain.exceptions import InvalidInput, MSchedulerError
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.observability.logs import configure_logging
+from mscheduler.operations import Operations
+from mscheduler.runtime.app import App
 from mscheduler.runtime.consumer import Consumer
 
-TARGET_HELP = "a Consumer, a list of Consumers, or a zero-argument (async) function returning one of those"
-
-
-def _user_code_failed(what: str, exc: Exception) -> CliError:
-    """The user's module or factory raised: a malformed MongoDB URI is a usage error (exit 2, one
-    line); anything else shows its traceback (exit 1)."""
-    reason = mongo_setting_error(exc)
-    if reason is not None:
-        return CliError(f"{what} failed: invalid MongoDB URI or client option: {reason}", exit_code=2)
-    return CliError(f"{what} failed:\n{_short_traceback(exc)}")
-
-
-def import_target(spec: str) -> Any:
-    """Import ``MODULE:ATTR`` (ATTR may be dotted); the current directory is importable, as with -m."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name.strip() or not attr.strip():
-        raise CliError(f"expected MODULE:ATTR (e.g. myapp.workers:make_consumers), got {spec!r}", exit_code=2)
-    cwd = str(Path.cwd())
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise CliError(
-                f"cannot import module {module_name!r}: {exc} "
-                "(run from your project's directory or set PYTHONPATH)",
-                exit_code=2,
-            ) from exc
-        raise _user_code_failed(f"importing {module_name!r}", exc) from exc
-    except Exception as exc:  # the user's module failed while importing
-        raise _user_code_failed(f"importing {module_name!r}", exc) from exc
-    target: Any = module
-    walked = module_name
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            raise CliError(f"{walked!r} has no attribute {part!r} (looked up {spec!r})", exit_code=2)
-        target = getattr(target, part)
-        walked = f"{walked}:{part}" if walked == module_name else f"{walked}.{part}"
-    return target
-
-
-def _short_traceback(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(exc, limit=-6)).rstrip()
+TARGET_HELP = (
+    "an mscheduler.App, a Consumer, a list of Consumers, or a zero-argument (async) function "
+    "returning one of those"
+)
 
 
 def _as_consumers(value: Any, spec: str, what: str) -> list[Consumer]:
@@ -122,7 +85,7 @@ async def resolve_consumers(target: Any, spec: str) -> list[Consumer]:
     except Exception as exc:  # the user's factory failed
         if exc.__traceback__ is not None and exc.__traceback__.tb_frame.f_code is resolve_consumers.__code__:
             exc = exc.with_traceback(exc.__traceback__.tb_next)  # start at the user's code
-        raise _user_code_failed(f"calling {spec}()", exc) from exc
+        raise user_code_failed(f"calling {spec}()", exc) from exc
     return _as_consumers(value, spec, "returned")
 
 
@@ -164,6 +127,37 @@ def _worker_metrics(consumers: list[Consumer], port: int, say: Say) -> Any:
     return metrics
 
 
+@dataclass(slots=True, frozen=True)
+class Store:
+    """Where an ``App``'s consumers keep their tasks (``--mongodb-uri``, ``--database``, ``--prefix``)."""
+
+    uri: str | None = None
+    database: str | None = None
+    prefix: str = ""
+    given: bool = False  # on the command line (not from the environment)
+
+
+async def app_consumers(app: App, spec: str, store: Store, timeout_ms: int) -> tuple[list[Consumer], Any]:
+    """An ``App``'s consumers on the MongoDB store (the client, to close at the end)."""
+    if store.uri is None:
+        raise CliError(
+            f"{spec} is an App: give its store with --mongodb-uri URI (or MSCHEDULER_MONGODB_URI); "
+            "to try it without MongoDB: mscheduler dev " + spec,
+            exit_code=2,
+        )
+    client = mongo_client(store.uri, timeout_ms)
+    try:
+        await ensure_reachable(client, redact(store.uri), timeout_ms=timeout_ms, hint=URI_TIMEOUT_HINT)
+        driver = MongoDriver(_database(client, store.database, "mscheduler"), prefix=store.prefix)
+        return app.consumers(driver), client
+    except InvalidInput as exc:
+        await client.close()
+        raise CliError(f"{spec}: {exc}", exit_code=2) from exc
+    except BaseException:
+        await client.close()
+        raise
+
+
 async def run_workers(
     spec: str,
     *,
@@ -171,12 +165,40 @@ async def run_workers(
     server_selection_timeout_ms: int = DEFAULT_SERVER_SELECTION_MS,
     say: Say = plain_say,
     metrics_port: int | None = None,
+    store: Store | None = None,
 ) -> int:
     """Run the consumers named by ``spec`` until SIGINT / SIGTERM; a second signal stops at once.
+    An ``App``'s consumers run on the MongoDB store ``store`` names.
 
     Returns the exit code: 0 after a requested stop, 1 if a consumer died on its own.
     """
-    consumers = await resolve_consumers(import_target(spec), spec)
+    store = store or Store()
+    target = import_target(spec)
+    client = None
+    if isinstance(target, App):
+        consumers, client = await app_consumers(target, spec, store, server_selection_timeout_ms)
+    else:
+        if store.given:
+            raise CliError(
+                f"{spec} builds its own store: --mongodb-uri, --database and --prefix are for an App",
+                exit_code=2,
+            )
+        consumers = await resolve_consumers(target, spec)
+    try:
+        return await _run_consumers(consumers, target, grace, server_selection_timeout_ms, say, metrics_port)
+    finally:
+        if client is not None:
+            await client.close()
+
+
+async def _run_consumers(
+    consumers: list[Consumer],
+    target: Any,
+    grace: float | None,
+    server_selection_timeout_ms: int,
+    say: Say,
+    metrics_port: int | None,
+) -> int:
     await ensure_consumers_reach_mongodb(consumers, server_selection_timeout_ms)
     metrics = _worker_metrics(consumers, metrics_port, say) if metrics_port is not None else None
     started: list[Consumer] = []
@@ -189,6 +211,10 @@ async def run_workers(
         if metrics is not None:
             metrics.close()
         raise CliError(f"consumer {consumer.worker_id} could not start: {_one_line(str(exc), 300)}") from exc
+    if isinstance(target, App) and target.plans:
+        created = await target.add_plans(Operations(consumers[0].driver))
+        if created:
+            say(f"mscheduler worker: created plan(s) {', '.join(created)}", plans=created)
 
     loop = asyncio.get_running_loop()
     signals = 0
@@ -289,12 +315,19 @@ def worker(
             help="Serve Prometheus metrics at :PORT/metrics (needs mscheduler[metrics]).",
         ),
     ] = None,
+    mongodb_uri: Annotated[
+        str | None,
+        typer.Option(metavar="URI", help="An App's MongoDB server (or MSCHEDULER_MONGODB_URI)."),
+    ] = None,
+    database: DatabaseOpt = None,
+    prefix: PrefixOpt = "",
 ) -> None:
     """Run consumers from your module until SIGINT / SIGTERM (a second signal stops at once).
 
-    MODULE:ATTR (e.g. myapp.worker:make_consumers) names a Consumer, a list of Consumers, or a
-    zero-argument function, plain or async, returning one of those. Exits 0 after a requested
-    stop, 1 if a consumer failed, 2 on bad arguments.
+    MODULE:ATTR (e.g. myapp.worker:app) names an mscheduler.App (its consumers run on the
+    MongoDB server of --mongodb-uri or MSCHEDULER_MONGODB_URI), a Consumer, a list of Consumers,
+    or a zero-argument function, plain or async, returning one of those. Exits 0 after a
+    requested stop, 1 if a consumer failed, 2 on bad arguments.
     """
     level = logging.getLevelName(log_level.upper())
     if not isinstance(level, int):
@@ -309,6 +342,12 @@ def worker(
                 server_selection_timeout_ms=server_selection_timeout_ms,
                 say=say,
                 metrics_port=metrics_port,
+                store=Store(
+                    mongodb_uri or os.environ.get("MSCHEDULER_MONGODB_URI") or None,
+                    database,
+                    prefix,
+                    given=mongodb_uri is not None or database is not None or prefix != "",
+                ),
             )
         )
     except CliError as exc:

@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+from mscheduler.domain.exceptions import InvalidInput
+
 
 async def sleep_unless(clock: Clock, seconds: float, *events: asyncio.Event) -> None:
     """Sleep ``seconds`` on ``clock``, or less: until one of ``events`` is set (none is cleared)."""
@@ -27,6 +29,44 @@ async def sleep_unless(clock: Clock, seconds: float, *events: asyncio.Event) -> 
         # cancellation (a second cancel() would be caught and the caller's loop would go on)
         for waiter in waiters:
             waiter.cancel()
+
+
+class ClockTimeout:
+    """``asyncio.timeout`` measured on a ``Clock`` (``async with ClockTimeout(clock, s)``): the
+    block is cancelled once ``seconds`` of the clock's time have passed and ``TimeoutError`` is
+    raised from it; ``expired`` says so. A cancel from elsewhere during the block is left as it
+    is (a ``CancelledError``), even if the time ran out too. Under a ``FakeClock`` the time runs
+    only when the test moves it, as every other time of the consumer does (STYLE 9)."""
+
+    def __init__(self, clock: Clock, seconds: float) -> None:
+        self.clock = clock
+        self.seconds = seconds
+        self.expired = False
+        self._task: asyncio.Task[object] | None = None
+        self._timer: asyncio.Future[None] | None = None
+        self._left = False
+
+    async def __aenter__(self) -> ClockTimeout:
+        self._task = asyncio.current_task()
+        self._timer = asyncio.ensure_future(self.clock.sleep(self.seconds))
+        self._timer.add_done_callback(self._fire)
+        return self
+
+    def _fire(self, timer: asyncio.Future[None]) -> None:
+        if timer.cancelled() or self._left or self._task is None:
+            return
+        self.expired = True
+        self._task.cancel()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        self._left = True
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.expired and exc_type is asyncio.CancelledError and self._task is not None:
+            if self._task.uncancel() == 0:  # only this timeout cancelled the block
+                raise TimeoutError from exc
 
 
 def truncate_ms(value: datetime) -> datetime:
@@ -111,3 +151,27 @@ class ServerClock:
         self.uncertainty = timedelta(seconds=rtt / 2)
         self.synced = True
         return True
+
+
+def _root(clock: object) -> object:
+    """The clock a wrapper (``ServerClock``, a skewed clock) runs on."""
+    seen = 0
+    while hasattr(clock, "base") and seen < 10:
+        clock = clock.base
+        seen += 1
+    return clock
+
+
+def check_same_time(driver: object, clock: Clock | None, who: str) -> None:
+    """Refuse a consumer or publisher on a test clock over an in-process store on the system
+    clock: the store would judge what is due by real time, the consumer by the fake one, and
+    nothing would run (a test that passes ``clock=`` to one of them only)."""
+    store_clock = getattr(driver, "clock", None)
+    if clock is None or store_clock is None or not isinstance(_root(store_clock), SystemClock):
+        return
+    if not isinstance(_root(clock), SystemClock):
+        raise InvalidInput(
+            f"{who} runs on a {type(_root(clock)).__name__} but its store on the system clock: give the "
+            "store the same clock (MemoryDriver(clock=clock)), or let mscheduler.testing.scheduler_kit() "
+            "build the store, the publisher and the consumers on one clock"
+        )

@@ -7,11 +7,24 @@ It imports nothing from the drivers, so every module may import it.
 
 Ids are deterministic wherever one event may be written twice (a retried insert whose reply
 was lost; two consumers' lease passes marking the same entry): the same event gets the same
-``_id``, and a duplicate-key insert is ignored, so it is stored once.
+``_id``, and a duplicate-key insert is ignored, so it is stored once. Elsewhere (sent, controls,
+edited) an id names its writer and the writer's sequence number, so two events of one kind in one
+millisecond never share one.
+
+Order (issue 17 A3): every writer (a store's driver, a consumer's or an API server's recorder) is
+an ``EventWriter`` with a random id and its own monotonic sequence, stamped on each event it
+makes (``writer``, ``seq``). A task's events are listed by ``(time, step, seq, id)``: ``time`` in
+milliseconds; ``step`` puts the events of one millisecond in the causal order of the task's
+writes whoever wrote them (generation, then the attempt's position, then sent < claimed <
+outcome < task-level events: controls, edits, expiry, lost leases); ``seq`` then keeps one
+writer's events of one millisecond and one step in the order it wrote them (an operator's
+pause, resume, pause in one millisecond).
 """
 
 from __future__ import annotations
 
+import itertools
+import secrets
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -47,23 +60,61 @@ class EventKind(StrEnum):
     EDITED = "edited"  # options changed (Operations.edit, Publisher.update_option)
 
 
-# Where an event stands among a task's events of the same millisecond (``step``, with the
-# attempt number): sent before a claim, a claim before its attempt's end.
-_RANK = {EventKind.SENT: 0, EventKind.CLAIMED: 2, EventKind.LEASE_LOST: 4}
-_TASK_LEVEL_RANK = 1  # controls, edits, expiry
-_OUTCOME_RANK = 3
+# Where an event stands among a task's events of the same millisecond (``step``): its generation
+# (restarts and resets start one), its attempt's position in the generation, then its rank.
+_RANK = {EventKind.SENT: 0, EventKind.CLAIMED: 2}
+_OUTCOME_RANK = 3  # an attempt's end, written by its worker
+# controls, edits, expiry and lost leases: at the position the task had when they were written
+_TASK_LEVEL_RANK = 5
+_TASK_LEVEL = frozenset(
+    {
+        EventKind.LEASE_LOST,
+        EventKind.EXPIRED,
+        EventKind.CANCELLED,
+        EventKind.PAUSED,
+        EventKind.RESUMED,
+        EventKind.RESTARTED,
+        EventKind.REMOVED,
+        EventKind.EDITED,
+    }
+)
+POSITION_BITS = 21  # attempt positions up to 2 million (a task keeps at most 10,000 entries)
+GENERATION_SHIFT = POSITION_BITS + 3
 
 
-def event_step(kind: EventKind, attempt: int | None) -> int:
-    """The order of a task's events of one time: ``attempt * 8 + rank`` (sent, controls, claimed,
-    outcome, lease_lost), so a list sorted by ``(time, step, id)`` tells the story in order."""
+def event_step(kind: EventKind, generation: int, position: int) -> int:
+    """A task's events of one millisecond in causal order: ``generation``, then ``position`` (the
+    attempt's number in its generation; for a task-level event, how many attempts the task had
+    when it was written), then sent < claimed < outcome < task-level events."""
     if kind in _RANK:
         rank = _RANK[kind]
-    elif attempt is None:
+    elif kind in _TASK_LEVEL:
         rank = _TASK_LEVEL_RANK
     else:
         rank = _OUTCOME_RANK
-    return (attempt or 0) * 8 + rank
+    position = min(max(position, 0), (1 << POSITION_BITS) - 1)
+    return (max(generation, 0) << GENERATION_SHIFT) | (position << 3) | rank
+
+
+class EventWriter:
+    """One writer of events: a random id and its own monotonic sequence (1, 2, ...), stamped on
+    every event it makes, in the order it makes them. A store's driver, a consumer's recorder
+    and an API server's recorder are each one."""
+
+    def __init__(self, writer_id: str | None = None) -> None:
+        self.id = writer_id or secrets.token_hex(6)
+        self._seq = itertools.count(1)
+        self.last = 0
+
+    def next_seq(self) -> int:
+        self.last = next(self._seq)
+        return self.last
+
+
+def position_of(state: Mapping[str, Any]) -> tuple[int, int]:
+    """(generation, number of attempts) of a stored task's ``state``: where a task-level event
+    written now stands among its events."""
+    return int(state.get("generation") or 0), len(state.get("worker_states") or ())
 
 
 # A task control's action -> the event it records.
@@ -85,10 +136,15 @@ def attempt_event_id(key: str, attempt: str, kind: EventKind) -> str:
     return f"{key}|{attempt}|{kind.value}"
 
 
-def task_event_id(key: str, kind: EventKind, when: datetime) -> str:
-    """A task-level event (sent, a control, edited, expired) at ``when`` (for ``expired``, the
-    deadline: the same whoever's pass marks it)."""
-    return f"{key}|{kind.value}|{_ms(when)}"
+def task_event_id(key: str, kind: EventKind, writer: str, seq: int) -> str:
+    """A task-level event (sent, a control, edited): its writer and the writer's sequence number
+    make it unique (two pauses of one task in one millisecond are two events)."""
+    return f"{key}|{kind.value}|{writer}.{seq}"
+
+
+def expired_event_id(key: str, deadline: datetime) -> str:
+    """``expired``: by the deadline, the same whoever's pass marks it (stored once)."""
+    return f"{key}|{EventKind.EXPIRED.value}|{_ms(deadline)}"
 
 
 def short(value: Any) -> Any:
@@ -113,63 +169,106 @@ def event_doc(
     name: str,
     time: datetime,
     *,
-    event_id: str,
+    writer: EventWriter,
+    event_id: str | None = None,
     worker_id: str | None = None,
     attempt: int | None = None,
+    generation: int = 0,
+    position: int | None = None,
     detail: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """An event's stored form (``written`` is set by the driver when it inserts it)."""
+    """An event's stored form (``written`` is set by the driver when it inserts it), stamped with
+    the next number of ``writer``'s sequence. ``attempt``: the attempt's number (its position in
+    its generation); ``position``: where a task-level event stands (see ``event_step``); without
+    an ``event_id``, the writer's (``task_event_id``)."""
     items = [(str(k), short(v)) for k, v in detail.items() if v is not None] if detail else []
     if time.tzinfo is not UTC:
         time = time.astimezone(UTC) if time.tzinfo else time.replace(tzinfo=UTC)
+    seq = writer.next_seq()
+    at = position if position is not None else (attempt or 0)
     return {
-        "id": event_id,
+        "id": event_id if event_id is not None else task_event_id(key, kind, writer.id, seq),
         "kind": kind.value,
         "key": key,
         "name": name,
         "plan_id": plan_of_key(key),
         "worker_id": worker_id,
         "attempt": attempt,
-        "step": event_step(kind, attempt),
+        "step": event_step(kind, generation, at),
+        "writer": writer.id,
+        "seq": seq,
         "time": time,
         "detail": dict(items[:DETAIL_MAX_ITEMS]),
     }
 
 
 def lost_lease_event(
-    key: str, name: str, entry: Mapping[str, Any], attempt_no: int, now: datetime, by: str
+    writer: EventWriter,
+    key: str,
+    name: str,
+    entry: Mapping[str, Any],
+    attempt_no: int,
+    now: datetime,
+    by: str,
+    generation: int = 0,
+    position: int | None = None,
 ) -> dict[str, Any]:
     """``lease_lost`` of one worker entry (its attempt token makes the id): written by a lease
     pass (``by="lease pass"``) and by the worker whose ping found the lease gone (``"ping"``);
-    whichever lands first is kept."""
+    whichever lands first is kept. ``position``: where it stands among the task's events (a
+    pass: how many attempts the task has, like any task-level event; default the attempt's)."""
     return event_doc(
         EventKind.LEASE_LOST,
         key,
         name,
         now,
+        writer=writer,
         event_id=attempt_event_id(key, entry["attempt"], EventKind.LEASE_LOST),
         worker_id=entry.get("worker_id"),
         attempt=attempt_no,
+        generation=generation,
+        position=position,
         detail={"by": by, "lease_end": entry.get("ping_expire_time")},
     )
 
 
-def expired_event(key: str, name: str, deadline: datetime, now: datetime) -> dict[str, Any]:
+def expired_event(
+    writer: EventWriter, key: str, name: str, deadline: datetime, now: datetime, state: Mapping[str, Any]
+) -> dict[str, Any]:
+    generation, position = position_of(state)
     return event_doc(
         EventKind.EXPIRED,
         key,
         name,
         now,
-        event_id=task_event_id(key, EventKind.EXPIRED, deadline),
+        writer=writer,
+        event_id=expired_event_id(key, deadline),
+        generation=generation,
+        position=position,
         detail={"deadline": deadline},
     )
 
 
 def task_event(
-    kind: EventKind, key: str, name: str, now: datetime, detail: Mapping[str, Any] | None = None
+    writer: EventWriter,
+    kind: EventKind,
+    key: str,
+    name: str,
+    now: datetime,
+    state: Mapping[str, Any] | None = None,
+    detail: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """sent, a control or edited: one event at ``now``."""
-    return event_doc(kind, key, name, now, event_id=task_event_id(key, kind, now), detail=detail)
+    """sent, a control or edited: one event at ``now``; ``state``: the task's state as the write
+    left it (where the event stands among the task's events; None: a new task)."""
+    generation, position = position_of(state) if state is not None else (0, 0)
+    return event_doc(
+        kind, key, name, now, writer=writer, generation=generation, position=position, detail=detail
+    )
+
+
+def order_key(doc: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Where a stored event stands in a listing: ``(time, step, seq, id)`` (see the module)."""
+    return (doc["time"], doc.get("step", 0), doc.get("seq", 0), doc["id"])
 
 
 def matches(doc: Mapping[str, Any], query: Any) -> bool:

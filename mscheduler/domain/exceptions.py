@@ -89,6 +89,9 @@ class Retry(HandlerSignal):
             raise InvalidInput("Retry(after=...) must not be negative")
         super().__init__(reason or f"retry in {self.after}")
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled back from a handler in a process
+        return (type(self), (self.after, str(self)))
+
 
 class Snooze(HandlerSignal):
     """Put the task back for ``after`` without counting a failure (the work is not ready)."""
@@ -98,6 +101,9 @@ class Snooze(HandlerSignal):
         if self.after < timedelta(0):
             raise InvalidInput("Snooze(after=...) must not be negative")
         super().__init__(reason or f"snoozed for {self.after}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.after, str(self)))
 
 
 class Fail(HandlerSignal):

@@ -23,7 +23,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 
 from mscheduler.domain.exceptions import InvalidInput
-from mscheduler.domain.model import KEY_MAX_LEN, TaskInfo, TaskStatus, validate_group, validate_name
+from mscheduler.domain.model import (
+    GROUP_PREFIX,
+    KEY_MAX_LEN,
+    TaskInfo,
+    TaskStatus,
+    validate_group,
+    validate_name,
+)
 
 LIST_LIMIT_MAX = 1000
 # The listing orders (``ListParams.order``); a cursor names the order it was made in.
@@ -190,6 +197,8 @@ def list_params(
             raise InvalidInput(f"group: {exc}") from None
     key_prefix = _plain_string(key_prefix, "key_prefix", KEY_MAX_LEN)
     worker_id = _plain_string(worker_id, "worker_id", WORKER_ID_MAX_LEN)
+    if worker_id is not None and worker_id.startswith(GROUP_PREFIX):
+        raise InvalidInput(f"worker_id: must not start with {GROUP_PREFIX!r} (a group's token)")
     created_from, created_to = _range(created_from, created_to, "created")
     finished_from, finished_to = _range(finished_from, finished_to, "finished")
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= LIST_LIMIT_MAX:
@@ -340,7 +349,11 @@ def decode_position(cursor: object, order: str, descending: bool) -> Position:
         after_time = None
     if after_time is None or after_time.tzinfo is None:
         raise bad
-    return Position(_rank(body.get("r"), order, bad), after_time.astimezone(UTC), key, before)
+    try:
+        at = after_time.astimezone(UTC)
+    except OverflowError:  # a forged time at the edge of the representable range
+        raise bad from None
+    return Position(_rank(body.get("r"), order, bad), at, key, before)
 
 
 def _rank(value: object, order: str, bad: InvalidInput) -> tuple[Any, ...]:

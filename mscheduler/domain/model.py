@@ -27,6 +27,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -35,6 +36,9 @@ from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.retry import AnyRetryPolicy, FixedRetry, RetryPolicy
 
 KEY_MAX_LEN = 512
+# the largest params a task (or a plan, whose every run carries them) may hold, BSON size: a
+# task's document also holds its attempts, and MongoDB's limit is 16 MiB per document
+DEFAULT_MAX_PARAMS_BYTES = 512 * 1024
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,199}$")
 PARAMS_MAX_DEPTH = 32
 
@@ -66,6 +70,9 @@ class AttemptStatus(StrEnum):
     REVOKED = "revoked"  # the worker was removed from specific_worker_ids; does not count
     REJECTED = "rejected"  # invalid params: the task fails at once, no retries
     SNOOZED = "snoozed"  # the handler raised Snooze: tried again later, not counted
+    # the task was cancelled while the attempt ran: settled by its worker once the handler
+    # stopped, or by the lease pass at the lease's end; not counted (nothing failed)
+    CANCELLED = "cancelled"
 
 
 FAILURE_ATTEMPT_STATUSES = frozenset({AttemptStatus.FAILED, AttemptStatus.LOST, AttemptStatus.REJECTED})
@@ -75,9 +82,17 @@ def _ms(value: timedelta) -> int:
     return int(value / timedelta(milliseconds=1))
 
 
+OUT_OF_RANGE = "is out of range: in UTC it would be before year 1 or after year 9999"
+
+
 def _utc_ms(value: datetime) -> datetime:
-    """UTC, cut to milliseconds: what MongoDB stores, so every driver returns the same time."""
-    value = value.astimezone(UTC)
+    """UTC, cut to milliseconds: what MongoDB stores, so every driver returns the same time. A
+    time whose UTC is outside Python's years 1-9999 (year 9999 at -14:00, year 1 at +14:00) is
+    a ValueError (refused as bad input), not an OverflowError."""
+    try:
+        value = value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(OUT_OF_RANGE) from None
     return value.replace(microsecond=value.microsecond // 1000 * 1000)
 
 
@@ -256,9 +271,26 @@ class TaskOption(_UserInput):
             "run_timeout_ms": _ms(self.run_timeout) if self.run_timeout is not None else None,
         }
 
+    @model_validator(mode="after")
+    def _check_run_at_before_deadline(self, info: ValidationInfo) -> TaskOption:
+        """A task to run at ``run_at`` that must start by ``deadline`` could never run if the
+        one is after the other: refused when given (stored options are read as they are)."""
+        stored = isinstance(info.context, Mapping) and info.context.get("stored") is True
+        if (
+            not stored
+            and self.run_at is not None
+            and self.deadline is not None
+            and self.run_at > self.deadline
+        ):
+            raise ValueError(
+                f"run_at ({self.run_at.isoformat()}) is after deadline ({self.deadline.isoformat()}): "
+                "the task could never start (it is not claimed before run_at and expires at deadline)"
+            )
+        return self
+
     @classmethod
     def from_storage(cls, doc: Mapping[str, Any]) -> TaskOption:
-        return cls(
+        fields = dict(
             priority=doc["priority"],
             concurrent_worker_cnt=doc["concurrent_worker_cnt"],
             specific_worker_ids=tuple(doc["specific_worker_ids"]),
@@ -273,6 +305,10 @@ class TaskOption(_UserInput):
             deadline=doc.get("deadline"),
             run_timeout=timedelta(milliseconds=doc["run_timeout_ms"]) if doc.get("run_timeout_ms") else None,
         )
+        try:
+            return cls.model_validate(fields, context={"stored": True})
+        except ValidationError as exc:
+            raise InvalidInput(_refusal("stored TaskOption", cls.model_fields, exc)) from exc
 
 
 class OptionChange(_UserInput):
@@ -385,7 +421,10 @@ def check_params(value: Any, depth: int = 0, *, path: str = "params") -> Any:
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise ValueError(f"datetime at {path} must be timezone-aware (e.g. datetime.now(UTC))")
-        return _utc_ms(value)
+        try:
+            return _utc_ms(value)
+        except ValueError as exc:
+            raise ValueError(f"datetime at {path} {exc}") from None
     if value is None or isinstance(value, (bool, int, str)):
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
             raise ValueError(f"integer at {path} must fit in 64 bits")
@@ -423,6 +462,19 @@ MAX_CHILDREN = 100
 CHILD_KEY_SEPARATOR = "/"
 
 
+def _positional(
+    what: str, names: tuple[str, ...], args: tuple[Any, ...], data: dict[str, Any]
+) -> dict[str, Any]:
+    """A model's positional arguments as its fields, merged with the keyword ones."""
+    if len(args) > len(names):
+        raise TypeError(f"{what}() takes at most {len(names)} positional arguments ({len(args)} given)")
+    for name, value in zip(names, args, strict=False):
+        if name in data:
+            raise TypeError(f"{what}() got multiple values for argument {name!r}")
+        data[name] = value
+    return data
+
+
 def child_key(parent_key: str, name: str) -> str:
     """A child task's key: ``<parent key>/<child name>`` (names hold no '/', so it is unique)."""
     return f"{parent_key}{CHILD_KEY_SEPARATOR}{name}"
@@ -441,8 +493,16 @@ class Child(_UserInput):
     params: Params = None
     option: TaskOption | OptionChange | None = None
 
-    def __init__(self, name: str, **data: Any) -> None:
-        super().__init__(name=name, **data)
+    if TYPE_CHECKING:
+
+        def __init__(self, name: str, **data: Any) -> None: ...
+
+    else:
+
+        def __init__(self, *args: Any, **data: Any) -> None:
+            # positional or by keyword; a missing name is the model's refusal (InvalidInput), also
+            # when pydantic calls this __init__ to validate a child from JSON (an API body)
+            super().__init__(**_positional(type(self).__name__, ("name",), args, data))
 
     def option_for(self, parent: TaskOption) -> TaskOption:
         """The child's option, given the parent's."""
@@ -469,8 +529,15 @@ class Task(_UserInput):
     # (SPEC F16; the hash is mscheduler.domain.unique.params_hash), reported like an existing key
     unique_by: Literal["key", "params"] = "key"
 
-    def __init__(self, key: str, name: str, params: Any = None, **data: Any) -> None:
-        super().__init__(key=key, name=name, params=params, **data)
+    if TYPE_CHECKING:
+
+        def __init__(self, key: str, name: str, params: Any = None, **data: Any) -> None: ...
+
+    else:
+
+        def __init__(self, *args: Any, **data: Any) -> None:
+            # as Child: a missing key or name is InvalidInput naming the field, never a TypeError
+            super().__init__(**_positional(type(self).__name__, ("key", "name", "params"), args, data))
 
     @field_validator("children", mode="before")
     @classmethod
@@ -604,7 +671,12 @@ class TaskInfo(BaseModel):
     @property
     def attempts(self) -> int:
         """Attempts that ran and count (released, revoked and snoozed ones are not counted)."""
-        uncounted = {AttemptStatus.RELEASED, AttemptStatus.REVOKED, AttemptStatus.SNOOZED}
+        uncounted = {
+            AttemptStatus.RELEASED,
+            AttemptStatus.REVOKED,
+            AttemptStatus.SNOOZED,
+            AttemptStatus.CANCELLED,
+        }
         return sum(w.status not in uncounted for w in self.worker_states)
 
     @property
@@ -654,6 +726,17 @@ class TaskInfo(BaseModel):
             parent=doc.get("parent"),
             blocked=state.get("blocked") is True,
             marked=dict(state["marked"]) if state.get("marked") else None,
+        )
+
+
+def checked_params_size(params: Any, max_bytes: int, what: str) -> None:
+    """Refuse params larger than ``max_bytes`` (their BSON size) with ``InvalidInput`` naming
+    ``what`` (``task 'k'``, ``plan 'p'``)."""
+    size = encoded_size(params)
+    if size > max_bytes:
+        raise InvalidInput(
+            f"{what}: params are {size} bytes, more than max_params_bytes ({max_bytes}); store "
+            "large data elsewhere and send a reference"
         )
 
 

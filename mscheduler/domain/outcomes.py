@@ -108,13 +108,15 @@ def failed(
 
 
 def retry_after(error: dict[str, Any], after: timedelta, now: datetime) -> Outcome:
-    """The handler asked to be retried after ``after`` (``Retry``): a failure, counted."""
-    return Outcome(_FAILED, error=error | {"type": "Retry"}, retry_at=now + after)
+    """The handler asked to be retried after ``after`` (``Retry``): a failure, counted. The
+    error is stored as given (a Python handler's ``Retry``, or what an executor reported)."""
+    return Outcome(_FAILED, error=error, retry_at=now + after)
 
 
 def fail_for_good(error: dict[str, Any]) -> Outcome:
-    """The handler said the task cannot succeed (``Fail``): no more retries."""
-    return Outcome(_FAILED, error=error | {"type": "Fail"}, final=True)
+    """The handler said the task cannot succeed (``Fail``): no more retries (``final``). The
+    error is stored as given: its type is what was raised or reported, not a replacement."""
+    return Outcome(_FAILED, error=error, final=True)
 
 
 def snoozed(message: str, after: timedelta, now: datetime) -> Outcome:
@@ -123,11 +125,15 @@ def snoozed(message: str, after: timedelta, now: datetime) -> Outcome:
 
 
 def fails_for_good(
-    option: Mapping[str, Any], fail_cnt: int, status: str, error: Mapping[str, Any] | None
+    option: Mapping[str, Any],
+    fail_cnt: int,
+    status: str,
+    error: Mapping[str, Any] | None,
+    final: bool = False,
 ) -> bool:
-    """Does this outcome end the task as failed (rejected, Fail, or the budget used)?
-    ``fail_cnt``: the failures counted before this attempt."""
+    """Does this outcome end the task as failed (rejected, ``final`` — Fail —, or the budget
+    used)? ``fail_cnt``: the failures counted before this attempt."""
     if status not in (_FAILED, _REJECTED) or error is None:
         return False
     budget = option["max_unexpected_retries"]  # None: unlimited
-    return status == _REJECTED or error["type"] == "Fail" or (budget is not None and fail_cnt + 1 > budget)
+    return status == _REJECTED or final or (budget is not None and fail_cnt + 1 > budget)

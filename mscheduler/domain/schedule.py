@@ -123,15 +123,25 @@ DEFAULT_SCAN_LIMIT = 10_000
 
 
 def utc_ms(value: datetime) -> datetime:
-    """UTC, cut to milliseconds: what MongoDB stores, so every process computes the same instant."""
-    return truncate_ms(value.astimezone(UTC))
+    """UTC, cut to milliseconds: what MongoDB stores, so every process computes the same instant.
+    A time whose UTC is outside years 1-9999 is a ValueError (refused as bad input)."""
+    try:
+        return truncate_ms(value.astimezone(UTC))
+    except OverflowError:
+        raise ValueError("is out of range: in UTC it would be before year 1 or after year 9999") from None
 
 
 def require_aware(value: datetime, name: str) -> datetime:
-    """Refuse a naive datetime (raises InvalidInput naming the argument); return it in UTC."""
+    """Refuse a naive datetime, or one out of range in UTC (raises InvalidInput naming the
+    argument); return it in UTC."""
     if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
         raise InvalidInput(f"{name} must be a timezone-aware datetime (e.g. datetime.now(UTC))")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise InvalidInput(
+            f"{name} is out of range: in UTC it would be before year 1 or after 9999"
+        ) from None
 
 
 @functools.cache

@@ -219,6 +219,24 @@ def lease_expiry(worker_states: list[dict[str, Any]]) -> datetime | None:
     return min(times) if times else None
 
 
+def live_attempts(state: Mapping[str, Any], now: datetime) -> list[Mapping[str, Any]]:
+    """The entries of any generation (``worker_states`` and ``history``) that hold a live lease
+    at ``now``: running, ``ping_expire_time`` after ``now``. While one exists, nothing may make
+    the task claimable beyond the slots those entries hold (docs/design.md, "Never twice at
+    once across generations"): a restart or a reset would move or drop them, so it is refused."""
+    entries = list(state.get("worker_states") or ())
+    for generation in state.get("history") or ():
+        entries += generation.get("worker_states") or ()
+    return [e for e in entries if e["status"] == RUNNING and e["ping_expire_time"] > now]
+
+
+def stopped_by_pause(state: Mapping[str, Any], attempt: str) -> bool:
+    """``attempt`` was told to stop by ``pause(stop_running=True)`` (``state.stop``): its lease is
+    not renewed and only its ``released`` settlement is accepted."""
+    stop = state.get("stop") or {}
+    return stop.get("action") == "pause" and attempt in (stop.get("attempts") or ())
+
+
 # -- lifecycle fields (retention, uniqueness by params) --------------------------------------------
 
 TERMINAL = (

@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
+from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.listing import ListParams
-from mscheduler.domain.state import derive, family_inputs, lifecycle
+from mscheduler.domain.model import GROUP_PREFIX
+from mscheduler.domain.state import derive, family_inputs, lifecycle, stopped_by_pause
 from mscheduler.domain.stats import StatsStep, TaskStats
 
 
@@ -85,6 +87,9 @@ class ClaimParams:
     # claimed (an error after the store may have applied it): the flow limiter keeps their slots
     uncertain: list[str] | None = None
 
+    def __post_init__(self) -> None:
+        _check_claimer(self.worker_id)
+
 
 @dataclass(slots=True, frozen=True)
 class ClaimedTask:
@@ -102,6 +107,7 @@ class ClaimedTask:
     due_time: datetime | None = None  # when it became claimable (see ``due_time``): queue wait
     trace: Mapping[str, str] | None = None  # the sender's trace context (mscheduler.observability.tracing)
     slot: str | None = None  # the flow limit whose slot this attempt holds (set by the consumer)
+    generation: int = 0  # the task's generation (``state.generation``: restarts and resets count)
 
 
 @dataclass(slots=True, frozen=True)
@@ -136,7 +142,8 @@ class PingResult:
     lost: list[str] = field(default_factory=list)  # entry gone, finished or expired
     revoked: list[str] = field(default_factory=list)  # still ours, but no longer allowed
     cancelled: list[str] = field(default_factory=list)  # still ours, but the task was cancelled
-    # released by an operator's ``pause(stop_running=True)``: stop, write nothing (not a failure)
+    # told to stop by an operator's ``pause(stop_running=True)`` (not renewed): stop the handler,
+    # then settle the attempt ``released`` (not a failure)
     paused: list[str] = field(default_factory=list)
     recorded: list[str] = field(default_factory=list)  # keys whose report (checkpoint, progress) landed
 
@@ -167,10 +174,21 @@ class WakeupParams:
     limit: int = 100
     groups: Sequence[str] = ()
 
+    def __post_init__(self) -> None:
+        _check_claimer(self.worker_id)
+
+
+def _check_claimer(worker_id: str) -> None:
+    """A worker id starting with ``g:`` would read as a group's claimer token (``name|g:<group>``)
+    and claim the tasks aimed at that group: refused before any driver sees it."""
+    if worker_id.startswith(GROUP_PREFIX):
+        raise InvalidInput(f"worker id {worker_id!r}: must not start with {GROUP_PREFIX!r} (a group's token)")
+
 
 @dataclass(slots=True, frozen=True)
 class Wakeup:
-    """A time at which a known task may become claimable (``kind``: claim or lease)."""
+    """A time at which a known task may become claimable (``kind``: claim or lease), or its
+    deadline (``kind``: deadline: the deadline pass marks it expired then if it has not started)."""
 
     key: str
     time: datetime
@@ -202,6 +220,9 @@ class ChangeEvent:
     # were running; None when not known (the consumer running the task then pings at once).
     stop: str | None = None
     stop_attempts: tuple[str, ...] | None = None
+    # the task's deadline, where the store delivered its option (inserts, the memory driver):
+    # the consumer runs the deadline pass then (None: none, or not known from this event)
+    deadline: datetime | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -229,7 +250,12 @@ class ControlParams:
 
     ``cancel`` and a ``pause`` with ``stop_running`` also set ``state.stop`` to {action, time,
     attempts} when attempts are running (else null): the change stream passes that field, so the
-    consumers running them stop their handlers at once (``ChangeEvent.stop``)."""
+    consumers running them stop their handlers at once (``ChangeEvent.stop``). Those attempts stay
+    running (holding their slots) until settled — ``cancelled``, or ``released`` for a pause — by
+    their workers once the handlers stopped, or by the lease pass at their lease's end
+    (``settlement``). A ``restart`` is refused (None) while an attempt of any generation holds a
+    live lease; running entries whose leases ended are settled first, never moved to the
+    history running."""
 
     key: str
     action: str
@@ -737,12 +763,12 @@ def family_fields(task: NewTask) -> dict[str, Any]:
     return {"solo": True}
 
 
-UNCOUNTED_STATUSES = ("released", "revoked", "snoozed")
+UNCOUNTED_STATUSES = ("released", "revoked", "snoozed", "cancelled")
 
 
 def trim_entries(worker_states: list[dict[str, Any]], max_entries: int) -> list[dict[str, Any]]:
     """At most ``max_entries`` entries if dropping the oldest entries that do not count
-    (released, revoked, snoozed) gets there; running, succeeded and failure entries are never
+    (released, revoked, snoozed, cancelled) gets there; running, succeeded and failure entries are never
     dropped (the counts and the retry budget depend on them)."""
     excess = len(worker_states) - max_entries
     if excess <= 0:
@@ -849,6 +875,53 @@ def paused_error() -> dict[str, Any]:
     return {"type": PAUSED_ERROR, "message": "attempt stopped by a pause", "traceback": None}
 
 
+CANCELLED_ERROR = "Cancelled"
+
+
+def cancelled_error() -> dict[str, Any]:
+    """The ``error`` of an entry settled ``cancelled`` (its task was cancelled while it ran)."""
+    return {"type": CANCELLED_ERROR, "message": "the task was cancelled", "traceback": None}
+
+
+def lost_error() -> dict[str, Any]:
+    """The ``error`` of an entry whose lease expired without a word from its worker."""
+    return {"type": "LeaseExpired", "message": "the lease expired (no ping)", "traceback": None}
+
+
+def settlement(state: Mapping[str, Any], attempt: str) -> tuple[str, dict[str, Any]] | None:
+    """How an attempt told to stop is settled, whoever writes it (its worker once the handler
+    stopped, or the lease pass at its lease's end): ``cancelled`` on a cancelled task,
+    ``released`` (error ``Paused``) when ``pause(stop_running=True)`` listed it; None otherwise."""
+    if state.get("cancelled") is not None:
+        return "cancelled", cancelled_error()
+    if stopped_by_pause(state, attempt):
+        return "released", paused_error()
+    return None
+
+
+def finish_allowed(state: Mapping[str, Any], attempt: str, outcome: str) -> bool:
+    """Does the task's state let this attempt's outcome land (the entry's fence aside)? A cancelled
+    task takes only ``cancelled``; an attempt a stopping pause listed only ``released``; any other
+    attempt any outcome but ``cancelled``."""
+    settled = settlement(state, attempt)
+    if settled is None:
+        return outcome != "cancelled"
+    return outcome == settled[0]
+
+
+def expired_entry_changes(
+    doc: Mapping[str, Any], entry: Mapping[str, Any], now: datetime, fail_cnt: int
+) -> dict[str, Any]:
+    """What the lease pass writes on a running entry whose lease ended: its settlement when it was
+    told to stop (cancelled, or released by a pause: nothing was lost), else ``lost`` with the
+    retry time of the task's policy (``fail_cnt``: failures counted before this pass)."""
+    settled = settlement(doc["state"], entry["attempt"])
+    if settled is not None:
+        return {"status": settled[0], "end_time": now, "retry_at": None, "error": settled[1]}
+    retry_at = lost_retry_at(doc["option"], fail_cnt, now)
+    return {"status": "lost", "end_time": now, "retry_at": retry_at, "error": lost_error()}
+
+
 def paused_entry(doc: Mapping[str, Any] | None, worker_id: str, attempt: str) -> bool:
     """This worker's attempt was released by an operator's stopping pause (not a lost lease)."""
     for entry in doc["state"]["worker_states"] if doc is not None else ():
@@ -888,4 +961,6 @@ def event_for(doc: Mapping[str, Any], token: Any = None) -> ChangeEvent:
         claimers=tuple(state.get("claimers", ())),
         stop=stop["action"] if stop else None,
         stop_attempts=tuple(stop["attempts"]) if stop else None,
+        # only while it may still expire (an insert's projected document has no status: pending)
+        deadline=doc["option"].get("deadline") if state.get("status", "pending") == "pending" else None,
     )

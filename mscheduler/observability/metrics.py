@@ -131,7 +131,7 @@ class Metrics:
         self.finished = Counter(
             "mscheduler_attempts_finished",
             "Attempts ended in this process's consumers, by outcome: succeeded, failed, lost, "
-            "rejected, released, revoked, snoozed.",
+            "rejected, released, revoked, snoozed, cancelled.",
             ["name", "outcome"],
             registry=r,
         )

@@ -1,7 +1,9 @@
-"""A small Python client of the remote-executor API (``/api/v1/executors``, SPEC F30).
+"""The Python clients of the REST API, over one httpx seam (``ApiHttp``): ``ExecutorClient`` for
+remote executors (``/api/v1/executors``, SPEC F30) and ``RemoteOperations``, ``Operations``'
+methods backed by the API (the CLI's ``--api-url``, SPEC G7).
 
 Remote executors are for workers that do not speak MongoDB (another language, another network);
-this client shows the protocol and serves Python programs that must go through HTTP::
+``ExecutorClient`` shows the protocol and serves Python programs that must go through HTTP::
 
     async with ExecutorClient("http://scheduler:8080", token, "exec-1", ["resize"]) as client:
         await client.run(handle)          # until client.stop() or an operator's remote stop
@@ -16,6 +18,14 @@ running attempt in one request per ping interval (checkpoints and progress ride 
 reports each outcome. An attempt whose ping says it is no longer ours (lost, revoked, cancelled,
 paused) — or whose lease passes its end while pings fail — has its handler cancelled and
 reports nothing. ``lease``, ``ping`` and ``report`` are the single requests, for other loops.
+
+``RemoteOperations(url, token)`` has the methods of ``Operations`` the operator commands call and
+returns the same types, so every CLI command runs unchanged against either; the API's error
+answers become the domain's exceptions again (422 ``InvalidInput``, 404 ``UnknownTask`` / ...,
+409 ``TransitionRefused``, 5xx ``StorageError``) with the server's message. What the API's own
+request checks would word differently is checked here first, by the same functions
+``Operations`` uses. An API that cannot be reached, that refuses the token (401 / 403), or that
+does not answer as an mscheduler API raises ``ApiUnreachable``, ``ApiRefused`` or ``NotAnApi``.
 """
 
 from __future__ import annotations
@@ -24,23 +34,51 @@ import asyncio
 import contextlib
 import logging
 import traceback
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 import httpx
+from pydantic import BaseModel
+from typing_extensions import Unpack
 
 from mscheduler.domain.clock import Clock, SystemClock, sleep_unless
 from mscheduler.domain.exceptions import (
     Fail,
     InvalidInput,
     LeaseLost,
+    MSchedulerError,
     Retry,
     Snooze,
     StorageError,
+    TransitionRefused,
+    UnknownLimit,
+    UnknownPlan,
     UnknownTask,
 )
+from mscheduler.domain.limits import Limit, LimitInfo, Rate
+from mscheduler.domain.listing import TaskFilters, TaskPage, list_params
+from mscheduler.domain.model import OptionChange, Task, TaskInfo, TaskOption, TaskStatus
+from mscheduler.domain.plans import Plan, PlanInfo, checked_plan_id
+from mscheduler.domain.stats import DEFAULT_WINDOW as DEFAULT_STATS_WINDOW
+from mscheduler.domain.stats import StatsStep, TaskStats
+from mscheduler.domain.stats import checked_input as checked_stats_input
+from mscheduler.operations import (
+    RestartOutcome,
+    WorkerView,
+    checked_keys,
+    checked_mark,
+    checked_plan_listing,
+    checked_reason,
+    checked_skip_count,
+    checked_worker_id,
+    child_key_of,
+    limit_input,
+)
 from mscheduler.runtime.consumer.runner import RunTimedOut
+from mscheduler.services.events import Event, Events, checked_page
 
 log = logging.getLogger("mscheduler.executor_client")
 
@@ -62,7 +100,8 @@ def _retry_after(response: httpx.Response) -> float:
         return 1.0
 
 
-API = "/api/v1/executors"
+API_ROOT = "/api/v1"
+API = f"{API_ROOT}/executors"
 LEASE_MARGIN = 0.5  # seconds before a lease's end at which an unconfirmed attempt is given up
 REPORT_TRIES = 5
 
@@ -170,12 +209,7 @@ class ExecutorClient:
         self.wait_seconds = wait_seconds
         self.host = host
         self.clock: Clock = clock or SystemClock()
-        self.http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
-            headers={"Authorization": f"Bearer {token}"},
-            transport=transport,
-            timeout=httpx.Timeout(timeout, read=timeout + wait_seconds),
-        )
+        self.http = api_http(base_url, token, transport, httpx.Timeout(timeout, read=timeout + wait_seconds))
         self.requests = 0  # HTTP requests sent (the benchmark's count)
         self.stats = {"leased": 0, "reported": 0, "refused": 0, "lost": 0}
         self._running: dict[str, RemoteTask] = {}
@@ -200,11 +234,7 @@ class ExecutorClient:
         self.requests += 1
         response = await self.http.post(f"{API}/{action}", json=body)
         if response.status_code != 200:
-            try:
-                error = response.json()
-                code, detail = str(error.get("error", "")), str(error.get("detail", ""))
-            except ValueError:
-                code, detail = "http_error", response.text[:200]
+            code, detail = error_of(response)
             status = response.status_code
             if status == 409 and code == "lease_lost":
                 raise LeaseLost(detail)
@@ -449,3 +479,558 @@ class ExecutorClient:
 
 def _error(kind: str, message: str, exc: BaseException) -> dict[str, Any]:
     return {"type": kind, "message": message, "traceback": "".join(traceback.format_exception(exc))}
+
+
+# -- the one HTTP seam -------------------------------------------------------------------------------
+
+
+def api_http(
+    base_url: str, token: str, transport: httpx.AsyncBaseTransport | None, timeout: httpx.Timeout
+) -> httpx.AsyncClient:
+    """An httpx client for the API at ``base_url`` (where it is served: ``http://host:port`` or
+    the prefix it is mounted at), sending ``token`` as a bearer token."""
+    return httpx.AsyncClient(
+        base_url=base_url.rstrip("/"),
+        headers={"Authorization": f"Bearer {token}"},
+        transport=transport,
+        timeout=timeout,
+    )
+
+
+def error_of(response: httpx.Response) -> tuple[str, str]:
+    """The API's error answer ``{"error", "detail"}`` as (code, detail); ``("", text)`` for an
+    answer that does not have that shape (not the API, or a proxy in front of it)."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), str) and isinstance(body.get("detail"), str):
+        return body["error"], body["detail"]
+    return "", " ".join(response.text.split())[:200]
+
+
+class ApiError(MSchedulerError):
+    """The REST API could not be used: the base of the three below."""
+
+
+class ApiUnreachable(ApiError):
+    """Nothing answered at the API's address (refused, timed out, no such host)."""
+
+
+class ApiRefused(ApiError):
+    """The API refused the token (401: unknown or missing; 403: not allowed to do this)."""
+
+
+class NotAnApi(ApiError):
+    """Something answered, but not as an mscheduler API (another service, a proxy's error page)."""
+
+
+# -- Operations over the REST API ----------------------------------------------------------------------
+
+SEND_BATCH = 1000  # tasks per POST /api/v1/tasks (the API's own cap, MANY_MAX)
+RESTARTS_AT_ONCE = 16  # restart requests of restart_many in flight at once (as Operations)
+
+
+def _path(value: str) -> str:
+    """A key or id as one path segment (a key may hold '/')."""
+    return quote(value, safe="")
+
+
+def _when(value: Any) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value)
+
+
+def _worker(data: dict[str, Any]) -> WorkerView:
+    return WorkerView(
+        worker_id=data["worker_id"],
+        host=data["host"],
+        pid=data["pid"],
+        names=tuple(data["names"]),
+        concurrency=data["concurrency"],
+        start_time=datetime.fromisoformat(data["start_time"]),
+        last_seen=datetime.fromisoformat(data["last_seen"]),
+        running_cnt=data["running_cnt"],
+        stop_requested=data["stop_requested"],
+        stop_time=_when(data.get("stop_time")),
+        live=data["live"],
+        groups=tuple(data.get("groups") or ()),
+    )
+
+
+def _limit(data: dict[str, Any]) -> LimitInfo:
+    rate = None
+    if data.get("rate_n") is not None:
+        rate = Rate(n=data["rate_n"], period=timedelta(seconds=data["rate_period_seconds"]))
+    limit = Limit(key=data["key"], names=tuple(data["names"]), max_running=data["max_running"], rate=rate)
+    holders = tuple(
+        (h["worker_id"], h["attempt"], datetime.fromisoformat(h["expire_time"])) for h in data["holders"]
+    )
+    return LimitInfo(limit, data["running"], data["recent_starts"], holders, _when(data.get("update_time")))
+
+
+class RemoteOperations:
+    """``Operations`` over the REST API at ``base_url`` with ``token`` (see the module's docstring).
+
+    The first call asks the API who the token is (``GET /api/v1/whoami``): an address where
+    nothing answers, a refused token and something that is not an mscheduler API are told apart
+    there (``ApiUnreachable``, ``ApiRefused``, ``NotAnApi``), before any change is sent.
+
+    :param base_url: where the API is served (``http://host:port``, or the prefix it is mounted
+        at; a trailing ``/api/v1`` is allowed).
+    :param token: an admin token (read: reads only; publish: ``send`` only).
+    :param transport: an httpx transport (tests: ``httpx.ASGITransport(app)``).
+    :param timeout: seconds a request may take (connecting: at most 5).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        base = base_url.rstrip("/")
+        base = base[: -len(API_ROOT)] if base.endswith(API_ROOT) else base
+        if not base.startswith(("http://", "https://")):
+            raise InvalidInput(f"api url: an http:// or https:// address, got {base_url!r}")
+        self.base_url = base
+        self.http = api_http(base, token, transport, httpx.Timeout(timeout, connect=min(timeout, 5.0)))
+        self.role: str | None = None
+        self.events = RemoteEvents(self)
+
+    async def __aenter__(self) -> RemoteOperations:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    # -- requests --------------------------------------------------------------------------------
+
+    async def connect(self) -> str:
+        """Ask the API what the token may do (once); returns its role."""
+        if self.role is None:
+            answer = await self._send("GET", "/whoami")
+            role = answer.json().get("role") if _is_json(answer) and answer.status_code == 200 else None
+            if answer.status_code != 200 or not isinstance(role, str):
+                raise self._error(answer, "GET", "/whoami") or self._not_api(answer, "GET", "/whoami")
+            self.role = role
+        return self.role
+
+    async def _send(
+        self, method: str, path: str, *, params: dict[str, Any] | None = None, body: Any = None
+    ) -> httpx.Response:
+        try:
+            return await self.http.request(method, API_ROOT + path, params=params, json=body)
+        except httpx.TimeoutException as exc:
+            raise ApiUnreachable(
+                f"the mscheduler API at {self.base_url} did not answer in time ({type(exc).__name__})"
+            ) from exc
+        except httpx.TransportError as exc:
+            reason = str(exc) or type(exc).__name__
+            raise ApiUnreachable(f"cannot reach the mscheduler API at {self.base_url}: {reason}") from exc
+
+    def _not_api(self, response: httpx.Response, method: str, path: str) -> NotAnApi:
+        kind = response.headers.get("content-type", "no content type").split(";")[0]
+        return NotAnApi(
+            f"{self.base_url} does not answer as an mscheduler API ({method} {API_ROOT}{path}: "
+            f"{response.status_code}, {kind})"
+        )
+
+    def _error(self, response: httpx.Response, method: str, path: str) -> MSchedulerError | None:
+        """The exception an error answer stands for (None: not the API's error shape)."""
+        code, detail = error_of(response)
+        status = response.status_code
+        if not code:
+            return None
+        if status in (401, 403):
+            return ApiRefused(f"the mscheduler API at {self.base_url} refused the token: {detail}")
+        if status == 404 and detail == "no such endpoint":
+            return NotAnApi(
+                f"the API at {self.base_url} has no {method} {API_ROOT}{path} (an older mscheduler?)"
+            )
+        if status in (413, 422):
+            return InvalidInput(detail)
+        if status in (429, 503):
+            return StorageError(detail, transient=True)
+        return StorageError(detail) if status >= 500 else None
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        body: Any = None,
+        missing: Callable[[], MSchedulerError] | None = None,
+        refused: Callable[[dict[str, Any]], MSchedulerError] | None = None,
+    ) -> Any:
+        """One request; its JSON answer (None for 204), or the domain's exception for an error
+        answer: ``missing()`` for a 404, ``refused(body)`` for a 409."""
+        await self.connect()
+        response = await self._send(method, path, params=params, body=body)
+        if 200 <= response.status_code < 300:
+            if response.status_code == 204:
+                return None
+            if not _is_json(response):
+                raise self._not_api(response, method, path)
+            return response.json()
+        error = self._error(response, method, path)
+        if error is not None:
+            raise error
+        code, detail = error_of(response)
+        if not code:
+            raise self._not_api(response, method, path)
+        if response.status_code == 404 and missing is not None:
+            raise missing()
+        if response.status_code == 409 and refused is not None:
+            raise refused(response.json())
+        raise StorageError(f"{response.status_code} {code}: {detail}")
+
+    async def _task_call(self, method: str, key: str, action: str, **request: Any) -> Any:
+        """A request about task ``key``: 404 is ``UnknownTask``, 409 ``TransitionRefused``."""
+
+        def refused(body: dict[str, Any]) -> MSchedulerError:
+            error = TransitionRefused(key, action, str(body.get("status", "")), str(body.get("rule", "")))
+            error.args = (body.get("detail", str(error)),)  # the server's words
+            return error
+
+        suffix = (
+            f"/{action}" if action in ("cancel", "pause", "resume", "restart", "status", "option") else ""
+        )
+        return await self._call(
+            method,
+            f"/tasks/{_path(key)}{suffix}",
+            missing=lambda: UnknownTask(key),
+            refused=refused,
+            **request,
+        )
+
+    # -- workers -----------------------------------------------------------------------------------
+
+    async def list_workers(self) -> list[WorkerView]:
+        return [_worker(w) for w in await self._call("GET", "/workers")]
+
+    async def request_worker_stop(self, worker_id: str) -> bool:
+        worker_id = checked_worker_id(worker_id)
+        try:
+            await self._call("POST", f"/workers/{_path(worker_id)}/stop", missing=lambda: UnknownTask(""))
+        except UnknownTask:
+            return False
+        return True
+
+    # -- flow limits -----------------------------------------------------------------------------------
+
+    async def set_limit(
+        self,
+        key: str,
+        *,
+        names: Sequence[str] | None = None,
+        max_running: int | None = None,
+        rate: Rate | str | None = None,
+    ) -> LimitInfo:
+        limit = limit_input(key, names, max_running, rate)
+        body = {
+            "names": list(limit.names),
+            "max_running": limit.max_running,
+            "rate": str(limit.rate) if limit.rate is not None else None,
+        }
+        return _limit(await self._call("PUT", f"/limits/{_path(limit.key)}", body=body))
+
+    async def get_limit(self, key: str) -> LimitInfo:
+        return _limit(await self._call("GET", f"/limits/{_path(key)}", missing=lambda: UnknownLimit(key)))
+
+    async def list_limits(self) -> list[LimitInfo]:
+        return [_limit(item) for item in await self._call("GET", "/limits")]
+
+    async def remove_limit(self, key: str) -> None:
+        await self._call("DELETE", f"/limits/{_path(key)}", missing=lambda: UnknownLimit(key))
+
+    # -- tasks -----------------------------------------------------------------------------------------
+
+    async def send(self, task: Task, *, reset_finished: bool = False) -> bool:
+        if not isinstance(task, Task):
+            raise InvalidInput(f"send() takes a Task, got {type(task).__name__}")
+        return (await self.send_many([task], reset_finished=reset_finished))[0]
+
+    async def send_many(self, tasks: Sequence[Task], *, reset_finished: bool = False) -> list[bool]:
+        """``POST /api/v1/tasks`` in batches of ``SEND_BATCH`` (each checked whole by the API)."""
+        if isinstance(tasks, (str, bytes, Task)) or not isinstance(tasks, Sequence):
+            raise InvalidInput(f"tasks: a list of Tasks, got {type(tasks).__name__}")
+        for i, task in enumerate(tasks):
+            if not isinstance(task, Task):
+                raise InvalidInput(f"send_many() takes Tasks, got {type(task).__name__} at index {i}")
+        created: list[bool] = []
+        params = {"reset_finished": "true"} if reset_finished else None
+        for start in range(0, len(tasks), SEND_BATCH):
+            batch = [
+                t.model_dump(mode="json", exclude_defaults=True) for t in tasks[start : start + SEND_BATCH]
+            ]
+            answer = await self._call("POST", "/tasks", params=params, body={"tasks": batch})
+            created.extend(bool(item["created"]) for item in answer["tasks"])
+        return created
+
+    async def get_task(self, key: str) -> TaskInfo:
+        return TaskInfo.model_validate(await self._task_call("GET", key, "get"))
+
+    async def page_tasks(self, **filters: Unpack[TaskFilters]) -> TaskPage:
+        checked = list_params(**filters)  # the same refusals as Operations, before any request
+        if checked.skip:
+            raise InvalidInput("skip: not available over the REST API; page with the cursor")
+        query: dict[str, Any] = {"limit": checked.limit - 1}  # the params ask for one more
+        for name in ("status", "name", "key_prefix", "worker_id", "group", "cursor"):
+            value = filters.get(name)
+            if value is not None:
+                query[name] = value
+        for name in ("created_from", "created_to", "finished_from", "finished_to"):
+            when = filters.get(name)
+            if isinstance(when, datetime):
+                query[name] = when.isoformat()
+        answer = await self._call("GET", "/tasks", params=query)
+        return TaskPage([TaskInfo.model_validate(t) for t in answer["tasks"]], answer["next_cursor"])
+
+    async def list_tasks(self, **filters: Unpack[TaskFilters]) -> list[TaskInfo]:
+        return (await self.page_tasks(**filters)).tasks
+
+    async def count_by_status(self) -> dict[str, int]:
+        counts: dict[str, int] = (await self._call("GET", "/stats"))["counts"]
+        return counts
+
+    async def stats(
+        self,
+        *,
+        window: timedelta | float | None = DEFAULT_STATS_WINDOW,
+        names: Sequence[str] | None = None,
+        statuses: Sequence[str] | None = None,
+        on_step: StatsStep | None = None,
+    ) -> TaskStats:
+        """``Operations.stats`` computed by the API (``window=None``: the API's default window)."""
+        checked_window, checked_names, checked_statuses = checked_stats_input(window, names, statuses)
+        query: dict[str, Any] = {}
+        if checked_window is not None:
+            query["window"] = checked_window.total_seconds()
+        if checked_names:
+            query["names"] = ",".join(checked_names)
+        if checked_statuses:
+            query["statuses"] = ",".join(checked_statuses)
+        if on_step is not None:
+            on_step("statistics (the API computes them)")
+        return TaskStats.model_validate((await self._call("GET", "/stats", params=query))["details"])
+
+    async def cancel(self, key: str, reason: str = "") -> TaskInfo:
+        checked_reason(reason)
+        return TaskInfo.model_validate(await self._task_call("POST", key, "cancel", body={"reason": reason}))
+
+    async def pause(self, key: str, *, stop_running: bool = False) -> TaskInfo:
+        if not isinstance(stop_running, bool):
+            raise InvalidInput("stop_running: must be True or False")
+        query = {"stop_running": "true" if stop_running else "false"}
+        return TaskInfo.model_validate(await self._task_call("POST", key, "pause", params=query))
+
+    async def resume(self, key: str) -> TaskInfo:
+        return TaskInfo.model_validate(await self._task_call("POST", key, "resume"))
+
+    async def remove(self, key: str, *, force: bool = False) -> None:
+        await self._task_call("DELETE", key, "remove", params={"force": "true" if force else "false"})
+
+    async def restart(self, key: str, *, force: bool = False) -> TaskInfo:
+        query = {"force": "true" if force else "false"}
+        return TaskInfo.model_validate(await self._task_call("POST", key, "restart", params=query))
+
+    async def restart_many(self, keys: Sequence[str], *, force: bool = False) -> dict[str, RestartOutcome]:
+        """``restart`` of each key, a few at a time (one request each), under ``Operations``'s
+        rules; the outcome per key, in the order given."""
+        checked = checked_keys(keys)
+        outcomes: dict[str, RestartOutcome] = {}
+
+        async def one(key: str) -> None:
+            try:
+                outcomes[key] = RestartOutcome(key, "restarted", task=await self.restart(key, force=force))
+            except TransitionRefused as exc:
+                outcomes[key] = RestartOutcome(key, "refused", status=exc.status, rule=exc.rule)
+            except UnknownTask:
+                outcomes[key] = RestartOutcome(key, "unknown")
+
+        for start in range(0, len(checked), RESTARTS_AT_ONCE):
+            await asyncio.gather(*(one(key) for key in checked[start : start + RESTARTS_AT_ONCE]))
+        return {key: outcomes[key] for key in checked}
+
+    async def edit(self, key: str, change: OptionChange) -> TaskOption:
+        if not isinstance(change, OptionChange):
+            raise InvalidInput(f"change: an OptionChange, got {type(change).__name__}")
+        body = change.model_dump(mode="json", include=change.model_fields_set)
+        return TaskOption.model_validate(await self._task_call("PATCH", key, "option", body=body))
+
+    async def set_status(self, key: str, status: str, *, reason: str = "", by: str = "operator") -> TaskInfo:
+        """``Operations.set_status`` (the API records ``by`` as its own)."""
+        checked_mark(status, reason, by)
+        body = {"status": status, "reason": reason}
+        return TaskInfo.model_validate(await self._task_call("POST", key, "status", body=body))
+
+    async def set_child_status(
+        self, key: str, child: str, status: str, *, reason: str = "", by: str = "operator"
+    ) -> TaskInfo:
+        if status == TaskStatus.CANCELLED.value:
+            return await self.cancel(child_key_of(await self.get_task(key), child), reason)
+        if status == TaskStatus.PENDING.value:
+            return await self.restart(child_key_of(await self.get_task(key), child))
+        checked_mark(status, reason, by)
+        return await self.set_status(
+            child_key_of(await self.get_task(key), child), status, reason=reason, by=by
+        )
+
+    async def restart_child(self, key: str, child: str, *, force: bool = False) -> TaskInfo:
+        return await self.restart(child_key_of(await self.get_task(key), child), force=force)
+
+    # -- plans -----------------------------------------------------------------------------------------
+
+    async def _plan_call(self, method: str, plan_id: str, action: str = "", **request: Any) -> Any:
+        plan_id = checked_plan_id(plan_id)
+        path = f"/plans/{_path(plan_id)}" + (f"/{action}" if action else "")
+        return await self._call(method, path, missing=lambda: UnknownPlan(plan_id), **request)
+
+    async def add_plan(self, plan: Plan) -> PlanInfo:
+        if not isinstance(plan, Plan):
+            raise InvalidInput(f"add_plan() takes a Plan, got {type(plan).__name__}")
+        return PlanInfo.model_validate(await self._call("POST", "/plans", body=plan.model_dump(mode="json")))
+
+    async def get_plan(self, plan_id: str) -> PlanInfo:
+        return PlanInfo.model_validate(await self._plan_call("GET", plan_id))
+
+    async def list_plans(
+        self, *, state: str | None = None, limit: int = 100, skip: int = 0
+    ) -> list[PlanInfo]:
+        checked = checked_plan_listing(state, limit, skip)
+        query: dict[str, Any] = {"limit": limit, "skip": skip} | ({"state": checked} if checked else {})
+        return [PlanInfo.model_validate(p) for p in await self._call("GET", "/plans", params=query)]
+
+    async def suspend_plan(self, plan_id: str) -> PlanInfo:
+        return PlanInfo.model_validate(await self._plan_call("POST", plan_id, "suspend"))
+
+    async def resume_plan(self, plan_id: str) -> PlanInfo:
+        return PlanInfo.model_validate(await self._plan_call("POST", plan_id, "resume"))
+
+    async def skip_plan(self, plan_id: str, n: int = 1) -> PlanInfo:
+        n = checked_skip_count(n)
+        return PlanInfo.model_validate(await self._plan_call("POST", plan_id, "skip", params={"n": n}))
+
+    async def edit_plan(self, plan_id: str, **changes: Any) -> PlanInfo:
+        body = {
+            name: value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+            for name, value in changes.items()
+        }
+        return PlanInfo.model_validate(await self._plan_call("PATCH", plan_id, body=body))
+
+    async def remove_plan(self, plan_id: str) -> None:
+        await self._plan_call("DELETE", plan_id)
+
+
+class RemoteEvents:
+    """``Events``' ``list`` and ``subscribe`` over the API (``/api/v1/events``, server-sent
+    events for ``subscribe``). A store that keeps no event log lists nothing, as ``Events``."""
+
+    def __init__(self, operations: RemoteOperations) -> None:
+        self.operations = operations
+
+    @staticmethod
+    def _query(keys: Any, names: Any, kinds: Any, plans: Any, worker_id: str | None = None) -> dict[str, Any]:
+        query = Events._query(keys, names, kinds, plans, worker_id)  # the same refusals as Events
+        out: dict[str, Any] = {}
+        for name, values in (("key", query.keys), ("name", query.names), ("plan", query.plan_ids)):
+            if values:
+                if len(values) > 1:
+                    raise InvalidInput(f"{name}: one value over the REST API, got {len(values)}")
+                out[name] = values[0]
+        if query.kinds:
+            out["kinds"] = ",".join(query.kinds)
+        if worker_id is not None:
+            out["worker_id"] = worker_id
+        return out
+
+    async def list(
+        self,
+        *,
+        keys: Iterable[str] | str | None = None,
+        names: Iterable[str] | str | None = None,
+        kinds: Iterable[str] | str | None = None,
+        plans: Iterable[str] | str | None = None,
+        worker_id: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+        skip: int = 0,
+    ) -> list[Event]:
+        checked_page(limit, skip)
+        query = self._query(keys, names, kinds, plans, worker_id) | {"limit": limit, "skip": skip}
+        for name, when in (("since", since), ("until", until)):
+            if when is not None:
+                if not isinstance(when, datetime) or when.tzinfo is None:
+                    raise InvalidInput(f"{name}: a timezone-aware datetime")
+                query[name] = when.isoformat()
+        try:
+            answer = await self.operations._call("GET", "/events", params=query, refused=_log_off)
+        except _EventLogOff:
+            return []
+        return [Event.model_validate(e) for e in answer["events"]]
+
+    def subscribe(
+        self,
+        *,
+        names: Iterable[str] | str | None = None,
+        kinds: Iterable[str] | str | None = None,
+        keys: Iterable[str] | str | None = None,
+        plans: Iterable[str] | str | None = None,
+        since: datetime | None = None,
+    ) -> AsyncIterator[Event]:
+        query = self._query(keys, names, kinds, plans)
+        if since is not None:
+            if not isinstance(since, datetime) or since.tzinfo is None:
+                raise InvalidInput("since: a timezone-aware datetime")
+            query["since"] = since.isoformat()
+        return self._stream(query)
+
+    async def _stream(self, query: dict[str, Any]) -> AsyncIterator[Event]:
+        ops = self.operations
+        await ops.connect()
+        path = f"{API_ROOT}/events/stream"
+        try:
+            async with ops.http.stream(
+                "GET", path, params=query, timeout=httpx.Timeout(10.0, read=None)
+            ) as answer:
+                if answer.status_code != 200:
+                    await answer.aread()
+                    code, detail = error_of(answer)
+                    if answer.status_code == 409 and code == "event_log_off":
+                        raise _EventLogOff(detail)
+                    raise ops._error(answer, "GET", "/events/stream") or ops._not_api(
+                        answer, "GET", "/events/stream"
+                    )
+                data: list[str] = []
+                async for line in answer.aiter_lines():
+                    if line.startswith("data:"):
+                        data.append(line[5:].strip())
+                    elif not line and data:
+                        yield Event.model_validate_json("\n".join(data))
+                        data = []
+        except httpx.TransportError as exc:
+            raise ApiUnreachable(
+                f"the event stream of {ops.base_url} ended: {exc or type(exc).__name__}"
+            ) from exc
+
+
+class _EventLogOff(InvalidInput):
+    """The API's store keeps no event log (409 ``event_log_off``)."""
+
+
+def _log_off(body: dict[str, Any]) -> MSchedulerError:
+    if body.get("error") == "event_log_off":
+        return _EventLogOff(str(body.get("detail", "")))
+    return StorageError(f"409 {body.get('error')}: {body.get('detail')}")
+
+
+def _is_json(response: httpx.Response) -> bool:
+    kind: str = response.headers.get("content-type", "")
+    return kind.split(";")[0].strip() == "application/json"

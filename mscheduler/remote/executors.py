@@ -42,7 +42,7 @@ import random
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -56,7 +56,13 @@ from mscheduler.domain.exceptions import (
     UnknownTask,
 )
 from mscheduler.domain.limits import DEFAULT_SLOT_LEASE
-from mscheduler.domain.model import AttemptStatus, validate_group, validate_key, validate_name
+from mscheduler.domain.model import (
+    GROUP_PREFIX,
+    AttemptStatus,
+    validate_group,
+    validate_key,
+    validate_name,
+)
 from mscheduler.domain.outcomes import (
     DEFAULT_MAX_RESULT_BYTES,
     Outcome,
@@ -83,6 +89,8 @@ from mscheduler.drivers.base import (
     ResumeTokenLost,
     WakeupParams,
     WorkerInfo,
+    cancelled_error,
+    paused_error,
 )
 from mscheduler.runtime.consumer.limiter import Limiter
 from mscheduler.runtime.consumer.reports import (
@@ -105,19 +113,27 @@ WORKERS_KEPT = 10_000  # executors whose registration this service remembers
 REPORT_OUTCOMES = ("succeeded", "failed", "snoozed", "released")
 WAKEUPS_READ = 16  # wake-ups a waiting lease reads (those already due say nothing new)
 _POLL_FIRST = 0.05  # the first pause of a polling wait; it doubles up to poll_interval
+# ping answers whose attempts the service settles at once (the executor stops, reports nothing)
+_SETTLED_AT_THE_ANSWER: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
+    "cancelled": (AttemptStatus.CANCELLED.value, cancelled_error),
+    "paused": (AttemptStatus.RELEASED.value, paused_error),
+    "revoked": (AttemptStatus.REVOKED.value, lambda: error_dict("Cancelled", "attempt revoked")),
+}
 
 
 def check_worker_id(worker_id: object) -> str:
-    """An executor's worker id: the consumer's rule (1 to 200 characters, not starting with '$')
-    and no spaces or control characters (it travels in logs and JSON)."""
+    """An executor's worker id: the consumer's rule (1 to 200 characters, not starting with '$'
+    nor with ``g:``, a group's token: such an id would claim the tasks aimed at that group) and
+    no spaces or control characters (it travels in logs and JSON)."""
     if (
         not isinstance(worker_id, str)
         or not 1 <= len(worker_id) <= WORKER_ID_MAX
-        or worker_id.startswith("$")
+        or worker_id.startswith(("$", GROUP_PREFIX))
         or any(c.isspace() or not c.isprintable() for c in worker_id)
     ):
         raise InvalidInput(
-            f"worker_id: 1 to {WORKER_ID_MAX} printable characters without spaces, not starting with '$'"
+            f"worker_id: 1 to {WORKER_ID_MAX} printable characters without spaces, not starting "
+            f"with '$' or '{GROUP_PREFIX}'"
         )
     return worker_id
 
@@ -165,7 +181,9 @@ class AttemptPing:
 class PingAnswer:
     """``state``: ``alive`` (renewed until ``lease_expires``; ping again within
     ``ping_interval`` seconds), or ``lost`` / ``revoked`` / ``cancelled`` / ``paused``: stop
-    working, report nothing. ``recorded``: its checkpoint / progress was stored."""
+    working, report nothing (the service settled a revoked, cancelled or paused attempt with
+    this answer: ``revoked``, ``cancelled``, ``released``). ``recorded``: its checkpoint /
+    progress was stored."""
 
     key: str
     attempt: str
@@ -490,7 +508,14 @@ class RemoteExecutors:
             await self._maintain(now)
             # a limit set or removed meanwhile applies from here (re-read every limits_interval)
             await self.limiter.maybe_refresh(names, self.clock.monotonic())
-            claimed = await self._claim(worker_id, names, member_of, max_tasks, host, pid, now)
+            # Shielded: a caller that goes away mid-claim (its HTTP client disconnected) must not
+            # leave what the store gave it to run out its lease (a retry each): given back at once
+            claim = asyncio.ensure_future(self._claim(worker_id, names, member_of, max_tasks, host, pid, now))
+            try:
+                claimed = await asyncio.shield(claim)
+            except asyncio.CancelledError:
+                await self._give_back(worker_id, claim)
+                raise
             if claimed or self.clock.monotonic() >= deadline:
                 return Lease(claimed, claimed_at=now)
             if await self._wait_for_work(worker_id, names, member_of, deadline, pause):
@@ -498,6 +523,43 @@ class RemoteExecutors:
             else:
                 pause = min(pause * 2, self.poll_interval)
             now = self.clock.now()
+
+    async def _give_back(self, worker_id: str, claim: asyncio.Future[list[ClaimedTask]]) -> None:
+        """Wait for a claim cut off by a cancel, then release what it took."""
+        try:
+            claimed = await asyncio.shield(claim)
+        except asyncio.CancelledError:  # cancelled again: let the claim land on its own
+            claim.add_done_callback(
+                lambda done: (
+                    None
+                    if done.cancelled() or done.exception()
+                    else asyncio.ensure_future(self.release(worker_id, done.result()))
+                )
+            )
+            raise
+        except MSchedulerError:
+            return  # it failed: nothing to give back (an applied claim runs out its lease)
+        await self.release(worker_id, claimed)
+
+    async def release(self, worker_id: str, tasks: Sequence[ClaimedTask]) -> None:
+        """Give back leased attempts whose answer could not be delivered (the executor went away
+        before it): each is finished ``released`` at once — not counted, its slot freed — rather
+        than left to run out its lease and cost a retry."""
+        if not tasks:
+            return
+        now = await self._now()
+        error = error_dict("Cancelled", "the lease's answer could not be delivered (the executor went away)")
+        releases = []
+        for task in tasks:
+            self._held.pop((task.key, task.attempt), None)
+            params = FinishParams(
+                task.key, worker_id, task.attempt, now, AttemptStatus.RELEASED.value, None, dict(error)
+            )
+            releases.append(self._settle(params, task.slot))
+        await asyncio.gather(*releases)
+        log.info(
+            "executor %s went away before its lease's answer: %d attempts released", worker_id, len(tasks)
+        )
 
     async def _check_in(
         self,
@@ -574,7 +636,13 @@ class RemoteExecutors:
             self._remember(task.key, task.attempt, task.option, task.slot)
             if self.events is not None:
                 self.events.attempt_event(
-                    EventKind.CLAIMED, task.key, task.name, task.attempt, task.attempt_no, worker_id
+                    EventKind.CLAIMED,
+                    task.key,
+                    task.name,
+                    task.attempt,
+                    task.attempt_no,
+                    worker_id,
+                    generation=task.generation,
                 )
         self.stats["claimed"] += len(claimed)
         await self._flush_events()
@@ -720,6 +788,7 @@ class RemoteExecutors:
         result = await self.driver.ping(PingParams(worker_id, now, renew, reports, worker_groups=member_of))
         recorded = set(result.recorded)
         answers = []
+        settles: list[Awaitable[None]] = []
         for item in items:
             option = result.alive.get(item.key) if item.attempt not in gone else None
             if option is not None:
@@ -745,13 +814,33 @@ class RemoteExecutors:
                 if item.key in keys:
                     state = name
             gone_held = self._held.pop((item.key, item.attempt), None) or held.get(item.key)
-            if gone_held is not None and gone_held.slot is not None and item.attempt not in gone:
+            slot = gone_held.slot if gone_held is not None and item.attempt not in gone else None
+            settled = _SETTLED_AT_THE_ANSWER.get(state)
+            if settled is not None:
+                # Told to stop (the executor reports nothing): the attempt is settled here, as a
+                # consumer settles it once its handler stopped (fenced; its slot released with
+                # the write), rather than left holding the task until its lease runs out.
+                settle = FinishParams(item.key, worker_id, item.attempt, now, settled[0], None, settled[1]())
+                settles.append(self._settle(settle, slot))
+            elif slot is not None:
                 # the attempt ended without an outcome: its slot goes back (the consumer's rule)
-                self.limiter.release(gone_held.slot, worker_id, item.attempt)
+                self.limiter.release(slot, worker_id, item.attempt)
             answers.append(PingAnswer(item.key, item.attempt, state))
+        if settles:
+            await asyncio.gather(*settles)
         if self.limiter.releases:
             self._finisher_here().kick()
         return answers
+
+    async def _settle(self, params: FinishParams, slot: str | None) -> None:
+        """Write the settlement of an attempt a ping told to stop; a failure is left to the lease
+        pass (it settles the attempt the same way at its lease's end)."""
+        try:
+            await self._finish(params, slot)
+        except StorageError as exc:
+            if exc.config:
+                raise
+            log.warning("could not settle the stopped attempt %s of %s: %s", params.attempt, params.key, exc)
 
     async def _held_of(self, worker_id: str, items: Sequence[AttemptPing], now: datetime) -> dict[str, _Held]:
         """The option (lease length) and the slot's limit of each pinged attempt: remembered from
@@ -806,6 +895,8 @@ class RemoteExecutors:
             doc = await self.driver.get_task(key)
             duplicate = self._refused(doc, key, worker_id, attempt, outcome)
         if self.events is not None and not duplicate:
+            if doc is None:  # what the event names: the task's name, the attempt's number
+                doc = await self.driver.get_task(key)
             self._record_outcome(doc, key, worker_id, attempt, outcome)
             await self._flush_events()
         return Reported(key, attempt, outcome, duplicate)
@@ -828,7 +919,9 @@ class RemoteExecutors:
         if report.outcome == "snoozed":
             after = timedelta(seconds=report.retry_after or 0.0)
             return snoozed(report.message or f"snoozed for {after}", after, now)
-        error = error_dict(report.error_type or "ExecutorError", report.message, report.traceback)
+        # the reported type is stored as it is; without one, what a Python handler's would be
+        default = "Fail" if report.final else "Retry" if report.retry_after is not None else "ExecutorError"
+        error = error_dict(report.error_type or default, report.message, report.traceback)
         if report.final:
             return fail_for_good(error)
         if report.retry_after is not None:
@@ -895,17 +988,18 @@ class RemoteExecutors:
         entry = _entry(doc, worker_id, attempt) if doc is not None else None
         fail_cnt = len(_failures_before(doc, entry)) if doc is not None and entry is not None else 0
         option = doc["option"] if doc is not None else {"max_unexpected_retries": None}
-        kind = outcome_kind(outcome.status, fails_for_good(option, fail_cnt, outcome.status, outcome.error))
+        final_for_good = fails_for_good(option, fail_cnt, outcome.status, outcome.error, outcome.final)
+        kind = outcome_kind(outcome.status, final_for_good)
         if kind is None:
             return
         name = doc["name"] if doc is not None else ""
-        attempt_no = 0
+        attempt_no = generation = 0
         if doc is not None:
             positions = [n for n, e in enumerate(doc["state"]["worker_states"], 1) if e["attempt"] == attempt]
             attempt_no = positions[0] if positions else 0
-        self.events.attempt_event(
-            kind, key, name, attempt, attempt_no, worker_id, outcome_detail(outcome.error, outcome.retry_at)
-        )
+            generation = int(doc["state"].get("generation") or 0)
+        detail = outcome_detail(outcome.error, outcome.retry_at)
+        self.events.attempt_event(kind, key, name, attempt, attempt_no, worker_id, detail, generation)
 
     async def _flush_events(self) -> None:
         if self.events is None or not len(self.events):

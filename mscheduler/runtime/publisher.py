@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable
-from datetime import timedelta
 from typing import Any
 
-from mscheduler.domain.clock import Clock, SystemClock
+from mscheduler.domain.clock import Clock, SystemClock, check_same_time, sleep_unless
 from mscheduler.domain.exceptions import (
     InvalidInput,
-    MSchedulerError,
     TaskCancelled,
     TaskExpired,
     TaskFailed,
@@ -22,20 +21,19 @@ from mscheduler.domain.model import (
     TaskInfo,
     TaskOption,
     TaskStatus,
-    encoded_size,
     validate_key,
 )
 from mscheduler.domain.state import CHILD_ENDED_BADLY
-from mscheduler.domain.unique import params_hash
-from mscheduler.drivers.base import Driver, InsertParams, NewTask
+from mscheduler.drivers.base import ChangeEvent, Driver
 from mscheduler.observability.tracing import tracer_for
-from mscheduler.operations import change_option
-from mscheduler.services.children import child_names, expand
-
-SEND_MANY_BATCH = 1000
-DEFAULT_MAX_PARAMS_BYTES = 512 * 1024
-# A worker whose heartbeat is older than this is not counted as live (5 s heartbeats by default).
-WORKER_LIVENESS = timedelta(seconds=30)
+from mscheduler.operations import change_option, live_handlers, warn_if_unhandled
+from mscheduler.publishing import (
+    DEFAULT_MAX_PARAMS_BYTES,
+    checked_max_params_bytes,
+    child_names,
+    insert_families,
+    prepared_families,
+)
 
 log = logging.getLogger("mscheduler.publisher")
 
@@ -60,8 +58,8 @@ class Publisher:
         max_params_bytes: int = DEFAULT_MAX_PARAMS_BYTES,
         tracing: bool | None = None,
     ) -> None:
-        if not 1 <= max_params_bytes <= 8 * 1024 * 1024:
-            raise InvalidInput("max_params_bytes must be between 1 byte and 8 MiB")
+        checked_max_params_bytes(max_params_bytes)
+        check_same_time(driver, clock, "this Publisher")
         self._tracer = tracer_for(tracing)
         self.driver = driver
         self.clock: Clock = clock or SystemClock()
@@ -87,46 +85,21 @@ class Publisher:
             await self.driver.setup()
             self._set_up = True
 
-    def _prepare(self, task: Task) -> NewTask:
-        if not isinstance(task, Task):
-            raise InvalidInput(f"send() takes a Task, got {type(task).__name__}")
-        size = encoded_size(task.params)
-        if size > self.max_params_bytes:
-            raise InvalidInput(
-                f"task {task.key!r}: params are {size} bytes, more than max_params_bytes "
-                f"({self.max_params_bytes}); store large data elsewhere and send a reference"
-            )
-        unique_hash = params_hash(task.name, task.params) if task.unique_by == "params" else None
-        option = task.option.to_storage(self.clock.now())
-        trace = self._tracer.carrier() if self._tracer is not None else None
-        return NewTask(task.key, task.name, task.params, option, unique_hash=unique_hash, trace=trace)
+    def _trace(self) -> dict[str, str] | None:
+        return self._tracer.carrier() if self._tracer is not None else None
 
     async def _live_handlers(self) -> set[str]:
         """Task names that a live registered consumer handles."""
-        now = self.clock.now()
-        names: set[str] = set()
-        for worker in await self.driver.list_workers():
-            if worker.get("stop_time") is None and worker["last_seen"] >= now - WORKER_LIVENESS:
-                names.update(worker["names"])
-        return names
+        return await live_handlers(self.driver, self.clock.now())
 
     async def _warn_if_unhandled(self, names: Iterable[str]) -> None:
-        """Warn once per name when no live consumer handles it: such a task waits silently."""
+        """Warn once per name when no live consumer handles it: such a task waits silently (the
+        one rule ``Operations.add_plan`` follows too)."""
         new = set(names) - self._names_checked
         if not new:
             return
         self._names_checked |= new
-        try:
-            handled = await self._live_handlers()
-        except MSchedulerError:
-            return  # a hint only
-        for name in sorted(new - handled):
-            log.warning(
-                "no live worker handles tasks named %r: they wait until a consumer that registers "
-                "a handler for that name starts",
-                name,
-                extra={"task_name": name},
-            )
+        await warn_if_unhandled(self.driver, new, self.clock.now(), log)
 
     async def send(self, task: Task, *, reset_finished: bool = False, session: Any = None) -> bool:
         """Publish ``task`` unless its key exists (SPEC F1); True if this call created (or reset) it.
@@ -143,28 +116,24 @@ class Publisher:
         return await self._send(task, reset_finished, session)
 
     async def _send(self, task: Task, reset_finished: bool, session: Any) -> bool:
-        params = InsertParams(self._family(task, reset_finished), self.clock.now(), reset_finished, session)
+        if not isinstance(task, Task):
+            raise InvalidInput(f"send() takes a Task, got {type(task).__name__}")
+        families = prepared_families(
+            [task],
+            now=self.clock.now(),
+            reset_finished=reset_finished,
+            max_params_bytes=self.max_params_bytes,
+            trace=self._trace(),
+        )
         await self._setup()
-        created = (await self.driver.insert_tasks(params))[0]
+        created = (
+            await insert_families(
+                self.driver, families, self.clock.now, reset_finished=reset_finished, session=session
+            )
+        )[0]
         self._emit_sent([task], [created])
         await self._warn_if_unhandled(child_names(task))
         return created
-
-    def _family(self, task: Task, reset_finished: bool) -> list[NewTask]:
-        """The documents a task is stored as: itself, or with children the parent first, then
-        its children (mscheduler.services.children), inserted in one command."""
-        if not isinstance(task, Task) or not task.children:
-            return [self._prepare(task)]
-        if reset_finished:
-            raise InvalidInput(
-                f"task {task.key!r}: reset_finished does not apply to a task with children "
-                "(restart it with Operations.restart)"
-            )
-        if getattr(task, "unique_by", "key") != "key":
-            raise InvalidInput(
-                f"task {task.key!r}: unique_by='params' does not apply to a task with children"
-            )
-        return expand(task, self._prepare)
 
     async def send_many(
         self, tasks: Iterable[Task], *, reset_finished: bool = False, session: Any = None
@@ -178,26 +147,17 @@ class Publisher:
         return await self._send_many(tasks, reset_finished, session)
 
     async def _send_many(self, tasks: list[Task], reset_finished: bool, session: Any) -> list[bool]:
-        for i, task in enumerate(tasks):
-            if not isinstance(task, Task):
-                raise InvalidInput(f"send_many() takes Tasks, got {type(task).__name__} at index {i}")
-        families = [self._family(t, reset_finished) for t in tasks]
-        keys = [t.key for family in families for t in family]
-        seen: set[str] = set()
-        for key in keys:
-            if key in seen:
-                raise InvalidInput(f"send_many got the key {key!r} twice")
-            seen.add(key)
-        created: list[bool] = []
+        families = prepared_families(
+            tasks,
+            now=self.clock.now(),
+            reset_finished=reset_finished,
+            max_params_bytes=self.max_params_bytes,
+            trace=self._trace(),
+        )
         await self._setup()
-        for batch in _batches(families):
-            docs = [t for family in batch for t in family]
-            params = InsertParams(docs, self.clock.now(), reset_finished, session)
-            results = await self.driver.insert_tasks(params)
-            first = 0
-            for family in batch:  # a task with children: whether its parent was created
-                created.append(results[first])
-                first += len(family)
+        created = await insert_families(
+            self.driver, families, self.clock.now, reset_finished=reset_finished, session=session
+        )
         self._emit_sent(tasks, created)
         await self._warn_if_unhandled({n for t in tasks for n in child_names(t)})
         return created
@@ -223,12 +183,31 @@ class Publisher:
         With ``concurrent_worker_cnt`` > 1 the result is the list of every worker's result. A
         task with children returns ``{child name: its result}``, or raises ``TaskFailed`` with the
         error of the child that failed.
-        Raises ``TimeoutError`` after ``timeout`` seconds (None waits for ever).
+        Raises ``TimeoutError`` after ``timeout`` seconds (None waits for ever), on the
+        publisher's clock. It reads the task again after each poll interval, and at once when
+        an in-process store (``MemoryDriver``) says the task changed: so it also returns under a
+        ``FakeClock`` nobody moves, as soon as the task has ended.
         """
+        watch = _TaskWatch(self.driver, key)
+        try:
+            return await self._wait(key, timeout, poll_interval, max_poll_interval, watch)
+        finally:
+            watch.close()
+
+    async def _wait(
+        self,
+        key: str,
+        timeout: float | None,
+        poll_interval: float,
+        max_poll_interval: float,
+        watch: _TaskWatch,
+    ) -> Any:
         started = self.clock.monotonic()
         interval = poll_interval
         while True:
+            watch.changed.clear()  # before the read: a change after it wakes the sleep below
             info = await self.get(key)
+            watch.start(info)
             if info.children is not None and info.status in (TaskStatus.SUCCEEDED, TaskStatus.FAILED):
                 return await self._family_outcome(info)
             if info.status is TaskStatus.SUCCEEDED:
@@ -247,7 +226,7 @@ class Publisher:
                     hint = f"; no live worker handles tasks named {info.name!r}"
                 raise TimeoutError(f"task {key!r} is still {info.status.value} after {timeout}s{hint}")
             sleep = interval if timeout is None else min(interval, timeout - waited)
-            await self.clock.sleep(sleep)
+            await sleep_unless(self.clock, sleep, watch.changed)
             interval = min(interval * 1.5, max_poll_interval)
 
     async def _family_outcome(self, info: TaskInfo) -> Any:
@@ -272,26 +251,38 @@ class Publisher:
         return await change_option(self.driver, key, change, self.clock.now())
 
 
+class _TaskWatch:
+    """Wakes ``Publisher.wait`` when its task (or a child) changes, where the store says so for
+    free: an in-process store (``driver.in_process``). Elsewhere ``wait`` polls."""
+
+    def __init__(self, driver: Driver, key: str) -> None:
+        self.driver = driver
+        self.key = key
+        self.changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, info: TaskInfo) -> None:
+        if self._task is None and getattr(self.driver, "in_process", False):
+            names = sorted({info.name, *(c.name for c in info.children or ())})
+            self._task = asyncio.ensure_future(self._follow(names))
+
+    async def _follow(self, names: list[str]) -> None:
+        prefix = self.key + "/"
+        async for event in self.driver.watch(names):
+            if isinstance(event, ChangeEvent) and (event.key == self.key or event.key.startswith(prefix)):
+                self.changed.set()
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
 def _result(info: TaskInfo) -> Any:
     """A succeeded task's result: every worker's with ``concurrent_worker_cnt`` > 1, else the one
     (None for a task set succeeded by hand)."""
     if info.option.concurrent_worker_cnt > 1:
         return info.results
     return info.results[0] if info.results else None
-
-
-def _batches(families: list[list[NewTask]]) -> list[list[list[NewTask]]]:
-    """Families grouped into insert commands of about ``SEND_MANY_BATCH`` documents; a family
-    (a parent and its children) is never split between two commands."""
-    batches: list[list[list[NewTask]]] = []
-    size = SEND_MANY_BATCH
-    for family in families:
-        if size + len(family) > SEND_MANY_BATCH:
-            batches.append([])
-            size = 0
-        batches[-1].append(family)
-        size += len(family)
-    return batches
 
 
 def _key(key: str) -> str:

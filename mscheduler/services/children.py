@@ -21,47 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from mscheduler.domain.clock import Clock, SystemClock, sleep_unless
 from mscheduler.domain.exceptions import InvalidInput, MSchedulerError, StorageError
-from mscheduler.domain.family import SEQUENTIAL
-from mscheduler.domain.model import Task, child_key
-from mscheduler.drivers.base import Driver, NewTask, OpenParentsParams, SyncParentsParams
+from mscheduler.drivers.base import Driver, OpenParentsParams, SyncParentsParams
 
 log = logging.getLogger("mscheduler.children")
 
 DEFAULT_INTERVAL = 10.0  # seconds between reconciler passes
 DEFAULT_BATCH = 500  # parents per sync command
 ERROR_PAUSE = 1.0  # seconds a sync waits after a storage error before it tries again
-
-
-def expand(task: Task, prepare: Callable[[Task], NewTask]) -> list[NewTask]:
-    """A task with children as the documents to insert in one command, the parent first.
-
-    Each child is a ``Task`` of its own (key ``<parent key>/<name>``, handler ``name``, its params
-    or the parent's, its option or the parent's), prepared as any task is (``prepare``: the
-    publisher's size checks and storage form); in sequential mode all but the first are
-    ``blocked``.
-    """
-    children = task.children or ()
-    mode = task.children_mode or SEQUENTIAL
-    keys = [child_key(task.key, c.name) for c in children]
-    definition = {"mode": mode, "names": [c.name for c in children], "keys": keys}
-    out = [replace(prepare(task), children=definition)]
-    for position, (child, key) in enumerate(zip(children, keys, strict=True)):
-        params = child.params if child.params is not None else task.params
-        prepared = prepare(Task(key, child.name, params, option=child.option_for(task.option)))
-        blocked = mode == SEQUENTIAL and position > 0
-        out.append(replace(prepared, parent=task.key, position=position, blocked=blocked))
-    return out
-
-
-def child_names(task: Task) -> list[str]:
-    """The handler names a task needs: its children's, or its own."""
-    return [c.name for c in task.children] if task.children else [task.name]
 
 
 class ChildSync:

@@ -26,15 +26,22 @@ import builtins
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mscheduler.domain.clock import Clock, ServerClock
-from mscheduler.domain.events import EventKind, attempt_event_id, error_detail, event_doc
+from mscheduler.domain.clock import Clock, ServerClock, truncate_ms
+from mscheduler.domain.events import (
+    EventKind,
+    EventWriter,
+    attempt_event_id,
+    error_detail,
+    event_doc,
+    order_key,
+)
 from mscheduler.domain.exceptions import InvalidInput, StorageError
-from mscheduler.domain.model import validate_key, validate_name
+from mscheduler.domain.model import validate_key, validate_name, validate_worker_id
 from mscheduler.domain.plans import checked_plan_id
 from mscheduler.drivers.base import (
     ChangeStreamUnsupported,
@@ -67,7 +74,9 @@ class Event(BaseModel):
     plan_id: str | None = None  # set for a plan's run tasks (keys made by ``occurrence_key``)
     worker_id: str | None = None
     attempt: int | None = None  # the attempt's number among the task's attempts (1-based)
-    step: int = 0  # the order of a task's events of one time (events_common.event_step)
+    step: int = 0  # the order of a task's events of one time (mscheduler.domain.events.event_step)
+    writer: str | None = None  # who recorded it (a store, a consumer, an API server)
+    seq: int = 0  # the writer's sequence number: its events of one time and step, in order
     time: datetime  # when it happened
     written: datetime | None = None  # when it was stored (a consumer's events are buffered)
     detail: dict[str, Any] = Field(default_factory=dict)
@@ -97,6 +106,7 @@ class EventRecorder:
             raise InvalidInput("flush_size must be at least 1 and at most max_buffer")
         self.driver = driver
         self.clock = clock
+        self.writer = EventWriter()  # stamps each buffered event with this recorder's sequence
         self.flush_interval = flush_interval
         self.flush_size = flush_size
         self.max_buffer = max_buffer
@@ -128,17 +138,21 @@ class EventRecorder:
         attempt_no: int,
         worker_id: str,
         detail: Mapping[str, Any] | None = None,
+        generation: int = 0,
     ) -> None:
-        """Buffer an attempt's event (its id: key, attempt token and kind)."""
+        """Buffer an attempt's event (its id: key, attempt token and kind); ``generation``: the
+        task's generation when it was claimed (where the event stands: ``event_step``)."""
         self.record(
             event_doc(
                 kind,
                 key,
                 name,
                 self.clock.now(),
+                writer=self.writer,
                 event_id=attempt_event_id(key, attempt, kind),
                 worker_id=worker_id,
                 attempt=attempt_no,
+                generation=generation,
                 detail=detail,
             )
         )
@@ -224,9 +238,20 @@ def _kind(value: object) -> str:
 def _time(value: object, field: str) -> datetime | None:
     if value is None:
         return None
-    if not isinstance(value, datetime) or value.tzinfo is None:
+    if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
         raise InvalidInput(f"{field}: a timezone-aware datetime")
-    return value
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise InvalidInput(f"{field}: out of range (in UTC before year 1 or after year 9999)") from None
+
+
+def checked_page(limit: object, skip: object) -> None:
+    """``Events.list``'s page: ``limit`` from 1 to ``LIST_LIMIT_MAX``, ``skip`` from 0."""
+    if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
+        raise InvalidInput(f"limit: must be an integer from 1 to {LIST_LIMIT_MAX}")
+    if not isinstance(skip, int) or skip < 0:
+        raise InvalidInput("skip: must be a non-negative integer")
 
 
 class Events:
@@ -271,10 +296,11 @@ class Events:
         plans: Iterable[str] | str | None,
         worker_id: str | None = None,
     ) -> EventQuery:
-        if worker_id is not None and (
-            not isinstance(worker_id, str) or not worker_id or worker_id.startswith("$")
-        ):
-            raise InvalidInput(f"worker_id: invalid worker id {worker_id!r}")
+        if worker_id is not None:
+            try:
+                validate_worker_id(worker_id)
+            except ValueError as exc:
+                raise InvalidInput(f"worker_id: {exc}") from None
         return EventQuery(
             keys=_many(keys, validate_key, "keys"),
             names=_many(names, validate_name, "names"),
@@ -298,10 +324,7 @@ class Events:
     ) -> list[Event]:
         """Events in time order (then id), filtered: ``since <= time < until``; one task's
         history is ``list(keys=key)``. Paged by ``skip`` / ``limit``."""
-        if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
-            raise InvalidInput(f"limit: must be an integer from 1 to {LIST_LIMIT_MAX}")
-        if not isinstance(skip, int) or skip < 0:
-            raise InvalidInput("skip: must be a non-negative integer")
+        checked_page(limit, skip)
         base = self._query(keys, names, kinds, plans, worker_id)
         query = EventQuery(
             keys=base.keys,
@@ -338,10 +361,12 @@ class Events:
         return self._subscribe(query, _time(since, "since"))
 
     async def _subscribe(self, query: EventQuery, since: datetime | None) -> AsyncIterator[Event]:
-        start = since if since is not None else await self._now()
+        # Compared at the stored precision: ``written`` is kept in milliseconds, so an event
+        # written in the same millisecond as ``since`` (just after the call) is not missed.
+        start = truncate_ms(since if since is not None else await self._now())
         seen = _Seen(self.poll_overlap)
         token: Any = None
-        replay_from: datetime | None = since
+        replay_from: datetime | None = start if since is not None else None
         backoff = 0.1
         while True:
             try:
@@ -417,7 +442,7 @@ class Events:
         """Stored events not handed out yet, in time order (a consumer's batch is stored at once;
         this tells its events in the order they happened)."""
         found = [doc async for doc in self._stored(query, written_from) if seen.first(doc)]
-        found.sort(key=lambda d: (d["time"], d.get("step", 0), d["id"]))
+        found.sort(key=order_key)
         return found
 
     async def _poll(self, query: EventQuery, start: datetime, seen: _Seen) -> AsyncIterator[Event]:

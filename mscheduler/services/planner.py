@@ -117,10 +117,17 @@ def decide(
                 step = plan_step(
                     timing, PlanProgress(runs_made=runs, next_fire_time=next_fire, skip_next=skip_next), now
                 )
+                fire_times = step.fire_times
                 next_fire, runs, skip_next = step.next_fire_time, step.runs_made, step.skip_next
+                if len(fire_times) > 1 and not doc["allow_overlap"]:
+                    # One run at a time, catch-up included: the first due occurrence now, the
+                    # next when this run has ended (the plan stays due at the next fire time,
+                    # which the overlap rule above holds back while the run is pending or
+                    # running). Skips consumed by the step all came before its first fire time.
+                    fire_times, next_fire, runs = fire_times[:1], fire_times[1], runs - len(fire_times) + 1
                 skipped += step.skipped_cnt
                 awaiting = step.awaiting_completion
-                if step.fire_times:
+                if fire_times:
                     task = doc["task"]
                     option = TaskOption.from_storage(task["option"])
                     tasks = [
@@ -130,11 +137,11 @@ def decide(
                             task.get("params"),
                             option.to_storage(fire),
                         )
-                        for fire in step.fire_times
+                        for fire in fire_times
                     ]
                     fields.update(
                         last_run_key=tasks[-1].key,
-                        last_run_fire_time=step.fire_times[-1],
+                        last_run_fire_time=fire_times[-1],
                         last_run_status=TaskStatus.PENDING.value,
                         last_run_seen=False,
                         last_run_end_time=None,

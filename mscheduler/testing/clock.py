@@ -47,6 +47,12 @@ class FakeClock:
             if not future.done():
                 future.set_result(None)
 
+    def next_deadline(self) -> float | None:
+        """When (``monotonic()`` time) the earliest sleeper wakes; None if nothing sleeps."""
+        while self._sleepers and self._sleepers[0][2].done():  # given up on (cancelled)
+            heapq.heappop(self._sleepers)
+        return self._sleepers[0][0] if self._sleepers else None
+
     def skew(self, delta: timedelta) -> None:
         """Jump the wall clock only (as a badly set machine clock would); monotonic time stays."""
         self._now = truncate_ms(self._now + delta)

@@ -1,9 +1,11 @@
 """Bearer tokens of the REST API: their roles, names and bindings.
 
-Three roles: ``read`` (every GET), ``admin`` (everything, mutations included) and ``executor``
+Four roles: ``read`` (every GET), ``admin`` (everything, mutations included), ``executor``
 (the remote-executor routes ``/api/v1/executors/...`` only: lease, ping, report; nothing else,
-not even reads). Tokens come from configuration (``ApiTokens(admin=[...], read=[...],
-executor=[...])``, or ``parse_tokens`` of ``MSCHEDULER_API_TOKENS`` / a tokens file).
+not even reads) and ``publish`` (sending tasks, ``POST /api/v1/tasks``, and ``GET
+/api/v1/whoami``; nothing else). Tokens come from configuration (``ApiTokens(admin=[...],
+read=[...], executor=[...], publish=[...])``, or ``parse_tokens`` of ``MSCHEDULER_API_TOKENS`` /
+a tokens file).
 
 Each token has a **name** (``Token(..., name="alice")``, ``name=alice`` in a tokens file; by
 default ``<role>-<n>``, its position among the role's tokens): operator actions record it
@@ -55,6 +57,7 @@ class Role(StrEnum):
     READ = "read"
     ADMIN = "admin"
     EXECUTOR = "executor"
+    PUBLISH = "publish"
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +176,8 @@ class ApiTokens:
     :param admin: tokens that may read and change everything.
     :param read: tokens that may only read (GET); a mutation answers 403.
     :param executor: tokens of remote executors: the executor routes only (403 elsewhere).
+    :param publish: tokens of services that send tasks over HTTP (``POST /api/v1/tasks``) and do
+        nothing else (403 elsewhere).
 
     Each item is the token string or a ``Token`` (a name, an executor token's bindings).
     ``warnings``: what is weak in this configuration (never the tokens themselves).
@@ -184,13 +189,15 @@ class ApiTokens:
         admin: Iterable[str | Token] = (),
         read: Iterable[str | Token] = (),
         executor: Iterable[str | Token] = (),
+        publish: Iterable[str | Token] = (),
         warnings: Iterable[str] = (),
     ) -> None:
         entries: list[tuple[bytes, Identity]] = []
         notes = list(warnings)
         seen: dict[bytes, tuple[Role, int]] = {}
         names: set[str] = set()
-        for role, tokens in ((Role.ADMIN, admin), (Role.READ, read), (Role.EXECUTOR, executor)):
+        roles = ((Role.ADMIN, admin), (Role.READ, read), (Role.EXECUTOR, executor), (Role.PUBLISH, publish))
+        for role, tokens in roles:
             if isinstance(tokens, (str, Token)):
                 raise InvalidInput(f"{role.value} tokens: a list of tokens, not one")
             for n, spec in enumerate(tokens, 1):
@@ -224,7 +231,9 @@ class ApiTokens:
                 )
                 entries.append((digest, identity))
         if not entries:
-            raise InvalidInput("no API token configured: give at least one admin, read or executor token")
+            raise InvalidInput(
+                "no API token configured: give at least one admin, read, executor or publish token"
+            )
         self._entries = tuple(entries)
         self.warnings: tuple[str, ...] = tuple(notes)
 
@@ -232,7 +241,7 @@ class ApiTokens:
         counts = {role: sum(i.role is role for _, i in self._entries) for role in Role}
         return (
             f"ApiTokens(admin={counts[Role.ADMIN]} token(s), read={counts[Role.READ]} token(s), "
-            f"executor={counts[Role.EXECUTOR]} token(s))"
+            f"executor={counts[Role.EXECUTOR]} token(s), publish={counts[Role.PUBLISH]} token(s))"
         )
 
     def identify(self, presented: str) -> Identity | None:
@@ -274,7 +283,9 @@ def parse_tokens(
         for item in line.split(",")
         if item.strip()
     ]
-    shape = f"{source}: item #{{n}} is not 'ROLE:TOKEN [name=NAME ...]' (ROLE: admin, read or executor)"
+    shape = (
+        f"{source}: item #{{n}} is not 'ROLE:TOKEN [name=NAME ...]' (ROLE: admin, read, executor or publish)"
+    )
     for n, item in enumerate(items, 1):
         head, *attributes = item.split()
         role, sep, token = head.partition(":")
@@ -293,7 +304,11 @@ def parse_tokens(
         by_role[role].append(Token(token.strip(), **fields))  # type: ignore[arg-type]
     try:
         return ApiTokens(
-            admin=by_role["admin"], read=by_role["read"], executor=by_role["executor"], warnings=warnings
+            admin=by_role["admin"],
+            read=by_role["read"],
+            executor=by_role["executor"],
+            publish=by_role["publish"],
+            warnings=warnings,
         )
     except InvalidInput as exc:
         raise InvalidInput(f"{source}: {exc}") from None

@@ -128,6 +128,9 @@ class TokenAuth:
         if role is Role.EXECUTOR:  # the executor routes only, and nothing else (not even reads)
             if _scope_path(scope) not in EXECUTOR_PATHS:
                 return _ApiError(403, "forbidden", "an executor token may only use /api/v1/executors/...")
+        elif role is Role.PUBLISH:  # sending tasks (and asking what it may do), nothing else
+            if (scope["method"], _scope_path(scope)) not in PUBLISH_REQUESTS:
+                return _ApiError(403, "forbidden", "a publish token may only send tasks (POST /api/v1/tasks)")
         elif role is not Role.ADMIN and scope["method"] not in READ_METHODS:
             return _ApiError(403, "forbidden", "this token may only read; changes need an admin token")
         state = scope.setdefault("state", {})
@@ -144,6 +147,10 @@ def _scope_path(scope: Scope) -> str:
 
 # The remote-executor routes (mscheduler.web.routes.executors): the only ones an executor token may use.
 EXECUTOR_PATHS = frozenset(f"{API}/executors/{action}" for action in ("lease", "ping", "report"))
+
+
+# What a publish token may do: send tasks, and ask its role (the CLI's first request).
+PUBLISH_REQUESTS = frozenset({("POST", f"{API}/tasks"), ("GET", f"{API}/whoami")})
 
 
 # Declares the scheme in the OpenAPI schema; ``TokenAuth`` enforces it.

@@ -11,13 +11,13 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
 from mscheduler.domain.limits import MAX_NAMES, MAX_RUNNING_MAX, LimitInfo
-from mscheduler.domain.model import Params, TaskInfo, TaskName, TaskOption
+from mscheduler.domain.model import Params, Task, TaskInfo, TaskName, TaskOption
 from mscheduler.domain.schedule import PlanTiming
 from mscheduler.domain.stats import TaskStats
-from mscheduler.operations import REASON_MAX, WorkerView
+from mscheduler.operations import MANY_MAX, REASON_MAX, WorkerView
 
 
 class _Body(BaseModel):
@@ -47,6 +47,32 @@ class StatusBody(_Body):
 
     status: Literal["succeeded", "failed"]
     reason: str = Field("", max_length=REASON_MAX, description="why (kept on the task)")
+
+
+class TaskBatchIn(_Body):
+    """Many tasks in one request (``Operations.send_many``): checked as a whole first, so one bad
+    task refuses the batch (422) and nothing is written."""
+
+    tasks: list[Task] = Field(min_length=1, max_length=MANY_MAX)
+
+
+def _send_kind(value: Any) -> str:
+    return "batch" if isinstance(value, dict) and "tasks" in value else "one"
+
+
+# ``POST /api/v1/tasks`` takes one task, or ``{"tasks": [...]}``: told apart by the ``tasks`` field
+SendIn = Annotated[
+    Annotated[Task, Tag("one")] | Annotated[TaskBatchIn, Tag("batch")], Discriminator(_send_kind)
+]
+
+
+class SentOut(BaseModel):
+    key: str
+    created: bool = Field(description="false: a task with this key existed and was left as it is")
+
+
+class SentManyOut(BaseModel):
+    tasks: list[SentOut] = Field(description="one per task sent, in order")
 
 
 class PlanEdit(_Body):
@@ -175,7 +201,9 @@ class StatsOut(BaseModel):
 
 
 class WhoAmIOut(BaseModel):
-    role: str = Field(description="the token's role: admin (reads and changes) or read")
+    role: str = Field(
+        description="the token's role: admin (reads and changes), read, publish (sends tasks) or executor"
+    )
     name: str = Field(description="the token's name: what operator actions record as their author")
 
 

@@ -13,6 +13,8 @@ TOTAL = 53  # 40 quick + 6 flaky + 1 doomed + 1 long + 4 targeted + 1 fan-out (D
 def test_demo_exits_0_and_prints_the_expected_summary() -> None:
     code, out, err, seconds = run([*command(), "demo"])
     assert code == 0, f"exit {code}\n{out}\n{err}"
+    # the progress bar counts what the tables count (the plans' runs are a check of their own)
+    assert re.search(rf"^tasks .* {TOTAL}/{TOTAL} failed 1 succeeded 52 ", out, re.M), out
     assert re.search(r"succeeded\W+52\W+52\b", out), out  # state, tasks, expected
     assert re.search(r"failed\W+1\W+1\b", out), out
     assert re.search(rf"total\W+{TOTAL}\W+{TOTAL}\b", out), out

@@ -177,9 +177,12 @@ def test_pause_can_stop_the_running_attempt(store: MemoryDriver) -> None:
 
     asyncio.run(claim())
     assert status_of(store, "a-1") == "running"
-    assert cli("tasks", "pause", "a-1", "--stop-running")[:2] == (0, "paused task 'a-1' (pending)\n")
+    stopped = cli("tasks", "pause", "a-1", "--stop-running")[:2]
+    assert stopped == (0, "paused task 'a-1' (running; 1 running attempt(s) told to stop)\n")
     info = asyncio.run(Operations(store).get_task("a-1"))
-    assert info.paused and [e.status.value for e in info.worker_states] == ["released"]
+    # the attempt keeps its slot until its worker settles it released (issue 17 A2)
+    assert info.paused and [e.status.value for e in info.worker_states] == ["running"]
+    assert store._tasks["a-1"]["state"]["stop"]["attempts"] == ["w-x#1"]
 
 
 @pytest.mark.parametrize(

@@ -91,7 +91,7 @@ def test_sync_factory_returning_one_consumer() -> None:
         (f"{APP}:missing", f"'{APP}' has no attribute 'missing'"),
         (
             f"{APP}:not_a_consumer",
-            f"{APP}:not_a_consumer is of type int; expected a Consumer, a list of Consumers",
+            f"{APP}:not_a_consumer is of type int; expected an mscheduler.App, a Consumer, a list of",
         ),
         (f"{APP}:factory_with_argument", "must take no arguments"),
         (f"{APP}:broken_factory", "the factory could not connect to its database"),

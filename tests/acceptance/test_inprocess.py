@@ -8,9 +8,9 @@ import pytest
 
 from mscheduler import Consumer, MemoryDriver
 from mscheduler.cli.check import EXPECTED_INDEXES, check_server
-from mscheduler.cli.common import CliError, redact
+from mscheduler.cli.common import CliError, import_target, redact
 from mscheduler.cli.demo import DemoConfig, check_report, run_demo, run_demo_on_database
-from mscheduler.cli.worker import import_target, resolve_consumers
+from mscheduler.cli.worker import resolve_consumers
 from mscheduler.domain.model import AttemptStatus
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.testing.mongomock import mongomock_database

@@ -1,6 +1,8 @@
 """The package as a user installs it: ``python -m build`` makes an sdist and a wheel from the
 tracked files; each installs into a fresh venv and runs ``mscheduler`` (the console script),
-``python -m mscheduler`` and the demo, with the dashboard's files and ``py.typed`` inside.
+``python -m mscheduler``, the demo and ``mscheduler dev`` with an app of the user's (whose
+dashboard, REST API and handlers answer on 127.0.0.1), with the dashboard's files, ``py.typed``
+and the pytest plugin's entry point inside.
 
 Offline on purpose: the fresh venv gets the package with ``--no-deps`` and sees this venv's
 site-packages for the dependencies (a ``.pth`` line after its own), so no registry is asked; the
@@ -9,15 +11,31 @@ test checks that ``mscheduler`` itself is imported from the fresh venv, never fr
 
 from __future__ import annotations
 
+import re
+import signal
 import subprocess
 import sys
 import sysconfig
+import time
 import venv
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.acceptance.support import REPO, environment
+
+USER_APP = """
+from mscheduler import App
+
+app = App("mine")
+
+
+@app.handler("greet")
+def greet(params):
+    return "hello " + params["who"]
+"""
+TOKEN = "package-test-token-0123456789"
 
 pytestmark = pytest.mark.skipif(
     subprocess.run([sys.executable, "-c", "import build"], capture_output=True).returncode != 0,
@@ -105,7 +123,53 @@ def test_the_built_package_installs_and_runs(dist: Path, tmp_path: Path, kind: s
     helped = _run([str(python), "-m", "mscheduler", "--help"], elsewhere)
     assert helped.returncode == 0 and "worker" in helped.stdout and "tasks" in helped.stdout, helped
 
+    plugin = _run(
+        [str(python), "-c", "from importlib.metadata import entry_points as e; print(e(group='pytest11'))"],
+        elsewhere,
+    )
+    assert "mscheduler.testing.pytest_plugin" in plugin.stdout, plugin
+
     if kind == "wheel":  # the demo once is enough (it takes a few seconds)
         demo = _run([str(script), "demo"], elsewhere)
         assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
         assert "demo OK: 53 tasks" in demo.stdout, demo.stdout[-2000:]
+    _dev_serves_the_app(script, elsewhere)
+
+
+def _dev_serves_the_app(script: Path, cwd: Path) -> None:
+    """``mscheduler dev`` from the installed package: a user's app, its API and the dashboard."""
+    (cwd / "myapp.py").write_text(USER_APP)
+    env = environment()
+    env.pop("PYTHONPATH", None)
+    dev = subprocess.Popen(
+        [str(script), "dev", "myapp:app", "--port", "0", "--token", TOKEN],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        lines = []
+        assert dev.stdout is not None
+        for line in dev.stdout:  # until the banner's last line (or the process ends)
+            lines.append(line)
+            if line.startswith("Ctrl+C to stop"):
+                break
+        found = re.search(r"REST API +(http://127\.0\.0\.1:\d+)/api/v1", "".join(lines))
+        assert found, "".join(lines)
+        url, auth = found.group(1), {"Authorization": f"Bearer {TOKEN}"}
+        page = httpx.get(f"{url}/ui/")
+        assert page.status_code == 200 and "<script" in page.text, page.text[:300]
+        assert httpx.get(f"{url}/ui/js/main.js").status_code == 200
+        task = {"key": "g-1", "name": "greet", "params": {"who": "package"}}
+        assert httpx.post(f"{url}/api/v1/tasks", json=task, headers=auth).status_code == 201
+        deadline = time.monotonic() + 30
+        while (info := httpx.get(f"{url}/api/v1/tasks/g-1", headers=auth).json())["status"] != "succeeded":
+            assert time.monotonic() < deadline, info
+            time.sleep(0.05)
+        assert info["worker_states"][0]["result"] == "hello package"
+    finally:
+        dev.send_signal(signal.SIGINT)
+        rest, _ = dev.communicate(timeout=20)
+    assert dev.returncode == 0, rest

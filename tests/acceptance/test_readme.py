@@ -31,8 +31,34 @@ def test_quick_start_runs_and_prints_what_the_readme_says() -> None:
         timeout=30,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["True False", "{'sent_to': 'ada@example.com', 'attempt': 1}"]
-    assert "`True False` and `{'sent_to': 'ada@example.com', 'attempt': 1}`" in README
+    assert done.stdout.splitlines() == [
+        "True False",
+        "{'sent_to': 'ada@example.com', 'attempt': 1}",
+        "invoice-42.pdf",
+    ]
+    assert "`True False`, `{'sent_to': 'ada@example.com', 'attempt': 1}` and\n`invoice-42.pdf`" in README
+
+
+def test_the_quick_start_tests_its_app_with_the_testing_kit(tmp_path: Path) -> None:
+    """The quick start saved as shop.py, then its testing-kit block, next to it."""
+    (tmp_path / "shop.py").write_text(_python_blocks()[0])
+    block = _block_with("scheduler_kit(app)")
+    assert "from shop import app, render_pdf" in block
+    done = subprocess.run(
+        [sys.executable, "-c", block],
+        cwd=tmp_path,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_quick_start_ends_with_mscheduler_dev() -> None:
+    quick = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    shell = re.findall(r"```sh\n(.*?)```", quick, flags=re.DOTALL)
+    assert shell and shell[-1].startswith("mscheduler dev shop:app")
 
 
 def test_task_option_defaults_in_the_table_match_the_code() -> None:

@@ -13,7 +13,7 @@ from mscheduler.domain.model import Child, OptionChange, Task, TaskOption
 from mscheduler.drivers.base import MarkParams, NewTask, OpenParentsParams, SyncParentsParams
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.drivers.mongo.driver import MongoDriver
-from mscheduler.services.children import expand
+from mscheduler.publishing import expand
 from tests.conformance.support import Store
 
 FAST = TaskOption(retry_delay=timedelta(0), max_unexpected_retries=0)

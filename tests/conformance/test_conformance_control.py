@@ -108,16 +108,21 @@ async def test_operation_by_status(store: Store, status: str, operation: str) ->
         expected_stop = {"action": "cancel", "time": store.now, "attempts": running} if running else None
         assert state.get("stop") == expected_stop
     elif operation == "pause_stop":
-        # one write: paused, the running attempt released (not counted), told to stop
+        # one write: paused, the running attempt told to stop; it keeps its entry (and slot) until
+        # its worker settles it released (not counted) once its handler stopped
         assert state["paused"] is True
-        assert state["status"] == "pending" and state["claim_at"] is None and state["claimers"] == []
-        assert state["fail_cnt"] == before["state"]["fail_cnt"] and state["running_cnt"] == 0
+        assert state["status"] == status and state["claim_at"] is None and state["claimers"] == []
+        assert state["worker_states"] == before_entries
+        expected_stop = {"action": "pause", "time": store.now, "attempts": running} if running else None
+        assert state.get("stop") == expected_stop
+        for attempt in running:
+            assert await store.finish("t", "w1", attempt, "released", error=paused_error())
+        state = await store.state("t")
+        assert state["status"] == "pending" and state["fail_cnt"] == before["state"]["fail_cnt"]
         assert [e["status"] for e in state["worker_states"]] == ["released"] * len(running)
         for entry in state["worker_states"]:
             assert entry["end_time"] == store.now
             assert entry["error"] == paused_error()
-        expected_stop = {"action": "pause", "time": store.now, "attempts": running} if running else None
-        assert state.get("stop") == expected_stop
         resumed = await ops.resume("t")
         assert resumed.status is TaskStatus.PENDING and resumed.fail_cnt == 0
         assert (await store.state("t")).get("stop") is None
@@ -238,17 +243,24 @@ async def test_pause_stop_fences_the_running_attempt_and_keeps_the_budget(store:
     claimed = await store.claim_one("w1")
     assert claimed is not None
     info = await ops.pause("t", stop_running=True)
-    assert info.status is TaskStatus.PENDING and info.paused
-    assert [w.status for w in info.worker_states] == [AttemptStatus.RELEASED]
+    # told to stop; the attempt keeps its entry (and slot) until it is settled
+    assert info.status is TaskStatus.RUNNING and info.paused
+    assert [w.status for w in info.worker_states] == [AttemptStatus.RUNNING]
     result = await store.ping("w1", {"t": claimed.attempt})
     assert result.paused == ["t"] and not result.lost and not result.alive and not result.cancelled
-    assert not await store.done(claimed, "w1")  # its late finish is refused
     assert await store.claim_one("w2") is None  # paused
+    await ops.resume("t")  # before the worker settled it: its running attempt still holds the slot
+    assert await store.claim_one("w2") is None  # never twice at once
+    await ops.pause("t", stop_running=True)
+    assert not await store.done(claimed, "w1")  # its late outcome is refused; the attempt settles
+    entries = await store.entries("t")
+    assert [e["status"] for e in entries] == ["released"] and entries[0]["error"] == paused_error()
     await ops.resume("t")
     again = await store.claim_one("w2")
     assert again is not None and again.fail_cnt == 0
-    # stopped by a pause again: still within a budget of no failures at all
+    # stopped by a pause again, settled by its worker: still within a budget of no failures at all
     await ops.pause("t", stop_running=True)
+    assert await store.finish("t", "w2", again.attempt, "released", error=paused_error())
     await ops.resume("t")
     third = await store.claim_one("w1")
     assert third is not None and third.fail_cnt == 0
@@ -288,11 +300,22 @@ class Linearized:
             doc = await self.inner.get_task(params.key)
             after = await self.inner.control_task(params)
         before = doc["state"]["status"] if doc is not None else None
+        # a restart also waits for every attempt holding a live lease (never twice at once)
+        if doc is not None and params.action == "restart" and _live(doc, params.now):
+            before = "live attempt"
         self.log.append((WHO.get(), params.action, tuple(params.statuses), before, after is not None))
         return after
 
 
-AFTER = {"cancel": "cancelled", "pause": "pending", "restart": "pending", "remove": None}
+def _live(doc: dict[str, Any], now: Any) -> bool:
+    """An attempt of the task holds a live lease at ``now``."""
+    entries = doc["state"]["worker_states"]
+    return any(e["status"] == "running" and e["ping_expire_time"] > now for e in entries)
+
+
+# the status after each action ("pause" stops the running attempt, which keeps its slot, and its
+# status, until its worker settles it)
+AFTER = {"cancel": "cancelled", "pause": "running", "restart": "pending", "remove": None}
 RACERS: dict[str, Callable[[Operations], Awaitable[Any]]] = {
     "cancel": lambda ops: ops.cancel("t", "first"),
     "cancel again": lambda ops: ops.cancel("t", "second"),

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from mscheduler.domain.events import EventKind, attempt_event_id, event_doc, task_event
+from mscheduler.domain.events import EventKind, EventWriter, attempt_event_id, event_doc, task_event
 from mscheduler.domain.plans import occurrence_key
 from mscheduler.drivers.base import (
     ChangeStreamUnsupported,
@@ -24,6 +24,8 @@ from mscheduler.drivers.base import (
 )
 from mscheduler.drivers.memory.driver import MemoryDriver
 from tests.conformance.support import Store
+
+WRITER = EventWriter("test")
 
 
 @pytest.fixture
@@ -50,6 +52,7 @@ def an_event(
         key,
         "job",
         store.now,
+        writer=WRITER,
         event_id=attempt_event_id(key, attempt, kind),
         worker_id="w1",
         attempt=1,
@@ -149,6 +152,7 @@ async def test_the_worker_s_own_lease_lost_event_and_the_pass_s_are_one(events: 
         "t",
         "job",
         events.now,
+        writer=WRITER,
         event_id=attempt_event_id("t", claimed.attempt, EventKind.LEASE_LOST),
         worker_id="w1",
         attempt=1,
@@ -237,7 +241,7 @@ async def test_the_memory_driver_keeps_the_newest_events_up_to_its_cap() -> None
     for i in range(5):
         await driver.insert_events(
             InsertEventsParams(
-                [task_event(EventKind.SENT, f"k{i}", "job", driver.clock.now())], driver.clock.now()
+                [task_event(WRITER, EventKind.SENT, f"k{i}", "job", driver.clock.now())], driver.clock.now()
             )
         )
     assert [d["key"] for d in await driver.list_events(EventQuery())] == ["k2", "k3", "k4"]

@@ -347,9 +347,9 @@ async def test_a_plain_task_set_succeeded_by_hand_is_waited_for(harness: Harness
 
 
 async def test_send_many_keeps_each_family_in_one_insert(harness: Harness, monkeypatch: Any) -> None:
-    import mscheduler.runtime.publisher as publisher_module
+    import mscheduler.publishing as publishing
 
-    monkeypatch.setattr(publisher_module, "SEND_MANY_BATCH", 4)
+    monkeypatch.setattr(publishing, "SEND_MANY_BATCH", 4)
     inserts: list[list[str]] = []
     insert = harness.driver.insert_tasks
 

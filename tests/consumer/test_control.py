@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from mscheduler import (
+    AttemptStatus,
     Operations,
     Task,
     TaskCancelled,
@@ -55,16 +56,21 @@ async def test_cancel_reaches_the_handler_at_its_next_ping(harness: Harness) -> 
     await harness.recorder.wait("cancelled", 1)
     await harness.recorder.wait("finished", 1)
     assert cancelled == ["w1"]
-    assert harness.finished()[0][1]["outcome"] == "lost"  # nothing written for it
+    # the handler stopped: the consumer settled its attempt, fenced, within the ping interval
+    assert harness.finished()[0][1]["outcome"] == "cancelled"
     info = await harness.get("t")
-    assert info.status is TaskStatus.CANCELLED and info.running_cnt == 1  # until its lease ends
+    assert info.status is TaskStatus.CANCELLED and info.running_cnt == 0 and info.fail_cnt == 0
+    assert [w.status for w in info.worker_states] == [AttemptStatus.CANCELLED]
+    assert info.worker_states[0].error is not None and info.worker_states[0].error.type == "Cancelled"
     with pytest.raises(TaskCancelled, match="operator said so"):
         await harness.publisher.wait("t", timeout=1)
-    await harness.advance(30.0)  # the lease ends: the entry is lost, the task stays cancelled
+    await harness.advance(30.0)  # past the old lease's end: nothing changes any more
     await harness.discover()
     info = await harness.get("t")
-    assert info.status is TaskStatus.CANCELLED and info.running_cnt == 0
+    assert info.status is TaskStatus.CANCELLED and info.fail_cnt == 0
+    assert [w.status for w in info.worker_states] == [AttemptStatus.CANCELLED]  # never lost
     assert harness.claims("t") == ["w1"]
+    assert harness.consumers[0].stats["lost"] == 0 and harness.consumers[0].stats["cancelled"] == 1
 
 
 async def test_finish_first_wins_over_cancel(harness: Harness) -> None:
@@ -115,3 +121,50 @@ async def test_pause_stops_claims_and_resume_restores_them(harness: Harness) -> 
     await harness.recorder.wait("finished", 1)
     assert harness.claims("t") == ["w1"]
     assert await harness.publisher.wait("t", timeout=1) == "done"
+
+
+async def test_a_restart_never_runs_the_task_beside_a_cancelled_handler_still_running(
+    harness: Harness,
+) -> None:
+    """Issue 17 A2: without a change stream the cancel reaches the handler at its next ping; a
+    restart until then is refused, naming the attempt that still runs. Once the handler stopped
+    and its attempt is settled (by its consumer, within the ping interval), the restart runs the
+    task again: one handler at a time, across generations."""
+    gate = Gate()
+    active: list[str] = []
+    peak = 0
+
+    async def work(params: Any, ctx: TaskContext) -> str:
+        nonlocal peak
+        active.append(ctx.worker_id)
+        peak = max(peak, len(active))
+        try:
+            await gate.wait()
+        finally:
+            active.remove(ctx.worker_id)
+        return ctx.worker_id
+
+    w1 = harness.consumer("w1", {"work": work}, driver=NoStreamDriver(harness.new_driver()))
+    w2 = harness.consumer("w2", {"work": work}, driver=NoStreamDriver(harness.new_driver()))
+    await harness.start(w1)
+    assert await harness.publisher.send(Task("t", "work", {}, option=OPTION))
+    await harness.discover()
+    await harness.recorder.wait("claimed", 1)
+    ops = Operations(harness.driver, clock=harness.clock)
+    await ops.cancel("t")
+    attempt = (await harness.get("t")).worker_states[0].attempt
+    with pytest.raises(TransitionRefused, match=f"{attempt}.*live lease"):
+        await ops.restart("t")
+    await harness.start(w2)
+    await harness.discover()
+    assert harness.claims("t") == ["w1"] and active == ["w1"]
+    await harness.advance(2.0)  # w1's next ping: cancelled; the handler stops, its attempt settles
+    await harness.recorder.wait("finished", 1)
+    assert active == [] and harness.finished()[0][1]["outcome"] == "cancelled"
+    assert (await ops.restart("t")).status is TaskStatus.PENDING
+    gate.open()
+    await harness.discover()
+    await harness.recorder.wait("finished", 2)
+    assert peak == 1
+    info = await harness.get("t")
+    assert info.status is TaskStatus.SUCCEEDED and info.results == [harness.claims("t")[1]]

@@ -305,3 +305,67 @@ def test_the_documented_events_example_runs_and_prints_what_it_says() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["['sent', 'claimed', 'succeeded'] True"]
     assert "prints `['sent', 'claimed', 'succeeded'] True`" in page
+
+
+async def test_operator_events_in_one_millisecond_are_all_kept_in_the_order_written(
+    harness: Harness,
+) -> None:
+    """Issue 17 A3: five pause / resume pairs in one millisecond (the clock does not move) are ten
+    events with ten ids, listed in the order they were written (not alphabetically)."""
+    events_on(harness)
+    ops = Operations(harness.driver, clock=harness.clock)
+    await harness.publisher.send(Task("t", "job", {}))
+    for _ in range(5):
+        await ops.pause("t")
+        await ops.resume("t")
+    listed = await Events(harness.driver, clock=harness.clock).list(keys="t")
+    assert [e.kind.value for e in listed] == ["sent"] + ["paused", "resumed"] * 5
+    assert len({e.id for e in listed}) == 11
+    assert {e.time for e in listed} == {harness.clock.now()}
+    mine = [e.seq for e in listed if e.writer == listed[1].writer]
+    assert mine == sorted(mine) and len(set(mine)) == len(mine)  # the writer's own sequence
+
+
+async def test_a_task_s_story_across_writers_and_generations_in_one_millisecond(harness: Harness) -> None:
+    """Issue 17 A3: a publisher's send, a consumer's claims and outcomes and an operator's restart,
+    all in one millisecond, are listed in the order the writes happened: the restart after the
+    first generation's failure, the second generation's claim after the restart."""
+    events_on(harness)
+    consumer = harness.consumer("w1", {"job": flaky(1)})
+    await harness.start(consumer)
+    await harness.publisher.send(Task("t", "job", {}, option=TaskOption(max_unexpected_retries=0)))
+    await harness.discover()
+    await harness.recorder.wait("finished", 1)
+    await consumer.events.flush()  # type: ignore[union-attr]
+    await Operations(harness.driver, clock=harness.clock).restart("t")
+    await harness.discover()
+    await harness.recorder.wait("finished", 2)
+    await consumer.stop()
+    story = await history(harness, "t")
+    assert story == [
+        ("sent", None, None),
+        ("claimed", "w1", 1),
+        ("failed", "w1", 1),
+        ("restarted", None, None),
+        ("claimed", "w1", 1),
+        ("succeeded", "w1", 1),
+    ]
+    listed = await Events(harness.driver, clock=harness.clock).list(keys="t")
+    assert {e.time for e in listed} == {harness.clock.now()}  # all in one millisecond
+
+
+async def test_a_subscription_since_now_sees_an_event_written_in_the_same_millisecond(
+    harness: Harness,
+) -> None:
+    """Issue 17 A3: ``since`` keeps microseconds, stored times do not: an event written right after
+    ``subscribe(since=now)``, in the same millisecond, is not missed."""
+    events_on(harness)
+    subscriber = Events(harness.driver, clock=harness.clock, poll_interval=0.5)
+    since = harness.clock.now() + timedelta(microseconds=700)  # later in the same millisecond
+    seen: list[Event] = []
+    source = subscriber.subscribe(keys="t", since=since)
+    await harness.publisher.send(Task("t", "job", {}))  # after the call, at the clock's millisecond
+    follow = asyncio.ensure_future(collect(source, seen))
+    await wait_for(seen, 1, harness, 0.5)
+    follow.cancel()
+    assert [e.kind.value for e in seen] == ["sent"]

@@ -141,10 +141,6 @@ async def _handler(params: Any) -> None:
     return None
 
 
-def _sync_handler(params: Any) -> None:
-    return None
-
-
 @pytest.mark.parametrize(
     "build",
     [
@@ -155,8 +151,10 @@ def _sync_handler(params: Any) -> None:
         pytest.param(lambda d: Consumer(d, claim_lease=timedelta(0)), id="claim-lease-0"),
         pytest.param(lambda d: Consumer(d, worker_id="$where"), id="worker-id-operator"),
         pytest.param(lambda d: Consumer(d).register("bad name!", _handler), id="bad-task-name"),
-        pytest.param(lambda d: Consumer(d).register("sync", _sync_handler), id="sync-handler"),
-        pytest.param(lambda d: Consumer(d).register("lam", lambda p: None), id="lambda-handler"),
+        pytest.param(lambda d: Consumer(d).register("job", 42), id="not-a-callable"),
+        pytest.param(
+            lambda d: Consumer(d).register("lam", lambda p: None, run_in="process"), id="lambda-in-a-process"
+        ),
         pytest.param(lambda d: _twice(Consumer(d)), id="same-name-twice"),
     ],
 )

@@ -87,8 +87,9 @@ async def test_cancel_reaches_the_handler_through_the_stream_without_a_ping(harn
     await harness.recorder.wait("finished", 1)
     assert seen == ["start:w1:None", "cancelled:w1"]
     assert harness.recorder.counts["ping"] == pings  # it did not wait for (or need) a ping
-    assert harness.finished()[0][1]["outcome"] == "lost"  # nothing written: the task is cancelled
-    assert (await harness.get("t")).status is TaskStatus.CANCELLED
+    assert harness.finished()[0][1]["outcome"] == "cancelled"  # settled at once, fenced
+    info = await harness.get("t")
+    assert info.status is TaskStatus.CANCELLED and info.running_cnt == 0 and info.fail_cnt == 0
 
 
 async def test_without_a_stream_the_cancel_arrives_with_the_next_ping(harness: Harness) -> None:
@@ -114,7 +115,8 @@ async def test_pause_stop_releases_the_attempt_and_resume_runs_it_again(
     w1 = harness.consumers[0]
     with caplog.at_level(logging.INFO, logger="mscheduler.consumer"):
         info = await ops.pause("t", stop_running=True)
-        assert info.status is TaskStatus.PENDING and info.paused
+        # told to stop: the attempt holds its slot until its consumer settles it
+        assert info.status is TaskStatus.RUNNING and info.paused
         if not stream:
             await settle()
             assert seen == ["start:w1:None"]

@@ -10,11 +10,22 @@ from typing import Any
 
 import pytest
 
-from mscheduler import Fail, Retry, Snooze, Task, TaskContext, TaskExpired, TaskOption, TaskStatus
+from mscheduler import (
+    Fail,
+    InvalidInput,
+    Retry,
+    Snooze,
+    Task,
+    TaskContext,
+    TaskExpired,
+    TaskOption,
+    TaskStatus,
+    UnknownTask,
+)
 from mscheduler.domain.model import AttemptStatus
 from mscheduler.domain.retry import ExponentialRetry, FixedRetry, Jitter
 from mscheduler.drivers.base import ClaimParams, ExpireParams
-from tests.consumer.support import Harness
+from tests.consumer.support import Harness, NoStreamDriver
 
 
 async def _run_attempts(harness: Harness, n: int, step: float = 1.0, limit: int = 200) -> None:
@@ -113,18 +124,20 @@ async def test_a_run_timeout_cancels_the_attempt_and_the_policy_retries_it(harne
     consumer = harness.consumer("w1", {"slow": slow})
     await harness.start(consumer)
     option = TaskOption(
-        run_timeout=timedelta(milliseconds=200),
+        run_timeout=timedelta(seconds=20),
         retry_delay=timedelta(seconds=1),
         ping_interval=timedelta(seconds=1),
         worker_timeout=timedelta(seconds=5),
     )
     await harness.publisher.send(Task("t", "slow", {}, option=option))
     await harness.discover()
-    for _ in range(100):  # asyncio.timeout runs on the loop's clock: let real time pass a little
-        if harness.recorder.counts["finished"]:
-            break
-        await asyncio.sleep(0.01)
-    await harness.recorder.wait("finished", 1)
+    await harness.recorder.wait("claimed", 1)
+    for _ in range(19):  # pings keep the lease; 19 s of the consumer's clock, a blink of real time
+        await harness.advance(1.0)
+    assert not harness.recorder.counts["finished"]
+    await harness.advance(1.0)
+    # issue 17 B6: at the run timeout on the consumer's (fake) clock, not after real seconds
+    await harness.recorder.wait("finished", 1, timeout=2)
     info = await harness.get("t")
     first = info.worker_states[0]
     assert first.status is AttemptStatus.FAILED and first.error is not None
@@ -196,3 +209,79 @@ async def test_a_lost_lease_waits_the_policys_delay(harness: Harness) -> None:
     (entry,) = info.worker_states
     assert entry.status is AttemptStatus.LOST and entry.retry_at == later + timedelta(seconds=42)
     assert info.claim_at == later + timedelta(seconds=42)
+
+
+async def test_a_deadline_is_marked_expired_at_the_deadline_not_at_the_next_poll(harness: Harness) -> None:
+    """Issue 17 B7: the consumer queues a known task's deadline like any due time and runs the
+    deadline pass then, not at its next poll (30 s here), so ``wait()`` learns it at once."""
+    gate = asyncio.Event()
+
+    async def busy(params: Any) -> None:
+        await gate.wait()
+
+    consumer = harness.consumer("w1", {"work": busy}, poll_interval=30.0, stream_poll_interval=30.0)
+    await harness.start(consumer)
+    await harness.publisher.send(Task("long", "work", {}))
+    await harness.discover()
+    await harness.recorder.wait("claimed", 1)  # its only slot is taken: "late" waits
+    option = TaskOption(deadline=harness.clock.now() + timedelta(seconds=1))
+    await harness.publisher.send(Task("late", "work", {}, option=option))
+    await harness.discover()  # a poll (or, with a change stream, the insert's event) tells of it
+    await harness.advance(0.5)
+    assert (await harness.get("late")).status is TaskStatus.PENDING
+    await harness.advance(0.5)  # the deadline; the next poll is 29 s away
+    assert (await harness.get("late")).status is TaskStatus.EXPIRED
+    with pytest.raises(TaskExpired):
+        await harness.publisher.wait("late", timeout=0)
+    gate.set()
+
+
+async def test_a_task_sent_with_run_at_after_its_deadline_is_refused(harness: Harness) -> None:
+    """Issue 17 B7: it could never start; refused at send naming both fields, nothing written."""
+    now = harness.clock.now()
+    with pytest.raises(InvalidInput, match=r"run_at .* is after deadline"):
+        TaskOption(run_at=now + timedelta(seconds=10), deadline=now + timedelta(seconds=5))
+    with pytest.raises(InvalidInput, match=r"run_at.*deadline"):
+        await harness.publisher.send(
+            Task("never", "work", {}, option={"run_at": now + timedelta(hours=1), "deadline": now})
+        )
+    with pytest.raises(UnknownTask):
+        await harness.get("never")
+    ok = TaskOption(run_at=now + timedelta(seconds=5), deadline=now + timedelta(seconds=5))
+    assert await harness.publisher.send(Task("just-in-time", "work", {}, option=ok))
+
+
+async def test_a_consumer_wakes_for_the_retry_and_snooze_times_it_wrote(harness: Harness) -> None:
+    """Issue 17 B8: without a change stream (a standalone server, mongomock) a retry due in 5 s
+    and a snooze due in 3 s run then, not at the next poll (30 s here): the consumer queued the
+    due times it wrote itself."""
+    calls: dict[str, int] = {}
+
+    async def work(params: Any, ctx: TaskContext) -> str:
+        calls[ctx.key] = calls.get(ctx.key, 0) + 1
+        if calls[ctx.key] == 1:
+            if ctx.key == "snoozy":
+                raise Snooze(3)
+            raise RuntimeError("once")
+        return "ok"
+
+    consumer = harness.consumer(
+        "w1",
+        {"work": work},
+        driver=NoStreamDriver(harness.new_driver()),
+        poll_interval=30.0,
+        concurrency=2,
+    )
+    await harness.start(consumer)
+    option = TaskOption(retry_delay=timedelta(seconds=5))
+    await harness.publisher.send_many([Task("retry", "work", {}, option=option), Task("snoozy", "work", {})])
+    await harness.discover()
+    await harness.recorder.wait("finished", 2)
+    await harness.advance(3.0)
+    await harness.recorder.wait("finished", 3, timeout=2)
+    assert calls == {"retry": 1, "snoozy": 2}
+    await harness.advance(2.0)
+    await harness.recorder.wait("finished", 4, timeout=2)
+    assert calls == {"retry": 2, "snoozy": 2}
+    for key in ("retry", "snoozy"):
+        assert (await harness.get(key)).status is TaskStatus.SUCCEEDED

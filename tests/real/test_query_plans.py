@@ -31,7 +31,16 @@ from mscheduler import FakeClock, MongoDriver, Publisher, Task, TaskOption
 from mscheduler.domain.listing import ListParams, encode_cursor, list_params
 from mscheduler.domain.model import TaskInfo
 from mscheduler.domain.state import TERMINAL, claimer_tokens
-from mscheduler.drivers.base import ClaimParams, ExpireParams, FinishParams, PingParams, WakeupParams
+from mscheduler.drivers.base import (
+    ClaimParams,
+    ControlParams,
+    ExpireParams,
+    FinishParams,
+    InsertParams,
+    NewTask,
+    PingParams,
+    WakeupParams,
+)
 from mscheduler.drivers.mongo.common import (
     ATTEMPTS_INDEX,
     FINISHED_INDEX,
@@ -41,9 +50,11 @@ from mscheduler.drivers.mongo.common import (
 )
 from mscheduler.drivers.mongo.driver import (
     ALL_STATUSES,
+    ATTEMPT_INDEX,
     CLAIM_INDEX,
     CREATED_INDEX,
     KEY_INDEX,
+    LEASES_HISTORY_INDEX,
     LEASES_INDEX,
     NAME_INDEX,
     STATUS_INDEX,
@@ -214,6 +225,12 @@ class Backlog:
         self, name: str, operation: Callable[[MongoDriver], Awaitable[Any]]
     ) -> dict[str, Any]:
         """Run ``operation`` on the scratch driver; the last ``name`` command it sent."""
+        return (await self.commands_of(name, operation))[-1]
+
+    async def commands_of(
+        self, name: str, operation: Callable[[MongoDriver], Awaitable[Any]]
+    ) -> list[dict[str, Any]]:
+        """Run ``operation`` on the scratch driver; every ``name`` command it sent, in order."""
         self.recorder.collection = self.scratch.tasks.name
         self.recorder.commands.clear()
         try:
@@ -224,7 +241,7 @@ class Backlog:
         assert sent, (
             f"the operation sent no {name!r} command: {[next(iter(c)) for c in self.recorder.commands]}"
         )
-        return sent[-1]
+        return sent
 
     async def explain(self, command: Mapping[str, Any]) -> Plan:
         """``command`` as the driver sent it, run against the backlog, with executionStats."""
@@ -416,10 +433,17 @@ async def test_the_wakeup_query_merges_index_ranges_and_stops_at_its_limit(backl
     assert plan.returned == limit, plan.summary()
 
 
+def _hinted(commands: Sequence[Mapping[str, Any]], index: str) -> dict[str, Any]:
+    """The one update command among ``commands`` whose update names ``index``."""
+    (command,) = [c for c in commands if c["updates"][0].get("hint") == index]
+    return dict(command)
+
+
 async def test_lease_expiry_reads_only_the_expired_entries(backlog: Backlog) -> None:
     """A2: expire_leases is one update on the leases index, bounded on both the status and the
     expiry time: the live leases, the finished entries and the pending tasks are not read."""
-    command = await backlog.command_of("update", lambda d: d.expire_leases(ExpireParams(NOW)))
+    commands = await backlog.commands_of("update", lambda d: d.expire_leases(ExpireParams(NOW)))
+    command = _hinted(commands, LEASES_INDEX)
     (update,) = command["updates"]
     assert update.get("hint") == LEASES_INDEX and update.get("multi") is True
     plan = await backlog.explain(command)
@@ -434,9 +458,74 @@ async def test_lease_expiry_reads_only_the_expired_entries(backlog: Backlog) -> 
 
     # before any lease ends: nothing is read at all
     early = T0 + timedelta(seconds=1)
-    command = await backlog.command_of("update", lambda d: d.expire_leases(ExpireParams(early)))
-    plan = await backlog.explain(command)
+    commands = await backlog.commands_of("update", lambda d: d.expire_leases(ExpireParams(early)))
+    plan = await backlog.explain(_hinted(commands, LEASES_INDEX))
     assert_plan(plan, LEASES_INDEX, max_keys=2, max_docs=0, what="expire_leases before any lease ends")
+
+
+async def test_lease_expiry_of_earlier_generations_reads_only_their_running_entries(
+    backlog: Backlog,
+) -> None:
+    """Issue 17 A2: the lease pass's second update settles running entries left in
+    ``state.history`` (by an earlier build's restart) through the partial index
+    ``leases_history``, which holds only the documents with one: none in the backlog, so it
+    reads nothing; one such document, and it reads that one."""
+    commands = await backlog.commands_of("update", lambda d: d.expire_leases(ExpireParams(NOW)))
+    command = _hinted(commands, LEASES_HISTORY_INDEX)
+    assert command["updates"][0].get("multi") is True
+    plan = await backlog.explain(command)
+    assert_plan(plan, LEASES_HISTORY_INDEX, max_keys=1, max_docs=0, what="expire history leases (none)")
+
+    # what an earlier build's restart left: a running entry (its lease ended) in the history
+    await Publisher(backlog.driver, clock=FakeClock(T0)).send(
+        Task(
+            "legacy-0000",
+            "legacy",
+            option=TaskOption(ping_interval=timedelta(seconds=1), worker_timeout=timedelta(seconds=2)),
+        )
+    )
+    assert len(await claim_all(backlog.driver, DEAD, ["legacy"], T0)) == 1
+    moved = {"generation": 0, "restart_time": T0, "worker_states": "$state.worker_states"}
+    await backlog.driver.tasks.update_one(
+        {"key": "legacy-0000"},
+        [{"$set": {"state.history": [moved], "state.generation": 1}}, {"$set": {"state.worker_states": []}}],
+    )
+    plan = await backlog.explain(command)
+    assert_plan(plan, LEASES_HISTORY_INDEX, max_keys=3, max_docs=1, what="expire history leases (one)")
+
+
+def assert_one_task(plan: Plan, indexes: set[str], what: str) -> None:
+    """A write of one task found by its key (or its attempt token): no scan, one document."""
+    assert "COLLSCAN" not in plan.stages, f"{what}: a collection scan: {plan.summary()}"
+    assert plan.indexes and plan.indexes <= indexes, f"{what}: indexes {plan.summary()}"
+    assert plan.keys <= 2 and plan.docs <= 1, f"{what}: read too much: {plan.summary()}"
+
+
+async def test_a_finish_and_its_settlements_read_one_task(backlog: Backlog) -> None:
+    """Issue 17 A1: a finish is one update of one task (the key index, or the attempt index),
+    whichever outcome it writes: the filter now also says which outcomes a cancel or a stopping
+    pause lets through (``state.cancelled``, ``state.stop.attempts``)."""
+    key, attempt = sorted(backlog.running.items())[0]
+    for outcome in ("succeeded", "released", "cancelled"):
+        params = FinishParams(key, WORKER, attempt, NOW, outcome)
+        command = await backlog.command_of("update", lambda d, p=params: d.finish([p]))
+        plan = await backlog.explain(command)
+        assert_one_task(plan, {KEY_INDEX, ATTEMPT_INDEX}, f"finish {outcome}")
+
+
+async def test_a_restart_and_a_reset_read_one_task(backlog: Backlog) -> None:
+    """Issue 17 A2: a restart (findAndModify) and a reset of a finished task (update) find their
+    task by key, with the "no attempt holds a live lease" condition checked on that document."""
+    restart = ControlParams("dead-0000", "restart", ("failed", "cancelled", "expired"), NOW)
+    command = await backlog.command_of("findAndModify", lambda d: d.control_task(restart))
+    assert "$nor" in command["query"]
+    assert_one_task(await backlog.explain(command), {KEY_INDEX}, "restart")
+
+    task = NewTask("done-ok-0000", "alpha", None, TaskOption().to_storage(NOW))
+    reset = InsertParams([task], NOW, reset_finished=True)
+    command = await backlog.command_of("update", lambda d: d.insert_tasks(reset))
+    assert "$nor" in command["updates"][0]["q"]
+    assert_one_task(await backlog.explain(command), {KEY_INDEX}, "reset")
 
 
 async def test_the_ping_reads_only_the_pinged_tasks(backlog: Backlog) -> None:
@@ -664,3 +753,52 @@ async def test_stats_read_live_keys_and_only_the_finished_documents(backlog: Bac
     total = await backlog.count()
     assert finished < total // 10  # the backlog is mostly live tasks: a scan would show
     assert_plan(plan, FINISHED_INDEX, max_keys=finished + 2, max_docs=finished, what="stats window")
+
+
+# -- the event log (issue 17 A3) -------------------------------------------------------------------
+
+
+async def test_event_listings_read_one_range_in_index_order() -> None:
+    """A task's history (``events_task``: key, time, step, seq, _id) and a time range
+    (``events_order``: time, step, seq, _id) are read in the listing's order, the writers'
+    sequence included: no in-memory sort, about ``limit`` keys whatever the log holds."""
+    from mscheduler.domain.events import EventKind, EventWriter, task_event
+    from mscheduler.drivers.base import EventQuery, InsertEventsParams
+    from mscheduler.drivers.mongo.events import EVENTS_KEY_INDEX, EVENTS_TIME_INDEX
+
+    recorder = CommandRecorder()
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(REAL_URI, event_listeners=[recorder])
+    database = client[f"mscheduler_events_{uuid.uuid4().hex[:8]}"]
+    try:
+        driver = MongoDriver(database, events=True)
+        await driver.setup()
+        writer = EventWriter("explain")
+        docs = [
+            task_event(writer, kind, f"k{i:03}", "job", T0 + timedelta(milliseconds=j))
+            for i in range(300)
+            for j in range(5)
+            for kind in (EventKind.PAUSED, EventKind.RESUMED)  # two events of each millisecond
+        ]
+        assert await driver.insert_events(InsertEventsParams(docs, NOW)) == len(docs)
+        cases = [
+            (EventQuery(keys=["k007"], limit=100), EVENTS_KEY_INDEX, 10),
+            (EventQuery(time_from=T0 + timedelta(milliseconds=2), limit=50), EVENTS_TIME_INDEX, 50),
+        ]
+        for query, index, returned in cases:
+            recorder.collection = driver.events.name
+            recorder.commands.clear()
+            try:
+                listed = await driver.list_events(query)
+            finally:
+                recorder.collection = None
+            assert len(listed) == returned
+            command = [c for c in recorder.commands if next(iter(c)) == "find"][-1]
+            assert command.get("hint") == index
+            assert list(command["sort"]) == ["time", "step", "seq", "_id"]
+            explained = {k: v for k, v in command.items() if k not in GENERIC_ARGUMENTS}
+            reply = await database.command({"explain": explained, "verbosity": "executionStats"})
+            plan = read_plan(reply)
+            assert_plan(plan, index, max_keys=returned + 2, max_docs=returned, what=f"list_events {query}")
+    finally:
+        await client.drop_database(database.name)
+        await client.close()

@@ -198,7 +198,17 @@ async def test_each_catch_up_policy_after_a_three_day_outage(world: World, polic
         assert made == [occurrence_key("p", last_hour)]
         assert info.skipped_cnt == 71 and info.next_fire_time == last_hour + HOUR
     elif policy is CatchUp.RUN_ALL:
-        assert made == [occurrence_key("p", last_hour - k * HOUR) for k in range(9, -1, -1)]
+        # one run at a time (no overlap): the oldest kept occurrence now, the next ones as each
+        # run ends (issue 17 B5)
+        expected = [occurrence_key("p", last_hour - k * HOUR) for k in range(9, -1, -1)]
+        assert made == expected[:1] and info.skipped_cnt == 62
+        while len(made) < len(expected):
+            assert await world.work() == made[-1:]  # the run ends: the next one is made
+            world.advance(timedelta(seconds=10))
+            await world.plan_pass()
+            made = sorted(set(await world.keys_of("p")) - set(before))
+        assert made == expected
+        info = await world.ops.get_plan("p")
         assert info.skipped_cnt == 62
     else:  # after_completion: the stored occurrence runs late, the next counts from its end
         assert len(made) == 1 and info.state is PlanState.AWAITING_COMPLETION
@@ -284,6 +294,33 @@ async def test_no_overlap_waits_for_the_previous_run_then_catches_up(world: Worl
     world.advance(timedelta(minutes=30))
     await world.plan_pass()
     assert len(await world.keys_of("solo")) == 2
+
+
+async def test_run_all_catch_up_never_overlaps_unless_allowed(world: World) -> None:
+    """Issue 17 B5: ``run_all`` after an outage makes the missed occurrences one after another
+    (each when the previous run ended) — never two pending or running at once — and all at once
+    with ``allow_overlap=True``."""
+    await world.add("solo", hourly(catch_up=CatchUp.RUN_ALL))
+    await world.add("many", hourly(catch_up=CatchUp.RUN_ALL), allow_overlap=True)
+    world.advance(4 * HOUR + timedelta(minutes=30))  # four occurrences missed, no planner ran
+    await world.plan_pass()
+    assert len(await world.keys_of("many")) == 4
+    made: list[str] = []
+    for _ in range(20):
+        keys = await world.keys_of("solo")
+        open_runs = [
+            k for k in keys if (await world.driver.get_task(k) or {})["state"]["status"] == "pending"
+        ]
+        assert len(open_runs) <= 1, open_runs  # never two runs at once
+        made = keys
+        if len(keys) == 4 and not open_runs:
+            break
+        await world.work()  # the pending run (if any) runs and ends
+        world.advance(timedelta(seconds=10))
+        await world.plan_pass()
+    assert made == [occurrence_key("solo", START + k * HOUR) for k in range(1, 5)]
+    solo = await world.ops.get_plan("solo")
+    assert solo.runs_made == 4 and solo.skipped_cnt == 0
 
 
 async def test_planner_run_loops_on_the_clock_until_stopped(world: World) -> None:

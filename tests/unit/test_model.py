@@ -416,3 +416,15 @@ async def test_a_resent_key_reports_false_through_the_publisher(
     assert await publisher.send(Task("a", "job", {"v": 2})) is False
     info = await publisher.get("a")
     assert (info.params, info.status) == ({"v": 1}, TaskStatus.PENDING)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [{"name": "job"}, {"key": "k"}, {"key": "k", "name": "job", "children": [{"params": {}}]}],
+    ids=["no key", "no name", "a child without a name"],
+)
+def test_a_task_from_json_missing_a_field_is_refused_by_the_model(data: dict[str, Any]) -> None:
+    """An API body is validated by calling the model's own __init__: a missing field is the
+    model's refusal naming it, never a TypeError (a 500)."""
+    with pytest.raises(ValidationError, match="Field required"):
+        Task.model_validate(data)

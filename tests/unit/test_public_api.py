@@ -11,6 +11,10 @@ from pathlib import Path
 import mscheduler
 
 EXPECTED = [
+    "ApiError",
+    "ApiRefused",
+    "ApiUnreachable",
+    "App",
     "AtSchedule",
     "AttemptStatus",
     "CatchUp",
@@ -41,6 +45,7 @@ EXPECTED = [
     "MemoryDriver",
     "MongoDriver",
     "MonthlySchedule",
+    "NotAnApi",
     "Operations",
     "OptionChange",
     "PerDayRetry",
@@ -52,6 +57,7 @@ EXPECTED = [
     "Publisher",
     "Rate",
     "RemoteExecutors",
+    "RemoteOperations",
     "RemoteTask",
     "Retention",
     "RetentionService",
@@ -60,6 +66,7 @@ EXPECTED = [
     "Schedule",
     "Snooze",
     "StorageError",
+    "SyncTaskContext",
     "Task",
     "TaskCancelled",
     "TaskContext",

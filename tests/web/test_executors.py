@@ -4,6 +4,7 @@ consumer's lease, fencing, retry and targeting rules; long polls; the executor r
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import subprocess
 import sys
@@ -15,9 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
-from mscheduler import FakeClock, MemoryDriver, Operations, Task, TaskOption
+from mscheduler import FakeClock, MemoryDriver, Operations, OptionChange, Task, TaskOption
 from mscheduler.domain.retry import FixedRetry
 from mscheduler.drivers.base import EventQuery
+from mscheduler.remote.executors import RemoteExecutors
 from mscheduler.web import ApiTokens, create_app
 from tests.web.support import ADMIN, ADMIN_TOKEN, READ, READ_TOKEN, CountingDriver, publisher, tick
 
@@ -383,3 +385,163 @@ async def test_executor_attempts_are_in_the_event_log() -> None:
         ("ok", "claimed", "ex-1"),
         ("ok", "succeeded", "ex-1"),
     ]
+
+
+async def test_an_executor_told_to_stop_has_its_attempt_settled_at_the_answer(
+    http: httpx.AsyncClient, driver: CountingDriver, operations: Operations
+) -> None:
+    """Issue 17 A1: a ping answered ``cancelled`` / ``paused`` / ``revoked`` tells the executor to
+    stop and report nothing; the service settles the attempt there (fenced), so the task is not
+    held until the lease runs out, and a restart or a resume may follow at once."""
+    await publisher(driver).send_many([Task(k, "job") for k in ("t1", "t2", "t3")])
+    got = await lease(http, max_tasks=3)
+    attempts = {t["key"]: t["attempt"] for t in got["tasks"]}
+    assert sorted(attempts) == ["t1", "t2", "t3"]
+    await operations.cancel("t1", "not needed")
+    await operations.pause("t2", stop_running=True)
+    await operations.edit("t3", OptionChange(specific_worker_ids=("someone-else",)))
+    items = [{"key": k, "attempt": a} for k, a in sorted(attempts.items())]
+    answer = await http.post(PING, json={"worker_id": "ex-1", "tasks": items}, headers=EXEC)
+    assert [t["state"] for t in answer.json()["tasks"]] == ["cancelled", "paused", "revoked"]
+    t1, t2, t3 = [await operations.get_task(k) for k in ("t1", "t2", "t3")]
+    assert [w.status.value for w in t1.worker_states] == ["cancelled"] and t1.fail_cnt == 0
+    assert [w.status.value for w in t2.worker_states] == ["released"] and t2.status.value == "pending"
+    assert [w.status.value for w in t3.worker_states] == ["revoked"] and t3.running_cnt == 0
+    assert (await operations.restart("t1")).status.value == "pending"  # nothing runs: at once
+    await operations.resume("t2")
+    again = await lease(http, "ex-2", max_tasks=3)
+    assert sorted(t["key"] for t in again["tasks"]) == ["t1", "t2"]
+
+
+async def test_executor_events_store_what_was_reported() -> None:
+    """Issue 17 A4: a succeeded report's event names the task and the attempt number (not ``""``
+    and 0); a final failure keeps the reported error type (not "Fail"), on the attempt and in its
+    event; a final failure reported without a type is ``Fail``, as a Python handler's."""
+    clock = FakeClock()
+    driver = MemoryDriver(clock=clock, events=True)
+    app = create_app(operations=Operations(driver, clock=clock), tokens=TOKENS)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        await publisher(driver).send_many([Task(k, "job", None) for k in ("ok", "bad", "plain")])
+        leased = {t["key"]: t for t in (await lease(http, max_tasks=3))["tasks"]}
+        await report(http, leased["ok"], outcome="succeeded", result=1)
+        error = {"type": "DiskFull", "message": "no space left"}
+        answer = (await report(http, leased["bad"], outcome="failed", final=True, error=error)).json()
+        assert (answer["final"], answer["error"]["type"]) == (True, "DiskFull")
+        untyped = (await report(http, leased["plain"], outcome="failed", final=True)).json()
+        assert untyped["error"]["type"] == "Fail"
+    events = await driver.list_events(EventQuery(keys=["ok", "bad"], limit=100))
+    ended = {e["key"]: e for e in events if e["kind"] in ("succeeded", "failed")}
+    assert (ended["ok"]["name"], ended["ok"]["attempt"]) == ("job", 1)
+    assert (ended["bad"]["name"], ended["bad"]["attempt"], ended["bad"]["kind"]) == ("job", 1, "failed")
+    assert ended["bad"]["detail"]["error"] == "DiskFull: no space left"
+    info = await Operations(driver, clock=clock).get_task("bad")
+    assert info.status.value == "failed" and info.worker_states[0].error is not None
+    assert info.worker_states[0].error.type == "DiskFull" and info.worker_states[0].final
+
+
+class RawLease:
+    """One ``POST /executors/lease`` straight through the ASGI app, with a client that can hang
+    up: ``hang_up()`` makes the next ``receive()`` answer ``http.disconnect``, as a server does
+    when the connection closes."""
+
+    def __init__(self, app: Any, body: dict[str, Any]) -> None:
+        self.app = app
+        self.body = json.dumps(body).encode()
+        self.gone = asyncio.Event()
+        self.sent: list[dict[str, Any]] = []
+
+    def hang_up(self) -> None:
+        self.gone.set()
+
+    async def receive(self) -> dict[str, Any]:
+        if self.body:
+            body, self.body = self.body, b""
+            return {"type": "http.request", "body": body, "more_body": False}
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+
+    async def __call__(self) -> None:
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": LEASE,
+            "raw_path": LEASE.encode(),
+            "root_path": "",
+            "query_string": b"",
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"authorization", EXEC["Authorization"].encode()),
+            ],
+            "client": ("127.0.0.1", 5000),
+            "server": ("test", 80),
+        }
+        await self.app(scope, self.receive, self.send)
+
+
+async def test_a_long_poll_whose_client_went_away_claims_nothing(
+    driver: CountingDriver, operations: Operations
+) -> None:
+    """Issue 17 D16: the lease stops waiting when its client disconnects; a task sent afterwards
+    is not claimed for nobody (it would run out its 30 s lease and cost a retry)."""
+    app = create_app(operations=operations, tokens=TOKENS)
+    call = RawLease(app, {"worker_id": "ex-1", "names": ["job"], "wait_seconds": 30})
+    request = asyncio.ensure_future(call())
+    await settle()
+    assert not request.done()  # waiting for work
+    call.hang_up()
+    await settle()
+    assert request.done()  # it stopped waiting, without the clock moving
+    await publisher(driver).send(Task("t1", "job"))
+    await settle()
+    info = await operations.get_task("t1")
+    assert info.status.value == "pending" and info.worker_states == []
+
+
+async def test_a_lease_whose_answer_cannot_be_delivered_is_released_at_once(
+    driver: CountingDriver, operations: Operations
+) -> None:
+    """Issue 17 D16: the client hung up while its claim was being made: the attempt is given back
+    at once (released: no retry used, claimable again now), not left to run out its lease."""
+    await publisher(driver).send(Task("t1", "job", option=TaskOption(max_unexpected_retries=0)))
+    app = create_app(operations=operations, tokens=TOKENS)
+    call = RawLease(app, {"worker_id": "ex-1", "names": ["job"]})
+    call.hang_up()  # gone by the time the answer is ready
+    await call()
+    info = await operations.get_task("t1")
+    assert [w.status.value for w in info.worker_states] == ["released"]
+    assert info.status.value == "pending" and info.fail_cnt == 0
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        [task] = (await lease(http, "ex-2"))["tasks"]  # at once, not 30 s later
+    assert task["key"] == "t1"
+
+
+async def test_a_lease_cancelled_mid_claim_gives_back_what_the_claim_took(
+    driver: CountingDriver, operations: Operations
+) -> None:
+    """Issue 17 D16, at the service: the request is cancelled while its claim is in flight (the
+    store applies it after): the claim is waited for and its attempt released at once."""
+    gate = asyncio.Event()
+    inner_claim = driver.claim
+
+    async def slow_claim(params: Any) -> Any:
+        await gate.wait()
+        return await inner_claim(params)
+
+    driver.claim = slow_claim  # type: ignore[method-assign]
+    await publisher(driver).send(Task("t1", "job"))
+    service = RemoteExecutors(driver, clock=driver.clock)
+    leasing = asyncio.ensure_future(service.lease("ex-1", ["job"]))
+    await settle()
+    leasing.cancel()
+    await settle()
+    gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await leasing
+    info = await operations.get_task("t1")
+    assert [w.status.value for w in info.worker_states] == ["released"] and info.fail_cnt == 0

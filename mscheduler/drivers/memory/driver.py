@@ -30,7 +30,13 @@ from mscheduler.domain.events import (
     task_event,
 )
 from mscheduler.domain.exceptions import InvalidInput
-from mscheduler.domain.state import claimer_tokens, derive, family_inputs
+from mscheduler.domain.state import (
+    claimer_tokens,
+    derive,
+    family_inputs,
+    live_attempts,
+    stopped_by_pause,
+)
 from mscheduler.drivers.base import (
     ChangeEvent,
     ClaimedTask,
@@ -51,14 +57,16 @@ from mscheduler.drivers.base import (
     control_detail,
     due_time,
     event_for,
+    expired_entry_changes,
     failure_times,
+    finish_allowed,
     first_lease_end,
-    lost_retry_at,
+    lost_error,
     new_entry,
     new_task_document,
     paused_entry,
-    paused_error,
     report_fields,
+    settlement,
     stop_record,
     trim_entries,
 )
@@ -85,6 +93,8 @@ class MemoryDriver(
 
     :param events: keep an event log (``mscheduler.services.events``): the newest ``max_events``.
     """
+
+    in_process = True  # its change feed costs nothing: ``Publisher.wait`` follows it
 
     def __init__(
         self, clock: Clock | None = None, *, events: bool = False, max_events: int = DEFAULT_MAX_EVENTS
@@ -200,20 +210,33 @@ class MemoryDriver(
                     self._parents.add(task.key)
                 self._write(doc, params.now)
                 created.append(True)
-            elif params.reset_finished and doc["state"]["status"] in ("succeeded", "failed") and not holder:
+            elif (
+                params.reset_finished
+                and doc["state"]["status"] in ("succeeded", "failed")
+                and not holder
+                and not live_attempts(doc["state"], params.now)  # never drop a live attempt
+            ):
                 doc["params"] = copy_doc(task.params)
                 doc["unique_hash"] = task.unique_hash
                 doc["option"] = dict(task.option)
                 doc["state"]["worker_states"] = []
                 doc["state"].pop("checkpoint", None)  # a fresh run starts from scratch
                 doc["state"].pop("progress", None)
+                # a new generation (its events come after the earlier ones; no history is kept)
+                doc["state"]["generation"] = doc["state"].get("generation", 0) + 1
                 self._write(doc, params.now)
                 created.append(True)
             else:
                 created.append(False)
         if self.record_events:
             sent = [t for t, c in zip(params.tasks, created, strict=True) if c]
-            self._record([task_event(EventKind.SENT, t.key, t.name, params.now) for t in sent], params.now)
+            events = [
+                task_event(
+                    self.event_writer, EventKind.SENT, t.key, t.name, params.now, self._tasks[t.key]["state"]
+                )
+                for t in sent
+            ]
+            self._record(events, params.now)
         return created
 
     def _eligible(self, doc: dict[str, Any], params: ClaimParams) -> bool:
@@ -286,6 +309,7 @@ class MemoryDriver(
                     parent=doc.get("parent"),
                     due_time=due_time(doc),
                     trace=doc.get("trace"),
+                    generation=doc["state"].get("generation", 0),
                 )
             )
             attempt = next(attempts, None)
@@ -316,6 +340,8 @@ class MemoryDriver(
                         result.lost.append(key)
                 elif doc["state"].get("cancelled") is not None:
                     result.cancelled.append(key)
+                elif stopped_by_pause(doc["state"], attempt):
+                    result.paused.append(key)  # not renewed: its worker settles it released
                 elif not allowed(doc["option"], params.worker_id, params.worker_groups):
                     result.revoked.append(key)
                 else:
@@ -338,7 +364,13 @@ class MemoryDriver(
             if doc is None or entry is None or entry["ping_expire_time"] <= item.now:
                 accepted.append(self._already_finished(doc, item))
                 continue
-            if doc["state"].get("cancelled") is not None:  # fenced out by the cancel
+            if not finish_allowed(doc["state"], item.attempt, item.outcome):
+                # fenced out by a cancel (or a stopping pause): the store decided. The handler
+                # has stopped, so the attempt is settled as the stop said (not left running).
+                settled = settlement(doc["state"], item.attempt)
+                if settled is not None:
+                    entry.update(status=settled[0], end_time=item.now, error=settled[1], retry_at=None)
+                    self._write(doc, item.now)
                 accepted.append(False)
                 continue
             entry.update(
@@ -371,22 +403,33 @@ class MemoryDriver(
             if doc is None:
                 continue
             changed = False
+            fail_cnt = doc["state"]["fail_cnt"]
             for position, entry in enumerate(doc["state"]["worker_states"]):
                 if entry["status"] == "running" and entry["ping_expire_time"] <= now:
-                    if self.record_events:
-                        lost = lost_lease_event(key, doc["name"], entry, position + 1, now, "lease pass")
+                    changes = expired_entry_changes(doc, entry, now, fail_cnt)
+                    if self.record_events and changes["status"] == "lost":  # a stop is no loss
+                        generation = doc["state"].get("generation", 0)
+                        lost = lost_lease_event(
+                            self.event_writer,
+                            key,
+                            doc["name"],
+                            entry,
+                            position + 1,
+                            now,
+                            "lease pass",
+                            generation,
+                            len(doc["state"]["worker_states"]),
+                        )
                         self._record([lost], now)
-                    entry.update(
-                        status="lost",
-                        end_time=now,
-                        retry_at=lost_retry_at(doc["option"], doc["state"]["fail_cnt"], now),
-                        error={
-                            "type": "LeaseExpired",
-                            "message": "the lease expired (no ping)",
-                            "traceback": None,
-                        },
-                    )
+                    entry.update(changes)
                     changed = True
+            # entries of earlier generations (``state.history``; stores of earlier builds could
+            # move running entries there): never left running for ever
+            for generation in doc["state"].get("history") or ():
+                for entry in generation["worker_states"]:
+                    if entry["status"] == "running" and entry["ping_expire_time"] <= now:
+                        entry.update(status="lost", end_time=now, error=lost_error())
+                        changed = True
             if changed:
                 expired += 1  # tasks changed, as MongoDB's update_many counts them
                 self._write(doc, now)
@@ -406,7 +449,10 @@ class MemoryDriver(
             doc["state"]["expired_at"] = now
             self._write(doc, now)
             expired += 1
-            self._record([expired_event(key, doc["name"], deadline, now)], now)
+            if self.record_events:
+                self._record(
+                    [expired_event(self.event_writer, key, doc["name"], deadline, now, doc["state"])], now
+                )
         return expired
 
     async def find_wakeups(self, params: WakeupParams) -> list[Wakeup]:
@@ -426,7 +472,31 @@ class MemoryDriver(
         wakeups = [Wakeup(key, when, "claim") for key, when in found.items()]
         if self._leases:
             wakeups.append(Wakeup(self._leases[0][2], self._leases[0][0], "lease"))
+        wakeups += [Wakeup(key, when, "deadline") for when, key in self._earliest_deadlines(params.limit)]
         return wakeups
+
+    def _earliest_deadlines(self, limit: int) -> list[tuple[datetime, str]]:
+        """The ``limit`` earliest deadlines of pending tasks (a best-first walk of the heap, as
+        ``_earliest``; entries of tasks that moved on are skipped)."""
+        heap = self._deadlines
+        out: list[tuple[datetime, str]] = []
+        seen: set[str] = set()
+        frontier = [(heap[0], 0)] if heap and limit > 0 else []
+        while frontier and len(out) < limit:
+            (deadline, _, key), i = heapq.heappop(frontier)
+            doc = self._tasks.get(key)
+            if (
+                doc is not None
+                and key not in seen
+                and doc["state"]["status"] == "pending"
+                and doc["option"].get("deadline") == deadline
+            ):
+                seen.add(key)
+                out.append((deadline, key))
+            for child in (2 * i + 1, 2 * i + 2):
+                if child < len(heap):
+                    heapq.heappush(frontier, (heap[child], child))
+        return out
 
     def _earliest(self, heap: list[tuple[datetime, int, str, int]], limit: int) -> list[tuple[datetime, str]]:
         """The ``limit`` earliest live entries of a heap, in O(limit log limit): a best-first walk
@@ -466,7 +536,11 @@ class MemoryDriver(
             return False
         doc["option"] = dict(params.option)
         self._write(doc, params.now)
-        self._record([task_event(EventKind.EDITED, params.key, doc["name"], params.now)], params.now)
+        if self.record_events:
+            edited = task_event(
+                self.event_writer, EventKind.EDITED, params.key, doc["name"], params.now, doc["state"]
+            )
+            self._record([edited], params.now)
         return True
 
     async def control_task(self, params: ControlParams) -> dict[str, Any] | None:
@@ -474,11 +548,8 @@ class MemoryDriver(
         if doc is None or doc["state"]["status"] not in params.statuses:
             return None
         state = doc["state"]
-        kind = CONTROL_KINDS.get(params.action)
-        if kind is not None:  # checked below (an unknown action raises): nothing is recorded then
-            detail = control_detail(params)
-            self._record([task_event(kind, params.key, doc["name"], params.now, detail)], params.now)
         if params.action == "remove":
+            self._record_control(doc, params)
             self._forget(doc)
             del self._tasks[params.key]
             self._version[params.key] = self._version.get(params.key, 0) + 1  # drops heap entries
@@ -487,17 +558,22 @@ class MemoryDriver(
             state["cancelled"] = cancelled_record(params)
             state["stop"] = stop_record("cancel", state["worker_states"], params.now)
         elif params.action == "pause" and params.stop_running:
+            # the running attempts keep their entries (and slots) until their workers settle
+            # them released once the handlers stopped, or the lease pass at their lease's end
             state["paused"] = True
             state["stop"] = stop_record("pause", state["worker_states"], params.now)
-            for entry in state["worker_states"]:
-                if entry["status"] == "running":
-                    entry.update(status="released", end_time=params.now, error=paused_error())
         elif params.action in ("pause", "resume"):
             state["paused"] = params.action == "pause"
             if params.action == "resume":
                 state["stop"] = None
         elif params.action == "restart":
+            if live_attempts(state, params.now):
+                return None  # an attempt still runs: refused (Operations names it)
             self._check_unique(doc)  # its params are held by another live task: refused
+            fail_cnt = state["fail_cnt"]
+            for entry in state["worker_states"]:  # holders gone: settled as the lease pass would
+                if entry["status"] == "running":
+                    entry.update(expired_entry_changes(doc, entry, params.now, fail_cnt))
             generation = state.get("generation", 0)
             history = state.setdefault("history", [])
             history.append(
@@ -525,7 +601,18 @@ class MemoryDriver(
         else:
             raise InvalidInput(f"unknown control action {params.action!r}")
         self._write(doc, params.now)
+        self._record_control(doc, params)
         return copy_doc(doc)
+
+    def _record_control(self, doc: dict[str, Any], params: ControlParams) -> None:
+        """The control's event, where the task's state (as the change left it) puts it."""
+        kind = CONTROL_KINDS.get(params.action)
+        if kind is not None and self.record_events:
+            detail = control_detail(params)
+            event = task_event(
+                self.event_writer, kind, params.key, doc["name"], params.now, doc["state"], detail
+            )
+            self._record([event], params.now)
 
     async def register_worker(self, info: WorkerInfo) -> bool:
         old = self._workers.get(info.worker_id)

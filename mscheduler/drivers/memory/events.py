@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from mscheduler.domain.events import DEFAULT_MAX_EVENTS, matches
+from mscheduler.domain.events import DEFAULT_MAX_EVENTS, EventWriter, matches, order_key
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.drivers.base import EventQuery, EventStream, InsertEventsParams, ResumeTokenLost
 
@@ -52,6 +52,7 @@ class MemoryEvents:
     """Event operations of ``MemoryDriver`` (a mixin)."""
 
     record_events: bool
+    event_writer: EventWriter
     max_events: int
     _events: OrderedDict[str, tuple[int, dict[str, Any]]]
     _event_streams: list[_MemoryEventStream]
@@ -60,6 +61,7 @@ class MemoryEvents:
         if not isinstance(max_events, int) or max_events < 1:
             raise InvalidInput("max_events must be a positive integer")
         self.record_events = record
+        self.event_writer = EventWriter()  # the events this store's own writes cause
         self.max_events = max_events
         self._events = OrderedDict()
         self._event_seq = itertools.count(1)
@@ -99,7 +101,7 @@ class MemoryEvents:
         if query.by_written:
             found.sort(key=lambda d: (d["written"], d["id"]))
         else:
-            found.sort(key=lambda d: (d["time"], d.get("step", 0), d["id"]))
+            found.sort(key=order_key)
         return [_copy(d) for d in found[query.skip : query.skip + query.limit]]
 
     async def open_event_stream(self, query: EventQuery, resume_token: Any = None) -> EventStream:

@@ -32,7 +32,10 @@ from mscheduler.drivers.base import (
     ChangeEvent,
     ChangeStreamUnsupported,
     ResumeTokenLost,
+    cancelled_error,
     event_for,
+    lost_error,
+    paused_error,
 )
 
 log = logging.getLogger("mscheduler.mongo")
@@ -68,6 +71,8 @@ MAJORITY_WTIMEOUT_MS = 10_000
 CLAIM_INDEX = "claimers_claim"
 WAKEUP_INDEX = "claimers_wakeup"
 LEASES_INDEX = "leases"
+LEASES_HISTORY_INDEX = "leases_history"
+HISTORY_RUNNING = "state.history.worker_states.status"
 KEY_INDEX = "key"
 ATTEMPT_INDEX = "attempt"
 STATUS_INDEX = "list_status"
@@ -107,6 +112,13 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
     # wake-ups: the same equality, then due time (merged across tokens: no in-memory sort)
     ([("state.claimers", 1), ("state.claim_at", 1)], {"name": WAKEUP_INDEX}),
     ([(f"{WS}.status", 1), (f"{WS}.ping_expire_time", 1)], {"name": LEASES_INDEX}),
+    # running entries of earlier generations (state.history): the lease pass's second range.
+    # Partial: only documents holding one (none, unless an earlier build moved a running entry
+    # there at a restart), so it is empty and costs nothing
+    (
+        [(HISTORY_RUNNING, 1), ("state.history.worker_states.ping_expire_time", 1)],
+        {"name": LEASES_HISTORY_INDEX, "partialFilterExpression": {HISTORY_RUNNING: "running"}},
+    ),
     (f"{WS}.attempt", {"name": ATTEMPT_INDEX}),
     # admin reads: list by status / by name (+ status) / all, newest page by cursor; counts
     ([("state.status", 1), ("state.create_time", 1), ("key", 1)], {"name": STATUS_INDEX}),
@@ -415,6 +427,49 @@ def _rebuild_entries(
     return {"$set": {WS: {"$map": {"input": f"${WS}", "as": "e", "in": {"$cond": [match, rebuilt, "$$e"]}}}}}
 
 
+def expired_entries_stage(now: datetime, retry_at: Any) -> dict[str, Any]:
+    """``drivers.base.expired_entry_changes`` as a stage: the running entries whose lease ended at
+    ``now`` are settled — ``cancelled`` on a cancelled task, ``released`` (``Paused``) when a
+    stopping pause listed them (nothing was lost), else ``lost`` with ``retry_at`` (an expression:
+    the policy's delay after ``now``)."""
+    match = {"$and": [{"$eq": ["$$e.status", "running"]}, {"$lte": ["$$e.ping_expire_time", _lit(now)]}]}
+    cancelled = {"$ne": [{"$ifNull": ["$state.cancelled", None]}, None]}
+    paused = {
+        "$and": [
+            {"$eq": [{"$ifNull": ["$state.stop.action", None]}, "pause"]},
+            {"$in": ["$$e.attempt", {"$ifNull": ["$state.stop.attempts", []]}]},
+        ]
+    }
+
+    def by_cause(if_cancelled: Any, if_paused: Any, if_lost: Any) -> dict[str, Any]:
+        branches = [{"case": cancelled, "then": if_cancelled}, {"case": paused, "then": if_paused}]
+        return {"$switch": {"branches": branches, "default": if_lost}}
+
+    expressions = {
+        "status": by_cause("cancelled", "released", "lost"),
+        "error": by_cause(_lit(cancelled_error()), _lit(paused_error()), _lit(lost_error())),
+        "retry_at": by_cause(None, None, retry_at),
+    }
+    return _rebuild_entries(match, {"end_time": now}, expressions)
+
+
+def expired_history_stage(now: datetime) -> dict[str, Any]:
+    """The running entries of earlier generations (``state.history``) whose lease ended become
+    ``lost``: an attempt is never left running for ever, whichever generation holds it. (Objects
+    are rebuilt field by field: mongomock has no ``$mergeObjects``.)"""
+    match = {"$and": [{"$eq": ["$$e.status", "running"]}, {"$lte": ["$$e.ping_expire_time", _lit(now)]}]}
+    changes = {"status": "lost", "end_time": now, "error": lost_error()}
+    lost = {f: _lit(changes[f]) if f in changes else f"$$e.{f}" for f in ENTRY_FIELDS}
+    entries = {"$map": {"input": "$$h.worker_states", "as": "e", "in": {"$cond": [match, lost, "$$e"]}}}
+    generation = {
+        "generation": "$$h.generation",
+        "restart_time": "$$h.restart_time",
+        "worker_states": entries,
+    }
+    history = {"$map": {"input": "$state.history", "as": "h", "in": generation}}
+    return {"$set": {"state.history": history}}
+
+
 def _has_label(exc: BaseException, label: str) -> bool:
     return bool(getattr(exc, "has_error_label", lambda _: False)(label))
 
@@ -559,6 +614,7 @@ def watch_pipeline(names: Sequence[str]) -> list[dict[str, Any]]:
                 "fullDocument.key": 1,
                 "fullDocument.name": 1,
                 "fullDocument.option.specific_worker_ids": 1,
+                "fullDocument.option.deadline": 1,
                 "fullDocument.state.claim_at": 1,
                 "fullDocument.state.claimers": 1,
                 "fullDocument.state.worker_states.status": 1,

@@ -61,6 +61,7 @@ from mscheduler.drivers.base import (
     lost_retry_at,
     new_entry,
     new_task_document,
+    settlement,
 )
 from mscheduler.drivers.mongo.children import MongoChildren
 from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for tests and the CLI)
@@ -76,9 +77,11 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     DEADLINE_INDEX,
     DOCUMENT_CODES,
     FINISHED,
+    HISTORY_RUNNING,
     INDEX_NAMES,
     INDEXES,
     KEY_INDEX,
+    LEASES_HISTORY_INDEX,
     LEASES_INDEX,
     MAJORITY_WTIMEOUT_MS,
     NAME_INDEX,
@@ -106,6 +109,8 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     _translate,
     _write_concern_codes,
     change_event,
+    expired_entries_stage,
+    expired_history_stage,
     log,
     read_page,
     watch_error,
@@ -383,15 +388,16 @@ class MongoDriver(
 
     # -- publish ------------------------------------------------------------------------------------
 
-    async def _insert_tasks_only(self, params: InsertParams) -> list[bool]:
-        """``insert_tasks`` without events (``MongoEvents.insert_tasks`` records them)."""
-        created = [False] * len(params.tasks)
+    async def _insert_tasks_only(self, params: InsertParams) -> list[int | None]:
+        """``insert_tasks`` without events (``MongoEvents.insert_tasks`` records them): for each
+        task, the generation it was created (0) or reset in, or None when nothing was written."""
+        created: list[int | None] = [None] * len(params.tasks)
         pending = list(range(len(params.tasks)))
         if params.reset_finished:
             reset = await self._reset_finished(params)
             pending = [i for i in pending if params.tasks[i].key not in reset]
             for i, task in enumerate(params.tasks):
-                created[i] = task.key in reset
+                created[i] = reset.get(task.key)
         if not pending:
             return created
         # ``_id`` is the key: change events (which carry only the documentKey of an update)
@@ -405,7 +411,7 @@ class MongoDriver(
         else:
             inserted = await self._insert(docs)
         for position, i in enumerate(pending):
-            created[i] = position in inserted
+            created[i] = 0 if position in inserted else None
         return created
 
     async def _insert(self, docs: list[dict[str, Any]]) -> set[int]:
@@ -452,9 +458,10 @@ class MongoDriver(
         result = await self._call("insert tasks (transaction)", upsert, session=session)
         return set(result.upserted_ids)
 
-    async def _reset_finished(self, params: InsertParams) -> set[str]:
+    async def _reset_finished(self, params: InsertParams) -> dict[str, int]:
         """Reset the tasks that ended (succeeded or failed) to pending with their new params and
-        options: one bulk write for the batch, then one read of which ones it reset."""
+        options, in a new generation: one bulk write for the batch, then one read of which ones
+        it reset (key -> generation)."""
         mark = uuid.uuid4().hex
         ops = []
         for task in params.tasks:
@@ -469,8 +476,19 @@ class MongoDriver(
                 ),
                 # a fresh run starts from scratch: no checkpoint, no progress
                 "$unset": {"state.broken": "", "state.checkpoint": "", "state.progress": ""},
+                # a new generation: its events come after the earlier ones (no history is kept)
+                "$inc": {"state.generation": 1},
             }
-            ops.append(UpdateOne({"key": task.key, "state.status": {"$in": list(FINISHED)}}, update))
+            # never while an attempt holds a live lease (a succeeded task may still run one whose
+            # slot an edit of concurrent_worker_cnt took away): dropping it would let the reset
+            # task be claimed beside it
+            live = {"status": "running", "ping_expire_time": {"$gt": _out(params.now)}}
+            filter_ = {
+                "key": task.key,
+                "state.status": {"$in": list(FINISHED)},
+                "$nor": [{WS: {"$elemMatch": live}}],
+            }
+            ops.append(UpdateOne(filter_, update))
 
         async def write() -> int:
             try:
@@ -486,14 +504,16 @@ class MongoDriver(
             return int(result.modified_count)
 
         if not await self._call("reset tasks", write, session=params.session):
-            return set()
+            return {}
         keys = [task.key for task in params.tasks]
 
-        async def read() -> set[str]:
+        async def read() -> dict[str, int]:
             cursor = self.tasks_primary.find(
-                {"key": {"$in": keys}, "state.reset_mark": mark}, {"key": 1}, session=params.session
+                {"key": {"$in": keys}, "state.reset_mark": mark},
+                {"key": 1, "state.generation": 1},
+                session=params.session,
             )
-            return {doc["key"] async for doc in cursor}
+            return {doc["key"]: int(doc["state"].get("generation") or 0) async for doc in cursor}
 
         reset = await self._call("reset tasks (read back)", read, session=params.session)
 
@@ -607,6 +627,7 @@ class MongoDriver(
             parent=doc.get("parent"),
             due_time=due_time(doc),
             trace=doc.get("trace"),
+            generation=int(doc["state"].get("generation") or 0),
         )
 
     async def _fix_first_lease(self, params: ClaimParams, doc: dict[str, Any], attempt: str) -> datetime:
@@ -671,7 +692,7 @@ class MongoDriver(
 
     def _finish_op(self, item: FinishParams) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         now = _out(item.now)
-        filter_ = {
+        filter_: dict[str, Any] = {
             "key": item.key,
             WS: {
                 "$elemMatch": {
@@ -681,8 +702,16 @@ class MongoDriver(
                     "ping_expire_time": {"$gt": now},
                 }
             },
-            "state.cancelled": None,  # a cancel wins over a later finish (and the other way round)
         }
+        # A cancel wins over a later finish (and the other way round): a cancelled task takes only
+        # the ``cancelled`` settlement of its attempts, an attempt listed by a stopping pause
+        # only its ``released`` one (drivers.base.finish_allowed).
+        if item.outcome == "cancelled":
+            filter_["state.cancelled"] = {"$ne": None}
+        else:
+            filter_["state.cancelled"] = None
+            if item.outcome != "released":
+                filter_["state.stop.attempts"] = {"$ne": item.attempt}
         match = {
             "$and": [
                 {"$eq": ["$$e.attempt", _lit(item.attempt)]},
@@ -729,19 +758,28 @@ class MongoDriver(
         keys = list({item.key for item in params})
 
         async def read() -> list[dict[str, Any]]:
-            cursor = self.tasks_primary.find({"key": {"$in": keys}}, {"key": 1, WS: 1})
+            projection = {"key": 1, WS: 1, "state.cancelled": 1, "state.stop": 1}
+            cursor = self.tasks_primary.find({"key": {"$in": keys}}, projection)
             return [doc async for doc in cursor]
 
         docs = {doc["key"]: doc for doc in await self._call("finish read-back", read)}
         outcomes = []
         for item in params:
-            entries = docs.get(item.key, {}).get("state", {}).get("worker_states", [])
+            state = docs.get(item.key, {}).get("state", {})
+            entries = state.get("worker_states", [])
             entry = next((e for e in entries if e["attempt"] == item.attempt), None)
             if (
                 entry is not None
                 and entry["status"] == "running"
                 and _in(entry["ping_expire_time"]) > item.now
             ):
+                settled = settlement(state, item.attempt)
+                if settled is not None and settled[0] != item.outcome:
+                    # Fenced out by a cancel (or a stopping pause): the handler has stopped, so
+                    # its attempt is settled as the stop said; the outcome itself is refused.
+                    await self._settle_refused(item, *settled)
+                    outcomes.append(False)
+                    continue
                 # Neither applied nor rejected yet (the batch failed): write it alone.
                 filter_, update = self._finish_op(item)
 
@@ -765,6 +803,19 @@ class MongoDriver(
                 )
         return outcomes
 
+    async def _settle_refused(self, item: FinishParams, status: str, error: dict[str, Any]) -> None:
+        """Settle an attempt whose outcome a cancel (or a stopping pause) refused: fenced like a
+        finish, with the settlement's status; not raised when it fails (the lease pass settles
+        it at the lease's end)."""
+        settle = replace(item, outcome=status, result=None, error=error, retry_at=None)
+        filter_, update = self._finish_op(settle)
+        try:
+            await self._call("finish (settle)", lambda: self.tasks.update_one(filter_, update))
+        except StorageError as exc:
+            if exc.config:
+                raise
+            log.warning("could not settle the stopped attempt of %s: %s", item.key, exc)
+
     async def _finish_unstorable(self, item: FinishParams, exc: StorageError) -> bool:
         """An outcome its task's document cannot hold (too large): the attempt fails for good
         with the reason, without result or traceback; if even that cannot be written, the task
@@ -786,35 +837,49 @@ class MongoDriver(
         return bool(single.matched_count)
 
     async def _expire_leases_only(self, params: ExpireParams) -> int:
-        """``expire_leases`` without events (``MongoEvents.expire_leases`` records them)."""
+        """``expire_leases`` without events (``MongoEvents.expire_leases`` records them): the
+        running entries whose lease ended are settled (``expired_entries_stage``: lost, or
+        cancelled / released when they had been told to stop), then those of earlier
+        generations (``_expire_history_leases``)."""
         await self._capabilities()
         now = _out(params.now)
         filter_ = {WS: {"$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}}}
-        match = {"$and": [{"$eq": ["$$e.status", "running"]}, {"$lte": ["$$e.ping_expire_time", _lit(now)]}]}
-        changes = {
-            "status": "lost",
-            "end_time": params.now,
-            "retry_at": params.now,
-            "error": {"type": "LeaseExpired", "message": "the lease expired (no ping)", "traceback": None},
-        }
         if not self.date_arithmetic:
-            return await self._expire_leases_one_by_one(params, filter_, match, changes)
-        # the retry policy's delay for this failure (lost_retry_at in drivers/base.py):
-        # delays[min(fail_cnt, len - 1)] after now, fail_cnt counted before this pass
-        delays = {"$ifNull": ["$option.lost_retry_delays_ms", [0]]}
-        index = {"$min": ["$state.fail_cnt", {"$subtract": [{"$size": delays}, 1]}]}
-        expressions = {"retry_at": {"$add": [_lit(params.now), {"$arrayElemAt": [delays, index]}]}}
-        pipeline = [_rebuild_entries(match, changes, expressions), *_derive_stages(params.now)]
+            expired = await self._expire_leases_one_by_one(params, filter_)
+        else:
+            # the retry policy's delay for this failure (lost_retry_at in drivers/base.py):
+            # delays[min(fail_cnt, len - 1)] after now, fail_cnt counted before this pass
+            delays = {"$ifNull": ["$option.lost_retry_delays_ms", [0]]}
+            index = {"$min": ["$state.fail_cnt", {"$subtract": [{"$size": delays}, 1]}]}
+            retry_at = {"$add": [_lit(params.now), {"$arrayElemAt": [delays, index]}]}
+            pipeline = [expired_entries_stage(params.now, retry_at), *_derive_stages(params.now)]
+
+            async def expire() -> Any:
+                return await self.tasks.update_many(filter_, pipeline, **self._hint(LEASES_INDEX))
+
+            expired = int((await self._call("expire leases", expire)).modified_count)
+        return expired + await self._expire_history_leases(params)
+
+    async def _expire_history_leases(self, params: ExpireParams) -> int:
+        """Running entries of earlier generations whose lease ended become ``lost`` (one update on
+        the partial index ``leases_history``, which holds only documents with such an entry: an
+        earlier build moved running entries to ``state.history`` at a restart; this one refuses
+        the restart while an attempt holds a live lease and settles the others first)."""
+        now = _out(params.now)
+        filter_ = {
+            HISTORY_RUNNING: "running",  # implied by the $elemMatch; stated for the partial index
+            "state.history.worker_states": {
+                "$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}
+            },
+        }
+        pipeline = [expired_history_stage(params.now), *_derive_stages(params.now)]
 
         async def expire() -> Any:
-            return await self.tasks.update_many(filter_, pipeline, **self._hint(LEASES_INDEX))
+            return await self.tasks.update_many(filter_, pipeline, **self._hint(LEASES_HISTORY_INDEX))
 
-        result = await self._call("expire leases", expire)
-        return int(result.modified_count)
+        return int((await self._call("expire leases of earlier generations", expire)).modified_count)
 
-    async def _expire_leases_one_by_one(
-        self, params: ExpireParams, filter_: dict[str, Any], match: dict[str, Any], changes: dict[str, Any]
-    ) -> int:
+    async def _expire_leases_one_by_one(self, params: ExpireParams, filter_: dict[str, Any]) -> int:
         """Where the backend cannot add a duration to a date in a pipeline (mongomock): read the
         tasks with expired leases, then one fenced update each with the retry time computed here
         (the same filter again, so a lease renewed in between is left alone)."""
@@ -828,10 +893,7 @@ class MongoDriver(
         expired = 0
         for doc in await self._call("expire leases (read)", read):
             retry_at = lost_retry_at(doc.get("option", {}), doc["state"]["fail_cnt"], params.now)
-            pipeline = [
-                _rebuild_entries(match, changes | {"retry_at": retry_at}),
-                *_derive_stages(params.now),
-            ]
+            pipeline = [expired_entries_stage(params.now, _lit(retry_at)), *_derive_stages(params.now)]
             one = {"key": doc["key"], **filter_}
 
             async def update(one: dict[str, Any] = one, pipeline: list[dict[str, Any]] = pipeline) -> Any:
@@ -866,8 +928,9 @@ class MongoDriver(
         }
 
         async def read() -> list[dict[str, Any]]:
+            projection = {"_id": 0, "key": 1, "state.claim_at": 1, "option.deadline": 1}
             cursor = (
-                self.tasks.find(filter_, {"_id": 0, "key": 1, "state.claim_at": 1})
+                self.tasks.find(filter_, projection)
                 .sort("state.claim_at", 1)
                 .limit(params.limit)
                 .hint(WAKEUP_INDEX)
@@ -880,6 +943,9 @@ class MongoDriver(
             claim_at = doc.get("state", {}).get("claim_at")
             if isinstance(claim_at, datetime):  # a document edited by hand must not stop polling
                 wakeups.append(Wakeup(doc["key"], _in(claim_at), "claim"))
+            deadline = doc.get("option", {}).get("deadline")
+            if isinstance(deadline, datetime):  # when the deadline pass should look at it
+                wakeups.append(Wakeup(doc["key"], _in(deadline), "deadline"))
         return wakeups
 
     def _watch_pipeline(self, names: Sequence[str]) -> list[dict[str, Any]]:

@@ -22,10 +22,15 @@ Indexes (every read names its index):
 
 ================== ===================================== ======================================
 ``events_ttl``      ``time`` (TTL: ``event_retention``)    the retention (a real server deletes)
-``events_time``     ``time, step, _id``                    ``list_events()`` in time order
-``events_key``      ``key, time, step, _id``               one task's history
+``events_order``    ``time, step, seq, _id``               ``list_events()`` in time order
+``events_task``     ``key, time, step, seq, _id``          one task's history
 ``events_written``  ``written, _id``                       a poller's position (no change stream)
 ================== ===================================== ======================================
+
+``events_order`` and ``events_task`` replaced ``events_time`` and ``events_key`` (the same keys
+without ``seq``) when events got their writers' sequence (issue 17 A3): new names, since a
+changed key pattern under an old name fails ``createIndexes`` on a store an earlier build made;
+``setup()`` drops the old ones once the new ones exist.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 from mscheduler.domain.events import (
     CONTROL_KINDS,
     EventKind,
+    EventWriter,
     expired_event,
     lost_lease_event,
     task_event,
@@ -56,6 +62,7 @@ from mscheduler.drivers.base import (
     InsertParams,
     UpdateOptionParams,
     control_detail,
+    settlement,
 )
 from mscheduler.drivers.mongo.common import (
     CONFIG_CODES,
@@ -74,9 +81,12 @@ from mscheduler.drivers.mongo.common import (
 
 EVENTS = "mscheduler_events"
 EVENTS_TTL_INDEX = "events_ttl"
-EVENTS_TIME_INDEX = "events_time"
-EVENTS_KEY_INDEX = "events_key"
+EVENTS_TIME_INDEX = "events_order"
+EVENTS_KEY_INDEX = "events_task"
 EVENTS_WRITTEN_INDEX = "events_written"
+# event indexes of earlier builds, dropped by setup() once their replacements exist
+RETIRED_EVENT_INDEXES = ("events_time", "events_key")
+_INDEX_NOT_FOUND = 27
 _INDEX_OPTIONS_CONFLICT = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
 
 
@@ -153,6 +163,7 @@ class MongoEvents:
     tasks: Any
     tasks_primary: Any
     record_events: bool
+    event_writer: EventWriter
     event_retention: timedelta
 
     if TYPE_CHECKING:
@@ -166,9 +177,11 @@ class MongoEvents:
             session: Any = None,
         ) -> T: ...
 
-        async def _insert_tasks_only(self, params: InsertParams) -> list[bool]: ...
+        async def _insert_tasks_only(self, params: InsertParams) -> list[int | None]: ...
 
         async def _expire_leases_only(self, params: ExpireParams) -> int: ...
+
+        async def _expire_history_leases(self, params: ExpireParams) -> int: ...
 
         async def _expire_deadlines_only(self, params: ExpireParams) -> int: ...
 
@@ -179,6 +192,7 @@ class MongoEvents:
             raise InvalidInput("event_retention must be a timedelta of at least a minute")
         self.events = events_collection(database, prefix, concern)
         self.record_events = record
+        self.event_writer = EventWriter()  # the events this store's own writes cause
         self.event_retention = retention
 
     async def _create_event_indexes(self) -> None:
@@ -199,11 +213,22 @@ class MongoEvents:
                     "index": {"name": EVENTS_TTL_INDEX, "expireAfterSeconds": ttl},
                 }
                 await self.events.database.command(command)
-            await self.events.create_index([("time", 1), ("step", 1), ("_id", 1)], name=EVENTS_TIME_INDEX)
             await self.events.create_index(
-                [("key", 1), ("time", 1), ("step", 1), ("_id", 1)], name=EVENTS_KEY_INDEX
+                [("time", 1), ("step", 1), ("seq", 1), ("_id", 1)], name=EVENTS_TIME_INDEX
+            )
+            await self.events.create_index(
+                [("key", 1), ("time", 1), ("step", 1), ("seq", 1), ("_id", 1)], name=EVENTS_KEY_INDEX
             )
             await self.events.create_index([("written", 1), ("_id", 1)], name=EVENTS_WRITTEN_INDEX)
+            present = {ix["name"] async for ix in await _resolve(self.events.list_indexes())}
+            for retired in RETIRED_EVENT_INDEXES:  # after their replacements exist
+                if retired not in present:
+                    continue
+                try:
+                    await self.events.drop_index(retired)
+                except OperationFailure as exc:  # another node dropped it first: no error
+                    if exc.code != _INDEX_NOT_FOUND:
+                        raise
 
         await self._call("create event indexes", create)
 
@@ -239,15 +264,15 @@ class MongoEvents:
             await self.insert_events(InsertEventsParams(docs, now, session))
 
     async def insert_tasks(self, params: InsertParams) -> list[bool]:
-        created = await self._insert_tasks_only(params)
+        generations = await self._insert_tasks_only(params)
         if self.record_events:
             sent = [
-                task_event(EventKind.SENT, t.key, t.name, params.now)
-                for t, c in zip(params.tasks, created, strict=True)
-                if c
+                task_event(self.event_writer, EventKind.SENT, t.key, t.name, params.now, {"generation": g})
+                for t, g in zip(params.tasks, generations, strict=True)
+                if g is not None
             ]
             await self._record(sent, params.now, params.session)
-        return created
+        return [g is not None for g in generations]
 
     async def expire_leases(self, params: ExpireParams) -> int:
         if not self.record_events:
@@ -262,24 +287,39 @@ class MongoEvents:
             f"{WS}.attempt": 1,
             f"{WS}.status": 1,
             f"{WS}.ping_expire_time": 1,
+            "state.cancelled": 1,
+            "state.stop": 1,
+            "state.generation": 1,
         }
 
         async def read() -> list[dict[str, Any]]:
             cursor = self.tasks_primary.find(filter_, projection).hint(LEASES_INDEX)
             return [_in(doc) async for doc in cursor]
 
+        docs = await self._call("expire leases (read for events)", read)
+        if not docs:  # nothing expired at this ``now``: the update would change nothing
+            return await self._expire_history_leases(params)
         events = []
-        for doc in await self._call("expire leases (read for events)", read):
-            for position, entry in enumerate(doc.get("state", {}).get("worker_states", [])):
+        for doc in docs:
+            state = doc.get("state", {})
+            for position, entry in enumerate(state.get("worker_states", [])):
                 end = entry.get("ping_expire_time")
-                if entry.get("status") == "running" and isinstance(end, datetime) and end <= params.now:
-                    events.append(
-                        lost_lease_event(
-                            doc["key"], doc["name"], entry, position + 1, params.now, "lease pass"
-                        )
+                if entry.get("status") != "running" or not isinstance(end, datetime) or end > params.now:
+                    continue
+                if settlement(state, entry["attempt"]) is None:  # a stopped attempt is no loss
+                    generation = int(state.get("generation") or 0)
+                    lost = lost_lease_event(
+                        self.event_writer,
+                        doc["key"],
+                        doc["name"],
+                        entry,
+                        position + 1,
+                        params.now,
+                        "lease pass",
+                        generation,
+                        len(state.get("worker_states", [])),
                     )
-        if not events:
-            return 0  # nothing expired at this ``now``: the update would change nothing
+                    events.append(lost)
         expired = await self._expire_leases_only(params)
         await self._record(events, params.now)
         return expired
@@ -289,23 +329,44 @@ class MongoEvents:
             return await self._expire_deadlines_only(params)
         filter_ = {"option.deadline": {"$lte": _out(params.now)}, "state.status": "pending"}
 
+        projection = {
+            "_id": 0,
+            "key": 1,
+            "name": 1,
+            "option.deadline": 1,
+            "state.generation": 1,
+            f"{WS}.attempt": 1,
+        }
+
         async def read() -> list[dict[str, Any]]:
-            cursor = self.tasks_primary.find(filter_, {"_id": 0, "key": 1, "name": 1, "option.deadline": 1})
+            cursor = self.tasks_primary.find(filter_, projection)
             return [_in(doc) async for doc in cursor.hint(DEADLINE_INDEX)]
 
         docs = await self._call("expire deadlines (read for events)", read)
         if not docs:
             return 0
         expired = await self._expire_deadlines_only(params)
-        events = [expired_event(d["key"], d["name"], d["option"]["deadline"], params.now) for d in docs]
+        events = [
+            expired_event(
+                self.event_writer,
+                d["key"],
+                d["name"],
+                d["option"]["deadline"],
+                params.now,
+                d.get("state", {}),
+            )
+            for d in docs
+        ]
         await self._record(events, params.now)
         return expired
 
-    async def _task_name(self, key: str) -> str | None:
-        doc = await self._call(
-            "read task name", lambda: self.tasks.find_one({"key": key}, {"_id": 0, "name": 1})
+    async def _task_name(self, key: str) -> dict[str, Any] | None:
+        """The task's name and where an event about it stands (generation, its attempts)."""
+        projection = {"_id": 0, "name": 1, "state.generation": 1, f"{WS}.attempt": 1}
+        doc: dict[str, Any] | None = await self._call(
+            "read task name", lambda: self.tasks.find_one({"key": key}, projection)
         )
-        return doc.get("name") if doc is not None else None
+        return doc
 
     async def control_task(self, params: ControlParams) -> dict[str, Any] | None:
         kind = CONTROL_KINDS.get(params.action)
@@ -313,15 +374,26 @@ class MongoEvents:
         if after is not None and self.record_events and kind is not None:
             # the changed (or deleted) task names itself: no read before the write
             detail = control_detail(params)
-            await self._record([task_event(kind, params.key, after["name"], params.now, detail)], params.now)
+            event = task_event(
+                self.event_writer, kind, params.key, after["name"], params.now, after["state"], detail
+            )
+            await self._record([event], params.now)
         return after
 
     async def update_option(self, params: UpdateOptionParams) -> bool:
         applied = bool(await super().update_option(params))  # type: ignore[misc]
         if applied and self.record_events:
-            name = await self._task_name(params.key)
-            if name is not None:
-                await self._record([task_event(EventKind.EDITED, params.key, name, params.now)], params.now)
+            doc = await self._task_name(params.key)
+            if doc is not None:
+                edited = task_event(
+                    self.event_writer,
+                    EventKind.EDITED,
+                    params.key,
+                    doc["name"],
+                    params.now,
+                    doc.get("state", {}),
+                )
+                await self._record([edited], params.now)
         return applied
 
     # -- reading ----------------------------------------------------------------------------------
@@ -343,9 +415,9 @@ class MongoEvents:
         if query.by_written:
             order, index = [("written", 1), ("_id", 1)], EVENTS_WRITTEN_INDEX
         elif query.keys:
-            order, index = [("time", 1), ("step", 1), ("_id", 1)], EVENTS_KEY_INDEX
+            order, index = [("time", 1), ("step", 1), ("seq", 1), ("_id", 1)], EVENTS_KEY_INDEX
         else:
-            order, index = [("time", 1), ("step", 1), ("_id", 1)], EVENTS_TIME_INDEX
+            order, index = [("time", 1), ("step", 1), ("seq", 1), ("_id", 1)], EVENTS_TIME_INDEX
 
         async def read() -> list[dict[str, Any]]:
             cursor = self.events.find(filter_).sort(order).skip(query.skip).limit(query.limit)

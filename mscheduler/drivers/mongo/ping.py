@@ -19,6 +19,7 @@ from pymongo import UpdateMany, UpdateOne
 from pymongo.errors import WriteConcernError
 
 from mscheduler.domain.exceptions import StorageError
+from mscheduler.domain.state import stopped_by_pause
 from mscheduler.drivers.base import (
     AttemptReport,
     PingParams,
@@ -83,6 +84,8 @@ class MongoPing:
             },
             "$or": allowed_now,
             "state.cancelled": None,  # a cancelled task's leases are not extended
+            # nor those of attempts a stopping pause listed (settled released by their workers)
+            "state.stop.attempts": {"$nin": list(attempts.values())},
         }
 
     @staticmethod
@@ -158,7 +161,7 @@ class MongoPing:
                     raise
                 # applied on the primary, not yet on a majority: the read below tells
 
-        projection = {"key": 1, "option": 1, WS: 1, "state.cancelled": 1}
+        projection = {"key": 1, "option": 1, WS: 1, "state.cancelled": 1, "state.stop": 1}
         if params.reports:
             for name in ("checkpoint", "progress"):
                 projection |= {f"state.{name}.attempt": 1, f"state.{name}.seq": 1}
@@ -195,6 +198,8 @@ def _ping_result(params: PingParams, every_key: dict[str, str], docs: dict[str, 
             (result.paused if paused_entry(doc, params.worker_id, attempt) else result.lost).append(key)
         elif doc["state"].get("cancelled") is not None and entry["ping_expire_time"] > params.now:
             result.cancelled.append(key)
+        elif stopped_by_pause(doc["state"], attempt) and entry["ping_expire_time"] > params.now:
+            result.paused.append(key)  # not renewed: its worker settles it released
         elif entry["ping_expire_time"] == expires[key] and allowed(
             doc["option"], params.worker_id, params.worker_groups
         ):

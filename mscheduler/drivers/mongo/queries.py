@@ -30,7 +30,6 @@ from mscheduler.drivers.base import (
     UniqueParamsTaken,
     UpdateOptionParams,
     cancelled_record,
-    paused_error,
 )
 from mscheduler.drivers.mongo.common import (
     AIMED_AT_GROUPS,
@@ -50,8 +49,8 @@ from mscheduler.drivers.mongo.common import (
     _in,
     _lit,
     _out,
-    _rebuild_entries,
     _resolve,
+    expired_entries_stage,
     read_page,
     stop_expression,
 )
@@ -262,11 +261,12 @@ class MongoTaskQueries:
 
     async def control_task(self, params: ControlParams) -> dict[str, Any] | None:
         # The filter is the compare-and-set: the key in one of the allowed statuses.
-        filter_ = {"key": params.key, "state.status": {"$in": list(params.statuses)}}
+        filter_: dict[str, Any] = {"key": params.key, "state.status": {"$in": list(params.statuses)}}
         if params.action == "remove":
             deleted = await self._call("remove task", lambda: self.tasks.find_one_and_delete(filter_))
             return _without_id(deleted)
         now = _lit(params.now)
+        now_out = _out(params.now)
         change: dict[str, Any]
         stages: list[dict[str, Any]] = []
         if params.action == "cancel":
@@ -275,16 +275,20 @@ class MongoTaskQueries:
                 "state.stop": stop_expression("cancel", params.now),
             }
         elif params.action == "pause" and params.stop_running:
-            # one write: paused, the running attempts told to stop (state.stop, for the change
-            # stream) and released (not counted: the budget is intact for the resume)
+            # paused, and the running attempts told to stop (state.stop, for the change stream and
+            # the pings): each keeps its entry (and its slot) until its worker settles it released
+            # once the handler stopped, or the lease pass at its lease's end
             change = {"state.paused": True, "state.stop": stop_expression("pause", params.now)}
-            released = {"status": "released", "end_time": params.now, "error": paused_error()}
-            stages = [_rebuild_entries({"$eq": ["$$e.status", "running"]}, released)]
         elif params.action in ("pause", "resume"):
             change = {"state.paused": _lit(params.action == "pause")}
             if params.action == "resume":
                 change["state.stop"] = None
         elif params.action == "restart":
+            # never while an attempt holds a live lease (refused: Operations names it); the
+            # running entries whose holders are gone are settled first, as the lease pass would
+            live = {"$elemMatch": {"status": "running", "ping_expire_time": {"$gt": now_out}}}
+            filter_["$nor"] = [{WS: live}, {"state.history.worker_states": live}]
+            stages = [expired_entries_stage(params.now, _lit(params.now))]
             generation = {"$ifNull": ["$state.generation", 0]}
             record = {"generation": generation, "restart_time": now, "worker_states": f"${WS}"}
             change = {
@@ -312,7 +316,7 @@ class MongoTaskQueries:
             }
         else:
             raise InvalidInput(f"unknown control action {params.action!r}")
-        pipeline = [{"$set": change}, *stages, *_derive_stages(params.now)]
+        pipeline = [*stages, {"$set": change}, *_derive_stages(params.now)]
 
         async def update() -> Any:
             # no projection of _id: mongomock finds the document AFTER the change by its _id (or

@@ -19,8 +19,9 @@ from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import ClaimedTask, ClaimParams, Driver, ExpireParams
 from mscheduler.observability.tracing import TaskTracer
 from mscheduler.runtime.consumer.discovery import CLAIM, LEASE, Discovery
+from mscheduler.runtime.consumer.handlers import Registered
 from mscheduler.runtime.consumer.limiter import Limiter
-from mscheduler.runtime.consumer.runner import Listener, _Registered, _Running
+from mscheduler.runtime.consumer.runner import Listener, _Running
 from mscheduler.services.children import ChildSync
 from mscheduler.services.events import EventKind, EventRecorder
 
@@ -45,7 +46,7 @@ class ConsumerClaimer:
     max_claim_batch: int
     max_attempt_entries: int
     stats: dict[str, int]
-    _handlers: dict[str, _Registered]
+    _handlers: dict[str, Registered]
     _running: dict[str, _Running]
     _ran_fanout: OrderedDict[str, None]
     _handlers_active: int

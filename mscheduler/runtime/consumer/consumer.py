@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from mscheduler.domain.clock import Clock, ServerClock
+from mscheduler.domain.clock import Clock, ServerClock, check_same_time
 from mscheduler.domain.exceptions import (
     ConsumerStopped,
     InvalidInput,
@@ -53,17 +53,22 @@ from mscheduler.observability.tracing import tracer_for
 from mscheduler.runtime.consumer.claimer import ConsumerClaimer
 from mscheduler.runtime.consumer.discovery import Discovery
 from mscheduler.runtime.consumer.finisher import ConsumerFinisher, _Pending
+from mscheduler.runtime.consumer.handlers import (
+    Handler,
+    HandlerPools,
+    Registered,
+    RunIn,
+    default_process_count,
+    inspect_handler,
+)
 from mscheduler.runtime.consumer.limiter import Limiter
 from mscheduler.runtime.consumer.pinger import ConsumerPinger
 from mscheduler.runtime.consumer.reports import DEFAULT_MAX_CHECKPOINT_BYTES
 from mscheduler.runtime.consumer.runner import (
     ConsumerRunner,
-    Handler,
     Listener,
     RunTimedOut,
     TaskContext,
-    _inspect_handler,
-    _Registered,
     _Running,
 )
 from mscheduler.services.children import ChildSync
@@ -123,6 +128,9 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         ``min(worker_timeout, claim_lease)``. None (the default): no cap.
     :param tracing: OpenTelemetry spans around claims and attempts, each attempt's a child of
         the task's sender (``mscheduler.observability.tracing``); None follows its ``enable()``.
+    :param thread_pool_size: threads running plain (non-async) handlers; default ``concurrency``.
+    :param process_pool_size: processes running ``run_in="process"`` handlers; default
+        ``concurrency``, at most the number of CPUs.
     """
 
     def __init__(
@@ -153,9 +161,15 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         clock: Clock | None = None,
         host: str | None = None,
         tracing: bool | None = None,
+        thread_pool_size: int | None = None,
+        process_pool_size: int | None = None,
     ) -> None:
         if concurrency < 1:
             raise InvalidInput("concurrency must be at least 1")
+        for label, size in (("thread_pool_size", thread_pool_size), ("process_pool_size", process_pool_size)):
+            bad = not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= 1024
+            if size is not None and bad:
+                raise InvalidInput(f"{label} must be an integer from 1 to 1024")
         if poll_interval <= 0 or stream_poll_interval <= 0 or heartbeat_interval <= 0:
             raise InvalidInput("intervals must be positive")
         if grace_period < 0 or (claim_lease is not None and claim_lease <= timedelta(0)):
@@ -209,8 +223,15 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         self.max_attempt_entries = max_attempt_entries
         if not 0 < limits_interval <= 3600 or not 0 < limit_backoff <= 60:
             raise InvalidInput("limits_interval must be in (0, 3600] and limit_backoff in (0, 60] seconds")
+        check_same_time(driver, clock, "this Consumer")
         self.clock = ServerClock(clock) if not isinstance(clock, ServerClock) else clock
-        self._handlers: dict[str, _Registered] = {}
+        self._handlers: dict[str, Registered] = {}
+        # plain handlers' threads and run_in="process" handlers' processes (handlers.py)
+        self.pools = HandlerPools(
+            thread_pool_size or concurrency,
+            process_pool_size or default_process_count(concurrency),
+            self.worker_id,
+        )
         self._listeners: list[Listener] = []
         self._tracer = tracer_for(tracing)
         if self._tracer is not None:
@@ -250,11 +271,16 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
 
     # -- registration -------------------------------------------------------------------------
 
-    def register(self, name: str, fn: Handler) -> None:
-        """Run ``fn`` for tasks named ``name``: ``async def fn(params[, ctx])``.
+    def register(self, name: str, fn: Handler, *, run_in: RunIn | None = None) -> None:
+        """Run ``fn`` for tasks named ``name``: ``fn(params)`` or ``fn(params, ctx)``.
 
-        When ``params`` is annotated with a pydantic model, the stored params are validated into
-        it; invalid params fail the task at once with the validation message (no retries).
+        ``async def`` handlers run on the event loop; plain functions (and partials, callable
+        objects, bound methods) in the consumer's thread pool, with a ``SyncTaskContext``;
+        ``run_in="process"`` runs a plain, picklable function in the process pool (CPU-bound
+        work: params and result are pickled). See ``handlers`` for what cancelling an attempt
+        running in a thread or a process does. When ``params`` is annotated with a pydantic model,
+        the stored params are validated into it; invalid params fail the task at once with the
+        validation message (no retries).
         """
         try:
             validate_name(name)
@@ -264,13 +290,13 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
             raise InvalidInput(f"a handler for {name!r} is already registered")
         if self._side:
             raise InvalidInput("register handlers before the consumer starts")
-        self._handlers[name] = _inspect_handler(fn)
+        self._handlers[name] = inspect_handler(name, fn, run_in, self.pools)
 
-    def handler(self, name: str) -> Callable[[Handler], Handler]:
+    def handler(self, name: str, *, run_in: RunIn | None = None) -> Callable[[Handler], Handler]:
         """Decorator form of ``register``."""
 
         def decorate(fn: Handler) -> Handler:
-            self.register(name, fn)
+            self.register(name, fn, run_in=run_in)
             return fn
 
         return decorate
@@ -433,6 +459,7 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         if remaining:
             await asyncio.wait(remaining)
         self.limiter.give_back_reserve()
+        self.pools.close()  # every attempt is settled: stuck threads run on, processes end
         await self._drain_finisher()
         await self._flush_child_sync()
         for name, task in self._side.items():
@@ -504,15 +531,24 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
     # -- events ---------------------------------------------------------------------------------
 
     @staticmethod
-    def _fails_for_good(running: _Running, stat: str, error: dict[str, Any] | None) -> bool:
+    def _fails_for_good(
+        running: _Running, stat: str, error: dict[str, Any] | None, final: bool = False
+    ) -> bool:
         """Does this outcome end the task as failed (rejected, Fail, or the budget used)?"""
-        return fails_for_good(running.option, running.claimed.fail_cnt, stat, error)
+        return fails_for_good(running.option, running.claimed.fail_cnt, stat, error, final)
 
     def _record_event(self, running: _Running, kind: EventKind, detail: dict[str, Any] | None = None) -> None:
         assert self.events is not None
         claimed = running.claimed
         self.events.attempt_event(
-            kind, claimed.key, claimed.name, claimed.attempt, claimed.attempt_no, self.worker_id, detail
+            kind,
+            claimed.key,
+            claimed.name,
+            claimed.attempt,
+            claimed.attempt_no,
+            self.worker_id,
+            detail,
+            claimed.generation,
         )
 
     async def _run_events(self) -> None:

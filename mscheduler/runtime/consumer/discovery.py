@@ -31,6 +31,7 @@ log = logging.getLogger("mscheduler.consumer")
 
 CLAIM = "claim"
 LEASE = "lease"
+DEADLINE = "deadline"  # a known task's deadline: the deadline pass runs then (issue 17 B7)
 
 
 class WakeupQueue:
@@ -127,10 +128,51 @@ class Discovery:
         self._poll_now = asyncio.Event()
         self._emit = on_event
         self._on_stop = on_stop  # told of events that stop running attempts (ChangeEvent.stop)
+        # deadlines of known tasks, earliest first: the poller runs the deadline pass at each,
+        # not only at its next poll, so a task past its deadline is marked expired then
+        self.deadlines: list[tuple[datetime, str]] = []
+        self._deadline_of: dict[str, datetime] = {}
+        self._rearm = asyncio.Event()
 
     def push_wakeups(self, wakeups: Sequence[Wakeup]) -> None:
         for w in wakeups:
-            self.queue.push(w.key, w.time, w.kind)
+            if w.kind == DEADLINE:
+                self.note_deadline(w.key, w.time)
+            else:
+                self.queue.push(w.key, w.time, w.kind)
+
+    def due_at(self, key: str, when: datetime) -> None:
+        """This consumer wrote a due time itself (a retry or a snooze): queue it, so that a store
+        without change streams does not wait for the next poll (issue 17 B8)."""
+        self.queue.push(key, when, CLAIM)
+
+    def note_deadline(self, key: str, when: datetime) -> None:
+        if self._deadline_of.get(key) == when:
+            return
+        if key not in self._deadline_of and len(self._deadline_of) >= self.queue.max_size:
+            return  # bounded like the queue: the next poll runs the pass anyway
+        self._deadline_of[key] = when
+        heapq.heappush(self.deadlines, (when, key))
+        self._rearm.set()  # the poller re-arms its sleep for it
+
+    def _next_deadline(self) -> datetime | None:
+        while self.deadlines and self._deadline_of.get(self.deadlines[0][1]) != self.deadlines[0][0]:
+            heapq.heappop(self.deadlines)  # stale: a later note replaced it
+        return self.deadlines[0][0] if self.deadlines else None
+
+    async def expire_due_deadlines(self, now: datetime) -> int:
+        """The deadline pass, when a known deadline has come (one ``expire_deadlines``)."""
+        due = False
+        while (when := self._next_deadline()) is not None and when <= now:
+            _, key = heapq.heappop(self.deadlines)
+            del self._deadline_of[key]
+            due = True
+        if not due:
+            return 0
+        expired = await self.driver.expire_deadlines(ExpireParams(now))
+        if expired:
+            self._emit("deadlines_expired", {"count": expired})
+        return expired
 
     def on_change(self, event: ChangeEvent) -> None:
         if event.stop is not None and self._on_stop is not None:
@@ -158,6 +200,8 @@ class Discovery:
             self.queue.push(event.key, event.lease_expiry, LEASE)
         else:
             self.queue.discard(event.key, LEASE)
+        if event.deadline is not None:
+            self.note_deadline(event.key, event.deadline)
 
     def request_poll(self) -> None:
         self._poll_now.set()
@@ -171,6 +215,8 @@ class Discovery:
         past_deadline = await self.driver.expire_deadlines(ExpireParams(now))
         if past_deadline:
             self._emit("deadlines_expired", {"count": past_deadline})
+        while (when := self._next_deadline()) is not None and when <= now:  # this pass saw to them
+            del self._deadline_of[heapq.heappop(self.deadlines)[1]]
         limit = self.batch_size
         wakeups = await self.driver.find_wakeups(
             WakeupParams(self.worker_id, self.names, now, limit, groups=self.groups)
@@ -180,26 +226,46 @@ class Discovery:
         # while its claims come back full instead of trusting the queue's count.
         self.page_full = sum(w.kind == CLAIM for w in wakeups) >= limit
         self.push_wakeups(wakeups)
+        if self.queue.due(now):
+            # something is due: wake the claimer even where the queue knew the time already (a
+            # due time this consumer queued itself) and its timer was armed for later
+            self.queue.changed.set()
         self._emit("polled", {"found": len(wakeups)})
 
     async def run_poller(self) -> None:
-        """Poll every interval (the consumer polled once already before starting us)."""
+        """Poll every interval (the consumer polled once already before starting us); in between,
+        run the deadline pass when a known task's deadline comes."""
+        interval = self.stream_poll_interval if self.streaming else self.poll_interval
+        next_poll = self.clock.monotonic() + interval
         while True:
-            interval = self.stream_poll_interval if self.streaming else self.poll_interval
-            await self._sleep_or_poll(interval)
+            sleep = max(next_poll - self.clock.monotonic(), 0.0)
+            deadline = self._next_deadline()
+            if deadline is not None:
+                sleep = min(sleep, max((deadline - self.clock.now()).total_seconds(), 0.0))
+            requested = await self._sleep_or_poll(sleep)
             try:
-                await self.poll_once()
+                if requested or self.clock.monotonic() >= next_poll:
+                    interval = self.stream_poll_interval if self.streaming else self.poll_interval
+                    next_poll = self.clock.monotonic() + interval
+                    await self.poll_once()
+                else:
+                    await self.expire_due_deadlines(self.clock.now())
             except StorageError as exc:
                 if exc.config:
                     raise
                 level = logging.WARNING if exc.transient else logging.ERROR
                 log.log(level, "poll failed (%s); trying again next interval", exc, extra={"error": str(exc)})
 
-    async def _sleep_or_poll(self, seconds: float) -> None:
-        await sleep_unless(self.clock, seconds, self._poll_now)
+    async def _sleep_or_poll(self, seconds: float) -> bool:
+        """Sleep ``seconds``, or less when a poll is asked for (True) or a deadline was noted
+        (False: the caller re-arms its sleep for it)."""
+        await sleep_unless(self.clock, seconds, self._poll_now, self._rearm)
+        self._rearm.clear()
+        requested = self._poll_now.is_set()
         # Cleared when the poll starts, not when the sleep does: a request made while the last
         # poll ran (its read may predate what the request is about) makes the next poll at once.
         self._poll_now.clear()
+        return requested
 
     async def run_watcher(self) -> None:
         """Follow the change stream; reopen with backoff; give up quietly where unsupported."""

@@ -11,18 +11,17 @@ attempt's state while it runs, shared by the claimer, the pinger and the finishe
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import random
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, get_type_hints
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
-from mscheduler.domain.clock import ServerClock
+from mscheduler.domain.clock import ClockTimeout, ServerClock
 from mscheduler.domain.exceptions import Fail, InvalidInput, MSchedulerError, Retry, Snooze
 from mscheduler.domain.model import AttemptStatus, TaskOption
 from mscheduler.domain.outcomes import Outcome, error_info
@@ -32,14 +31,15 @@ from mscheduler.domain.outcomes import rejected as rejected_outcome
 from mscheduler.domain.outcomes import retry_after as retry_outcome
 from mscheduler.domain.outcomes import snoozed as snoozed_outcome
 from mscheduler.domain.outcomes import succeeded as succeeded_outcome
-from mscheduler.drivers.base import ClaimedTask, FinishParams
+from mscheduler.drivers.base import ClaimedTask, FinishParams, cancelled_error, paused_error
+from mscheduler.runtime.consumer.discovery import Discovery
+from mscheduler.runtime.consumer.handlers import Registered as _Registered
 from mscheduler.runtime.consumer.limiter import Limiter
 from mscheduler.runtime.consumer.reports import AttemptReports
 from mscheduler.services.events import EventKind, EventRecorder, outcome_detail, outcome_kind
 
 log = logging.getLogger("mscheduler.consumer")
 
-Handler = Callable[..., Awaitable[Any]]
 Listener = Callable[[str, dict[str, Any]], None]
 LEASE_SAFETY_MARGIN = timedelta(milliseconds=500)
 # Keys of untargeted fan-out tasks this worker ran, sent with each claim so that the store skips
@@ -67,6 +67,20 @@ class TaskContext:
     option: TaskOption
     checkpoint_data: Any = None
     _reports: AttemptReports | None = field(default=None, repr=False, compare=False)
+    _given_up: bool = field(default=False, repr=False, compare=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once this attempt was given up (cancelled, paused, lease lost or revoked, run
+        timeout, stop): a handler in a thread or a process (which cannot be stopped from outside)
+        polls it and returns; nothing it saves or returns afterwards is kept."""
+        return self._given_up or (self._reports is not None and self._reports.closed is not None)
+
+    def _give_up(self, reason: str) -> None:
+        """The attempt is settled without its handler (see ``handlers``): flag it, close its reports."""
+        self._given_up = True
+        if self._reports is not None:
+            self._reports.close(reason)
 
     async def checkpoint(self, data: Any) -> None:
         """Save ``data`` (JSON-like, at most ``Consumer(max_checkpoint_bytes=...)``) on the task,
@@ -85,14 +99,6 @@ class TaskContext:
         if self._reports is None:
             raise InvalidInput("this TaskContext is not attached to a running attempt")
         self._reports.set_progress(fraction, message)
-
-
-@dataclass(slots=True)
-class _Registered:
-    fn: Handler
-    model: type[BaseModel] | None
-    wants_params: bool
-    wants_context: bool
 
 
 @dataclass(slots=True)
@@ -130,21 +136,6 @@ class _Running:
         self.task.cancel()
 
 
-def _inspect_handler(fn: Handler) -> _Registered:
-    if not inspect.iscoroutinefunction(fn):
-        raise InvalidInput(f"handler {fn!r} must be an async function")
-    parameters = list(inspect.signature(fn).parameters.values())
-    if len(parameters) > 2:
-        raise InvalidInput("a handler takes (params) or (params, ctx)")
-    model = None
-    if parameters:
-        hints = get_type_hints(fn)
-        hint = hints.get(parameters[0].name)
-        if inspect.isclass(hint) and issubclass(hint, BaseModel):
-            model = hint
-    return _Registered(fn, model, len(parameters) >= 1, len(parameters) == 2)
-
-
 class ConsumerRunner:
     """Running a handler, for ``Consumer`` (a mixin: it uses the consumer's registry, clock,
     limiter and bookkeeping, and the finisher's ``_submit``)."""
@@ -159,6 +150,7 @@ class ConsumerRunner:
     _listeners: list[Listener]
     clock: ServerClock
     limiter: Limiter
+    discovery: Discovery | None
     events: EventRecorder | None
     worker_id: str
     max_result_bytes: int
@@ -173,7 +165,9 @@ class ConsumerRunner:
         def _emit(self, event: str, data: dict[str, Any]) -> None: ...
 
         @staticmethod
-        def _fails_for_good(running: _Running, stat: str, error: dict[str, Any] | None) -> bool: ...
+        def _fails_for_good(
+            running: _Running, stat: str, error: dict[str, Any] | None, final: bool = False
+        ) -> bool: ...
 
         def _record_event(
             self, running: _Running, kind: EventKind, detail: dict[str, Any] | None = None
@@ -194,11 +188,11 @@ class ConsumerRunner:
                 if not run_timeout:
                     result = await registered.fn(*args)
                 else:
-                    try:
-                        async with asyncio.timeout(run_timeout / 1000) as deadline:
+                    try:  # on the consumer's clock, like every other time (FakeClock in tests)
+                        async with ClockTimeout(self.clock, run_timeout / 1000) as deadline:
                             result = await registered.fn(*args)
                     except TimeoutError as exc:
-                        if deadline.expired() and running.cancel_reason is None:
+                        if deadline.expired and running.cancel_reason is None:
                             message = f"the attempt ran longer than its run_timeout ({run_timeout} ms)"
                             raise RunTimedOut(message) from exc
                         raise
@@ -213,10 +207,16 @@ class ConsumerRunner:
             reason = running.cancel_reason
             if reason is None:  # cancelled from outside our bookkeeping: treat as a release
                 reason = "released"
-            # lost: not ours any more; cancelled: the task ended (its finish would be refused)
-            # paused: the store released the entry already (the pause's own write)
-            done = None
-            if reason not in ("lost", "cancelled", "paused"):
+            # lost: not ours any more, nothing to write. Cancelled (the task was) or paused (a
+            # stopping pause): the handler has stopped now, so the attempt is settled, fenced
+            # like any outcome: ``cancelled``, or ``released`` (not counted; docs/design.md).
+            if reason == "lost":
+                done = None
+            elif reason == "cancelled":
+                done = Outcome(AttemptStatus.CANCELLED.value, error=cancelled_error())
+            elif reason == "paused":
+                done = Outcome(AttemptStatus.RELEASED.value, error=paused_error())
+            else:
                 done = Outcome(
                     reason, error={"type": "Cancelled", "message": f"attempt {reason}", "traceback": None}
                 )
@@ -248,12 +248,14 @@ class ConsumerRunner:
         if self._running.get(claimed.key) is running:
             del self._running[claimed.key]
         if running.slot is not None and not submitted:
-            # no outcome sent (lost, cancelled, paused): the finisher releases the slot now
+            # no outcome sent (lost, or the write failed): the finisher releases the slot now
             self.limiter.release(running.slot, self.worker_id, claimed.attempt)
             self._pending_added.set()
         stat = outcome if accepted and outcome is not None else "lost"
         if running.cancel_reason == "paused":  # released by the pause: not a lost lease
             stat = AttemptStatus.RELEASED.value
+        elif running.cancel_reason == "cancelled":  # settled cancelled: nothing was lost
+            stat = AttemptStatus.CANCELLED.value
         option = running.option
         if (
             stat == AttemptStatus.SUCCEEDED.value
@@ -267,11 +269,20 @@ class ConsumerRunner:
                 if len(self._ran_fanout) > RAN_FANOUT_KEPT:
                     self._ran_fanout.popitem(last=False)
         self.stats[stat] = self.stats.get(stat, 0) + 1
+        if (
+            accepted
+            and retry_at is not None
+            and self.discovery is not None
+            and not self._fails_for_good(running, stat, error, final)
+        ):
+            # this consumer wrote the due time itself (a retry, a snooze): it wakes for it without
+            # waiting for its next poll, where no change stream tells it (issue 17 B8)
+            self.discovery.due_at(claimed.key, retry_at)
         if self.events is not None and accepted:
-            kind = outcome_kind(stat, self._fails_for_good(running, stat, error))
+            kind = outcome_kind(stat, self._fails_for_good(running, stat, error, final))
             if kind is not None:
                 self._record_event(running, kind, outcome_detail(error, retry_at))
-        self._log_outcome(running, stat, error)
+        self._log_outcome(running, stat, error, final)
         if self._listeners:
             self._emit(
                 "finished",
@@ -302,14 +313,16 @@ class ConsumerRunner:
             "worker_id": self.worker_id,
         } | more
 
-    def _log_outcome(self, running: _Running, stat: str, error: dict[str, Any] | None) -> None:
+    def _log_outcome(
+        self, running: _Running, stat: str, error: dict[str, Any] | None, final: bool = False
+    ) -> None:
         """Failures are never silent: a failed attempt at INFO, a task failed for good (its budget
         used, or rejected) at WARNING with the traceback."""
         if stat not in (AttemptStatus.FAILED.value, AttemptStatus.REJECTED.value) or error is None:
             return
         claimed = running.claimed
         budget = running.option["max_unexpected_retries"]  # None: unlimited
-        final = self._fails_for_good(running, stat, error)
+        final = self._fails_for_good(running, stat, error, final)
         fields = self._fields(
             running,
             outcome=stat,

@@ -11,14 +11,15 @@ Task names under a flow limit are leased with the limit's slots, as a consumer c
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from mscheduler.domain.model import TaskName, validate_group
+from mscheduler.domain.model import GROUP_PREFIX, TaskName, validate_group
 from mscheduler.remote.executors import (
     MAX_GROUPS,
     MAX_PINGS,
@@ -41,13 +42,21 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+def _not_a_group_token(worker_id: str) -> str:
+    if worker_id.startswith(GROUP_PREFIX):
+        raise ValueError(f"must not start with {GROUP_PREFIX!r} (a group's claimer token)")
+    return worker_id
+
+
 WorkerId = Annotated[
     str,
+    AfterValidator(_not_a_group_token),
     Field(
         min_length=1,
         max_length=WORKER_ID_MAX,
         pattern=r"^[^$\s][^\s]*$",
-        description="the executor's id (as a consumer's worker_id: tasks may target it)",
+        description="the executor's id (as a consumer's worker_id: tasks may target it; not "
+        "starting with '$' or 'g:', a group's token)",
     ),
 ]
 TaskKey = Annotated[str, Field(min_length=1, max_length=1024)]
@@ -126,7 +135,8 @@ class PingItemOut(BaseModel):
     key: str
     attempt: str
     state: Literal["alive", "lost", "revoked", "cancelled", "paused"] = Field(
-        description="alive: go on; otherwise stop the work and report nothing"
+        description="alive: go on; otherwise stop the work and report nothing (a revoked, "
+        "cancelled or paused attempt is settled by the service with this answer)"
     )
     lease_expires: datetime | None
     ping_interval_seconds: float | None
@@ -138,7 +148,12 @@ class PingOut(BaseModel):
 
 
 class ErrorIn(_Body):
-    type: str = Field("ExecutorError", min_length=1, max_length=200)
+    type: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="stored as reported; left out: Fail (final), Retry (retry_after) or ExecutorError",
+    )
     message: str = Field("", max_length=100_000)
     traceback: str | None = Field(None, max_length=1_000_000)
 
@@ -189,8 +204,14 @@ executors = APIRouter(
 )
 
 
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has disconnected (the body was read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 @executors.post("/lease", response_model=LeaseOut, summary="Lease due tasks (long poll)")
-async def lease(body: LeaseIn, service: Service, request: Request, who: Who) -> LeaseOut:
+async def lease(body: LeaseIn, service: Service, request: Request, who: Who) -> LeaseOut | Response:
     """Claim up to ``max_tasks`` due tasks among ``names`` for ``worker_id`` (the consumer's claim:
     targeting, priority, retry budget); when none is due, wait up to ``wait_seconds`` for one.
     An empty ``tasks`` means nothing came in time: lease again. Names under a flow limit are
@@ -204,8 +225,8 @@ async def lease(body: LeaseIn, service: Service, request: Request, who: Who) -> 
     if waiting and (refusal := waits.acquire(who.name)) is not None:
         retry = str(request.app.state.limits.retry_after_seconds)
         raise _ApiError(429, "too_many_waits", refusal, headers={"Retry-After": retry})
-    try:
-        got = await service.lease(
+    leasing = asyncio.ensure_future(
+        service.lease(
             body.worker_id,
             body.names,
             max_tasks=body.max_tasks,
@@ -215,7 +236,25 @@ async def lease(body: LeaseIn, service: Service, request: Request, who: Who) -> 
             running=body.running,
             groups=body.groups,
         )
+    )
+    # A long poll whose client goes away stops waiting and claims nothing; a claim whose answer
+    # cannot be delivered is given back at once (not left to run out its lease, costing a retry).
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({leasing, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not leasing.done():
+            leasing.cancel()  # the service releases what a claim in flight took
+            await asyncio.gather(leasing, return_exceptions=True)
+            return Response(status_code=499)  # nobody reads it: the client has gone
+        got = leasing.result()
+        await asyncio.sleep(0)  # a disconnect that came with the answer is seen now
+        if gone.done():
+            await service.release(body.worker_id, got.tasks)
+            return Response(status_code=499)
     finally:
+        gone.cancel()
+        if not leasing.done():
+            leasing.cancel()
         if waiting:
             waits.release(who.name)
     tasks = []
@@ -279,7 +318,7 @@ async def report(body: ReportIn, service: Service, who: Who) -> ReportOut:
     policy (or after ``retry_after``; never with ``final``) while its budget lasts; a result too
     large to store fails the task (``rejected``). 409 when the attempt's lease moved on."""
     _check_binding(who, body.worker_id)
-    error = body.error or ErrorIn()
+    error = body.error or ErrorIn()  # its type left out: the service's default for the outcome
     done = await service.report(
         body.worker_id,
         body.key,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
@@ -20,21 +20,33 @@ async def stats(
     window: Annotated[
         float | None, Query(ge=60, le=7 * 86400, description="seconds of the rates' window (default 1 h)")
     ] = None,
+    names: Annotated[
+        str | None, Query(max_length=10_000, description="only these task names (comma-separated)")
+    ] = None,
+    statuses: Annotated[
+        str | None, Query(max_length=1000, description="only these statuses (comma-separated)")
+    ] = None,
 ) -> Response:
     """Counts by status, plus ``Operations.stats()`` (SPEC F27: success rates, duration
     percentiles, throughput over the window) in ``details``. Computed at most once per
-    ``ApiLimits.stats_cache_seconds`` (1 s by default) however many clients ask: an answer may
-    be that much old."""
+    ``ApiLimits.stats_cache_seconds`` (1 s by default) however many clients ask the same: an
+    answer may be that much old."""
+    filters: dict[str, Any] = {"names": _listed(names), "statuses": _listed(statuses)}
+    if window is not None:
+        filters["window"] = window
 
     async def compute() -> bytes:
-        details = await operations.stats(window=window) if window is not None else await operations.stats()
-        return (
-            StatsOut(counts=details.counts, total=details.total, details=details).model_dump_json().encode()
-        )
+        details = await operations.stats(**filters)
+        answer = StatsOut(counts=details.counts, total=details.total, details=details)
+        return answer.model_dump_json().encode()
 
     cache: AnswerCache = request.app.state.stats_cache
-    body = await cache.get(f"window={window}", compute)
+    body = await cache.get(repr(sorted(filters.items())), compute)
     return Response(body, media_type="application/json")
+
+
+def _listed(value: str | None) -> list[str] | None:
+    return None if value is None else [part.strip() for part in value.split(",")]
 
 
 @misc.get("/whoami", response_model=WhoAmIOut, summary="The role of the presented token")

@@ -1,10 +1,12 @@
-"""``/api/v1/tasks``: list, show, cancel, pause, resume, restart, set a status, edit, remove."""
+"""``/api/v1/tasks``: send (one or a batch), list, show, cancel, pause, resume, restart, set a
+status, edit, remove."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
+from fastapi.responses import JSONResponse
 
 from mscheduler.domain.listing import CURSOR_MAX_LEN, LIST_LIMIT_MAX, TaskFilters
 from mscheduler.domain.model import OptionChange, TaskInfo, TaskOption, TaskStatus
@@ -19,9 +21,48 @@ from mscheduler.web.deps import (
     json_answer,
     shown_task,
 )
-from mscheduler.web.models import CancelBody, StatusBody, TaskPageOut
+from mscheduler.web.models import (
+    CancelBody,
+    SendIn,
+    SentManyOut,
+    SentOut,
+    StatusBody,
+    TaskBatchIn,
+    TaskPageOut,
+)
 
 tasks = APIRouter(prefix="/tasks", tags=["tasks"], dependencies=_common, responses=_ERRORS)
+
+
+@tasks.post(
+    "",
+    response_model=SentOut | SentManyOut,
+    status_code=201,
+    responses={200: {"model": SentOut | SentManyOut, "description": "nothing created: every key existed"}},
+    summary="Send a task, or a batch (idempotent by key)",
+)
+async def send_tasks(
+    body: SendIn,
+    operations: Ops,
+    reset_finished: Annotated[
+        bool, Query(description="reset a task with this key that has ended (succeeded or failed)")
+    ] = False,
+) -> JSONResponse:
+    """Send one task (the body is a task: ``key``, ``name``, ``params``, ``option``, ...) or many
+    (``{"tasks": [...]}``), with ``Publisher.send`` / ``send_many``'s rules (``Operations.send``):
+    a key that exists is left alone, params over the size cap or a key given twice refuse the
+    request (422, nothing written). 201 when at least one task was created, 200 when none was;
+    ``created`` says which. An admin or publish token."""
+    if isinstance(body, TaskBatchIn):
+        created = await operations.send_many(body.tasks, reset_finished=reset_finished)
+        out: SentOut | SentManyOut = SentManyOut(
+            tasks=[SentOut(key=t.key, created=c) for t, c in zip(body.tasks, created, strict=True)]
+        )
+    else:
+        made = await operations.send(body, reset_finished=reset_finished)
+        created = [made]
+        out = SentOut(key=body.key, created=made)
+    return JSONResponse(out.model_dump(mode="json"), status_code=201 if any(created) else 200)
 
 
 @tasks.get("", response_model=TaskPageOut, summary="List tasks (filters, cursor paging)")

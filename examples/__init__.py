@@ -1,0 +1,1 @@
+"""Runnable examples: ``mscheduler dev examples.shop:app``."""

@@ -1,0 +1,117 @@
+"""A ``MemoryDriver``'s store in a file and back (``mscheduler dev --data FILE``).
+
+``dump`` copies the tasks, plans, flow limits and the event log at one instant (no operation
+awaits inside, so the copy is consistent, as every memory operation is atomic on the loop);
+``restore`` puts them into an empty driver and rebuilds its indexes; ``save`` / ``load`` write
+and read MongoDB extended JSON (times stay times), written to a temporary file and renamed over
+the old one, so a crash while saving leaves the previous snapshot whole. Registered workers are
+not kept: the consumers that start with the store register again.
+
+What a snapshot cannot keep is everything after it: changes since the last save are lost in a
+crash, and attempts running at that instant come back ``running`` with the lease they had then,
+so they run out and are retried like a crashed worker's (counted against the retry budget).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bson import json_util
+
+from mscheduler.domain.exceptions import InvalidInput
+
+if TYPE_CHECKING:
+    from mscheduler.drivers.memory.driver import MemoryDriver
+
+FORMAT = "mscheduler-memory-snapshot"
+VERSION = 1
+_JSON = json_util.JSONOptions(json_mode=json_util.JSONMode.CANONICAL, tz_aware=True)
+
+
+def dump(driver: MemoryDriver, now: datetime) -> dict[str, Any]:
+    """The store as plain data (copies: the driver may change on)."""
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "written": now,
+        "tasks": [copy.deepcopy(doc) for doc in driver._tasks.values()],
+        "plans": [copy.deepcopy(doc) for doc in driver._plans.values()],
+        "limits": [copy.deepcopy(doc) for doc in driver._limits.values()],
+        "events": [dict(doc) | {"detail": dict(doc["detail"])} for _, doc in driver._events.values()],
+    }
+
+
+def restore(driver: MemoryDriver, data: dict[str, Any]) -> None:
+    """Put a ``dump`` into an empty driver and rebuild every index (claim heaps, listings,
+    unique hashes, plan due times, limit names)."""
+    if data.get("format") != FORMAT or data.get("version") != VERSION:
+        raise InvalidInput(f"not a {FORMAT} of version {VERSION}")
+    if driver._tasks or driver._plans or driver._limits or driver._events:
+        raise InvalidInput("a snapshot is restored into an empty store only")
+    for doc in data["tasks"]:
+        key = doc["key"]
+        driver._tasks[key] = doc
+        driver._list_new(doc)
+        if doc.get("children") is not None:
+            driver._parents.add(key)
+        finish = doc["state"].get("finish_time")
+        driver._write(doc, doc["state"]["update_time"])  # re-derives, re-indexes, keeps the times
+        if finish is not None:  # unchanged by the write: listed here
+            driver._relist(doc, None)
+    for doc in data["plans"]:
+        driver._plans[doc["plan_id"]] = doc
+        driver._index_plan(doc)
+    for doc in data["limits"]:
+        driver._limits[doc["_id"]] = doc
+        for name in doc.get("names", []):
+            driver._limit_of_name[name] = doc["_id"]
+    for doc in data["events"]:
+        driver._events[doc["id"]] = (next(driver._event_seq), doc)
+
+
+def save(driver: MemoryDriver, path: Path, now: datetime) -> int:
+    """Write the store to ``path`` (atomically: a temporary file renamed over it); its size."""
+    text = json_util.dumps(dump(driver, now), json_options=_JSON)
+    return write_text(path, text)
+
+
+def write_text(path: Path, text: str) -> int:
+    """``text`` into ``path`` through a temporary file in the same directory, then a rename."""
+    path = Path(path)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return len(text)
+
+
+def load(driver: MemoryDriver, path: Path) -> int:
+    """Restore the store saved at ``path`` into ``driver``; the number of tasks. ``InvalidInput``
+    for a file that is not a snapshot (the driver is then not to be used: start afresh)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        data = json_util.loads(text, json_options=_JSON)
+    except OSError as exc:
+        raise InvalidInput(f"cannot read the snapshot {str(path)!r}: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise InvalidInput(f"{str(path)!r} is not a snapshot (not JSON: {exc})") from exc
+    if not isinstance(data, dict):
+        raise InvalidInput(f"{str(path)!r} is not a snapshot")
+    try:
+        restore(driver, data)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{str(path)!r}: {exc}") from exc
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise InvalidInput(f"{str(path)!r} is not a whole snapshot ({type(exc).__name__}: {exc})") from exc
+    return len(data["tasks"])

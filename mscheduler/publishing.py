@@ -1,0 +1,148 @@
+"""Publishing, written once: what ``Publisher.send`` / ``send_many`` and ``Operations.send`` /
+``send_many`` (the REST API's ``POST /api/v1/tasks``) both call, so that a task sent from Python
+and one sent over HTTP meet the same validation, size cap and idempotency by key (SPEC F1).
+
+``publish`` turns ``Task`` objects into the documents to insert (a task with children: the
+parent, then its children, in one command), refuses bad input before anything is written, and
+inserts in batches of about ``SEND_MANY_BATCH`` documents; it returns, per task, whether it was
+created. It sits below the runtime and beside nothing: the publisher adds its listeners, tracing
+and the "no live worker handles this name" warning on top.
+
+May import: ``mscheduler.drivers`` and ``mscheduler.domain``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.family import SEQUENTIAL
+from mscheduler.domain.model import DEFAULT_MAX_PARAMS_BYTES as DEFAULT_MAX_PARAMS_BYTES
+from mscheduler.domain.model import Task, checked_params_size, child_key
+from mscheduler.domain.unique import params_hash
+from mscheduler.drivers.base import Driver, InsertParams, NewTask
+
+SEND_MANY_BATCH = 1000  # documents per insert command
+MAX_PARAMS_BYTES_LIMIT = 8 * 1024 * 1024
+
+
+def checked_max_params_bytes(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARAMS_BYTES_LIMIT:
+        raise InvalidInput("max_params_bytes must be between 1 byte and 8 MiB")
+    return value
+
+
+def prepare(
+    task: Task, now: datetime, max_params_bytes: int, trace: Mapping[str, str] | None = None
+) -> NewTask:
+    """One task as the document to insert: its params within ``max_params_bytes`` (their BSON
+    size), its option in storage form, its unique hash when ``unique_by="params"``."""
+    if not isinstance(task, Task):
+        raise InvalidInput(f"send() takes a Task, got {type(task).__name__}")
+    checked_params_size(task.params, max_params_bytes, f"task {task.key!r}")  # a plan's too
+    unique_hash = params_hash(task.name, task.params) if task.unique_by == "params" else None
+    option = task.option.to_storage(now)
+    return NewTask(task.key, task.name, task.params, option, unique_hash=unique_hash, trace=trace)
+
+
+def expand(task: Task, prepare_one: Callable[[Task], NewTask]) -> list[NewTask]:
+    """A task with children as the documents to insert in one command, the parent first.
+
+    Each child is a ``Task`` of its own (key ``<parent key>/<name>``, handler ``name``, its params
+    or the parent's, its option or the parent's), prepared as any task is (``prepare_one``: the
+    size checks and storage form); in sequential mode all but the first are ``blocked``
+    (``mscheduler.services.children`` keeps the family in step afterwards).
+    """
+    children = task.children or ()
+    mode = task.children_mode or SEQUENTIAL
+    keys = [child_key(task.key, c.name) for c in children]
+    definition = {"mode": mode, "names": [c.name for c in children], "keys": keys}
+    out = [replace(prepare_one(task), children=definition)]
+    for position, (child, key) in enumerate(zip(children, keys, strict=True)):
+        params = child.params if child.params is not None else task.params
+        prepared = prepare_one(Task(key, child.name, params, option=child.option_for(task.option)))
+        blocked = mode == SEQUENTIAL and position > 0
+        out.append(replace(prepared, parent=task.key, position=position, blocked=blocked))
+    return out
+
+
+def child_names(task: Task) -> list[str]:
+    """The handler names a task needs: its children's, or its own."""
+    return [c.name for c in task.children] if task.children else [task.name]
+
+
+def family(task: Task, reset_finished: bool, prepare_one: Callable[[Task], NewTask]) -> list[NewTask]:
+    """The documents a task is stored as: itself, or with children the parent first, then its
+    children, inserted in one command."""
+    if not isinstance(task, Task) or not task.children:
+        return [prepare_one(task)]
+    if reset_finished:
+        raise InvalidInput(
+            f"task {task.key!r}: reset_finished does not apply to a task with children "
+            "(restart it with Operations.restart)"
+        )
+    if task.unique_by != "key":
+        raise InvalidInput(f"task {task.key!r}: unique_by='params' does not apply to a task with children")
+    return expand(task, prepare_one)
+
+
+def batches(families: list[list[NewTask]]) -> list[list[list[NewTask]]]:
+    """Families grouped into insert commands of about ``SEND_MANY_BATCH`` documents; a family
+    (a parent and its children) is never split between two commands."""
+    grouped: list[list[list[NewTask]]] = []
+    size = SEND_MANY_BATCH
+    for one in families:
+        if size + len(one) > SEND_MANY_BATCH:
+            grouped.append([])
+            size = 0
+        grouped[-1].append(one)
+        size += len(one)
+    return grouped
+
+
+def prepared_families(
+    tasks: Sequence[Any],
+    *,
+    now: datetime,
+    reset_finished: bool,
+    max_params_bytes: int,
+    trace: Mapping[str, str] | None = None,
+) -> list[list[NewTask]]:
+    """Every task checked and prepared before anything is written: a non-``Task`` (named by its
+    position), params over the cap, a key given twice (children included) are ``InvalidInput``."""
+    for i, task in enumerate(tasks):
+        if not isinstance(task, Task):
+            raise InvalidInput(f"send_many() takes Tasks, got {type(task).__name__} at index {i}")
+    families = [
+        family(t, reset_finished, lambda one: prepare(one, now, max_params_bytes, trace)) for t in tasks
+    ]
+    seen: set[str] = set()
+    for key in (t.key for one in families for t in one):
+        if key in seen:
+            raise InvalidInput(f"send_many got the key {key!r} twice")
+        seen.add(key)
+    return families
+
+
+async def insert_families(
+    driver: Driver,
+    families: list[list[NewTask]],
+    now: Callable[[], datetime],
+    *,
+    reset_finished: bool = False,
+    session: Any = None,
+) -> list[bool]:
+    """Insert prepared families, one command per batch; per family, whether its first document
+    (the task, or a parent) was created (or reset)."""
+    created: list[bool] = []
+    for batch in batches(families):
+        docs = [t for one in batch for t in one]
+        results = await driver.insert_tasks(InsertParams(docs, now(), reset_finished, session))
+        first = 0
+        for one in batch:
+            created.append(results[first])
+            first += len(one)
+    return created

@@ -1,0 +1,102 @@
+"""``mscheduler dev --data``: a MemoryDriver's store saved to a file and restored into a fresh one
+behaves as the original — the same tasks, plans, limits and events, listed, counted and claimed
+the same way, unique hashes still held — and a file that is not a snapshot is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mscheduler import FakeClock, InvalidInput, MemoryDriver, Operations, Task, TaskOption
+from mscheduler.domain.plans import Plan
+from mscheduler.domain.schedule import EverySchedule, PlanTiming
+from mscheduler.drivers.base import ClaimParams, FinishParams
+from mscheduler.drivers.memory.snapshot import load, save
+from mscheduler.services.events import Events
+
+
+async def _fill(driver: MemoryDriver, clock: FakeClock) -> None:
+    ops = Operations(driver, clock=clock)
+    await ops.send(Task("due", "job", {"n": 1}, option=TaskOption(priority=5)))
+    await ops.send(Task("later", "job", {}, option=TaskOption(run_at=clock.now().replace(year=2031))))
+    await ops.send(Task("uniq", "job", {"u": 1}, unique_by="params"))
+    await ops.send(Task("grouped", "job", {}, option=TaskOption(specific_groups=("gpu",))))
+    await ops.send(Task("fam", "fam", {}, children=["one", "two"]))
+    await ops.send(Task("done", "job", {}))
+    clock.advance(1)
+    now = clock.now()
+    [claimed] = await driver.claim(ClaimParams("w1", ["job"], now, ["att-1"]))
+    assert claimed.key == "due"
+    await driver.finish([FinishParams("due", "w1", "att-1", now, "succeeded", {"ok": True})])
+    await ops.pause("done")
+    timing = PlanTiming(schedule=EverySchedule(interval=60, start=now))
+    await ops.add_plan(Plan(plan_id="p1", name="job", timing=timing))
+    await ops.set_limit("job", max_running=3)
+
+
+async def _picture(driver: MemoryDriver, clock: FakeClock) -> Any:
+    ops = Operations(driver, clock=clock)
+    return (
+        [t.model_dump() for t in await ops.list_tasks(limit=100)],
+        [t.key for t in await ops.list_tasks(finished_from=clock.now().replace(year=2000), limit=100)],
+        [t.key for t in await ops.list_tasks(group="gpu")],
+        await ops.count_by_status(),
+        [p.model_dump() for p in await ops.list_plans()],
+        [info.as_dict() for info in await ops.list_limits()],
+        [e.model_dump() for e in await Events(driver, clock=clock).list(limit=1000)],
+    )
+
+
+async def test_a_saved_store_comes_back_the_same(tmp_path: Path) -> None:
+    clock = FakeClock()
+    original = MemoryDriver(clock=clock, events=True)
+    await _fill(original, clock)
+    path = tmp_path / "store.json"
+    assert save(original, path, clock.now()) > 0
+
+    restored = MemoryDriver(clock=clock, events=True)
+    assert load(restored, path) == len(original._tasks)
+    assert await _picture(restored, clock) == await _picture(original, clock)
+
+    # the indexes work: the next claim takes the same task in both, unique params still held
+    now = clock.now()
+    for driver in (original, restored):
+        claimed = await driver.claim(ClaimParams("w2", ["job"], now, ["att-2"]))
+        assert [c.key for c in claimed] == ["uniq"]
+        assert (
+            await Operations(driver, clock=clock).send(Task("uniq-2", "job", {"u": 1}, unique_by="params"))
+            is False
+        )
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ("not json at all", "not a snapshot (not JSON"),
+        ('{"format": "something else"}', "not a mscheduler-memory-snapshot of version 1"),
+        ('{"format": "mscheduler-memory-snapshot", "version": 1}', "not a whole snapshot"),
+    ],
+)
+def test_a_file_that_is_not_a_snapshot_is_refused(tmp_path: Path, content: str, says: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(InvalidInput) as refused:
+        load(MemoryDriver(), path)
+    assert says in str(refused.value)
+
+
+def test_a_missing_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match="cannot read the snapshot"):
+        load(MemoryDriver(), tmp_path / "nope.json")
+
+
+async def test_a_snapshot_goes_into_an_empty_store_only(tmp_path: Path) -> None:
+    clock = FakeClock()
+    driver = MemoryDriver(clock=clock)
+    await Operations(driver, clock=clock).send(Task("k", "job"))
+    path = tmp_path / "s.json"
+    save(driver, path, clock.now())
+    with pytest.raises(InvalidInput, match="into an empty store only"):
+        load(driver, path)
