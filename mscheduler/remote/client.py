@@ -781,7 +781,7 @@ class RemoteOperations:
         if checked.skip:
             raise InvalidInput("skip: not available over the REST API; page with the cursor")
         query: dict[str, Any] = {"limit": checked.limit - 1}  # the params ask for one more
-        for name in ("status", "name", "key_prefix", "worker_id", "group", "cursor"):
+        for name in ("status", "name", "key_prefix", "worker_id", "group", "cursor", "sort"):
             value = filters.get(name)
             if value is not None:
                 query[name] = value
@@ -790,7 +790,8 @@ class RemoteOperations:
             if isinstance(when, datetime):
                 query[name] = when.isoformat()
         answer = await self._call("GET", "/tasks", params=query)
-        return TaskPage([TaskInfo.model_validate(t) for t in answer["tasks"]], answer["next_cursor"])
+        tasks = [TaskInfo.model_validate(t) for t in answer["tasks"]]
+        return TaskPage(tasks, answer["next_cursor"], answer.get("prev_cursor"))
 
     async def list_tasks(self, **filters: Unpack[TaskFilters]) -> list[TaskInfo]:
         return (await self.page_tasks(**filters)).tasks
