@@ -44,3 +44,19 @@ def open_hash(page: Any, hash_: str, ready: str) -> None:
 
 def task_hash(key: str) -> str:
     return "#/task/" + quote(key, safe="")
+
+
+def ask(page: Any, button: str) -> None:
+    """Click an action ``button`` and wait for its confirmation dialog. A live update may redraw
+    the page between finding the button and the click (the click then lands on the old, detached
+    button and nothing opens): the click is made again on the redrawn button, up to three times."""
+    dialog = page.locator("dialog#confirm[open]")
+    for _ in range(3):
+        if dialog.count() == 0:
+            page.locator(button).first.click()
+        try:
+            dialog.wait_for(timeout=5000)
+            return
+        except Exception:  # playwright's TimeoutError: the click did not reach a live button
+            continue
+    dialog.wait_for()  # fails with playwright's own message

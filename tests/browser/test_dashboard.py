@@ -12,7 +12,16 @@ import pytest
 from mscheduler.domain.model import TaskStatus
 from tests.browser.conftest import DashboardServer
 from tests.browser.seed import CANCEL_ME, DOTS_KEY, FAILED_KEY, IDLE_WORKER, LONG_KEY, XSS_KEY
-from tests.browser.support import apply_filters, login, open_hash, rendered, shot, task_hash, wait_rerender
+from tests.browser.support import (
+    apply_filters,
+    ask,
+    login,
+    open_hash,
+    rendered,
+    shot,
+    task_hash,
+    wait_rerender,
+)
 from tests.web.support import ADMIN_TOKEN, READ_TOKEN
 
 pytestmark = pytest.mark.browser
@@ -165,7 +174,7 @@ def test_admin_cancels_a_task_after_confirming(page: Any, dashboard: DashboardSe
     login(page, dashboard, ADMIN_TOKEN)
     open_hash(page, task_hash(CANCEL_ME), "#task-actions")
     assert page.locator("#task .badge").first.inner_text() == "pending"
-    page.locator('button[data-action="cancel"]').click()
+    ask(page, 'button[data-action="cancel"]')
     dialog = page.locator("dialog#confirm")
     dialog.wait_for()
     assert CANCEL_ME in dialog.inner_text()
@@ -174,7 +183,7 @@ def test_admin_cancels_a_task_after_confirming(page: Any, dashboard: DashboardSe
     page.locator("#confirm-no").click()  # backing out changes nothing
     assert dashboard.run(dashboard.operations.get_task(CANCEL_ME)).status is TaskStatus.PENDING
 
-    page.locator('button[data-action="cancel"]').click()
+    ask(page, 'button[data-action="cancel"]')
     page.locator("#confirm-reason").fill("customer paid by wire")
     page.locator("#confirm-yes").click()
     page.locator("#banner.info", has_text=f"Cancelled {CANCEL_ME}").wait_for()
@@ -194,7 +203,7 @@ def test_admin_cancels_a_task_after_confirming(page: Any, dashboard: DashboardSe
 
     # set a status by hand, with a reason (Operations.set_status)
     open_hash(page, task_hash("invoice-1002"), "#task-actions")
-    page.locator('button[data-action="mark-failed"]').click()
+    ask(page, 'button[data-action="mark-failed"]')
     page.locator("#confirm-reason").fill("customer closed the account")
     page.locator("#confirm-yes").click()
     page.locator("#banner.info", has_text="Set invoice-1002 failed").wait_for()
@@ -205,7 +214,7 @@ def test_admin_cancels_a_task_after_confirming(page: Any, dashboard: DashboardSe
 
     # remove: asked first, then back to the list
     open_hash(page, task_hash("invoice-0999"), "#task-actions")
-    page.locator('button[data-action="remove"]').click()
+    ask(page, 'button[data-action="remove"]')
     page.locator("#confirm-yes").click()
     page.locator("#banner.info", has_text="Removed invoice-0999").wait_for()
     page.locator("#tasks table").wait_for()
@@ -214,10 +223,10 @@ def test_admin_cancels_a_task_after_confirming(page: Any, dashboard: DashboardSe
     # plans: suspend one, then skip the next two occurrences of another
     row = 'tr[data-plan="sync-every-15m"]'
     open_hash(page, "#/plans", f'{row} button[data-action="suspend"]')
-    page.locator(f'{row} button[data-action="suspend"]').click()
+    ask(page, f'{row} button[data-action="suspend"]')
     page.locator("#confirm-yes").click()
     page.locator(f"{row} .badge", has_text="suspended").wait_for()
-    page.locator('tr[data-plan="nightly-report"] button[data-action="skip"]').click()
+    ask(page, 'tr[data-plan="nightly-report"] button[data-action="skip"]')
     page.locator("#confirm-n").fill("2")
     page.locator("#confirm-yes").click()
     page.locator("#banner.info", has_text="skips its next 2").wait_for()
@@ -225,7 +234,7 @@ def test_admin_cancels_a_task_after_confirming(page: Any, dashboard: DashboardSe
 
     # workers: stop the idle one
     open_hash(page, "#/workers", f'tr[data-worker="{IDLE_WORKER}"] button[data-action="stop"]')
-    page.locator(f'tr[data-worker="{IDLE_WORKER}"] button[data-action="stop"]').click()
+    ask(page, f'tr[data-worker="{IDLE_WORKER}"] button[data-action="stop"]')
     page.locator("#confirm-yes").click()
     page.locator(f'tr[data-worker="{IDLE_WORKER}"] .badge', has_text="stopping").wait_for()
 
@@ -255,7 +264,7 @@ def test_read_only_sees_no_actions_and_is_refused(page: Any, dashboard: Dashboar
     page.locator("main[data-ready]").wait_for()
     open_hash(page, task_hash(LONG_KEY), "#task-actions")
     page.evaluate("t => sessionStorage.setItem('mscheduler.token', t)", READ_TOKEN)
-    page.locator('button[data-action="cancel"]').click()
+    ask(page, 'button[data-action="cancel"]')
     page.locator("#confirm-yes").click()
     banner = page.locator("#banner.error")
     banner.wait_for()

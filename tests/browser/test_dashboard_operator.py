@@ -19,7 +19,7 @@ from mscheduler.drivers.base import WorkerInfo
 from mscheduler.runtime.consumer import TaskContext
 from tests.browser.conftest import DashboardServer
 from tests.browser.seed import FAILED_KEY, LIVE_WORKER, LONG_KEY
-from tests.browser.support import login, open_hash, rendered, shot, task_hash, wait_rerender
+from tests.browser.support import ask, login, open_hash, rendered, shot, task_hash, wait_rerender
 from tests.web.support import ADMIN_TOKEN, READ_TOKEN
 
 pytestmark = pytest.mark.browser
@@ -277,7 +277,7 @@ def test_plans_show_their_next_fire_times_last_runs_and_run_now(
         "run-now",
         "skip",
     ]
-    nightly.locator('button[data-action="run-now"]').click()
+    ask(page, 'tr[data-plan="nightly-report"] button[data-action="run-now"]')
     page.locator("#confirm-yes").click()
     page.locator("#banner.info", has_text="a run was made now").wait_for()
     nightly = page.locator('tr[data-plan="nightly-report"]')
