@@ -14,7 +14,7 @@ import asyncio
 import base64
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -50,6 +50,7 @@ from mscheduler.domain.plans import (
     PlanInfo,
     PlanState,
     checked_plan_id,
+    occurrence_key,
     option_to_storage,
     plan_state,
     refire_time,
@@ -63,9 +64,11 @@ from mscheduler.drivers.base import (
     WORKERS_PAGE_MAX,
     ControlParams,
     Driver,
+    InsertParams,
     InsertPlanParams,
     LimitNameTaken,
     MarkParams,
+    NewTask,
     PlanListParams,
     PutLimitParams,
     StatsParams,
@@ -85,10 +88,13 @@ from mscheduler.publishing import (
 log = logging.getLogger("mscheduler.operations")
 
 MANY_MAX = 1000  # keys of one get_tasks / restart_many call
+COUNT_CAP = 100_000  # tasks count_tasks counts by default before it answers "at least"
+COUNT_MAX = 10_000_000
 MANY_AT_ONCE = 16  # restarts of restart_many in flight at once
 PLAN_CHANGE_TRIES = 10  # compare-and-set tries of a plan change racing planners
 CONTROL_TRIES = 10  # a task control refused, but the task's status allows it on re-read: again
 REASON_MAX = 2000
+BY_MAX = 200
 
 _PENDING, _RUNNING = TaskStatus.PENDING.value, TaskStatus.RUNNING.value
 _SUCCEEDED, _FAILED = TaskStatus.SUCCEEDED.value, TaskStatus.FAILED.value
@@ -129,6 +135,29 @@ class RestartOutcome:
     @property
     def restarted(self) -> bool:
         return self.outcome == "restarted"
+
+
+BULK_ACTIONS = ("cancel", "pause", "resume", "restart", "remove")
+BULK_PAGE = 200  # tasks a bulk action over a filter reads and changes per page
+
+
+@dataclass(slots=True, frozen=True)
+class BulkOutcome:
+    """What a bulk action (``control_many``, ``control_matching``) did to one task: ``done``,
+    ``refused`` (``status`` and ``rule`` say why; nothing changed) or ``unknown`` (gone)."""
+
+    key: str
+    outcome: str
+    status: str | None = None
+    rule: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class TaskCount:
+    """How many tasks a filter selects: ``count``, or at least that many when ``capped``."""
+
+    count: int
+    capped: bool
 
 
 @dataclass(slots=True, frozen=True)
@@ -312,6 +341,16 @@ class Operations:
         params = list_params(**filters)
         return task_page(params, await self.driver.list_tasks(params))
 
+    async def count_tasks(self, *, cap: int = COUNT_CAP, **filters: Unpack[TaskFilters]) -> TaskCount:
+        """How many tasks the filters of ``page_tasks`` select, counting at most ``cap`` (1 to
+        ``COUNT_MAX``): a store of millions answers "at least ``cap``" (``capped``) in the time
+        ``cap`` index keys take. The count a bulk action's confirmation shows."""
+        if not isinstance(cap, int) or isinstance(cap, bool) or not 1 <= cap <= COUNT_MAX:
+            raise InvalidInput(f"cap: an integer from 1 to {COUNT_MAX}")
+        params = list_params(**{k: v for k, v in filters.items() if k not in ("cursor", "limit", "skip")})
+        counted = await self.driver.count_tasks(params, cap)
+        return TaskCount(counted, counted >= cap)
+
     async def list_tasks(self, **filters: Unpack[TaskFilters]) -> list[TaskInfo]:
         """The tasks of ``page_tasks`` (without the next cursor)."""
         return (await self.page_tasks(**filters)).tasks
@@ -368,16 +407,17 @@ class Operations:
 
     # -- task control -------------------------------------------------------------------------
 
-    async def cancel(self, key: str, reason: str = "") -> TaskInfo:
+    async def cancel(self, key: str, reason: str = "", *, by: str | None = None) -> TaskInfo:
         """End a pending or running task as ``cancelled`` (terminal). A running handler is
         cancelled as soon as its consumer hears of it (the change stream; without one, its next
         ping) and its outcome is refused; ``wait`` raises ``TaskCancelled``. Refused on a
-        finished task (succeeded, failed, expired, cancelled)."""
+        finished task (succeeded, failed, expired, cancelled). ``by``: who did it (kept in
+        ``state.cancelled`` and the event; every control takes it)."""
         checked_reason(reason)
         rule = "only a pending or running task can be cancelled"
-        return await self._change(key, "cancel", _UNFINISHED, rule, reason=reason)
+        return await self._change(key, "cancel", _UNFINISHED, rule, reason=reason, by=_checked_by(by))
 
-    async def pause(self, key: str, *, stop_running: bool = False) -> TaskInfo:
+    async def pause(self, key: str, *, stop_running: bool = False, by: str | None = None) -> TaskInfo:
         """Stop claims of a pending or running task until ``resume``; refused on a finished task.
 
         By default a running attempt runs on and the status stays. With ``stop_running=True`` the
@@ -391,32 +431,36 @@ class Operations:
         if not isinstance(stop_running, bool):
             raise InvalidInput("stop_running: must be True or False")
         rule = "a finished task cannot be paused"
-        return await self._change(key, "pause", _UNFINISHED, rule, stop_running=stop_running)
+        return await self._change(
+            key, "pause", _UNFINISHED, rule, stop_running=stop_running, by=_checked_by(by)
+        )
 
-    async def resume(self, key: str) -> TaskInfo:
+    async def resume(self, key: str, *, by: str | None = None) -> TaskInfo:
         """Make a paused task claimable again. Refused on a finished task."""
-        return await self._change(key, "resume", _UNFINISHED, "a finished task cannot be resumed")
+        rule = "a finished task cannot be resumed"
+        return await self._change(key, "resume", _UNFINISHED, rule, by=_checked_by(by))
 
-    async def remove(self, key: str, *, force: bool = False) -> None:
+    async def remove(self, key: str, *, force: bool = False, by: str | None = None) -> None:
         """Delete a task that is not running; a running one only with ``force=True`` (it is
         cancelled first, so its handler is stopped as by ``cancel``). A task with children is removed
         with its children (children first, each under the same rule); a child only with its
         parent."""
+        by = _checked_by(by)
         doc = await self.driver.get_task(_checked(validate_key, key, "key"))
         if doc is not None and doc.get("parent") is not None:
             rule = f"a child task is removed with its parent ({doc['parent']!r})"
             raise TransitionRefused(key, "remove", doc["state"]["status"], rule)
         for child in (doc or {}).get("children", {}).get("keys", []):
-            await self._remove_child(child, force)
+            await self._remove_child(child, force, by)
         if force:
             try:
-                await self._control(key, "cancel", (_RUNNING,), "", reason="removed")
+                await self._control(key, "cancel", (_RUNNING,), "", reason="removed", by=by)
             except TransitionRefused:
                 pass  # not running (any more): removed below as it is
         rule = "a running task is removed only with force=True (it is cancelled first)"
-        await self._control(key, "remove", _NOT_RUNNING, rule)
+        await self._control(key, "remove", _NOT_RUNNING, rule, by=by)
 
-    async def restart(self, key: str, *, force: bool = False) -> TaskInfo:
+    async def restart(self, key: str, *, force: bool = False, by: str | None = None) -> TaskInfo:
         """Run a failed, cancelled or expired task again (a succeeded one only with
         ``force=True``; a pending or running one never): its attempts are kept in
         ``state.history`` as an earlier generation and the retry budget starts afresh. A
@@ -432,7 +476,7 @@ class Operations:
             rule = "a task with children is not restarted with force: restart_child(..., force=True)"
             raise TransitionRefused(key, "restart", info.status.value, rule)
         try:
-            return await self._change(key, "restart", statuses, rule)
+            return await self._change(key, "restart", statuses, rule, by=_checked_by(by))
         except UniqueParamsTaken as exc:  # unique_by="params": one live task per params hash
             held = f"live task {exc.holder!r}" if exc.holder else "a live task"
             status = (await self.get_task(key)).status.value
@@ -459,6 +503,107 @@ class Operations:
         for start in range(0, len(checked), MANY_AT_ONCE):
             await asyncio.gather(*(one(key) for key in checked[start : start + MANY_AT_ONCE]))
         return {key: outcomes[key] for key in checked}
+
+    async def control_many(
+        self,
+        action: str,
+        keys: Sequence[str],
+        *,
+        reason: str = "",
+        force: bool = False,
+        stop_running: bool = False,
+        by: str | None = None,
+    ) -> list[BulkOutcome]:
+        """``action`` (cancel, pause, resume, restart, remove) on each key, each its own
+        compare-and-set under the action's rules, a few at a time; the outcome per key in the
+        order given. Keys and options are checked first: bad input changes nothing."""
+        run = self._bulk_action(action, reason=reason, force=force, stop_running=stop_running, by=by)
+        return await self._bulk(run, _checked_keys(keys))
+
+    async def control_matching(
+        self,
+        action: str,
+        *,
+        reason: str = "",
+        force: bool = False,
+        stop_running: bool = False,
+        by: str | None = None,
+        page_size: int = BULK_PAGE,
+        **filters: Unpack[TaskFilters],
+    ) -> AsyncIterator[list[BulkOutcome]]:
+        """``action`` on every task the filters of ``page_tasks`` select, page by page (a
+        listing in the filters' own order, by cursor), yielding each page's outcomes: the caller
+        shows progress and may stop between pages. Tasks created after the call are left out
+        (the creation range ends now), so the action ends even while tasks keep arriving. Bad
+        input is refused before anything changes; ``sort``, ``cursor`` and ``limit`` are not
+        filters here."""
+        run = self._bulk_action(action, reason=reason, force=force, stop_running=stop_running, by=by)
+        if not isinstance(page_size, int) or isinstance(page_size, bool) or not 1 <= page_size <= MANY_MAX:
+            raise InvalidInput(f"page_size: an integer from 1 to {MANY_MAX}")
+        selected: dict[str, Any] = {
+            k: v for k, v in filters.items() if k not in ("sort", "cursor", "limit", "skip")
+        }
+        now = await self._now() + timedelta(milliseconds=1)
+        created_to = selected.get("created_to")
+        if created_to is None or (
+            isinstance(created_to, datetime) and created_to.tzinfo is not None and created_to > now
+        ):
+            selected["created_to"] = now
+        list_params(**selected)  # every filter checked before the first change
+        return self._bulk_pages(run, selected, page_size)
+
+    async def _bulk_pages(
+        self, run: Callable[[str], Awaitable[BulkOutcome]], selected: dict[str, Any], page_size: int
+    ) -> AsyncIterator[list[BulkOutcome]]:
+        cursor = None
+        while True:
+            page = await self.page_tasks(**selected, cursor=cursor, limit=page_size)
+            if page.tasks:
+                yield await self._bulk(run, [t.key for t in page.tasks])
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def _bulk_action(
+        self, action: str, *, reason: str, force: bool, stop_running: bool, by: str | None
+    ) -> Callable[[str], Awaitable[BulkOutcome]]:
+        """The checked action as a function of a key (its outcome, never a refusal raised)."""
+        if action not in BULK_ACTIONS:
+            raise InvalidInput(f"action: one of {', '.join(BULK_ACTIONS)}, got {action!r}")
+        for name, value in (("force", force), ("stop_running", stop_running)):
+            if not isinstance(value, bool):
+                raise InvalidInput(f"{name}: must be True or False")
+        checked_reason(reason)
+        by = _checked_by(by)
+        calls: dict[str, Callable[[str], Awaitable[Any]]] = {
+            "cancel": lambda key: self.cancel(key, reason, by=by),
+            "pause": lambda key: self.pause(key, stop_running=stop_running, by=by),
+            "resume": lambda key: self.resume(key, by=by),
+            "restart": lambda key: self.restart(key, force=force, by=by),
+            "remove": lambda key: self.remove(key, force=force, by=by),
+        }
+        call = calls[action]
+
+        async def run(key: str) -> BulkOutcome:
+            try:
+                await call(key)
+            except TransitionRefused as exc:
+                return BulkOutcome(key, "refused", status=exc.status, rule=exc.rule)
+            except UnknownTask:
+                return BulkOutcome(key, "unknown")
+            return BulkOutcome(key, "done")
+
+        return run
+
+    async def _bulk(self, run: Callable[[str], Awaitable[BulkOutcome]], keys: list[str]) -> list[BulkOutcome]:
+        outcomes: dict[str, BulkOutcome] = {}
+
+        async def one(key: str) -> None:
+            outcomes[key] = await run(key)
+
+        for start in range(0, len(keys), MANY_AT_ONCE):
+            await asyncio.gather(*(one(key) for key in keys[start : start + MANY_AT_ONCE]))
+        return [outcomes[key] for key in keys]
 
     async def edit(self, key: str, change: OptionChange) -> TaskOption:
         """Change a pending or running task's options (F26: due time, priority, retry budget or
@@ -519,7 +664,13 @@ class Operations:
         return child_key_of(await self.get_task(key), child)
 
     async def _follow_family(
-        self, info: TaskInfo, action: str, *, reason: str = "", stop_running: bool = False
+        self,
+        info: TaskInfo,
+        action: str,
+        *,
+        reason: str = "",
+        stop_running: bool = False,
+        by: str | None = None,
     ) -> TaskInfo:
         """After a change of one task: a child's parent is synced; a cancel, pause, resume or
         restart of a parent is applied to those of its children it applies to (each its own
@@ -532,21 +683,23 @@ class Operations:
         for child in info.children:
             try:
                 statuses = FAMILY_ACTIONS[action]
-                await self._control(child.key, action, statuses, "", reason=reason, stop_running=stop_running)
+                await self._control(
+                    child.key, action, statuses, "", reason=reason, stop_running=stop_running, by=by
+                )
             except (TransitionRefused, UnknownTask):
                 pass  # not in a status the action applies to (or gone): left as it is
         await self.driver.sync_parents(SyncParentsParams([info.key], await self._now()))
         return await self.get_task(info.key)
 
-    async def _remove_child(self, key: str, force: bool) -> None:
+    async def _remove_child(self, key: str, force: bool, by: str | None = None) -> None:
         if force:
             try:
-                await self._control(key, "cancel", (_RUNNING,), "", reason="removed")
+                await self._control(key, "cancel", (_RUNNING,), "", reason="removed", by=by)
             except (TransitionRefused, UnknownTask):
                 pass
         rule = "a task with a running child is removed only with force=True"
         try:
-            await self._control(key, "remove", _NOT_RUNNING, rule)
+            await self._control(key, "remove", _NOT_RUNNING, rule, by=by)
         except UnknownTask:
             pass
 
@@ -559,11 +712,14 @@ class Operations:
         *,
         reason: str = "",
         stop_running: bool = False,
+        by: str | None = None,
     ) -> TaskInfo:
         """``_control`` of an action that keeps the task: the task as it is after the change."""
-        info = await self._control(key, action, statuses, rule, reason=reason, stop_running=stop_running)
+        info = await self._control(
+            key, action, statuses, rule, reason=reason, stop_running=stop_running, by=by
+        )
         assert info is not None
-        return await self._follow_family(info, action, reason=reason, stop_running=stop_running)
+        return await self._follow_family(info, action, reason=reason, stop_running=stop_running, by=by)
 
     async def _control(
         self,
@@ -574,13 +730,14 @@ class Operations:
         *,
         reason: str = "",
         stop_running: bool = False,
+        by: str | None = None,
     ) -> TaskInfo | None:
         """One compare-and-set of ``action`` while the task's status is one of ``statuses``;
         ``UnknownTask`` / ``TransitionRefused`` (with ``rule``) when it does not apply."""
         key = _checked(validate_key, key, "key")
         for _ in range(CONTROL_TRIES):
             now = await self._now()
-            params = ControlParams(key, action, statuses, now, reason, stop_running)
+            params = ControlParams(key, action, statuses, now, reason, stop_running, by)
             after = await self.driver.control_task(params)
             if after is not None:
                 # the task as this change left it (a later change may have moved it on since)
@@ -632,6 +789,32 @@ class Operations:
         state = checked_plan_listing(state, limit, skip)
         docs = await self.driver.list_plans(PlanListParams(state=state, limit=limit, skip=skip))
         return [PlanInfo.from_storage(doc) for doc in docs]
+
+    async def run_plan_now(self, plan_id: str) -> TaskInfo:
+        """Run the plan's task once, now, outside its schedule: a task like its occurrences
+        (name, params, option; keyed as the occurrence at this instant, so it lists with the
+        plan's runs and its events name the plan). The schedule, the counters and the last run
+        stay as they are. Refused when the plan does not allow overlap and its last run is still
+        pending or running."""
+        plan_id = checked_plan_id(plan_id)
+        doc = await self.driver.get_plan(plan_id)
+        if doc is None:
+            raise UnknownPlan(plan_id)
+        last = doc.get("last_run_key")
+        if last is not None and not doc["allow_overlap"]:
+            outcome = (await self.driver.get_run_outcomes([last])).get(last)
+            if outcome is not None and outcome.status in _UNFINISHED:
+                rule = f"plan {plan_id!r} does not allow overlap"
+                raise TransitionRefused(last, "start another run beside", outcome.status, rule)
+        now = await self._now()
+        task = doc["task"]
+        option = TaskOption.from_storage(task["option"])
+        key = occurrence_key(plan_id, now)
+        new = NewTask(key, task["name"], task.get("params"), option.to_storage(now))
+        (created,) = await self.driver.insert_tasks(InsertParams([new], now))
+        if not created:
+            raise TransitionRefused(key, "run now", "pending", "a run of the plan at this instant exists")
+        return await self.get_task(key)
 
     async def suspend_plan(self, plan_id: str) -> PlanInfo:
         """Suspend a plan: no occurrence is materialised until ``resume_plan``."""
@@ -863,6 +1046,13 @@ def _checked_keys(keys: object) -> list[str]:
     if len(checked) > MANY_MAX:
         raise InvalidInput(f"keys: at most {MANY_MAX} keys at once, got {len(checked)}")
     return checked
+
+
+def _checked_by(by: str | None) -> str | None:
+    """Who did an operator action (an API token's ``api:<name>``): kept as given."""
+    if by is not None:
+        _check_text(by, "by", BY_MAX)
+    return by
 
 
 def _limit_key(key: object) -> str:

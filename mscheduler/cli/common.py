@@ -48,6 +48,7 @@ from mscheduler.domain.exceptions import (
     UnknownTask,
 )
 from mscheduler.drivers.mongo.driver import MongoDriver
+from mscheduler.observability.logs import CONTROL_CHARS, plain_text
 from mscheduler.operations import Operations
 from mscheduler.remote.client import ApiRefused, ApiUnreachable, NotAnApi, RemoteEvents, RemoteOperations
 from mscheduler.services.events import Events
@@ -72,10 +73,29 @@ app = typer.Typer(
 )
 
 
-out = Console(soft_wrap=True)
+class TerminalConsole(Console):
+    """A Rich console that prints every string as plain text: no markup (a worker id ``[/]`` or
+    a key ``[link=...]...[/link]`` is shown as typed, never parsed), no emoji codes, and control
+    characters replaced (``plain_text``) — in cells, titles and ``Text`` alike. Stored values
+    (keys, worker ids, errors, params) are chosen by whoever publishes or executes tasks: the
+    operator's terminal must show them, not obey them. Styles come only from ``Text`` objects
+    the CLI builds."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        kwargs.update(markup=False, emoji=False)
+        return super().render_str(plain_text(text), **kwargs)
+
+    def render(self, renderable: Any, options: Any = None) -> Any:
+        if isinstance(renderable, Text) and CONTROL_CHARS.search(renderable.plain):
+            renderable = renderable.copy()
+            renderable.plain = plain_text(renderable.plain)  # same length: the styles stay put
+        return super().render(renderable, options)
 
 
-err = Console(stderr=True, soft_wrap=True, markup=False, highlight=False)  # messages hold user text
+out = TerminalConsole(soft_wrap=True, markup=False, highlight=False, emoji=False)
+
+
+err = TerminalConsole(stderr=True, soft_wrap=True, markup=False, highlight=False, emoji=False)
 
 
 log = logging.getLogger("mscheduler.cli")

@@ -26,7 +26,6 @@ from typing import Annotated, Any
 import typer
 from pydantic import BaseModel
 from rich.console import RenderableType
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -615,8 +614,12 @@ def demo(
             "the demo runs in memory without it",
         )
     config = DemoConfig(workers=workers, quick=quick, timeout=timeout)
-    where = "in memory (MemoryDriver)" if mongodb_uri is None else f"on MongoDB {escape(redact(mongodb_uri))}"
-    out.print(f"[bold]mscheduler demo[/bold] {where}: {config.workers} workers x {config.concurrency} slots")
+    where = "in memory (MemoryDriver)" if mongodb_uri is None else f"on MongoDB {redact(mongodb_uri)}"
+    out.print(
+        Text.assemble(
+            ("mscheduler demo", "bold"), f" {where}: {config.workers} workers x {config.concurrency} slots"
+        )
+    )
     progress = Progress(
         TextColumn("[bold]tasks"),
         BarColumn(),

@@ -93,12 +93,21 @@ def tasks_ls(
     skip: Annotated[
         int, typer.Option(metavar="N", help="Skip the first N tasks (deprecated: use --cursor).")
     ] = 0,
+    sort: Annotated[
+        str | None,
+        typer.Option(
+            metavar="ORDER",
+            help="created, updated, finished, status, name, attempts or key; '-' in front: "
+            "descending (--sort=-created: newest first).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """List tasks oldest first (with --key-prefix: in key order; with --finished-from / --to and
-    no prefix: by finish time, finished tasks only), filtered by status, name, key prefix,
-    worker, group, creation and finish time. When more tasks follow, the next page's --cursor
-    is printed after the table (with --json: on stderr, stdout stays a JSON list)."""
+    no prefix: by finish time, finished tasks only) or as --sort says, filtered by status,
+    name, key prefix, worker, group, creation and finish time. When more tasks follow, the next
+    page's --cursor is printed after the table (with --json: on stderr, stdout stays a JSON
+    list)."""
     since, until = _instant(created_from, "--created-from"), _instant(created_to, "--created-to")
     done_since = _instant(finished_from, "--finished-from")
     done_until = _instant(finished_to, "--finished-to")
@@ -117,6 +126,7 @@ def tasks_ls(
             cursor=cursor,
             limit=limit,
             skip=skip,
+            sort=sort,
         ),
     )
     if as_json:
@@ -124,7 +134,8 @@ def tasks_ls(
         if page.next_cursor is not None:
             err.print(f"next_cursor: {page.next_cursor}")
     else:
-        out.print(task_rows(page.tasks, finished=done_since is not None or done_until is not None))
+        by_finish = done_since is not None or done_until is not None or (sort or "").lstrip("-") == "finished"
+        out.print(task_rows(page.tasks, finished=by_finish))
         if page.next_cursor is not None:
             out.print(Text(f"more: --cursor {page.next_cursor}"))
 

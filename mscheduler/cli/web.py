@@ -9,6 +9,7 @@ MongoDB cannot be reached at start.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 from datetime import timedelta
@@ -67,6 +68,18 @@ def load_tokens(tokens_file: Path | None) -> Any:
         raise CliError(str(exc), exit_code=EXIT_USAGE) from None
 
 
+def quiet_collector(young: int = 20_000) -> None:
+    """Keep the garbage collector's pauses short in the server process: what exists once the
+    app is ready (modules, the app, its routes: some 100,000 objects that live as long as the
+    process) is moved out of its reach (``gc.freeze``), and young collections run after
+    ``young`` allocations instead of 700. A full pass over that heap stopped every request for
+    about 100 ms a few times a minute under load (benchmarks/README.md, the API under load)."""
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(young, middle, old)
+
+
 async def serve(
     *,
     uri: str,
@@ -79,6 +92,7 @@ async def serve(
     metrics_public: bool = False,
     events: bool = False,
     event_retention_days: float = 7.0,
+    limits: Any = None,
 ) -> None:
     """Connect, make sure the indexes exist, and serve until SIGINT / SIGTERM (uvicorn's)."""
     import uvicorn
@@ -105,8 +119,11 @@ async def serve(
         await driver.prepare()  # the listings name their indexes (hint): `mscheduler setup` made them
         operations = Operations(driver)
     try:
-        web_app = create_app(operations=operations, tokens=tokens, metrics_public=metrics_public)
+        web_app = create_app(
+            operations=operations, tokens=tokens, metrics_public=metrics_public, limits=limits
+        )
         config = uvicorn.Config(web_app, host=host, port=port, log_config=None, access_log=True)
+        quiet_collector()
         plain_say(
             f"mscheduler web: serving the REST API on http://{host}:{port}/api/v1 and the dashboard on "
             f"http://{host}:{port}/ui/ ; Ctrl+C to stop"
@@ -143,6 +160,17 @@ def web(
     event_retention_days: Annotated[
         float, typer.Option(metavar="DAYS", min=0.001, help="With --events: as your workers'.")
     ] = 7.0,
+    max_body_mb: Annotated[
+        float, typer.Option(metavar="MB", min=0.001, max=1024, help="Refuse larger request bodies (413).")
+    ] = 4.0,
+    streams_per_token: Annotated[
+        int, typer.Option(metavar="N", min=1, help="Event streams one token may hold open (429 beyond).")
+    ] = 8,
+    streams_total: Annotated[int, typer.Option(metavar="N", min=1, help="Event streams in all.")] = 64,
+    waits_per_token: Annotated[
+        int, typer.Option(metavar="N", min=1, help="Long-poll leases one token may have waiting.")
+    ] = 64,
+    waits_total: Annotated[int, typer.Option(metavar="N", min=1, help="Long-poll leases in all.")] = 256,
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
@@ -150,8 +178,9 @@ def web(
     """Serve the REST API (/api/v1: tasks, plans, workers, stats, health) until SIGINT / SIGTERM.
 
     Every request but /api/v1/health and /api/v1/openapi.json needs a bearer token: a read token
-    may GET, changes need an admin token. Exits 2 on bad arguments or tokens, 3 if MongoDB cannot
-    be reached at start.
+    may GET, changes need an admin token. Bodies above --max-body-mb are refused (413); event
+    streams and long-poll waits beyond their caps per token and in all get a 429. Exits 2 on bad
+    arguments or tokens, 3 if MongoDB cannot be reached at start.
     """
     try:
         import uvicorn  # noqa: F401
@@ -165,6 +194,18 @@ def web(
         ) from None
     configure_logging(logging.INFO, "text")
     try:
+        from mscheduler.web.guards import ApiLimits
+
+        try:
+            limits = ApiLimits(
+                max_body_bytes=int(max_body_mb * 1024 * 1024),
+                streams_per_token=streams_per_token,
+                streams_total=streams_total,
+                waits_per_token=waits_per_token,
+                waits_total=waits_total,
+            )
+        except InvalidInput as exc:
+            raise CliError(str(exc), exit_code=EXIT_USAGE) from None
         tokens = load_tokens(tokens_file)
         asyncio.run(
             serve(
@@ -178,6 +219,7 @@ def web(
                 metrics_public=metrics_public,
                 events=events,
                 event_retention_days=event_retention_days,
+                limits=limits,
             )
         )
     except CliError as exc:

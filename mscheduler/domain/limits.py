@@ -247,10 +247,16 @@ def counted_starts(doc: Mapping[str, Any], now: datetime) -> dict[str, int]:
     return {k: n for k, n in starts.items() if int(k) >= low}
 
 
+# the bucket of a slot of the layout before issue 18 on a limit with a rate: its start is among
+# the converted starts (not a pre-rate slot), in no bucket of its own (no start to give back)
+CONVERTED_BUCKET = "old"
+
+
 def _slots(doc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     slots = doc.get("slots") or {}
     if isinstance(slots, list):  # the layout before issue 18 (an array of {a, w, e}), until an acquire
-        return {s["a"]: {"w": s["w"], "e": s["e"], "b": None} for s in slots}
+        counted = CONVERTED_BUCKET if doc.get("rate_n") is not None else None
+        return {s["a"]: {"w": s["w"], "e": s["e"], "b": counted} for s in slots}
     return dict(slots)
 
 

@@ -30,6 +30,7 @@ from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.model import Params, TaskName, TaskOption
 from mscheduler.domain.schedule import (
     AtSchedule,
+    CatchUp,
     FrozenModel,
     PlanTiming,
     first_fire_time,
@@ -106,6 +107,28 @@ def refire_time(timing: PlanTiming, now: datetime) -> datetime | None:
         return first_fire_time(timing, now)
     begin = now if timing.start is None or timing.start < now else timing.start
     return timing.next_occurrence(begin - _TINY)
+
+
+UPCOMING = 5  # fire times PlanInfo.upcoming lists
+
+
+def upcoming_fire_times(
+    timing: PlanTiming, next_fire_time: datetime | None, runs_made: int, n: int = UPCOMING
+) -> list[datetime]:
+    """The plan's next ``n`` fire times by the schedule's arithmetic, from its stored next fire
+    time (skips still to come included: they are passed over when due). After completion, only
+    the next one is known (the ones after count from when runs end); none once it ended."""
+    if next_fire_time is None:
+        return []
+    times = [next_fire_time]
+    if timing.catch_up is CatchUp.AFTER_COMPLETION:
+        return times
+    while len(times) < n and (timing.repeat is None or runs_made + len(times) < timing.repeat):
+        found = timing.next_occurrence(times[-1])
+        if found is None:
+            break
+        times.append(found)
+    return times
 
 
 def option_to_storage(option: TaskOption) -> dict[str, Any]:
@@ -211,6 +234,10 @@ class PlanInfo(BaseModel):
     create_time: datetime
     update_time: datetime
     version: int
+    upcoming: list[datetime] = Field(
+        default_factory=list,
+        description="the next fire times by the schedule (at most five; skips still count here)",
+    )
 
     def as_plan(self) -> Plan:
         """The definition part, as a ``Plan`` (to edit and re-create)."""
@@ -249,7 +276,16 @@ class PlanInfo(BaseModel):
             create_time=doc["create_time"],
             update_time=doc["update_time"],
             version=doc["version"],
+            upcoming=_upcoming_of(doc),
         )
+
+
+def _upcoming_of(doc: Mapping[str, Any]) -> list[datetime]:
+    try:
+        timing = timing_from_storage(doc["timing"])
+    except InvalidInput:  # shown as stored; the planner parks such a plan in the error state
+        return []
+    return upcoming_fire_times(timing, doc.get("next_fire_time"), doc["runs_made"])
 
 
 def checked_plan_id(value: object) -> str:

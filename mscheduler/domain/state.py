@@ -5,7 +5,9 @@ driver calls ``derive`` directly; the Mongo driver's ``_derive_stages`` is the s
 as an update pipeline, and the conformance suite checks that both agree.
 
 * ``running_cnt`` / ``success_cnt`` / ``fail_cnt``: entries running / succeeded / failed, lost
-  or rejected; ``rejected_cnt``: entries rejected (invalid params), which use up the budget.
+  or rejected; ``rejected_cnt``: entries rejected (invalid params), which use up the budget;
+  ``attempt_cnt``: the three together, the attempts that count (``TaskInfo.attempts``; the
+  listings sort by it).
 * ``free_slots``: ``concurrent_worker_cnt - running - succeeded`` (never below 0).
 * ``exhausted``: ``fail_cnt > max_unexpected_retries`` (None: unlimited), a rejected entry or a
   final one (the handler raised ``Fail``) — the budget is used — or ``state.broken`` is set (the
@@ -49,6 +51,7 @@ DERIVED_FIELDS = (
     "success_cnt",
     "fail_cnt",
     "rejected_cnt",
+    "attempt_cnt",
     "retry_at",
     "targeted",
     "free_slots",
@@ -173,6 +176,7 @@ def derive(
         "success_cnt": success,
         "fail_cnt": failures,
         "rejected_cnt": rejected,
+        "attempt_cnt": running + success + failures,
         "retry_at": retry_at,
         "targeted": targeted,
         "free_slots": free,

@@ -251,7 +251,7 @@ class UpdateOptionParams:
 class ControlParams:
     """An operator's change of one task, a compare-and-set on its status: applied only while
     ``state.status`` is one of ``statuses``. ``action``: ``cancel`` (sets ``state.cancelled`` to
-    {reason, time}), ``pause`` / ``resume`` (sets ``state.paused``), ``remove`` (deletes the
+    {reason, time, by}), ``pause`` / ``resume`` (sets ``state.paused``), ``remove`` (deletes the
     document), ``restart`` (moves the attempt entries to ``state.history``, clears cancelled /
     expired / broken / paused, the checkpoint and progress: a new generation with a fresh budget).
 
@@ -272,9 +272,25 @@ class ControlParams:
     # pause only: also stop the running attempts, in the same write: their entries become
     # ``released`` (error type PAUSED, not counted against the budget) and ``state.stop`` is set
     stop_running: bool = False
+    # who did it (an API token's ``api:<name>``): in the event's detail and ``state.cancelled``
+    by: str | None = None
 
 
 CONTROL_ACTIONS = ("cancel", "pause", "resume", "remove", "restart")
+
+
+def control_detail(params: ControlParams) -> dict[str, Any] | None:
+    """The detail of a control's event: its reason and author, when given."""
+    detail = {name: value for name, value in (("reason", params.reason), ("by", params.by)) if value}
+    return detail or None
+
+
+def cancelled_record(params: ControlParams) -> dict[str, Any]:
+    """``state.cancelled`` of a cancel: {reason, time} and ``by`` when known."""
+    record: dict[str, Any] = {"reason": params.reason, "time": params.now}
+    if params.by:
+        record["by"] = params.by
+    return record
 
 
 @dataclass(slots=True, frozen=True)
@@ -622,6 +638,11 @@ class Driver(Protocol):
         ...
 
     async def list_tasks(self, params: ListParams) -> list[dict[str, Any]]: ...
+
+    async def count_tasks(self, params: ListParams, cap: int) -> int:
+        """How many tasks the listing's filters select (its order, cursor, skip and limit are
+        ignored), counting at most ``cap``: ``cap`` means "``cap`` or more"."""
+        ...
 
     async def count_by_status(self) -> dict[str, int]: ...
 

@@ -105,9 +105,14 @@ class Subscription(Generic[T]):
         return item  # type: ignore[no-any-return]
 
     async def aclose(self) -> None:
+        """Leave the hub; the last subscriber to leave waits until the source is closed (a
+        change stream's cursor killed, a poller stopped), as closing a stream of its own would."""
         if not self.closed:
             self.closed = True
-            self._hub.leave(self)
+            pump = self._hub.leave(self)
+            if pump is not None:
+                # asyncio.wait: the pump's own cancellation is not raised here (ours still is)
+                await asyncio.wait([pump])
 
 
 class Fanout(Generic[T]):
@@ -167,14 +172,19 @@ class Fanout(Generic[T]):
         for subscription in list(self.subscribers):
             subscription.put(item)
 
-    def leave(self, subscription: Subscription[T]) -> None:
+    def leave(self, subscription: Subscription[T]) -> asyncio.Task[None] | None:
+        """Remove a subscriber; the last one stops the source. Returns the source's task when
+        it was stopped (it closes the source in its ``finally``: await it to know it is closed)."""
         if subscription in self.subscribers:
             self.subscribers.remove(subscription)
+        stopped = None
         if not self.subscribers:
             if self._task is not None and not self._task.done():
                 self._task.cancel()  # its source closes (the iterator's finally)
+                stopped = self._task
             self._task = None
             _forget(self)
+        return stopped
 
     async def _pump(self) -> None:
         assert self._opener is not None
@@ -246,6 +256,15 @@ def shared(
     if hub is None or hub.loop is not loop:
         hub = _HUBS[(id(loop), key)] = Fanout(key, opener, token_of)
     return hub
+
+
+def subscriptions(driver: Any, collection: str) -> int:
+    """How many subscriptions this process holds on ``driver``'s ``collection`` (``"tasks"`` or
+    ``"events"``) on the running event loop: what the API's caps count (one source serves them)."""
+    loop = asyncio.get_running_loop()
+    prefix = "tasks" if collection == "tasks" else "events"
+    hub = _HUBS.get((id(loop), (prefix, stream_key(driver, collection))))
+    return len(hub.subscribers) if hub is not None else 0
 
 
 def _forget(hub: Fanout[Any]) -> None:
@@ -329,7 +348,11 @@ async def event_subscription(
     hub = shared(("events", stream_key(driver, "events")), opener)
     subscription = hub.subscribe(lambda doc: doc if matches(doc, query) else None)
     hub.start()
-    await hub.opened.wait()
+    try:
+        await hub.opened.wait()
+    except BaseException:  # cancelled while it opened (a client that went away): not left behind
+        await asyncio.shield(subscription.aclose())
+        raise
     if hub.open_error is not None:
         await subscription.aclose()
         raise hub.open_error

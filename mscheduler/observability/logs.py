@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from datetime import UTC, date, datetime, timedelta
 from enum import Enum
@@ -24,6 +25,36 @@ _STANDARD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), No
 }
 # Keys the JSON line always has; a structured field with one of these names gets a prefix.
 _RESERVED = ("time", "level", "logger", "message", "exc_info", "stack_info")
+
+
+# Control characters a stored value may carry (C0 but tab and new line, DEL, C1) and the bidi
+# controls that reorder what a terminal shows ("Trojan source").
+CONTROL_CHARS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _picture(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code < 0x20:
+        return chr(0x2400 + code)  # the control pictures: \x1b shows as "␛", \r as "␍"
+    return "\u2421" if code == 0x7F else "\ufffd"
+
+
+def plain_text(text: str) -> str:
+    """``text`` safe for a terminal: every control character but tab and new line replaced by a
+    visible stand-in of the same length, so an escape sequence in a task's error or key cannot
+    clear the screen, move the cursor or make a link where an operator reads it."""
+    return CONTROL_CHARS.sub(_picture, text)
+
+
+class TextFormatter(logging.Formatter):
+    """``TEXT_FORMAT`` lines with control characters made visible (``plain_text``): a worker's
+    log shows handlers' errors, which hold whatever the task's code put there."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return plain_text(super().format(record))
 
 
 def _jsonable(value: Any) -> Any:
@@ -106,5 +137,5 @@ def configure_logging(level: int, log_format: LogFormat = "text") -> None:
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+        handler.setFormatter(TextFormatter())
     logging.basicConfig(level=level, handlers=[handler], force=True)

@@ -82,6 +82,24 @@ from mscheduler.services.events import Event, Events, checked_page
 
 log = logging.getLogger("mscheduler.executor_client")
 
+
+class ServerBusy(StorageError):
+    """A 429: the server holds as many waiting leases as its caps allow (per token or in all);
+    ``retry_after``: the seconds it asked the client to wait (``Retry-After``)."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message, transient=True)
+        self.retry_after = retry_after
+
+
+def _retry_after(response: httpx.Response) -> float:
+    """``Retry-After`` in seconds (1 to 60; 1 when missing or a date)."""
+    try:
+        return min(max(float(response.headers.get("retry-after", "1")), 1.0), 60.0)
+    except ValueError:
+        return 1.0
+
+
 API_ROOT = "/api/v1"
 API = f"{API_ROOT}/executors"
 LEASE_MARGIN = 0.5  # seconds before a lease's end at which an unconfirmed attempt is given up
@@ -224,6 +242,8 @@ class ExecutorClient:
                 raise UnknownTask(body.get("key", ""))
             if status >= 500:  # the server or its store failed: 503 says retrying may help
                 raise StorageError(f"{status} {code}: {detail}", transient=status == 503)
+            if status == 429:  # too many waits at once (the server's caps): back off as told
+                raise ServerBusy(f"{status} {code}: {detail}", _retry_after(response))
             raise InvalidInput(f"{status} {code}: {detail}")
         answer: dict[str, Any] = response.json()
         return answer
@@ -282,8 +302,9 @@ class ExecutorClient:
                 try:
                     tasks = await self.lease(free, self.wait_seconds)
                 except (httpx.TransportError, StorageError) as exc:
-                    log.warning("lease failed (%s); trying again in 1 s", exc)
-                    await self.clock.sleep(1.0)
+                    pause = exc.retry_after if isinstance(exc, ServerBusy) else 1.0
+                    log.warning("lease failed (%s); trying again in %g s", exc, pause)
+                    await self.clock.sleep(pause)
                     continue
                 for task in tasks:
                     self._start(task, handler)
@@ -760,7 +781,7 @@ class RemoteOperations:
         if checked.skip:
             raise InvalidInput("skip: not available over the REST API; page with the cursor")
         query: dict[str, Any] = {"limit": checked.limit - 1}  # the params ask for one more
-        for name in ("status", "name", "key_prefix", "worker_id", "group", "cursor"):
+        for name in ("status", "name", "key_prefix", "worker_id", "group", "cursor", "sort"):
             value = filters.get(name)
             if value is not None:
                 query[name] = value
@@ -769,7 +790,8 @@ class RemoteOperations:
             if isinstance(when, datetime):
                 query[name] = when.isoformat()
         answer = await self._call("GET", "/tasks", params=query)
-        return TaskPage([TaskInfo.model_validate(t) for t in answer["tasks"]], answer["next_cursor"])
+        tasks = [TaskInfo.model_validate(t) for t in answer["tasks"]]
+        return TaskPage(tasks, answer["next_cursor"], answer.get("prev_cursor"))
 
     async def list_tasks(self, **filters: Unpack[TaskFilters]) -> list[TaskInfo]:
         return (await self.page_tasks(**filters)).tasks

@@ -90,6 +90,7 @@ OPERATIONS = (
     "watch",
     "get_task",
     "list_tasks",
+    "count_tasks",
     "count_by_status",
     "update_option",
     "register_worker",
@@ -427,6 +428,9 @@ class FaultyDriver:
 
     async def list_tasks(self, params: ListParams) -> list[dict[str, Any]]:
         return await self._invoke("list_tasks", lambda: self.inner.list_tasks(params), params)
+
+    async def count_tasks(self, params: ListParams, cap: int) -> int:
+        return await self._invoke("count_tasks", lambda: self.inner.count_tasks(params, cap), params)
 
     async def count_by_status(self) -> dict[str, int]:
         return await self._invoke("count_by_status", self.inner.count_by_status)

@@ -40,6 +40,7 @@ from mscheduler.domain.version import __version__
 from mscheduler.operations import Operations
 from mscheduler.remote.executors import RemoteExecutors
 from mscheduler.web.auth import ApiTokens
+from mscheduler.web.bulk import BulkJobs
 from mscheduler.web.dashboard import mount_dashboard
 from mscheduler.web.deps import (
     API,
@@ -51,6 +52,7 @@ from mscheduler.web.deps import (
     domain_error,
     log,
 )
+from mscheduler.web.guards import AnswerCache, ApiHeaders, ApiLimits, BodyLimit, Slots, too_large_detail
 from mscheduler.web.routes import ROUTERS
 
 # -- errors ---------------------------------------------------------------------------------------
@@ -85,6 +87,10 @@ async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
         return _ApiError(422, "invalid_input", f"body: {exc.detail}").response()
     if exc.status_code == 404:
         return _ApiError(404, "not_found", "no such endpoint").response()
+    if exc.status_code == 413:  # guards.BodyTooLarge: the body passed the cap while it was read
+        return _ApiError(
+            413, "payload_too_large", too_large_detail(request.app.state.limits.max_body_bytes)
+        ).response()
     error = "method_not_allowed" if exc.status_code == 405 else "http_error"
     return _ApiError(exc.status_code, error, str(exc.detail), headers=dict(exc.headers or {})).response()
 
@@ -101,6 +107,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     """At shutdown, the executors' outcomes and flow-limit slot releases still waiting are written
     (slots whose release is never written run out at their expiry)."""
     yield
+    await app.state.bulk.aclose()  # the bulk actions stop after their page
     await app.state.executors.aclose()
 
 
@@ -135,6 +142,7 @@ def create_app(
     metrics_public: bool = False,
     dashboard: bool = True,
     executors: RemoteExecutors | None = None,
+    limits: ApiLimits | None = None,
 ) -> FastAPI:
     """The REST API over ``operations`` (all routes under ``/api/v1``), guarded by ``tokens``.
 
@@ -145,11 +153,18 @@ def create_app(
     dashboard (``mscheduler.web.dashboard``, a client of this API) is at ``/ui/``, and ``/``
     leads there; ``dashboard=False`` leaves it out. Remote executors lease, ping and report under
     ``/api/v1/executors`` (``mscheduler.web.routes.executors``) through ``executors``, by default a
-    ``RemoteExecutors`` over the operations' store and clock."""
+    ``RemoteExecutors`` over the operations' store and clock. ``limits`` (``ApiLimits``): the cap
+    on request bodies (413), on event streams and long-poll waits per token and in all (429),
+    and how long ``/stats`` answers are reused."""
     if not isinstance(operations, Operations):
         raise InvalidInput(f"operations: an Operations, got {type(operations).__name__}")
     if not isinstance(tokens, ApiTokens):
         raise InvalidInput(f"tokens: an ApiTokens, got {type(tokens).__name__}")
+    limits = ApiLimits() if limits is None else limits
+    if not isinstance(limits, ApiLimits):
+        raise InvalidInput(f"limits: an ApiLimits, got {type(limits).__name__}")
+    for warning in tokens.warnings:
+        log.warning("API tokens: %s", warning)
     app = FastAPI(
         title=title,
         lifespan=_lifespan,
@@ -160,6 +175,11 @@ def create_app(
         redoc_url=None,
     )
     app.state.operations = operations
+    app.state.limits = limits
+    app.state.bulk = BulkJobs()
+    app.state.stats_cache = AnswerCache(limits.stats_cache_seconds)
+    app.state.streams = Slots("event streams", limits.streams_per_token, limits.streams_total)
+    app.state.waits = Slots("waiting leases", limits.waits_per_token, limits.waits_total)
     app.state.executors = executors or RemoteExecutors(operations.driver, clock=operations.clock)
     for router in ROUTERS:
         app.include_router(router, prefix=API)
@@ -172,5 +192,7 @@ def create_app(
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(MSchedulerError, _on_domain_error)
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)  # after the token check
     app.add_middleware(TokenAuth, tokens=tokens, public=public)
+    app.add_middleware(ApiHeaders)  # outermost: on every answer, refusals included
     return app

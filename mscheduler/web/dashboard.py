@@ -59,7 +59,14 @@ async def _to_dashboard() -> RedirectResponse:
     return RedirectResponse("ui/", status_code=307)
 
 
+async def _into_dashboard() -> RedirectResponse:
+    """``/ui`` → ``ui/`` (relative: Starlette's own slash redirect would name the ``Host`` the
+    client sent)."""
+    return RedirectResponse("ui/", status_code=307)
+
+
 def mount_dashboard(app: FastAPI) -> None:
-    """Serve the dashboard at ``/ui/`` and send ``/`` there."""
+    """Serve the dashboard at ``/ui/`` and send ``/`` and ``/ui`` there."""
     app.add_api_route("/", _to_dashboard, methods=["GET"], include_in_schema=False)
+    app.add_api_route(DASHBOARD_PATH, _into_dashboard, methods=["GET"], include_in_schema=False)
     app.mount(DASHBOARD_PATH, DashboardFiles(), name="dashboard")

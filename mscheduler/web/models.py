@@ -7,10 +7,11 @@ body here refuses unknown fields (``extra="forbid"``): ``{"$where": ...}`` is a 
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
 from mscheduler.domain.limits import MAX_NAMES, MAX_RUNNING_MAX, LimitInfo
 from mscheduler.domain.model import Params, Task, TaskInfo, TaskName, TaskOption
@@ -21,6 +22,19 @@ from mscheduler.operations import MANY_MAX, REASON_MAX, WorkerView
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _iso_text(value: object) -> object:
+    """Times are ISO-8601 text only (pydantic would also take 0.5 as a Unix time)."""
+    if not isinstance(value, (str, datetime)) or (isinstance(value, str) and not _ISO_DATE.match(value)):
+        raise ValueError("an ISO-8601 time with its offset, e.g. 2030-01-01T00:00:00Z")
+    return value
+
+
+_ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]")
+
+
+IsoTime = Annotated[datetime, BeforeValidator(_iso_text)]
 
 
 class CancelBody(_Body):
@@ -117,14 +131,27 @@ class LimitOut(BaseModel):
     update_time: datetime | None
 
     @classmethod
-    def of(cls, info: LimitInfo) -> LimitOut:
-        return cls.model_validate(info.as_dict())
+    def of(cls, info: LimitInfo, *, secrets: bool = True) -> LimitOut:
+        """``secrets=False`` (a read token): the holders' attempt tokens blanked (``""``)."""
+        out = cls.model_validate(info.as_dict())
+        if not secrets:
+            out.holders = [h.model_copy(update={"attempt": ""}) for h in out.holders]
+        return out
 
 
 class TaskPageOut(BaseModel):
     tasks: list[TaskInfo]
     next_cursor: str | None = Field(
         description="pass it back as ?cursor= with the same filters for the next page; null: last page"
+    )
+    prev_cursor: str | None = Field(
+        None, description="pass it back as ?cursor= for the page before this one; null: the first page"
+    )
+    total: int | None = Field(
+        None, description="with ?with_total=true: how many tasks the filters select (see total_capped)"
+    )
+    total_capped: bool | None = Field(
+        None, description="true: at least total (the count stopped at its cap, 100,000)"
     )
 
 
@@ -177,6 +204,7 @@ class WhoAmIOut(BaseModel):
     role: str = Field(
         description="the token's role: admin (reads and changes), read, publish (sends tasks) or executor"
     )
+    name: str = Field(description="the token's name: what operator actions record as their author")
 
 
 class HealthOut(BaseModel):
@@ -194,3 +222,72 @@ class ErrorOut(BaseModel):
     detail: str
     status: str | None = Field(None, description="transition_refused: the task's status")
     rule: str | None = Field(None, description="transition_refused: the rule that refused it")
+
+
+# -- bulk actions ----------------------------------------------------------------------------------
+
+BulkAction = Literal["cancel", "pause", "resume", "restart", "remove"]
+
+
+class BulkFilterIn(_Body):
+    """The tasks a bulk action applies to: the filters of ``GET /tasks`` (times ISO-8601 with
+    their offset). No filter at all: every task."""
+
+    status: str | None = None
+    name: str | None = None
+    key_prefix: str | None = None
+    worker_id: str | None = None
+    group: str | None = None
+    created_from: IsoTime | None = None
+    created_to: IsoTime | None = None
+    finished_from: IsoTime | None = None
+    finished_to: IsoTime | None = None
+
+
+class BulkIn(_Body):
+    """A bulk action: on ``keys`` (at most 1,000: answered at once, an outcome per key) or on
+    every task a ``filter`` selects (run in the background, page by page: 202 and a job to
+    follow at ``GET /api/v1/bulk/{id}``). One of the two."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    action: BulkAction
+    keys: list[str] | None = Field(None, min_length=1, max_length=1000)
+    filter_: BulkFilterIn | None = Field(None, alias="filter")
+    reason: str = Field("", max_length=REASON_MAX, description="cancel: why (kept on each task)")
+    force: bool = Field(False, description="restart: succeeded tasks too; remove: running ones too")
+    stop_running: bool = Field(False, description="pause: also stop the running attempts")
+
+
+class BulkOutcomeOut(BaseModel):
+    key: str
+    outcome: Literal["done", "refused", "unknown"] = Field(description="unknown: no such task (any more)")
+    status: str | None = Field(None, description="refused: the task's status")
+    rule: str | None = Field(None, description="refused: the rule that refused it")
+
+
+class BulkResultOut(BaseModel):
+    action: str
+    results: list[BulkOutcomeOut]
+    done: int
+    refused: int
+    unknown: int
+
+
+class BulkJobOut(BaseModel):
+    id: str
+    action: str
+    filter: dict[str, Any]
+    by: str = Field(description="the token that started it")
+    state: Literal["running", "done", "stopped", "failed"]
+    matched: int = Field(description="tasks the filter selected when it started (see matched_capped)")
+    matched_capped: bool = Field(description="true: at least matched (the count stopped at 100,000)")
+    processed: int
+    done: int
+    refused: int
+    unknown: int
+    started: datetime
+    ended: datetime | None
+    error: str | None
+    results: list[BulkOutcomeOut] = Field(description="outcomes from results_from (the first 10,000 kept)")
+    results_total: int = Field(description="outcomes kept")

@@ -70,9 +70,11 @@ def make_store() -> Operations:
 def dump(ops: Operations) -> Any:
     async def read() -> Any:
         tasks = [t.model_dump(mode="json") for t in await ops.list_tasks(limit=1000)]
-        for task in tasks:  # who set a status by hand: "cli" on the store, the API says "api"
+        for task in tasks:  # who set a status by hand: "cli" on the store, the API says "api:<token>"
             if task["marked"]:
                 task["marked"]["by"] = "someone"
+            if task["cancelled"]:  # who cancelled: the API records its token's name (issue 20)
+                task["cancelled"].pop("by", None)
         plans = [p.model_dump(mode="json") for p in await ops.list_plans()]
         limits = [info.as_dict() for info in await ops.list_limits()]
         workers = [w.stop_requested for w in await ops.list_workers()]

@@ -10,50 +10,21 @@ from typing import Any
 import pytest
 
 from mscheduler.domain.model import TaskStatus
-from tests.browser.conftest import SCREENSHOTS, DashboardServer
+from tests.browser.conftest import DashboardServer
 from tests.browser.seed import CANCEL_ME, DOTS_KEY, FAILED_KEY, IDLE_WORKER, LONG_KEY, XSS_KEY
+from tests.browser.support import (
+    apply_filters,
+    ask,
+    login,
+    open_hash,
+    rendered,
+    shot,
+    task_hash,
+    wait_rerender,
+)
 from tests.web.support import ADMIN_TOKEN, READ_TOKEN
 
 pytestmark = pytest.mark.browser
-
-
-def shot(page: Any, name: str) -> None:
-    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
-
-
-def login(page: Any, dashboard: DashboardServer, token: str) -> None:
-    page.goto(f"{dashboard.url}/")
-    page.locator("#token").fill(token)
-    page.get_by_role("button", name="Log in").click()
-    page.locator("#overview").wait_for()
-
-
-def rendered(page: Any) -> str:
-    """The page's render count (``main[data-ready]``), to wait for the next one."""
-    return str(page.locator("main").get_attribute("data-ready"))
-
-
-def wait_rerender(page: Any, before: str) -> None:
-    page.locator(f'main[data-ready]:not([data-ready="{before}"])').wait_for()
-
-
-def apply_filters(page: Any) -> None:
-    before = rendered(page)
-    page.locator("#apply-filters").click()
-    wait_rerender(page, before)
-
-
-def open_hash(page: Any, hash_: str, ready: str) -> None:
-    before = rendered(page)
-    page.evaluate("h => { location.hash = h }", hash_)
-    wait_rerender(page, before)
-    page.locator(ready).first.wait_for()
-
-
-def task_hash(key: str) -> str:
-    from urllib.parse import quote
-
-    return "#/task/" + quote(key, safe="")
 
 
 def test_login_and_every_page(page: Any, dashboard: DashboardServer) -> None:
@@ -135,9 +106,14 @@ def test_filter_the_task_list_and_page_on(page: Any, dashboard: DashboardServer)
     before = rendered(page)
     page.locator("#next-page").click()
     wait_rerender(page, before)
-    page.locator("#first-page").wait_for()
+    page.locator("#prev-page").wait_for()
     second = page.locator("#tasks tbody a.task-link").all_inner_texts()
     assert len(first) == len(second) == 3 and first[-1] < second[0]
+    before = rendered(page)
+    page.locator("#prev-page").click()  # and back: the first page again
+    wait_rerender(page, before)
+    assert page.locator("#tasks tbody a.task-link").all_inner_texts() == first
+    assert page.locator("#prev-page").count() == 0
 
     # a created range that holds nothing
     open_hash(page, "#/tasks", "#task-filters")
@@ -147,18 +123,18 @@ def test_filter_the_task_list_and_page_on(page: Any, dashboard: DashboardServer)
     assert "created_from=2001-01-0" in page.url  # local time, sent in UTC
     page.get_by_text("No task matches these filters.").wait_for()
 
-    # a finished range: finished tasks only, by finish time, with their finish times shown
+    # a finished range: finished tasks only, newest finish first, with their finish times shown
     open_hash(page, "#/tasks", "#task-filters")
     page.locator("#f-finished_from").fill("2001-01-01T00:00")
     apply_filters(page)
     assert "finished_from=2001-01-0" in page.url
-    page.get_by_text("by finish time").wait_for()
+    page.get_by_text("finish time, newest first").wait_for()
     listed = page.locator("#tasks tbody a.task-link").all_inner_texts()
     assert FAILED_KEY in listed and "resize-late" in listed and "invoice-1001" not in listed
-    finished = page.locator("#tasks tbody td:nth-child(8) time").evaluate_all(
+    finished = page.locator("#tasks tbody td:nth-child(10) time").evaluate_all(
         "els => els.map((e) => e.getAttribute('datetime'))"
     )
-    assert len(finished) == len(listed) and finished == sorted(finished)
+    assert len(finished) == len(listed) and finished == sorted(finished, reverse=True)
 
 
 def test_open_a_task_from_the_list(page: Any, dashboard: DashboardServer) -> None:
@@ -198,7 +174,7 @@ def test_admin_cancels_a_task_after_confirming(page: Any, dashboard: DashboardSe
     login(page, dashboard, ADMIN_TOKEN)
     open_hash(page, task_hash(CANCEL_ME), "#task-actions")
     assert page.locator("#task .badge").first.inner_text() == "pending"
-    page.locator('button[data-action="cancel"]').click()
+    ask(page, 'button[data-action="cancel"]')
     dialog = page.locator("dialog#confirm")
     dialog.wait_for()
     assert CANCEL_ME in dialog.inner_text()
@@ -207,7 +183,7 @@ def test_admin_cancels_a_task_after_confirming(page: Any, dashboard: DashboardSe
     page.locator("#confirm-no").click()  # backing out changes nothing
     assert dashboard.run(dashboard.operations.get_task(CANCEL_ME)).status is TaskStatus.PENDING
 
-    page.locator('button[data-action="cancel"]').click()
+    ask(page, 'button[data-action="cancel"]')
     page.locator("#confirm-reason").fill("customer paid by wire")
     page.locator("#confirm-yes").click()
     page.locator("#banner.info", has_text=f"Cancelled {CANCEL_ME}").wait_for()
@@ -221,25 +197,24 @@ def test_admin_cancels_a_task_after_confirming(page: Any, dashboard: DashboardSe
     )
     shot(page, "task-cancelled")
 
-    # a refused transition is the API's 409, shown with its rule
-    page.locator('button[data-action="pause"]').click()
-    page.locator("#confirm-yes").click()
-    page.locator("#banner.error", has_text="HTTP 409").wait_for()
+    # only what its status allows: a cancelled task can be restarted or removed, not paused
+    shown = page.locator("#task-actions button").evaluate_all("els => els.map((e) => e.dataset.action)")
+    assert shown == ["restart", "mark-succeeded", "remove"]
 
     # set a status by hand, with a reason (Operations.set_status)
     open_hash(page, task_hash("invoice-1002"), "#task-actions")
-    page.locator('button[data-action="mark-failed"]').click()
+    ask(page, 'button[data-action="mark-failed"]')
     page.locator("#confirm-reason").fill("customer closed the account")
     page.locator("#confirm-yes").click()
     page.locator("#banner.info", has_text="Set invoice-1002 failed").wait_for()
     page.locator("#task .title-row .badge", has_text="failed").wait_for()
     marked = dashboard.run(dashboard.operations.get_task("invoice-1002"))
     assert marked.status is TaskStatus.FAILED and marked.marked is not None
-    assert (marked.marked["reason"], marked.marked["by"]) == ("customer closed the account", "api")
+    assert (marked.marked["reason"], marked.marked["by"]) == ("customer closed the account", "api:admin-1")
 
     # remove: asked first, then back to the list
     open_hash(page, task_hash("invoice-0999"), "#task-actions")
-    page.locator('button[data-action="remove"]').click()
+    ask(page, 'button[data-action="remove"]')
     page.locator("#confirm-yes").click()
     page.locator("#banner.info", has_text="Removed invoice-0999").wait_for()
     page.locator("#tasks table").wait_for()
@@ -248,10 +223,10 @@ def test_admin_cancels_a_task_after_confirming(page: Any, dashboard: DashboardSe
     # plans: suspend one, then skip the next two occurrences of another
     row = 'tr[data-plan="sync-every-15m"]'
     open_hash(page, "#/plans", f'{row} button[data-action="suspend"]')
-    page.locator(f'{row} button[data-action="suspend"]').click()
+    ask(page, f'{row} button[data-action="suspend"]')
     page.locator("#confirm-yes").click()
     page.locator(f"{row} .badge", has_text="suspended").wait_for()
-    page.locator('tr[data-plan="nightly-report"] button[data-action="skip"]').click()
+    ask(page, 'tr[data-plan="nightly-report"] button[data-action="skip"]')
     page.locator("#confirm-n").fill("2")
     page.locator("#confirm-yes").click()
     page.locator("#banner.info", has_text="skips its next 2").wait_for()
@@ -259,7 +234,7 @@ def test_admin_cancels_a_task_after_confirming(page: Any, dashboard: DashboardSe
 
     # workers: stop the idle one
     open_hash(page, "#/workers", f'tr[data-worker="{IDLE_WORKER}"] button[data-action="stop"]')
-    page.locator(f'tr[data-worker="{IDLE_WORKER}"] button[data-action="stop"]').click()
+    ask(page, f'tr[data-worker="{IDLE_WORKER}"] button[data-action="stop"]')
     page.locator("#confirm-yes").click()
     page.locator(f'tr[data-worker="{IDLE_WORKER}"] .badge', has_text="stopping").wait_for()
 
@@ -289,7 +264,7 @@ def test_read_only_sees_no_actions_and_is_refused(page: Any, dashboard: Dashboar
     page.locator("main[data-ready]").wait_for()
     open_hash(page, task_hash(LONG_KEY), "#task-actions")
     page.evaluate("t => sessionStorage.setItem('mscheduler.token', t)", READ_TOKEN)
-    page.locator('button[data-action="cancel"]').click()
+    ask(page, 'button[data-action="cancel"]')
     page.locator("#confirm-yes").click()
     banner = page.locator("#banner.error")
     banner.wait_for()
@@ -324,3 +299,21 @@ def test_a_key_a_url_cannot_hold_is_refused_not_taken_for_another(
     wait_rerender(page, before)
     assert "cannot be used in a URL" in page.locator("#banner.error").inner_text()
     assert page.locator("#task, button[data-action]").count() == 0  # not invoice-1001's page
+
+
+def test_a_change_on_a_page_that_went_stale_gets_the_apis_refusal(
+    page: Any, dashboard: DashboardServer
+) -> None:
+    # no event stream for this tab (as if the store recorded none): the page polls, every 10 s
+    page.route(
+        "**/api/v1/events/stream*",
+        lambda route: route.fulfill(status=409, json={"error": "event_log_off", "detail": "off"}),
+    )
+    login(page, dashboard, ADMIN_TOKEN)
+    page.locator("#live[data-state=polling]").wait_for()
+    open_hash(page, task_hash("report-weekly"), "#task-actions")
+    assert page.locator('button[data-action="resume"]').count() == 1  # paused
+    dashboard.run(dashboard.operations.cancel("report-weekly", "meanwhile, elsewhere"))
+    page.locator('button[data-action="resume"]').click()
+    page.locator("#banner.error", has_text="HTTP 409").wait_for()
+    assert "a finished task cannot be resumed" in page.locator("#banner").inner_text()

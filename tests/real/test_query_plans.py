@@ -28,7 +28,8 @@ import pytest_asyncio
 from pymongo import AsyncMongoClient, monitoring
 
 from mscheduler import FakeClock, MongoDriver, Publisher, Task, TaskOption
-from mscheduler.domain.listing import ListParams
+from mscheduler.domain.listing import ListParams, encode_cursor, list_params
+from mscheduler.domain.model import TaskInfo
 from mscheduler.domain.state import TERMINAL, claimer_tokens
 from mscheduler.drivers.base import (
     ClaimParams,
@@ -40,7 +41,13 @@ from mscheduler.drivers.base import (
     PingParams,
     WakeupParams,
 )
-from mscheduler.drivers.mongo.common import FINISHED_INDEX, GROUP_INDEX, WORKER_INDEX
+from mscheduler.drivers.mongo.common import (
+    ATTEMPTS_INDEX,
+    FINISHED_INDEX,
+    GROUP_INDEX,
+    UPDATED_INDEX,
+    WORKER_INDEX,
+)
 from mscheduler.drivers.mongo.driver import (
     ALL_STATUSES,
     ATTEMPT_INDEX,
@@ -556,6 +563,31 @@ LISTINGS = [
     pytest.param(ListParams(finished_to=NOW, status="failed"), FINISHED_INDEX, 1, id="finished-range-status"),
     pytest.param(ListParams(group=GROUP), GROUP_INDEX, 1, id="group"),
     pytest.param(ListParams(group=GROUP, status="pending", limit=50), GROUP_INDEX, 1, id="group-status"),
+    # issue 20: sorted listings, either way (an index is read backwards as well); updated and
+    # attempts merge one range per status, finished one per terminal status
+    pytest.param(ListParams(sort="created", descending=True), CREATED_INDEX, 1, id="newest-first"),
+    pytest.param(
+        ListParams(sort="created", descending=True, name="alpha"),
+        NAME_INDEX,
+        len(ALL_STATUSES),
+        id="newest-name",
+    ),
+    pytest.param(ListParams(sort="updated"), UPDATED_INDEX, len(ALL_STATUSES), id="sort-updated"),
+    pytest.param(
+        ListParams(sort="updated", descending=True, status="pending"),
+        UPDATED_INDEX,
+        1,
+        id="sort-updated-status",
+    ),
+    pytest.param(
+        ListParams(sort="attempts", descending=True), ATTEMPTS_INDEX, len(ALL_STATUSES), id="sort-attempts"
+    ),
+    pytest.param(ListParams(sort="status", descending=True), STATUS_INDEX, 1, id="sort-status"),
+    pytest.param(ListParams(sort="name"), NAME_INDEX, 1, id="sort-name"),
+    pytest.param(
+        ListParams(sort="finished", descending=True), FINISHED_INDEX, len(TERMINAL), id="sort-finished"
+    ),
+    pytest.param(ListParams(sort="key", descending=True), KEY_INDEX, 1, id="sort-key"),
 ]
 
 
@@ -572,6 +604,80 @@ async def test_each_listing_reads_one_page_in_index_order(
         plan, index, max_keys=page + 2 * ranges + 2, max_docs=page + ranges, what=f"list_tasks {params}"
     )
     assert plan.returned == params.limit, plan.summary()
+
+
+# A deep page: the cursor of the 500th task (the 200th finished one). Its ``$or`` has one
+# branch per sort field, each a tight range of the hinted index, merged in the index's order:
+# what the page reads does not grow with its depth, even where thousands of tasks tie on the
+# leading field (the backlog's tasks share a few creation times; a status holds thousands).
+DEEP_PAGES = [
+    pytest.param("created", {}, CREATED_INDEX, 1, id="created"),
+    pytest.param("-created", {"status": "pending"}, STATUS_INDEX, 1, id="newest-pending"),
+    pytest.param("-updated", {}, UPDATED_INDEX, len(ALL_STATUSES), id="updated"),
+    pytest.param("attempts", {}, ATTEMPTS_INDEX, len(ALL_STATUSES), id="attempts"),
+    pytest.param("-status", {}, STATUS_INDEX, 1, id="status"),
+    pytest.param("name", {}, NAME_INDEX, 1, id="name"),
+    pytest.param("-finished", {}, FINISHED_INDEX, len(TERMINAL), id="finished"),
+    pytest.param("-key", {}, KEY_INDEX, 1, id="key"),
+]
+
+
+@pytest.mark.parametrize(("sort", "filters", "index", "ranges"), DEEP_PAGES)
+async def test_a_deep_page_of_each_order_reads_one_page(
+    backlog: Backlog, sort: str, filters: dict[str, Any], index: str, ranges: int
+) -> None:
+    """Issue 20: sorting and paging by cursor stay index-served at depth (no in-memory SORT)."""
+    first = list_params(sort=sort, limit=1000, **filters)
+    docs = await backlog.driver.list_tasks(first)
+    assert len(docs) >= 300, "the backlog has a few hundred tasks in this listing (400 finished)"
+    depth = min(500, len(docs) // 2)
+    cursor = encode_cursor(first.order, TaskInfo.from_storage(docs[depth - 1]), descending=first.descending)
+    params = list_params(sort=sort, cursor=cursor, limit=100, **filters)
+    command = await backlog.command_of("find", lambda d: d.list_tasks(params))
+    assert command.get("hint") == index
+    plan = await backlog.explain(command)
+    order = first.fields
+    branches = 1 if first.order == "key" else len(order.rank) + 2
+    page = params.limit
+    assert_plan(
+        plan,
+        index,
+        max_keys=page + 2 * ranges * branches + 2,
+        max_docs=page + ranges * branches,
+        what=f"deep page of sort={sort} {filters}",
+    )
+    assert plan.returned == params.limit, plan.summary()
+    expected = [d["key"] for d in docs[depth : depth + 100]]
+    assert [d["key"] for d in await backlog.driver.list_tasks(params)] == expected
+
+
+@pytest.mark.parametrize(
+    ("filters", "index"),
+    [({"status": "pending"}, STATUS_INDEX), ({"name": "alpha"}, NAME_INDEX), ({}, CREATED_INDEX)],
+    ids=["status", "name", "all"],
+)
+async def test_counting_a_filter_reads_index_keys_up_to_the_cap(
+    backlog: Backlog, filters: dict[str, Any], index: str
+) -> None:
+    """Issue 20: the count a bulk action's confirmation shows is covered by the listing's index
+    and stops at its cap."""
+    cap = 1000
+    params = list_params(**filters)
+    command = await backlog.command_of("aggregate", lambda d: d.count_tasks(params, cap))
+    assert command.get("hint") == index
+    plan = await backlog.explain(command)
+    assert_plan(plan, index, max_keys=cap + 2 * len(ALL_STATUSES) + 2, max_docs=0, what=f"count {filters}")
+    assert await backlog.driver.count_tasks(params, cap) == cap  # more than the cap match
+
+
+async def test_the_attempt_count_backfill_reads_only_tasks_without_one(backlog: Backlog) -> None:
+    """Issue 20: ``setup`` gives older tasks ``state.attempt_cnt`` with one update on the attempts
+    index; a store where every task has it costs a probe per status, no document."""
+    command = await backlog.command_of("update", lambda d: d._backfill_attempt_counts())
+    (update,) = command["updates"]
+    assert update.get("hint") == ATTEMPTS_INDEX
+    plan = await backlog.explain(command)
+    assert_plan(plan, ATTEMPTS_INDEX, max_keys=2 * len(ALL_STATUSES) + 2, max_docs=0, what="backfill")
 
 
 async def test_counting_by_status_reads_index_keys_only(backlog: Backlog) -> None:

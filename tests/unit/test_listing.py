@@ -169,9 +169,17 @@ def test_each_mongo_listing_names_its_index() -> None:
         ListParams(created_from=T, after_time=T + timedelta(seconds=1), after_key="k")
     )
     lower = datetime(2030, 1, 1, 0, 0, 1)  # naive UTC on the wire
+    # the cursor: one branch per sort field, each with every filter (a tight index range each)
     assert filter_ == {
-        "$or": [{"state.create_time": {"$gt": lower}}, {"key": {"$gt": "k"}}],
-        "state.create_time": {"$gte": lower},
+        "$or": [
+            {"$and": [{"state.create_time": {"$gte": lower}}, {"state.create_time": {"$gt": lower}}]},
+            {
+                "$and": [
+                    {"state.create_time": {"$gte": lower}},
+                    {"state.create_time": lower, "key": {"$gt": "k"}},
+                ]
+            },
+        ]
     }
     assert sort == [("state.create_time", 1), ("key", 1)]
 
@@ -226,10 +234,12 @@ def test_finished_and_group_listings_name_their_index_and_bound_it() -> None:
         finished_to=T, status="failed", after_time=T - timedelta(hours=1), after_key="k"
     )
     assert index == FINISHED_INDEX
+    base = {"state.status": "failed", "state.finish_time": {"$gte": naive - timedelta(hours=1), "$lt": naive}}
     assert filter_ == {
-        "state.status": "failed",
-        "state.finish_time": {"$gte": naive - timedelta(hours=1), "$lt": naive},
-        "$or": [{"state.finish_time": {"$gt": naive - timedelta(hours=1)}}, {"key": {"$gt": "k"}}],
+        "$or": [
+            {"$and": [base, {"state.finish_time": {"$gt": naive - timedelta(hours=1)}}]},
+            {"$and": [base, {"state.finish_time": naive - timedelta(hours=1), "key": {"$gt": "k"}}]},
+        ]
     }
     # a finished range with a key prefix: the key index, the range checked on the documents
     filter_, sort, index = query(key_prefix="k", finished_from=T, after_key="k1")

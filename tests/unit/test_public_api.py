@@ -94,6 +94,8 @@ INTERNAL_EXCEPTIONS = {
     "mscheduler.drivers.base.LimitNameTaken": "driver to Operations: raised as InvalidInput",
     "mscheduler.testing.faults.DriverKilled": "fault injection in tests: simulates a killed process",
     "mscheduler.runtime.consumer.runner.RunTimedOut": "an attempt's error type, never raised to users",
+    "mscheduler.web.guards.BodyTooLarge": "the body cap's signal inside the app, answered as a 413",
+    "mscheduler.remote.client.ServerBusy": "a 429 to ExecutorClient: a transient StorageError",
 }
 
 REPO = Path(__file__).resolve().parents[2]

@@ -36,7 +36,7 @@ READS = [(m, p) for m, p in ROUTES if m in ("GET", "HEAD")]
 
 
 def test_the_route_list_covers_the_api() -> None:
-    assert (len(READS), len(CHANGES)) == (11, 20)  # + executors lease, ping, report; limits; status; send
+    assert (len(READS), len(CHANGES)) == (13, 23)  # + executors; limits; status; send; bulk; plan run
 
 
 @pytest.mark.parametrize(

@@ -218,6 +218,9 @@ async def test_a_client_that_goes_away_closes_its_subscription(log_driver: Count
     }
     await asyncio.wait_for(app(scope, receive, send), 30)  # returns: the stream was given up
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+    from mscheduler.web.routes.events import _CLOSING
+
+    await asyncio.gather(*list(_CLOSING))  # the subscription is closed in its own task
     assert not log_driver._event_streams
 
 
@@ -245,3 +248,53 @@ async def test_metrics_may_be_public_or_off(log_driver: CountingDriver) -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=off), base_url="http://t") as http:
         assert (await http.get("/metrics", headers=READ)).status_code == 404
     assert "/metrics" not in public.openapi()["paths"]
+
+
+async def test_a_client_that_goes_away_during_a_flood_of_events_is_let_go(log_driver: CountingDriver) -> None:
+    """Under a steady flow of events the stream's queue is never empty: ``asyncio.wait_for`` on
+    Python 3.11 then swallowed the cancellation the client's departure causes, and the stream
+    ran on — its subscription and its slot with it — for as long as events came (a real
+    server: uvicorn on loopback, a real client that reads a little and hangs up)."""
+    import socket
+
+    import uvicorn
+
+    app = create_app(operations=Operations(log_driver, clock=log_driver.clock), tokens=TOKENS)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off"))
+    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    stop = asyncio.Event()
+
+    async def flood() -> None:
+        n = 0
+        while not stop.is_set():
+            await publisher(log_driver).send_many([Task(f"f{n}-{i}", "job", None) for i in range(20)])
+            n += 1
+            await asyncio.sleep(0.001)
+
+    try:
+        while not server.started:  # noqa: ASYNC110 - uvicorn has no event for it
+            await asyncio.sleep(0.01)
+        flooding = asyncio.ensure_future(flood())
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        async with httpx.AsyncClient(base_url=url) as http:
+            for _ in range(3):
+                async with http.stream("GET", "/api/v1/events/stream", headers=READ, timeout=None) as r:
+                    assert r.status_code == 200
+                    lines = 0
+                    async for _line in r.aiter_lines():
+                        lines += 1
+                        if lines == 50:
+                            break  # hang up while events keep coming
+        for _ in range(500):  # let the server see the three clients gone (a few ms each)
+            if app.state.streams.held() == 0 and not log_driver._event_streams:
+                break
+            await asyncio.sleep(0.01)
+        assert app.state.streams.held() == 0 and not log_driver._event_streams
+        assert not flooding.done()  # events were still coming when they were let go
+    finally:
+        stop.set()
+        server.should_exit = True
+        await serving
+        sock.close()

@@ -130,7 +130,8 @@ async def test_read_and_executor_tokens_may_not_send(
 
 
 async def test_a_publish_token_may_send_and_nothing_else(client: httpx.AsyncClient) -> None:
-    assert (await client.get("/api/v1/whoami", headers=PUBLISH)).json() == {"role": "publish"}
+    me = (await client.get("/api/v1/whoami", headers=PUBLISH)).json()
+    assert me == {"role": "publish", "name": "publish-1"}
     for method, path in (
         ("GET", TASKS),
         ("GET", f"{TASKS}/k"),

@@ -253,7 +253,10 @@ async def test_set_status_by_hand_and_pause_stopping_the_running_attempt(
     assert marked.status_code == 200, marked.text
     assert marked.json()["status"] == "succeeded"
     info = await Operations(driver, clock=driver.clock).get_task("inv-0")
-    assert info.marked is not None and (info.marked["reason"], info.marked["by"]) == ("done by hand", "api")
+    assert info.marked is not None and (info.marked["reason"], info.marked["by"]) == (
+        "done by hand",
+        "api:admin-1",
+    )  # the token's name
     failed = await client.post(f"{TASKS}/inv-1/status", json={"status": "failed"}, headers=ADMIN)
     assert failed.status_code == 200 and failed.json()["status"] == "failed"
 

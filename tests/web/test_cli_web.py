@@ -23,6 +23,8 @@ URI = "mongodb://unused.invalid/"
 def served(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     monkeypatch.setattr(cli_web, "operations_override", lambda: Operations(MemoryDriver()))
+    # the real one changes the whole test process's garbage collector
+    monkeypatch.setattr(cli_web, "quiet_collector", lambda: seen.setdefault("collector", "quieted"))
 
     async def serve(self: uvicorn.Server, sockets: Any = None) -> None:
         seen["host"], seen["port"] = self.config.host, self.config.port
@@ -31,6 +33,7 @@ def served(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
             seen["stats"] = (await client.get("/api/v1/stats", headers=ADMIN)).status_code
             seen["anonymous"] = (await client.get("/api/v1/stats")).status_code
             seen["metrics"] = (await client.get("/metrics")).status_code
+            seen["limits"] = self.config.app.state.limits  # type: ignore[union-attr]
 
     monkeypatch.setattr(uvicorn.Server, "serve", serve)
     return seen
@@ -46,7 +49,10 @@ def _run(env: dict[str, str], *args: str) -> tuple[int, str]:
 def test_tokens_from_the_environment(served: dict[str, Any]) -> None:
     code, err = _run({"MSCHEDULER_API_TOKENS": f"admin:{ADMIN_TOKEN},read:{READ_TOKEN}"}, "--port", "8123")
     assert code == 0, err
+    limits = served.pop("limits")
+    assert served.pop("collector") == "quieted"
     assert served == {"host": "127.0.0.1", "port": 8123, "stats": 200, "anonymous": 401, "metrics": 401}
+    assert (limits.max_body_bytes, limits.streams_per_token) == (4 * 1024 * 1024, 8)  # the defaults
 
 
 def test_metrics_public(served: dict[str, Any]) -> None:
@@ -77,3 +83,27 @@ def test_missing_or_bad_tokens_exit_2(served: dict[str, Any], env: dict[str, str
     code, err = _run(env)
     assert code == 2 and message in err, err
     assert ADMIN_TOKEN not in err and "stats" not in served
+
+
+def test_the_caps_are_options(served: dict[str, Any]) -> None:
+    env = {"MSCHEDULER_API_TOKENS": f"admin:{ADMIN_TOKEN}"}
+    caps = ("--max-body-mb", "1", "--streams-per-token", "2", "--waits-per-token", "5", "--waits-total", "10")
+    code, err = _run(env, *caps)
+    assert code == 0, err
+    limits = served["limits"]
+    assert (limits.max_body_bytes, limits.streams_per_token, limits.waits_total) == (1024 * 1024, 2, 10)
+    code, err = _run(env, "--streams-per-token", "100", "--streams-total", "10")
+    assert code == 2 and "per-token cap" in err
+
+
+def test_the_server_keeps_the_collectors_pauses_short() -> None:
+    import gc
+
+    threshold = gc.get_threshold()
+    try:
+        cli_web.quiet_collector(young=12_345)
+        assert gc.get_freeze_count() > 1000  # modules, functions: out of the full passes
+        assert gc.get_threshold()[0] == 12_345
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)

@@ -72,8 +72,8 @@ def test_every_static_file_is_package_data() -> None:
 
 
 async def test_whoami_names_the_tokens_role(client: httpx.AsyncClient) -> None:
-    assert (await client.get("/api/v1/whoami", headers=ADMIN)).json() == {"role": "admin"}
-    assert (await client.get("/api/v1/whoami", headers=READ)).json() == {"role": "read"}
+    assert (await client.get("/api/v1/whoami", headers=ADMIN)).json() == {"role": "admin", "name": "admin-1"}
+    assert (await client.get("/api/v1/whoami", headers=READ)).json() == {"role": "read", "name": "read-1"}
     assert (await client.get("/api/v1/whoami")).status_code == 401
 
 
@@ -95,4 +95,4 @@ async def test_mounted_under_a_prefix_the_links_stay_relative() -> None:
         assert root.status_code == 307 and root.headers["location"] == "ui/"
         assert (await http.get("/scheduler/ui/")).status_code == 200
         assert (await http.get("/scheduler/ui/js/api.js")).status_code == 200
-        assert (await http.get("/scheduler/api/v1/whoami", headers=READ)).json() == {"role": "read"}
+        assert (await http.get("/scheduler/api/v1/whoami", headers=READ)).json()["role"] == "read"

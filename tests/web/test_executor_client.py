@@ -124,3 +124,32 @@ async def test_a_remote_stop_ends_the_loop(
     assert await operations.request_worker_stop("ex-1")
     await advance_until(clock, run.done, step=0.25, limit=30)
     assert client.stop_requested
+
+
+async def test_a_429_makes_the_client_wait_as_told_rather_than_spin(
+    operations: Operations, driver: MemoryDriver, clock: FakeClock
+) -> None:
+    from mscheduler.web.guards import ApiLimits
+
+    limits = ApiLimits(waits_per_token=1, waits_total=1, retry_after_seconds=5)
+    app = create_app(operations=operations, tokens=ApiTokens(executor=[TOKEN]), limits=limits)
+    transport = httpx.ASGITransport(app=app)
+    app.state.waits.acquire("executor-1")  # another lease of this token waits already
+    async with ExecutorClient(
+        "http://t", TOKEN, "ex-1", ["job"], wait_seconds=1, transport=transport, clock=clock
+    ) as executor:
+        done: list[str] = []
+
+        async def work(task: RemoteTask) -> Any:
+            done.append(task.key)
+            executor.stop()
+
+        run = asyncio.ensure_future(executor.run(work))
+        await advance_until(clock, lambda: executor.requests == 1, step=0.25, limit=4)
+        for _ in range(200):  # no fake time passes: the client sleeps its 5 s, no request goes
+            await asyncio.sleep(0)
+        assert executor.requests == 1
+        app.state.waits.release("executor-1")
+        await Publisher(driver, clock=clock).send(Task("t1", "job", None, option=OPTION))
+        await advance_until(clock, run.done, step=0.5, limit=40)
+        assert done == ["t1"] and executor.requests >= 2

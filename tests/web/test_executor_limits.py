@@ -18,7 +18,7 @@ from mscheduler.drivers.base import SlotsParams
 from mscheduler.remote.executors import RemoteExecutors
 from mscheduler.web import ApiTokens, create_app
 from tests.consumer.support import FreezableDriver
-from tests.web.support import ADMIN_TOKEN, READ, READ_TOKEN, CountingDriver, publisher
+from tests.web.support import ADMIN, ADMIN_TOKEN, READ_TOKEN, CountingDriver, publisher
 
 EXECUTOR_TOKEN = "executor-token-0123456789abcdef"
 EXEC = {"Authorization": f"Bearer {EXECUTOR_TOKEN}"}
@@ -75,7 +75,7 @@ async def succeed(http: httpx.AsyncClient, worker_id: str, task: dict[str, Any])
 
 async def holders(http: httpx.AsyncClient, key: str = "k") -> list[tuple[str, str]]:
     """(worker id, attempt) of the limit's live slots, as the store has them."""
-    limit = (await http.get(f"/api/v1/limits/{key}", headers=READ)).json()
+    limit = (await http.get(f"/api/v1/limits/{key}", headers=ADMIN)).json()
     return sorted((h["worker_id"], h["attempt"]) for h in limit["holders"])
 
 
@@ -210,7 +210,7 @@ async def test_a_ping_extends_the_slot_and_an_attempt_whose_slot_is_gone_is_lost
     clock.advance(10)
     answers = await ping(http, "ex-1", a, b)
     assert [x["state"] for x in answers] == ["alive", "alive"]
-    limit = (await http.get("/api/v1/limits/k", headers=READ)).json()
+    limit = (await http.get("/api/v1/limits/k", headers=ADMIN)).json()
     assert {h["expire_time"] for h in limit["holders"]} == {x["lease_expires"] for x in answers}
 
     # b's slot goes (as if released through another server): its lease is not renewed
@@ -269,7 +269,7 @@ async def test_pings_and_reports_reaching_another_server_keep_the_slot_rules(
         clock.advance(5)
         answers = await ping(second, "ex-1", early, late)
         assert [x["state"] for x in answers] == ["alive", "alive"]
-        limit = (await second.get("/api/v1/limits/k", headers=READ)).json()
+        limit = (await second.get("/api/v1/limits/k", headers=ADMIN)).json()
         assert [h["expire_time"] for h in limit["holders"]] == [answers[1]["lease_expires"]]
 
         await succeed(second, "ex-1", late)

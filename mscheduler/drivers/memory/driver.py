@@ -13,7 +13,6 @@ benchmarks compare it with MongoDB's ``docsExamined``). Every operation runs wit
 from __future__ import annotations
 
 import asyncio
-import copy
 import heapq
 import itertools
 from collections import Counter
@@ -59,7 +58,9 @@ from mscheduler.drivers.base import (
     WorkerListParams,
     allowed,
     busy_statuses,
+    cancelled_record,
     claim_over_parts,
+    control_detail,
     due_time,
     event_for,
     expired_entry_changes,
@@ -76,6 +77,7 @@ from mscheduler.drivers.base import (
     trim_entries,
 )
 from mscheduler.drivers.memory.children import MemoryChildren
+from mscheduler.drivers.memory.copying import copy_doc
 from mscheduler.drivers.memory.events import MemoryEvents
 from mscheduler.drivers.memory.limits import MemoryLimits
 from mscheduler.drivers.memory.listing import MemoryListing
@@ -88,7 +90,7 @@ _SCALARS = (str, int, float, bool, type(None), datetime)
 
 
 def _copy(value: Any) -> Any:
-    return value if isinstance(value, _SCALARS) else copy.deepcopy(value)
+    return value if isinstance(value, _SCALARS) else copy_doc(value)
 
 
 class MemoryDriver(
@@ -235,7 +237,7 @@ class MemoryDriver(
                 and not holder
                 and not live_attempts(doc["state"], params.now)  # never drop a live attempt
             ):
-                doc["params"] = copy.deepcopy(task.params)
+                doc["params"] = copy_doc(task.params)
                 doc["unique_hash"] = task.unique_hash
                 doc["option"] = dict(task.option)
                 doc["state"]["worker_states"] = []
@@ -564,7 +566,7 @@ class MemoryDriver(
 
     async def get_task(self, key: str) -> dict[str, Any] | None:
         doc = self._tasks.get(key)
-        return copy.deepcopy(doc) if doc is not None else None
+        return copy_doc(doc) if doc is not None else None
 
     async def count_by_status(self) -> dict[str, int]:
         return dict(Counter(doc["state"]["status"] for doc in self._tasks.values()))
@@ -610,7 +612,7 @@ class MemoryDriver(
             self._version[params.key] = self._version.get(params.key, 0) + 1  # drops heap entries
             return doc
         if params.action == "cancel":
-            state["cancelled"] = {"reason": params.reason, "time": params.now}
+            state["cancelled"] = cancelled_record(params)
             state["stop"] = stop_record("cancel", state["worker_states"], params.now)
         elif params.action == "pause" and params.stop_running:
             # the running attempts keep their entries (and slots) until their workers settle
@@ -658,13 +660,13 @@ class MemoryDriver(
             raise InvalidInput(f"unknown control action {params.action!r}")
         self._write(doc, params.now)
         self._record_control(doc, params)
-        return copy.deepcopy(doc)
+        return copy_doc(doc)
 
     def _record_control(self, doc: dict[str, Any], params: ControlParams) -> None:
         """The control's event, where the task's state (as the change left it) puts it."""
         kind = CONTROL_KINDS.get(params.action)
         if kind is not None and self.record_events:
-            detail = {"reason": params.reason} if params.reason else None
+            detail = control_detail(params)
             event = task_event(
                 self.event_writer, kind, params.key, doc["name"], params.now, doc["state"], detail
             )

@@ -16,12 +16,14 @@ costs what the first does, never a sort of every task. The lists:
 from __future__ import annotations
 
 import bisect
-import copy
+import heapq
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from mscheduler.domain.listing import BY_FINISHED, BY_KEY, ListParams
+from mscheduler.domain.listing import BY_CREATED, BY_FINISHED, BY_KEY, ORDER_FIELDS, ListParams, prefix_end
+from mscheduler.drivers.memory.copying import copy_doc
 
 _Entry = tuple[datetime, str]
 
@@ -34,27 +36,50 @@ def _discard(index: list[Any], entry: Any) -> None:
 
 
 def _time_range(
-    index: list[_Entry], start: datetime | None, end: datetime | None, after: _Entry | None
+    index: list[_Entry],
+    start: datetime | None,
+    end: datetime | None,
+    after: _Entry | None,
+    descending: bool = False,
 ) -> Iterator[str]:
-    """The keys of ``index`` with ``start <= time < end`` and after ``after``, in order."""
-    i = 0 if start is None else bisect.bisect_left(index, (start,))
+    """The keys of ``index`` with ``start <= time < end`` and past ``after`` (after it going up,
+    before it going down), in the direction asked."""
+    if not descending:
+        i = 0 if start is None else bisect.bisect_left(index, (start,))
+        if after is not None:
+            i = max(i, bisect.bisect_right(index, after))
+        for j in range(i, len(index)):
+            when, key = index[j]
+            if end is not None and when >= end:
+                return
+            yield key
+        return
+    hi = len(index) if end is None else bisect.bisect_left(index, (end,))
     if after is not None:
-        i = max(i, bisect.bisect_right(index, after))
-    for j in range(i, len(index)):
+        hi = min(hi, bisect.bisect_left(index, after))
+    for j in range(hi - 1, -1, -1):
         when, key = index[j]
-        if end is not None and when >= end:
+        if start is not None and when < start:
             return
         yield key
 
 
-def _key_range(index: list[str], prefix: str, after: str | None) -> Iterator[str]:
-    """The keys of ``index`` starting with ``prefix`` and after ``after``, in order."""
-    i = bisect.bisect_left(index, prefix)
+def _key_range(
+    index: list[str], prefix: str | None, after: str | None, descending: bool = False
+) -> Iterator[str]:
+    """The keys of ``index`` starting with ``prefix`` (None: every key) past ``after``, in the
+    direction asked."""
+    lo = 0 if prefix is None else bisect.bisect_left(index, prefix)
+    end = None if prefix is None else prefix_end(prefix)
+    hi = len(index) if end is None else bisect.bisect_left(index, end)
+    if not descending:
+        if after is not None:
+            lo = max(lo, bisect.bisect_right(index, after))
+        yield from index[lo:hi]
+        return
     if after is not None:
-        i = max(i, bisect.bisect_right(index, after))
-    for j in range(i, len(index)):
-        if not index[j].startswith(prefix):
-            return  # past the prefix's range
+        hi = min(hi, bisect.bisect_left(index, after))
+    for j in range(hi - 1, lo - 1, -1):
         yield index[j]
 
 
@@ -119,43 +144,87 @@ class MemoryListing:
 
     async def list_tasks(self, params: ListParams) -> list[dict[str, Any]]:
         wanted = _matcher(params)
-        found: list[dict[str, Any]] = []
         want = params.skip + params.limit
-        for key in self._walk(params):
-            doc = self._tasks[key]
-            if wanted(doc):
-                found.append(doc)
-                if len(found) == want:
+        if params.order in _WALKED:
+            found: list[dict[str, Any]] = []
+            for key in self._walk(params):
+                doc = self._tasks[key]
+                if wanted(doc):
+                    found.append(doc)
+                    if len(found) == want:
+                        break
+        else:
+            # updated, status, name, attempts: no list is kept in these orders (they change with
+            # most writes); the page is the least (or greatest) ``want`` of a pass over the tasks
+            sort_key = _sort_key(params.order)
+            pick = heapq.nlargest if params.descending else heapq.nsmallest
+            candidates = (self._tasks[k] for k in self._candidates(params))
+            found = pick(want, (d for d in candidates if wanted(d)), key=sort_key)
+        return [copy_doc(d) for d in found[params.skip :]]
+
+    async def count_tasks(self, params: ListParams, cap: int) -> int:
+        unpaged = replace(params, after_key=None, after_time=None, after_rank=None, skip=0)
+        wanted = _matcher(unpaged)
+        counted = 0
+        keys = self._walk(unpaged) if unpaged.order in _WALKED else self._candidates(unpaged)
+        for key in keys:
+            if wanted(self._tasks[key]):
+                counted += 1
+                if counted >= cap:
                     break
-        return [copy.deepcopy(d) for d in found[params.skip :]]
+        return counted
 
     def _walk(self, params: ListParams) -> Iterator[str]:
         """The candidate keys in the listing's order, from the start of its range or cursor (the
         index MongoDB would read: key, finished, group or created)."""
+        down = params.descending
         if params.order == BY_KEY:
-            assert params.key_prefix is not None
-            return _key_range(self._by_key, params.key_prefix, params.after_key)
+            return _key_range(self._by_key, params.key_prefix, params.after_key, down)
         after = None
         if params.after_time is not None and params.after_key is not None:
             after = (params.after_time, params.after_key)
         if params.order == BY_FINISHED:
-            return _time_range(self._by_finished, params.finished_from, params.finished_to, after)
+            return _time_range(self._by_finished, params.finished_from, params.finished_to, after, down)
         index = self._by_created if params.group is None else self._by_group.get(params.group, [])
-        return _time_range(index, params.created_from, params.created_to, after)
+        return _time_range(index, params.created_from, params.created_to, after, down)
+
+    def _candidates(self, params: ListParams) -> Iterator[str]:
+        """Every task the filters may select, in no order (a group's own list when given)."""
+        if params.group is not None:
+            return (key for _, key in self._by_group.get(params.group, []))
+        return iter(list(self._tasks))
+
+
+_WALKED = frozenset({BY_CREATED, BY_FINISHED, BY_KEY})
+
+
+def _value(doc: dict[str, Any], path: str) -> Any:
+    if path.startswith("state."):
+        return doc["state"].get(path[6:])
+    return doc[path]
+
+
+def _sort_key(order: str) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """A document's sort values in ``order`` (``ORDER_FIELDS``: rank, time, key)."""
+    fields = ORDER_FIELDS[order]
+    paths = (*fields.rank, *((fields.time,) if fields.time is not None else ()), "key")
+
+    def sort_key(doc: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(_value(doc, path) for path in paths)
+
+    return sort_key
 
 
 def _matcher(params: ListParams) -> Callable[[dict[str, Any]], bool]:
     """Every filter of ``params`` (and the cursor) as one predicate on a document."""
     order = params.order
-    after: tuple[Any, ...] | None = None
-    if params.after_key is not None:
-        after = (params.after_key,) if order == BY_KEY else (params.after_time, params.after_key)
+    after = params.after
+    sort_key = _sort_key(order)
+    finished_order = order == BY_FINISHED
 
-    def sort_key(doc: dict[str, Any]) -> tuple[Any, ...]:
-        if order == BY_KEY:
-            return (doc["key"],)
-        state = doc["state"]
-        return (state["finish_time"] if order == BY_FINISHED else state["create_time"], doc["key"])
+    def past(doc: dict[str, Any]) -> bool:
+        assert after is not None
+        return sort_key(doc) < after if params.descending else sort_key(doc) > after
 
     def within(value: datetime | None, start: datetime | None, end: datetime | None) -> bool:
         if start is None and end is None:
@@ -175,7 +244,8 @@ def _matcher(params: ListParams) -> Callable[[dict[str, Any]], bool]:
             and (params.group is None or params.group in (doc["option"].get("specific_groups") or ()))
             and within(state["create_time"], params.created_from, params.created_to)
             and within(state.get("finish_time"), params.finished_from, params.finished_to)
-            and (after is None or sort_key(doc) > after)
+            and (not finished_order or state.get("finish_time") is not None)
+            and (after is None or past(doc))
         )
 
     return wanted

@@ -5,7 +5,6 @@ heap per status ordered by finish time (no scan of the store)."""
 
 from __future__ import annotations
 
-import copy
 import heapq
 import itertools
 from collections.abc import Sequence
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from mscheduler.domain.state import LIVE, lifecycle
 from mscheduler.drivers.base import PurgeParams, RetentionParams, UniqueParamsTaken
+from mscheduler.drivers.memory.copying import copy_doc
 
 
 class MemoryMaintenance:
@@ -100,4 +100,4 @@ class MemoryMaintenance:
         return removed
 
     async def get_tasks(self, keys: Sequence[str]) -> list[dict[str, Any]]:
-        return [copy.deepcopy(self._tasks[k]) for k in dict.fromkeys(keys) if k in self._tasks]
+        return [copy_doc(self._tasks[k]) for k in dict.fromkeys(keys) if k in self._tasks]

@@ -88,6 +88,8 @@ HISTORY_RUNNING = "state.history.worker_states.status"
 KEY_INDEX = "key"
 ATTEMPT_INDEX = "attempt"
 STATUS_INDEX = "list_status"
+UPDATED_INDEX = "list_updated"
+ATTEMPTS_INDEX = "list_attempts"
 NAME_INDEX = "list_name"
 CREATED_INDEX = "list_created"
 WORKER_INDEX = "list_worker"
@@ -150,6 +152,14 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
     ([("state.status", 1), ("state.create_time", 1), ("key", 1)], {"name": STATUS_INDEX}),
     ([("name", 1), ("state.status", 1), ("state.create_time", 1), ("key", 1)], {"name": NAME_INDEX}),
     ([("state.create_time", 1), ("key", 1)], {"name": CREATED_INDEX}),
+    # sorted listings (sort=updated, sort=attempts): one range per status, merged in the order
+    # of the fields after it. update_time changes with every state change (not with pings), so
+    # this index is written as often as the status index is.
+    ([("state.status", 1), ("state.update_time", 1), ("key", 1)], {"name": UPDATED_INDEX}),
+    (
+        [("state.status", 1), ("state.attempt_cnt", 1), ("state.create_time", 1), ("key", 1)],
+        {"name": ATTEMPTS_INDEX},
+    ),
     # list by worker: multikey on the entries' worker ids, then the listing order (a task with
     # several entries of one worker is returned once: the scan de-duplicates)
     ([(f"{WS}.worker_id", 1), ("state.create_time", 1), ("key", 1)], {"name": WORKER_INDEX}),
@@ -311,6 +321,7 @@ def _derive_stages(now: datetime) -> list[dict[str, Any]]:
         {
             "$set": {
                 "state.free_slots": {"$max": [0, {"$subtract": [cnt, busy]}]},
+                "state.attempt_cnt": {"$add": [busy, "$state.fail_cnt"]},
                 "state.status": {
                     "$switch": {
                         "branches": [

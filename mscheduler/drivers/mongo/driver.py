@@ -71,6 +71,7 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     _FAILURE_STATUSES,
     ALL_STATUSES,
     ATTEMPT_INDEX,
+    ATTEMPTS_INDEX,
     CHANGE_STREAM_TOKEN_LOST_CODES,
     CHANGE_STREAM_UNSUPPORTED_CODES,
     CLAIM_INDEX,
@@ -333,6 +334,7 @@ class MongoDriver(
         await self._call("create worker indexes", self._create_worker_indexes)
         await self._create_event_indexes()
         await self._probe_capabilities()
+        await self._backfill_attempt_counts()  # with the update hint, once probed
         self._set_up = True
 
     async def prepare(self) -> None:
@@ -481,6 +483,22 @@ class MongoDriver(
             return [f"{c.name}: {p}" for c, indexes in wanted for p in await index_problems(c, indexes)]
 
         return await self._call("check indexes", check)
+
+    async def _backfill_attempt_counts(self) -> int:
+        """Give ``state.attempt_cnt`` (a derived field, the attempts sort) to the tasks an earlier
+        build wrote, which lack it until their next write: one update, its filter a range of the
+        attempts index (missing sorts as null there), so a store without such tasks costs one
+        index probe per status. Returns how many were given it."""
+        filter_ = {"state.status": {"$in": ALL_STATUSES}, "state.attempt_cnt": {"$exists": False}}
+        count = {"$add": ["$state.running_cnt", "$state.success_cnt", "$state.fail_cnt"]}
+
+        async def update() -> Any:
+            return await self.tasks.update_many(
+                filter_, [{"$set": {"state.attempt_cnt": count}}], **self._hint(ATTEMPTS_INDEX)
+            )
+
+        result = await self._call("backfill attempt counts", update)
+        return int(result.modified_count)
 
     async def _probe_capabilities(self) -> None:
         """Does an update pipeline add milliseconds to a date? (A real server does; mongomock

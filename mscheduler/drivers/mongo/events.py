@@ -61,6 +61,7 @@ from mscheduler.drivers.base import (
     InsertEventsParams,
     InsertParams,
     UpdateOptionParams,
+    control_detail,
     settlement,
 )
 from mscheduler.drivers.mongo.common import (
@@ -388,7 +389,7 @@ class MongoEvents:
         after: dict[str, Any] | None = await super().control_task(params)  # type: ignore[misc]
         if after is not None and self.record_events and kind is not None:
             # the changed (or deleted) task names itself: no read before the write
-            detail = {"reason": params.reason} if params.reason else None
+            detail = control_detail(params)
             event = task_event(
                 self.event_writer, kind, params.key, after["name"], params.now, after["state"], detail
             )

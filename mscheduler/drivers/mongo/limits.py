@@ -37,6 +37,7 @@ from pymongo.errors import DuplicateKeyError
 
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.limits import (
+    CONVERTED_BUCKET,
     RATE_BUCKETS,
     acquire_result_fields,
     epoch_ms,
@@ -101,7 +102,17 @@ _SLOTS_IN = {
             "$map": {
                 "input": "$slots",
                 "as": "s",
-                "in": {"k": "$$s.a", "v": {"w": "$$s.w", "e": "$$s.e", "b": None}},
+                "in": {
+                    "k": "$$s.a",
+                    "v": {
+                        "w": "$$s.w",
+                        "e": "$$s.e",
+                        # counted among the converted starts on a limit with a rate
+                        "b": {
+                            "$cond": [{"$ne": [{"$ifNull": ["$rate_n", None]}, None]}, CONVERTED_BUCKET, None]
+                        },
+                    },
+                },
             }
         },
         {"$objectToArray": {"$ifNull": ["$slots", {}]}},

@@ -5,6 +5,7 @@ restart). The claim path lives in ``mongo.py``."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -12,18 +13,30 @@ from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
 from mscheduler.domain.exceptions import InvalidInput
-from mscheduler.domain.listing import BY_CREATED, BY_FINISHED, BY_KEY, ListParams
+from mscheduler.domain.listing import (
+    BY_ATTEMPTS,
+    BY_FINISHED,
+    BY_KEY,
+    BY_NAME,
+    BY_STATUS,
+    BY_UPDATED,
+    ORDER_FIELDS,
+    ListParams,
+    prefix_end,
+)
 from mscheduler.domain.state import TERMINAL
 from mscheduler.drivers.base import (
     MAX_HISTORY,
     ControlParams,
     UniqueParamsTaken,
     UpdateOptionParams,
+    cancelled_record,
 )
 from mscheduler.drivers.mongo.common import (
     ADMIN_READ_MS,
     AIMED_AT_GROUPS,
     ALL_STATUSES,
+    ATTEMPTS_INDEX,
     CREATED_INDEX,
     FINISHED_INDEX,
     GROUP_INDEX,
@@ -31,6 +44,7 @@ from mscheduler.drivers.mongo.common import (
     NAME_INDEX,
     STATUS_INDEX,
     TASK_FIELDS,
+    UPDATED_INDEX,
     WAKE,
     WORKER_INDEX,
     WS,
@@ -52,43 +66,34 @@ from mscheduler.drivers.mongo.common import (
 def list_query(params: ListParams) -> tuple[dict[str, Any], list[tuple[str, int]], str]:
     """The filter, sort and index of a task listing (docs/design.md, "Listing tasks").
 
-    One index serves each listing as a bounded range in its order (``params.order``):
+    One index serves each listing's order (``params.order``, either direction: an index is read
+    backwards as well), so no listing sorts in memory:
 
-    * key order (``key_prefix``): a range of the ``key`` index;
-    * finish-time order (a finished range): the ``finished_key`` index (status, finish_time,
-      key), with the status or every terminal status listed, so the per-status ranges merge in
-      (finish_time, key) order;
+    * key order (``key_prefix``, or ``sort=key``): the ``key`` index (the prefix's range of it);
+    * finish-time order (a finished range, or ``sort=finished``): the ``finished_key`` index
+      (status, finish_time, key), with the status or every terminal status listed, so the
+      per-status ranges merge in (finish_time, key) order;
     * creation order: the worker index (``worker_id``), the group index (``group``, partial:
       the query states its clause), the name index (``name``, with every status listed when no
-      status is given), the status index, or the created index.
+      status is given), the status index, or the created index;
+    * ``sort=updated``: ``list_updated`` (status, update_time, key), every status listed
+      unless one is given (merged, as in the finished order);
+    * ``sort=attempts``: ``list_attempts`` (status, attempt_cnt, create_time, key), the same way;
+    * ``sort=status``: ``list_status`` (status, create_time, key) in its own order;
+    * ``sort=name``: ``list_name`` (name, status, create_time, key) in its own order.
 
-    The order's time range and the cursor bound its time field inside that index; filters the
+    The order's time range and the cursor bound its leading field inside that index; filters the
     chosen index does not hold are checked on the documents it yields."""
     filter_: dict[str, Any] = {}
     order_by = params.order
+    way = -1 if params.descending else 1
+    fields = ORDER_FIELDS[order_by]
+    index = _INDEX_OF.get(order_by) or _creation_index(params)
     if order_by == BY_KEY:
-        assert params.key_prefix is not None
-        key_range: dict[str, Any] = {"$gte": params.key_prefix}
-        end = prefix_end(params.key_prefix)
-        if end is not None:
-            key_range["$lt"] = end
-        if params.after_key is not None:
-            key_range["$gt"] = params.after_key
-        filter_["key"] = key_range
-        order, index = [("key", 1)], KEY_INDEX
-    elif order_by == BY_FINISHED:
-        order, index = [("state.finish_time", 1), ("key", 1)], FINISHED_INDEX
-    else:
-        order = [("state.create_time", 1), ("key", 1)]
-        index = CREATED_INDEX
-        if params.worker_id is not None:
-            index = WORKER_INDEX
-        elif params.group is not None:
-            index = GROUP_INDEX
-        elif params.name is not None:
-            index = NAME_INDEX
-        elif params.status is not None:
-            index = STATUS_INDEX
+        key_range = _key_range(params)
+        if key_range:
+            filter_["key"] = key_range
+    order = [(path, way) for path in (*fields.rank, *((fields.time,) if fields.time else ()), "key")]
     if params.worker_id is not None:
         filter_[f"{WS}.worker_id"] = params.worker_id
     if params.group is not None:
@@ -98,53 +103,101 @@ def list_query(params: ListParams) -> tuple[dict[str, Any], list[tuple[str, int]
         filter_["name"] = params.name
     if params.status is not None:
         filter_["state.status"] = params.status
-    elif index == NAME_INDEX:
-        filter_["state.status"] = {"$in": ALL_STATUSES}
+    elif index in (UPDATED_INDEX, ATTEMPTS_INDEX) or (index == NAME_INDEX and order_by != BY_NAME):
+        filter_["state.status"] = {"$in": ALL_STATUSES}  # one range per status, merged in order
     elif index == FINISHED_INDEX:
         filter_["state.status"] = {"$in": list(TERMINAL)}  # only these have a finish time
-    created = _time_range(params.created_from, params.created_to, params, order_by == BY_CREATED)
+    created = _time_range(
+        params.created_from, params.created_to, params, fields.time == "state.create_time" and not fields.rank
+    )
     if created:
         filter_["state.create_time"] = created
     finished = _time_range(params.finished_from, params.finished_to, params, order_by == BY_FINISHED)
     if finished:
         filter_["state.finish_time"] = finished
-    if order_by != BY_KEY and params.after_time is not None:
-        # the cursor: later, or as late and after the key (only ties are filtered here)
-        filter_["$or"] = [
-            {order[0][0]: {"$gt": params.after_time}},
-            {"key": {"$gt": params.after_key}},
-        ]
+    elif order_by == BY_FINISHED:
+        filter_["state.finish_time"] = {"$type": "date"}  # a status given: its finished tasks only
+    position = params.after
+    if order_by != BY_KEY and position is not None:
+        filter_ = _after(order, position, params.descending, filter_)
     return _out(filter_), order, index
+
+
+_INDEX_OF = {
+    BY_KEY: KEY_INDEX,
+    BY_FINISHED: FINISHED_INDEX,
+    BY_UPDATED: UPDATED_INDEX,
+    BY_ATTEMPTS: ATTEMPTS_INDEX,
+    BY_STATUS: STATUS_INDEX,
+    BY_NAME: NAME_INDEX,
+}
+
+
+def _creation_index(params: ListParams) -> str:
+    """The index of a listing in creation order: the most selective filter's."""
+    if params.worker_id is not None:
+        return WORKER_INDEX
+    if params.group is not None:
+        return GROUP_INDEX
+    if params.name is not None:
+        return NAME_INDEX
+    if params.status is not None:
+        return STATUS_INDEX
+    return CREATED_INDEX
+
+
+def _key_range(params: ListParams) -> dict[str, Any]:
+    """The key index's range: the prefix's, from the cursor on (up or down)."""
+    bounds: dict[str, Any] = {}
+    if params.key_prefix is not None:
+        bounds["$gte"] = params.key_prefix
+        end = prefix_end(params.key_prefix)
+        if end is not None:
+            bounds["$lt"] = end
+    if params.after_key is not None:
+        if not params.descending:
+            bounds["$gt"] = params.after_key
+        else:
+            bounds["$lt"] = min(bounds.get("$lt", params.after_key), params.after_key)
+    return bounds
+
+
+def _after(
+    order: list[tuple[str, int]], position: tuple[Any, ...], descending: bool, filter_: dict[str, Any]
+) -> dict[str, Any]:
+    """The cursor as a filter: one ``$or`` branch per sort field (past it in the first field; as
+    far in the first and past it in the second; ...), each with every filter. Many tasks may tie
+    on a leading field (one status; one creation time for a batch sent at once), so a bound on
+    the first field alone would read all of those before the cursor; each branch instead is a
+    tight range of the hinted index, and the server merges the branches in the index's order
+    (a deep page costs what the first does)."""
+    past = "$lt" if descending else "$gt"
+    paths = [path for path, _ in order]
+    branches = []
+    for n, path in enumerate(paths):
+        clause: dict[str, Any] = {p: position[i] for i, p in enumerate(paths[:n])}
+        clause[path] = {past: position[n]}
+        shared = set(clause) & set(filter_)
+        branches.append({**filter_, **clause} if not shared else {"$and": [filter_, clause]})
+    return {"$or": branches}
 
 
 def _time_range(
     start: datetime | None, end: datetime | None, params: ListParams, ordered: bool
 ) -> dict[str, Any]:
     """``{$gte, $lt}`` of a ``[start, end)`` range; in the listing's own order, the cursor's
-    time raises the lower bound (the index range starts at the cursor)."""
-    lower = start
-    if ordered and params.after_time is not None:
-        lower = params.after_time if lower is None else max(lower, params.after_time)
+    time moves the bound it goes towards (the index range starts at the cursor)."""
     bounds: dict[str, Any] = {}
-    if lower is not None:
-        bounds["$gte"] = lower
+    if start is not None:
+        bounds["$gte"] = start
     if end is not None:
         bounds["$lt"] = end
+    if ordered and params.after_time is not None:
+        if params.descending:
+            bounds["$lte"] = params.after_time
+        else:
+            bounds["$gte"] = params.after_time if start is None else max(start, params.after_time)
     return bounds
-
-
-def prefix_end(prefix: str) -> str | None:
-    """The least string above every string starting with ``prefix`` (None: there is none). The
-    server compares strings by UTF-8 bytes, which is code point order; surrogates cannot be
-    stored, so the successor of U+D7FF is U+E000."""
-    chars = list(prefix)
-    while chars:
-        code = ord(chars.pop()) + 1
-        if code == 0xD800:
-            code = 0xE000
-        if code <= 0x10FFFF:
-            return "".join(chars) + chr(code)
-    return None
 
 
 class MongoTaskQueries:
@@ -189,6 +242,17 @@ class MongoTaskQueries:
             "list tasks", lambda: read_page(self.tasks, filter_, order, params.skip, params.limit, index)
         )
 
+    async def count_tasks(self, params: ListParams, cap: int) -> int:
+        # The listing's filter on its index, without cursor or sort: the keys of the selected
+        # range are counted (no document fetched when the index holds every filter), up to cap.
+        unpaged = replace(params, after_key=None, after_time=None, after_rank=None, skip=0)
+        filter_, _, index = list_query(unpaged)
+
+        async def count() -> int:
+            return int(await self.tasks.count_documents(filter_, limit=cap, hint=index))
+
+        return await self._call("count tasks", count)
+
     async def count_by_status(self) -> dict[str, int]:
         # Covered by the status index: keys only, no document is fetched.
         pipeline = [
@@ -232,7 +296,7 @@ class MongoTaskQueries:
         stages: list[dict[str, Any]] = []
         if params.action == "cancel":
             change = {
-                "state.cancelled": _lit({"reason": params.reason, "time": params.now}),
+                "state.cancelled": _lit(cancelled_record(params)),
                 "state.stop": stop_expression("cancel", params.now),
                 WAKE: wake_if_stopping("cancel", params.now),  # the change stream passes it
             }

@@ -6,6 +6,7 @@ May import: ``mscheduler.web.deps``, ``mscheduler.web.models`` and everything be
 
 from fastapi import APIRouter
 
+from mscheduler.web.routes.bulk import bulk
 from mscheduler.web.routes.events import events
 from mscheduler.web.routes.executors import executors
 from mscheduler.web.routes.health import health
@@ -16,4 +17,4 @@ from mscheduler.web.routes.tasks import tasks
 from mscheduler.web.routes.workers import workers
 
 # in the order the OpenAPI schema lists them
-ROUTERS: tuple[APIRouter, ...] = (tasks, plans, limits, workers, misc, health, events, executors)
+ROUTERS: tuple[APIRouter, ...] = (tasks, bulk, plans, limits, workers, misc, health, events, executors)

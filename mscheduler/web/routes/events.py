@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from typing import Annotated, Any
 from urllib.parse import quote, unquote
@@ -26,10 +27,13 @@ from urllib.parse import quote, unquote
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
+from starlette.types import Receive, Scope, Send
 
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.services.events import LIST_LIMIT_MAX, Event, Events
-from mscheduler.web.deps import _ERRORS, IsoTime, Ops, _ApiError, _bearer, known_query
+from mscheduler.web.auth import Role
+from mscheduler.web.deps import _ERRORS, IsoTime, Ops, Who, _ApiError, _bearer, known_query
+from mscheduler.web.guards import Slots
 from mscheduler.web.models import ErrorOut
 
 HEARTBEAT_SECONDS = 15.0
@@ -86,6 +90,7 @@ def _kinds(value: str | None) -> list[str] | None:
 @events.get("", response_model=EventPageOut, responses=_OFF, summary="Recorded events, in time order")
 async def list_events(
     log: Log,
+    who: Who,
     key: KeyQ = None,
     name: NameQ = None,
     kinds: KindsQ = None,
@@ -96,7 +101,8 @@ async def list_events(
     limit: Annotated[int, Query(ge=1, le=LIST_LIMIT_MAX)] = 100,
     skip: Annotated[int, Query(ge=0, le=10**9)] = 0,
 ) -> EventPageOut:
-    """Events with ``since <= time < until``, filtered, oldest first; ``next_skip`` pages on."""
+    """Events with ``since <= time < until``, filtered, oldest first; ``next_skip`` pages on.
+    A read token gets opaque event ids (an attempt's event id holds its attempt token)."""
     found = await log.list(
         keys=key,
         names=name,
@@ -108,7 +114,16 @@ async def list_events(
         limit=limit,
         skip=skip,
     )
-    return EventPageOut(events=found, next_skip=skip + len(found) if len(found) == limit else None)
+    shown = [public_event(e) for e in found] if who.role is not Role.ADMIN else found
+    return EventPageOut(events=shown, next_skip=skip + len(found) if len(found) == limit else None)
+
+
+def public_event(event: Event) -> Event:
+    """The event with an opaque id: the stored id of an attempt's event holds the attempt's
+    token (``key|attempt|kind``), which only admin tokens may see. Deterministic, so a stream's
+    ``Last-Event-ID`` and a listing name an event alike."""
+    digest = hashlib.sha256(event.id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return event.model_copy(update={"id": f"e{digest}"})
 
 
 def sse_id(event: Event) -> str:
@@ -144,7 +159,7 @@ async def _pump(source: AsyncIterator[Event], queue: asyncio.Queue[Event | BaseE
 
 
 async def _sse(
-    source: AsyncIterator[Event], skip_id: str | None, max_events: int | None
+    source: AsyncIterator[Event], skip_id: str | None, max_events: int | None, *, public: bool = False
 ) -> AsyncIterator[str]:
     queue: asyncio.Queue[Event | BaseException] = asyncio.Queue(maxsize=100)
     pump = asyncio.create_task(_pump(source, queue))
@@ -152,26 +167,44 @@ async def _sse(
     try:
         yield ": mscheduler events\n\n"  # the headers and a first byte: the client knows it is open
         while max_events is None or sent < max_events:
+            # asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for swallows a
+            # cancellation that comes when its inner wait is done already — which, while events
+            # keep coming, is always: a client that went away was then streamed to for ever
             try:
-                item = await asyncio.wait_for(queue.get(), HEARTBEAT_SECONDS)
+                async with asyncio.timeout(HEARTBEAT_SECONDS):
+                    item = await queue.get()
             except TimeoutError:
                 yield ": keep-alive\n\n"
                 continue
             if isinstance(item, BaseException):
                 yield f"event: error\ndata: {json.dumps({'error': type(item).__name__})}\n\n"
                 return
+            if public:
+                item = public_event(item)
             if skip_id is not None and item.id == skip_id:
                 continue  # the client's Last-Event-ID: it has this one
             yield sse_message(item)
             sent += 1
     finally:  # the client went away (the response is cancelled) or the stream ended
         pump.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await pump
-        aclose = getattr(source, "aclose", None)
-        if aclose is not None:
-            with contextlib.suppress(Exception):
-                await aclose()
+        # the subscription is closed whatever happens here: the response's cancellation is
+        # delivered again at each of our awaits, so the closing runs as its own task
+        closing = asyncio.ensure_future(_close(pump, source))
+        _CLOSING.add(closing)
+        closing.add_done_callback(_CLOSING.discard)
+        await asyncio.shield(closing)
+
+
+_CLOSING: set[asyncio.Future[None]] = set()  # subscriptions being closed (kept from the GC)
+
+
+async def _close(pump: asyncio.Task[None], source: AsyncIterator[Event]) -> None:
+    with contextlib.suppress(asyncio.CancelledError):
+        await pump
+    aclose = getattr(source, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            await aclose()
 
 
 @events.get(
@@ -188,6 +221,8 @@ async def _sse(
 )
 async def stream_events(
     log: Log,
+    request: Request,
+    who: Who,
     key: KeyQ = None,
     name: NameQ = None,
     kinds: KindsQ = None,
@@ -197,13 +232,54 @@ async def stream_events(
     last_event_id: Annotated[str | None, Header(description="resume after this event")] = None,
 ) -> StreamingResponse:
     """New events as they are stored (a change stream where the store has one, else polling);
-    from ``since`` or after ``Last-Event-ID`` if given. Ends after ``max_events`` if given."""
+    from ``since`` or after ``Last-Event-ID`` if given. Ends after ``max_events`` if given. One
+    token may hold ``ApiLimits.streams_per_token`` streams at once, all tokens
+    ``streams_total``: one more is a 429 ``too_many_streams`` with ``Retry-After``."""
     skip_id = None
     if last_event_id is not None:
         since, skip_id = parse_sse_id(last_event_id)
-    source = log.subscribe(keys=key, names=name, kinds=_kinds(kinds), plans=plan, since=since)
-    return StreamingResponse(
-        _sse(source, skip_id, max_events),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    wanted = _kinds(kinds)
+    streams: Slots = request.app.state.streams
+    refusal = streams.acquire(who.name)
+    if refusal is not None:
+        retry = str(request.app.state.limits.retry_after_seconds)
+        raise _ApiError(429, "too_many_streams", refusal, headers={"Retry-After": retry})
+    release = _once(lambda: streams.release(who.name))
+    try:
+        source = log.subscribe(keys=key, names=name, kinds=wanted, plans=plan, since=since)
+        return _HeldStream(
+            _sse(source, skip_id, max_events, public=who.role is not Role.ADMIN),
+            release,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+    except BaseException:
+        release()
+        raise
+
+
+class _HeldStream(StreamingResponse):
+    """A stream that gives its slot back when it ends, however it ends (the client went away,
+    the server stops, ``max_events`` were sent)."""
+
+    def __init__(self, content: AsyncIterator[str], release: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+def _once(action: Callable[[], None]) -> Callable[[], None]:
+    done = False
+
+    def run() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            action()
+
+    return run

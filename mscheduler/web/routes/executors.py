@@ -12,6 +12,7 @@ Task names under a flow limit are leased with the limit's slots, as a consumer c
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -28,7 +29,9 @@ from mscheduler.remote.executors import (
     AttemptResult,
     RemoteExecutors,
 )
-from mscheduler.web.deps import _ERRORS, _bearer, known_query
+from mscheduler.web.auth import Identity
+from mscheduler.web.deps import _ERRORS, Who, _ApiError, _bearer, known_query
+from mscheduler.web.guards import Slots
 from mscheduler.web.models import ErrorOut
 
 WAIT_MAX = 60.0  # seconds a lease request may ask to wait (the service may cut it shorter)
@@ -208,12 +211,20 @@ async def _disconnected(request: Request) -> None:
 
 
 @executors.post("/lease", response_model=LeaseOut, summary="Lease due tasks (long poll)")
-async def lease(body: LeaseIn, service: Service, request: Request) -> LeaseOut | Response:
+async def lease(body: LeaseIn, service: Service, request: Request, who: Who) -> LeaseOut | Response:
     """Claim up to ``max_tasks`` due tasks among ``names`` for ``worker_id`` (the consumer's claim:
     targeting, priority, retry budget); when none is due, wait up to ``wait_seconds`` for one.
     An empty ``tasks`` means nothing came in time: lease again. Names under a flow limit are
     claimed only with a free slot of the limit (``max_running``, ``rate``), shared with every
-    consumer and executor; a full limit makes its names wait while the others are leased."""
+    consumer and executor; a full limit makes its names wait while the others are leased.
+    A bound executor token leases only as its worker ids, names and groups (403); a lease that
+    would wait beyond the caps on waits per token or in all is a 429 with ``Retry-After``."""
+    _check_binding(who, body.worker_id, body.names, body.groups)
+    waits: Slots = request.app.state.waits
+    waiting = body.wait_seconds > 0
+    if waiting and (refusal := waits.acquire(who.name)) is not None:
+        retry = str(request.app.state.limits.retry_after_seconds)
+        raise _ApiError(429, "too_many_waits", refusal, headers={"Retry-After": retry})
     leasing = asyncio.ensure_future(
         service.lease(
             body.worker_id,
@@ -244,6 +255,8 @@ async def lease(body: LeaseIn, service: Service, request: Request) -> LeaseOut |
         gone.cancel()
         if not leasing.done():
             leasing.cancel()
+        if waiting:
+            waits.release(who.name)
     tasks = []
     for task in got.tasks:
         option = task.option
@@ -268,10 +281,11 @@ async def lease(body: LeaseIn, service: Service, request: Request) -> LeaseOut |
 
 
 @executors.post("/ping", response_model=PingOut, summary="Renew leases; save checkpoints and progress")
-async def ping(body: PingIn, service: Service) -> PingOut:
+async def ping(body: PingIn, service: Service, who: Who) -> PingOut:
     """One write renews every named attempt's lease (fenced: only this executor's running,
     unexpired attempt), with the checkpoints and progress given. A task whose state is not
     ``alive`` is no longer this executor's: stop working on it."""
+    _check_binding(who, body.worker_id, (), body.groups or ())
     items = [
         AttemptPing(
             item.key,
@@ -299,10 +313,11 @@ async def ping(body: PingIn, service: Service) -> PingOut:
 
 
 @executors.post("/report", response_model=ReportOut, responses=_LOST, summary="Report an attempt's outcome")
-async def report(body: ReportIn, service: Service) -> ReportOut:
+async def report(body: ReportIn, service: Service, who: Who) -> ReportOut:
     """Record the outcome by the consumer's rules: a failure is retried by the task's retry
     policy (or after ``retry_after``; never with ``final``) while its budget lasts; a result too
     large to store fails the task (``rejected``). 409 when the attempt's lease moved on."""
+    _check_binding(who, body.worker_id)
     error = body.error or ErrorIn()  # its type left out: the service's default for the outcome
     done = await service.report(
         body.worker_id,
@@ -328,3 +343,13 @@ async def report(body: ReportIn, service: Service) -> ReportOut:
         error=outcome.error,
         duplicate=done.duplicate,
     )
+
+
+def _check_binding(
+    who: Identity, worker_id: str, names: Sequence[str] = (), groups: Sequence[str] = ()
+) -> None:
+    """403 when a bound executor token acts as another worker id, name or group (an attempt is
+    fenced by its worker id: a token bound to a prefix cannot ping or report others' attempts)."""
+    refusal = who.refusal(worker_id, names, groups)
+    if refusal is not None:
+        raise _ApiError(403, "forbidden", refusal)

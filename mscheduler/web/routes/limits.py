@@ -6,7 +6,8 @@ from typing import Any
 
 from fastapi import APIRouter, Response
 
-from mscheduler.web.deps import _ERRORS, Ops, _common
+from mscheduler.web.auth import Role
+from mscheduler.web.deps import _ERRORS, Ops, Who, _common
 from mscheduler.web.models import ErrorOut, LimitIn, LimitOut
 
 limits = APIRouter(prefix="/limits", tags=["limits"], dependencies=_common, responses=_ERRORS)
@@ -16,13 +17,15 @@ _NO_LIMIT: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "descript
 
 
 @limits.get("", response_model=list[LimitOut], summary="Flow limits, with their running slots")
-async def list_limits(operations: Ops) -> list[LimitOut]:
-    return [LimitOut.of(info) for info in await operations.list_limits()]
+async def list_limits(operations: Ops, who: Who) -> list[LimitOut]:
+    """Every limit; a read token sees the slot holders' attempt tokens blanked."""
+    return [LimitOut.of(info, secrets=who.role is Role.ADMIN) for info in await operations.list_limits()]
 
 
 @limits.get("/{key}", response_model=LimitOut, responses=_NO_LIMIT, summary="A flow limit and its state")
-async def get_limit(key: str, operations: Ops) -> LimitOut:
-    return LimitOut.of(await operations.get_limit(key))
+async def get_limit(key: str, operations: Ops, who: Who) -> LimitOut:
+    """The limit; a read token sees the slot holders' attempt tokens blanked."""
+    return LimitOut.of(await operations.get_limit(key), secrets=who.role is Role.ADMIN)
 
 
 @limits.put("/{key}", response_model=LimitOut, summary="Create or replace a flow limit")

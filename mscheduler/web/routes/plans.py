@@ -7,8 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from mscheduler.domain.listing import LIST_LIMIT_MAX
+from mscheduler.domain.model import TaskInfo
 from mscheduler.domain.plans import Plan, PlanInfo, PlanState
-from mscheduler.web.deps import _ERRORS, _NOT_FOUND, Ops, _common
+from mscheduler.web.deps import _ERRORS, _NOT_FOUND, _REFUSED, Ops, _common
 from mscheduler.web.models import PlanEdit
 
 plans = APIRouter(prefix="/plans", tags=["plans"], dependencies=_common, responses=_ERRORS)
@@ -33,6 +34,19 @@ async def add_plan(plan: Plan, operations: Ops) -> PlanInfo:
 @plans.get("/{plan_id}", response_model=PlanInfo, responses=_NOT_FOUND)
 async def get_plan(plan_id: str, operations: Ops) -> PlanInfo:
     return await operations.get_plan(plan_id)
+
+
+@plans.post(
+    "/{plan_id}/run",
+    response_model=TaskInfo,
+    status_code=201,
+    responses=_NOT_FOUND | _REFUSED,
+    summary="Run the plan's task once, now",
+)
+async def run_plan_now(plan_id: str, operations: Ops) -> TaskInfo:
+    """A run outside the schedule (keyed as the plan's occurrence now); the schedule and the
+    counters stay. 409 when the plan does not allow overlap and its last run is still live."""
+    return await operations.run_plan_now(plan_id)
 
 
 @plans.post("/{plan_id}/suspend", response_model=PlanInfo, responses=_NOT_FOUND)

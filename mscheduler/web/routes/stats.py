@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 
 from mscheduler.web.deps import _ERRORS, Ops, _common
+from mscheduler.web.guards import AnswerCache
 from mscheduler.web.models import StatsOut, WhoAmIOut
 
 misc = APIRouter(tags=["stats"], dependencies=_common, responses=_ERRORS)
@@ -15,6 +16,7 @@ misc = APIRouter(tags=["stats"], dependencies=_common, responses=_ERRORS)
 @misc.get("/stats", response_model=StatsOut, summary="Task statistics (counts, rates, durations)")
 async def stats(
     operations: Ops,
+    request: Request,
     window: Annotated[
         float | None, Query(ge=60, le=7 * 86400, description="seconds of the rates' window (default 1 h)")
     ] = None,
@@ -24,14 +26,23 @@ async def stats(
     statuses: Annotated[
         str | None, Query(max_length=1000, description="only these statuses (comma-separated)")
     ] = None,
-) -> StatsOut:
+) -> Response:
     """Counts by status, plus ``Operations.stats()`` (SPEC F27: success rates, duration
-    percentiles, throughput over the window) in ``details``."""
+    percentiles, throughput over the window) in ``details``. Computed at most once per
+    ``ApiLimits.stats_cache_seconds`` (1 s by default) however many clients ask the same: an
+    answer may be that much old."""
     filters: dict[str, Any] = {"names": _listed(names), "statuses": _listed(statuses)}
     if window is not None:
         filters["window"] = window
-    details = await operations.stats(**filters)
-    return StatsOut(counts=details.counts, total=details.total, details=details)
+
+    async def compute() -> bytes:
+        details = await operations.stats(**filters)
+        answer = StatsOut(counts=details.counts, total=details.total, details=details)
+        return answer.model_dump_json().encode()
+
+    cache: AnswerCache = request.app.state.stats_cache
+    body = await cache.get(repr(sorted(filters.items())), compute)
+    return Response(body, media_type="application/json")
 
 
 def _listed(value: str | None) -> list[str] | None:
@@ -41,4 +52,4 @@ def _listed(value: str | None) -> list[str] | None:
 @misc.get("/whoami", response_model=WhoAmIOut, summary="The role of the presented token")
 async def whoami(request: Request) -> WhoAmIOut:
     """What this token may do: the dashboard shows its action buttons to admin tokens only."""
-    return WhoAmIOut(role=request.state.role)
+    return WhoAmIOut(role=request.state.role, name=request.state.identity.name)

@@ -8,9 +8,19 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
 
-from mscheduler.domain.listing import CURSOR_MAX_LEN, LIST_LIMIT_MAX
+from mscheduler.domain.listing import CURSOR_MAX_LEN, LIST_LIMIT_MAX, TaskFilters
 from mscheduler.domain.model import OptionChange, TaskInfo, TaskOption, TaskStatus
-from mscheduler.web.deps import _ERRORS, _NOT_FOUND, _REFUSED, IsoTime, Ops, _common
+from mscheduler.web.deps import (
+    _ERRORS,
+    _NOT_FOUND,
+    _REFUSED,
+    IsoTime,
+    Ops,
+    Who,
+    _common,
+    json_answer,
+    shown_task,
+)
 from mscheduler.web.models import (
     CancelBody,
     SendIn,
@@ -58,6 +68,7 @@ async def send_tasks(
 @tasks.get("", response_model=TaskPageOut, summary="List tasks (filters, cursor paging)")
 async def list_tasks(
     operations: Ops,
+    who: Who,
     status: TaskStatus | None = None,
     name: str | None = None,
     key_prefix: Annotated[str | None, Query(description="tasks whose key starts so (key order)")] = None,
@@ -71,12 +82,27 @@ async def list_tasks(
         IsoTime | None, Query(description="finished before (with offset): listed by finish time")
     ] = None,
     group: Annotated[str | None, Query(description="tasks aimed at this worker group")] = None,
-    cursor: Annotated[str | None, Query(max_length=CURSOR_MAX_LEN, description="next_cursor")] = None,
+    cursor: Annotated[
+        str | None, Query(max_length=CURSOR_MAX_LEN, description="next_cursor or prev_cursor")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=LIST_LIMIT_MAX)] = 100,
-) -> TaskPageOut:
+    sort: Annotated[
+        str | None,
+        Query(
+            max_length=20,
+            description="created, updated, finished, status, name, attempts or key; '-' in front: "
+            "descending (-created: newest first). Default: oldest first (by finish time with a "
+            "finished range, key order with a key prefix, which allows only key / -key)",
+        ),
+    ] = None,
+    with_total: Annotated[
+        bool, Query(description="also count the tasks the filters select (up to 100,000)")
+    ] = False,
+) -> Response:
     """Tasks oldest first (with ``key_prefix``: in key order; with a finished range and no
-    prefix: by finish time, finished tasks only), one page; ``next_cursor`` goes on."""
-    page = await operations.page_tasks(
+    prefix: by finish time, finished tasks only), or as ``sort`` says, one page;
+    ``next_cursor`` goes on, ``prev_cursor`` back. A read token sees attempt tokens blanked."""
+    filters = TaskFilters(
         status=status.value if status is not None else None,
         name=name,
         key_prefix=key_prefix,
@@ -86,49 +112,57 @@ async def list_tasks(
         finished_from=finished_from,
         finished_to=finished_to,
         group=group,
+        sort=sort,
         cursor=cursor,
         limit=limit,
     )
-    return TaskPageOut(tasks=page.tasks, next_cursor=page.next_cursor)
+    page = await operations.page_tasks(**filters)
+    tasks = [shown_task(info, who) for info in page.tasks]
+    out = TaskPageOut(tasks=tasks, next_cursor=page.next_cursor, prev_cursor=page.prev_cursor)
+    if with_total:
+        counted = await operations.count_tasks(**filters)  # (cursor and limit do not count)
+        out.total, out.total_capped = counted.count, counted.capped
+    return json_answer(out)
 
 
 @tasks.get("/{key:path}", response_model=TaskInfo, responses=_NOT_FOUND, summary="A task and its attempts")
-async def get_task(key: str, operations: Ops) -> TaskInfo:
-    return await operations.get_task(key)
+async def get_task(key: str, operations: Ops, who: Who) -> Response:
+    """The task (a read token sees its attempt tokens blanked)."""
+    return json_answer(shown_task(await operations.get_task(key), who))
 
 
 @tasks.post("/{key:path}/cancel", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
-async def cancel_task(key: str, operations: Ops, body: CancelBody | None = None) -> TaskInfo:
+async def cancel_task(key: str, operations: Ops, who: Who, body: CancelBody | None = None) -> TaskInfo:
     """End a pending or running task as cancelled (a running handler stops at its next ping)."""
-    return await operations.cancel(key, body.reason if body is not None else "")
+    return await operations.cancel(key, body.reason if body is not None else "", by=who.by)
 
 
 @tasks.post("/{key:path}/pause", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
-async def pause_task(key: str, operations: Ops, stop_running: bool = False) -> TaskInfo:
+async def pause_task(key: str, operations: Ops, who: Who, stop_running: bool = False) -> TaskInfo:
     """Stop claims of a pending or running task until it is resumed. ``stop_running=true``: its
     running attempts are also stopped and released (not counted against the retry budget); the
     resumed task runs again from its last checkpoint."""
-    return await operations.pause(key, stop_running=stop_running)
+    return await operations.pause(key, stop_running=stop_running, by=who.by)
 
 
 @tasks.post("/{key:path}/resume", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
-async def resume_task(key: str, operations: Ops) -> TaskInfo:
+async def resume_task(key: str, operations: Ops, who: Who) -> TaskInfo:
     """Make a paused task claimable again."""
-    return await operations.resume(key)
+    return await operations.resume(key, by=who.by)
 
 
 @tasks.post("/{key:path}/restart", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
-async def restart_task(key: str, operations: Ops, force: bool = False) -> TaskInfo:
+async def restart_task(key: str, operations: Ops, who: Who, force: bool = False) -> TaskInfo:
     """Run a failed, cancelled or expired task again (a succeeded one with ``force=true``)."""
-    return await operations.restart(key, force=force)
+    return await operations.restart(key, force=force, by=who.by)
 
 
 @tasks.post("/{key:path}/status", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
-async def set_task_status(key: str, body: StatusBody, operations: Ops) -> TaskInfo:
+async def set_task_status(key: str, body: StatusBody, operations: Ops, who: Who) -> TaskInfo:
     """Set a task's status by hand: ``succeeded`` (not running, not succeeded yet) or ``failed``
     (pending, nothing running). A child's parent follows (a sequential parent's next step
     starts); a parent's own status comes from its children (409: set a child's, by its key)."""
-    return await operations.set_status(key, body.status, reason=body.reason, by="api")
+    return await operations.set_status(key, body.status, reason=body.reason, by=who.by)
 
 
 @tasks.patch("/{key:path}/option", response_model=TaskOption, responses=_NOT_FOUND | _REFUSED)
@@ -138,7 +172,7 @@ async def edit_task(key: str, change: OptionChange, operations: Ops) -> TaskOpti
 
 
 @tasks.delete("/{key:path}", status_code=204, responses=_NOT_FOUND | _REFUSED)
-async def remove_task(key: str, operations: Ops, force: bool = False) -> Response:
+async def remove_task(key: str, operations: Ops, who: Who, force: bool = False) -> Response:
     """Delete a task that is not running (a running one with ``force=true``: cancelled first)."""
-    await operations.remove(key, force=force)
+    await operations.remove(key, force=force, by=who.by)
     return Response(status_code=204)

@@ -1,21 +1,30 @@
-// The dashboard's shell: login, the hash router, the banner, the confirmation dialog.
-// Pages: #/ (overview), #/tasks?filters, #/task/<key>, #/plans, #/workers.
+// The dashboard's shell: login, the hash router, the banner, the confirmation dialog, the key
+// search in the header, and live updates (live.js: the event stream, else polling).
+// Pages: #/ (overview), #/tasks?filters, #/task/<key>, #/plans, #/workers; anything else: not found.
 
 import { api, ApiError, clearToken, getToken, setToken } from "./api.js";
-import { h } from "./dom.js";
+import { h, tasksHref } from "./dom.js";
+import { startLive } from "./live.js";
 import { overviewPage } from "./pages/overview.js";
 import { plansPage } from "./pages/plans.js";
 import { taskPage } from "./pages/task.js";
 import { tasksPage } from "./pages/tasks.js";
 import { workersPage } from "./pages/workers.js";
 
-const AUTO_KEY = "mscheduler.auto-refresh";
-const AUTO_SECONDS = 10;
+const REFRESH_GAP_MS = 1000; // live updates redraw at most once a second
+const SETTLE_MS = 1500;
 const main = document.getElementById("main");
 const banner = document.getElementById("banner");
 let role = null;
+let tokenName = null;
 let renderSeq = 0;
 let pendingNotice = null;
+let stopLive = null;
+let refreshTimer = null;
+let settleTimer = null;
+let refreshing = false;
+let refreshAgain = false;
+let lastRefresh = 0;
 
 // -- banner -------------------------------------------------------------------------------------
 
@@ -44,7 +53,7 @@ function clearBanner() {
 function confirmAction({ title, text, confirmLabel = "Confirm", fields = [] }) {
   const dialog = document.getElementById("confirm");
   document.getElementById("confirm-title").textContent = title;
-  document.getElementById("confirm-text").textContent = text;
+  document.getElementById("confirm-text").replaceChildren(...[text].flat().map((t) => (t instanceof Node ? t : document.createTextNode(String(t)))));
   document.getElementById("confirm-yes").textContent = confirmLabel;
   const box = document.getElementById("confirm-fields");
   const inputs = fields.map((field) => {
@@ -115,24 +124,119 @@ function loginPage(message) {
 }
 
 async function start() {
-  showRole((await api("whoami")).role);
+  const me = await api("whoami");
+  showRole(me.role, me.name);
   document.getElementById("nav").hidden = false;
   document.getElementById("session").hidden = false;
+  document.getElementById("search").hidden = false;
   await render();
+  stopLive?.();
+  stopLive = startLive({
+    onEvent: (event) => {
+      if (!wanted(event)) return;
+      scheduleRefresh();
+      // and once more when the events stop: statistics may be a second old (the API reuses them)
+      clearTimeout(settleTimer);
+      settleTimer = setTimeout(scheduleRefresh, SETTLE_MS);
+    },
+    onState: showLive,
+    onPoll: () => scheduleRefresh(),
+    onUnauthorized: () => logout("The token was refused (unknown or missing): log in again."),
+  });
 }
 
-function showRole(value) {
+function showRole(value, name) {
   role = value;
+  tokenName = name ?? tokenName;
   const badge = document.getElementById("role");
   badge.textContent = role === "admin" ? "admin" : `${role} (read-only)`;
+  badge.title = tokenName ? `token ${tokenName}` : "";
   badge.className = role === "admin" ? "role admin" : "role";
 }
 
+const LIVE_TEXT = { connecting: "connecting…", live: "live", reconnecting: "reconnecting…", polling: "polling" };
+
+function showLive(state, detail) {
+  const badge = document.getElementById("live");
+  badge.textContent = LIVE_TEXT[state] ?? state;
+  badge.className = `conn ${state}`;
+  badge.dataset.state = state;
+  badge.title =
+    state === "live"
+      ? "updates arrive as they happen (the API's event stream)"
+      : state === "polling"
+        ? `refreshed every 10 s: ${detail ?? "no event stream"}`
+        : "the event stream dropped: reconnecting";
+}
+
 function logout(message) {
+  stopLive?.();
+  stopLive = null;
   clearToken();
   role = null;
   clearBanner();
+  document.getElementById("search").hidden = true;
   loginPage(message);
+}
+
+// -- live refresh ----------------------------------------------------------------------------------
+
+/** Does the current page show what this event changed? (A task's page: its own events.) */
+function wanted(event) {
+  const current = route();
+  return current.render.wants ? current.render.wants(event, { key: current.key, query: current.query }) : true;
+}
+
+/** Redraw the page with fresh data soon: at most once a second however many events arrive,
+ *  never while a dialog is open or the user is typing in the page (then a bit later). */
+function scheduleRefresh() {
+  if (refreshing) {
+    refreshAgain = true;
+    return;
+  }
+  if (refreshTimer !== null) return;
+  const wait = Math.max(0, lastRefresh + REFRESH_GAP_MS - Date.now());
+  refreshTimer = setTimeout(async () => {
+    refreshTimer = null;
+    const typing = main.contains(document.activeElement) && document.activeElement.matches("input, select, textarea");
+    if (role === null || document.getElementById("confirm").open || typing) {
+      lastRefresh = Date.now();
+      return scheduleRefresh();
+    }
+    refreshing = true;
+    try {
+      await refresh();
+    } finally {
+      refreshing = false;
+      lastRefresh = Date.now();
+      if (refreshAgain) {
+        refreshAgain = false;
+        scheduleRefresh();
+      }
+    }
+  }, wait);
+}
+
+/** The current page with fresh data, in place: its own update() if it has one (the task list
+ *  keeps its selection), else a new render keeping the scroll and the open details. */
+async function refresh() {
+  const current = route();
+  const node = main.firstElementChild;
+  if (current.render.update && node && main.dataset.page === current.page) {
+    try {
+      await current.render.update(context(current), node);
+      main.dataset.updated = String(Number(main.dataset.updated ?? 0) + 1);
+    } catch (exc) {
+      if (exc instanceof ApiError && exc.status === 401) return logout(exc.describe());
+    }
+    return;
+  }
+  const open = [...main.querySelectorAll("details[open][data-keep]")].map((d) => d.dataset.keep);
+  const y = window.scrollY;
+  await render({ keepBanner: true, live: true });
+  for (const id of open) main.querySelector(`details[data-keep="${CSS.escape(id)}"]`)?.setAttribute("open", "");
+  window.scrollTo(0, y);
+  main.dataset.updated = String(Number(main.dataset.updated ?? 0) + 1);
 }
 
 // -- routing ------------------------------------------------------------------------------------
@@ -141,11 +245,31 @@ function route() {
   const hash = location.hash.replace(/^#/, "") || "/";
   const [path, queryText = ""] = hash.split(/\?(.*)/s);
   const query = new URLSearchParams(queryText);
-  if (path.startsWith("/task/")) return { page: "tasks", render: taskPage, key: decodeURIComponent(path.slice(6)), query };
+  if (path.startsWith("/task/")) {
+    try {
+      return { page: "task", render: taskPage, key: decodeURIComponent(path.slice(6)), query };
+    } catch {
+      return { page: "missing", render: notFoundPage, query };
+    }
+  }
   if (path === "/tasks") return { page: "tasks", render: tasksPage, query };
   if (path === "/plans") return { page: "plans", render: plansPage, query };
   if (path === "/workers") return { page: "workers", render: workersPage, query };
-  return { page: "overview", render: overviewPage, query };
+  if (path === "/" || path === "") return { page: "overview", render: overviewPage, query };
+  return { page: "missing", render: notFoundPage, query };
+}
+
+async function notFoundPage() {
+  return h(
+    "section",
+    { class: "panel", id: "not-found" },
+    h("h2", {}, "Not found"),
+    h("p", {}, "There is no such page in the dashboard. ", h("a", { href: "#/" }, "Go to the overview"), "."),
+  );
+}
+
+function context(current) {
+  return { role, isAdmin: role === "admin", query: current.query, key: current.key, act, confirm: confirmAction, navigate, showInfo, showError };
 }
 
 function navigate(hash, notice) {
@@ -177,33 +301,40 @@ async function act(call, doneText, { then } = {}) {
 /** Ask the API again what the token may do, and redraw (after a 403: the token changed). */
 async function refreshRole() {
   try {
-    showRole((await api("whoami")).role);
+    const me = await api("whoami");
+    showRole(me.role, me.name);
     await render({ keepBanner: true });
   } catch {
     // the refusal itself is what the user needs to see
   }
 }
 
-async function render({ keepBanner = false } = {}) {
+/** Draw the current page. ``live``: a redraw with fresh data (main[data-updated] counts them),
+ *  given up when the user navigates meanwhile; otherwise a new page (main[data-ready]). */
+async function render({ keepBanner = false, live = false } = {}) {
   if (!getToken() || role === null) return;
   const current = route();
-  const seq = ++renderSeq;
-  for (const link of document.querySelectorAll("#nav a")) link.classList.toggle("active", link.dataset.page === current.page);
-  if (!keepBanner) clearBanner();
-  if (pendingNotice) {
-    showInfo(pendingNotice);
-    pendingNotice = null;
+  const seq = live ? renderSeq : ++renderSeq;
+  if (!live) {
+    const section = current.page === "task" ? "tasks" : current.page;
+    for (const link of document.querySelectorAll("#nav a")) link.classList.toggle("active", link.dataset.page === section);
+    if (!keepBanner) clearBanner();
+    if (pendingNotice) {
+      showInfo(pendingNotice);
+      pendingNotice = null;
+    }
   }
-  const ctx = { role, isAdmin: role === "admin", query: current.query, key: current.key, act, confirm: confirmAction, navigate };
+  const ctx = context(current);
   try {
     const node = await current.render(ctx);
     if (seq !== renderSeq) return; // a newer render started meanwhile
     main.replaceChildren(node);
     main.dataset.page = current.page;
-    main.dataset.ready = String(seq);
+    if (!live) main.dataset.ready = String(seq);
   } catch (exc) {
     if (seq !== renderSeq) return;
     if (exc instanceof ApiError && exc.status === 401) return logout(exc.describe());
+    if (live) return; // the next update tries again; the page shown stays
     showError(exc);
     main.replaceChildren(h("p", { class: "empty" }, "Could not load this page."));
     main.dataset.ready = String(seq);
@@ -215,13 +346,14 @@ async function render({ keepBanner = false } = {}) {
 window.addEventListener("hashchange", () => render());
 document.getElementById("refresh").addEventListener("click", () => render({ keepBanner: true }));
 document.getElementById("logout").addEventListener("click", () => logout("Logged out."));
-const auto = document.getElementById("auto-refresh");
-auto.checked = sessionStorage.getItem(AUTO_KEY) === "1";
-auto.addEventListener("change", () => sessionStorage.setItem(AUTO_KEY, auto.checked ? "1" : "0"));
-setInterval(() => {
-  const typing = main.contains(document.activeElement) && document.activeElement.matches("input, select");
-  if (auto.checked && role !== null && !typing && !document.getElementById("confirm").open) render({ keepBanner: true });
-}, AUTO_SECONDS * 1000);
+document.getElementById("search").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const input = document.getElementById("search-key");
+  const prefix = input.value.trim();
+  if (!prefix) return;
+  input.blur();
+  navigate(tasksHref({ key_prefix: prefix }));
+});
 
 if (getToken()) {
   start().catch((exc) => logout(exc instanceof ApiError ? exc.describe() : String(exc)));

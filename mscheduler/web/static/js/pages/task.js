@@ -1,11 +1,15 @@
 // One task: its summary and options, params, progress and checkpoint, the attempt timeline
 // (worker, start, duration, status, error and traceback), children, events; admins get the
-// actions (each asks first). Which action the task's status allows is the API's to say: a
-// refusal comes back as a 409 with the rule, shown in the banner.
+// actions its status allows (rules.js, the API's rules; each asks first). A task that changed
+// meanwhile gets the API's refusal (409, with the rule) in the banner. Live updates redraw it
+// when one of its own events arrives.
 
 import { api, ApiError, taskPath } from "../api.js";
 import { attemptTimeline } from "../charts.js";
 import { badge, duration, facts, h, json, panel, relative, table, taskHref, tasksHref, time } from "../dom.js";
+import { shownProgress, taskActions } from "../rules.js";
+
+const LIVE = new Set(["pending", "running"]);
 
 async function loadEvents(key) {
   try {
@@ -21,12 +25,13 @@ async function loadEvents(key) {
 
 function actions(ctx, task) {
   if (!ctx.isAdmin) return null;
+  const allowed = taskActions(task);
   const run = (_action, call, done) => ctx.act(call, done);
-  const button = (label, action, cls, onclick) => h("button", { type: "button", class: cls, dataset: { action }, onclick }, label);
+  // data-action: what the button does (a running task's Remove removes with force)
+  const button = (label, action, cls, onclick) =>
+    allowed.has(action) ? h("button", { type: "button", class: cls, dataset: { action: action.replace("-running", "") }, onclick }, label) : null;
   const key = task.key;
-  return h(
-    "div",
-    { class: "buttons", id: "task-actions" },
+  const buttons = [
     button("Cancel", "cancel", "danger", async () => {
       const answer = await ctx.confirm({
         title: "Cancel this task?",
@@ -51,9 +56,16 @@ function actions(ctx, task) {
         title: "Restart this task?",
         text: `${key} runs again from a new attempt (its checkpoint and progress are cleared).`,
         confirmLabel: "Restart",
-        fields: [{ type: "checkbox", name: "force", label: "force: also run a succeeded task again" }],
       });
-      if (answer) await run("restart", () => api(taskPath(key, "/restart"), { method: "POST", query: { force: answer.force ? "true" : "" } }), `Restarted ${key}.`);
+      if (answer) await run("restart", () => api(taskPath(key, "/restart"), { method: "POST" }), `Restarted ${key}.`);
+    }),
+    button("Run again", "rerun", "plain", async () => {
+      const answer = await ctx.confirm({
+        title: "Run this succeeded task again?",
+        text: `${key} succeeded; it runs again from a new attempt (restart with force).`,
+        confirmLabel: "Run again",
+      });
+      if (answer) await run("rerun", () => api(taskPath(key, "/restart"), { method: "POST", query: { force: "true" } }), `Restarted ${key}.`);
     }),
     ...["succeeded", "failed"].map((status) =>
       button(`Mark ${status}`, `mark-${status}`, "plain", async () => {
@@ -66,19 +78,26 @@ function actions(ctx, task) {
         if (answer) await run(`mark-${status}`, () => api(taskPath(key, "/status"), { method: "POST", body: { status, reason: answer.reason } }), `Set ${key} ${status}.`);
       }),
     ),
-    button("Remove", "remove", "danger", async () => {
-      const answer = await ctx.confirm({
-        title: "Remove this task?",
-        text: `${key} is deleted from the store, with its attempts. This cannot be undone.`,
-        confirmLabel: "Remove",
-        fields: [{ type: "checkbox", name: "force", label: "force: cancel it first if it is running" }],
-      });
-      if (answer) await ctx.act(() => api(taskPath(key), { method: "DELETE", query: { force: answer.force ? "true" : "" } }), `Removed ${key}.`, { then: "#/tasks" });
-    }),
-  );
+    ...["remove", "remove-running"].map((action) =>
+      button("Remove", action, "danger", async () => {
+        const running = action === "remove-running";
+        const answer = await ctx.confirm({
+          title: "Remove this task?",
+          text: `${key} is deleted from the store, with its attempts${running ? "; it is running: it is cancelled first" : ""}. This cannot be undone.`,
+          confirmLabel: "Remove",
+        });
+        if (answer) await ctx.act(() => api(taskPath(key), { method: "DELETE", query: { force: running ? "true" : "" } }), `Removed ${key}.`, { then: "#/tasks" });
+      }),
+    ),
+  ].filter(Boolean);
+  return buttons.length ? h("div", { class: "buttons", id: "task-actions" }, buttons) : null;
 }
 
 function attemptRows(task) {
+  let lastRetry = -1; // the attempt whose retry time the task waits for (the latest one)
+  task.worker_states.forEach((a, i) => {
+    if (a.retry_at && a.status !== "running" && a.status !== "succeeded") lastRetry = i;
+  });
   return task.worker_states.map((a, i) => {
     const end = a.end_time ? Date.parse(a.end_time) : null;
     const took = end !== null ? (end - Date.parse(a.start_time)) / 1000 : null;
@@ -100,7 +119,8 @@ function attemptRows(task) {
       h("td", {}, badge(a.status), a.final ? h("div", { class: "hint" }, "final") : null),
       h("td", {}, time(a.start_time)),
       h("td", { class: "nowrap" }, took === null ? h("span", { class: "hint" }, `running, ${duration((Date.now() - Date.parse(a.start_time)) / 1000)}`) : duration(took)),
-      h("td", {}, a.retry_at ? time(a.retry_at) : ""),
+      // when it may run again: only while the task may (a finished task is not retried)
+      h("td", {}, a.retry_at && LIVE.has(task.status) && i === lastRetry ? time(a.retry_at) : ""),
       h("td", {}, error),
     );
   });
@@ -108,7 +128,19 @@ function attemptRows(task) {
 
 export async function taskPage(ctx) {
   const key = ctx.key;
-  const [task, eventLog] = await Promise.all([api(taskPath(key)), loadEvents(key)]);
+  let task;
+  let eventLog;
+  try {
+    [task, eventLog] = await Promise.all([api(taskPath(key)), loadEvents(key)]);
+  } catch (exc) {
+    if (!(exc instanceof ApiError && exc.status === 404)) throw exc;
+    return h(
+      "section",
+      { class: "panel", id: "not-found" },
+      h("h2", {}, "Not found"),
+      h("p", {}, "No task has the key ", h("code", {}, key), " (it may have been removed). ", h("a", { href: "#/tasks" }, "All tasks"), "."),
+    );
+  }
   const o = task.option;
   const header = h(
     "div",
@@ -151,7 +183,7 @@ export async function taskPage(ctx) {
 
   const long = [];
   if (task.progress) {
-    const fraction = Math.max(0, Math.min(1, task.progress.fraction));
+    const fraction = shownProgress(task);
     long.push(
       panel(
         "Progress",
@@ -223,3 +255,6 @@ export async function taskPage(ctx) {
     events,
   );
 }
+
+/** Live updates: this page changes only with the task's own events. */
+taskPage.wants = (event, where) => event.key === where.key;
