@@ -30,15 +30,19 @@ MAX_RUNNING = 3
 
 
 class RoundRobin(httpx.AsyncBaseTransport):
-    """A load balancer: each request goes to the next API server."""
+    """A load balancer: each request goes to the next API server — in turn per kind of request
+    (lease, ping, report), so that every server sees every kind once two of a kind were sent.
+    (One turn over all requests left it to the interleaving of two executors which server got
+    the pings: once in CI, one server got none.)"""
 
     def __init__(self, servers: list[httpx.AsyncBaseTransport]) -> None:
         self.servers = servers
-        self.sent = 0
+        self.sent: dict[str, int] = {}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        self.sent += 1
-        return await self.servers[self.sent % len(self.servers)].handle_async_request(request)
+        kind = request.url.path.rsplit("/", 1)[-1]
+        turn = self.sent[kind] = self.sent.get(kind, -1) + 1
+        return await self.servers[turn % len(self.servers)].handle_async_request(request)
 
 
 def lease_intervals(docs: list[dict[str, Any]]) -> list[tuple[datetime, datetime]]:
@@ -101,14 +105,14 @@ class Fleet:
         self.ran_by[key] = worker_id
         return {"by": worker_id}
 
-    def start_consumers(self) -> None:
+    def start_consumers(self, concurrency: int = 3) -> None:
         for worker_id in ("py-1", "py-2"):
             consumer = Consumer(
                 self.make_driver(self.clock),
                 worker_id=worker_id,
                 clock=self.clock,
                 poll_interval=0.5,
-                concurrency=3,
+                concurrency=concurrency,
             )
 
             async def handle(params: Any, ctx: TaskContext) -> Any:
@@ -117,13 +121,15 @@ class Fleet:
             consumer.register("job", handle)
             self.consumers.append(consumer)
 
-    def start_executor(self, worker_id: str, transport: httpx.AsyncBaseTransport) -> None:
+    def start_executor(
+        self, worker_id: str, transport: httpx.AsyncBaseTransport, concurrency: int = 2
+    ) -> None:
         client = ExecutorClient(
             "http://test",
             TOKEN,
             worker_id,
             ["job"],
-            concurrency=2,
+            concurrency=concurrency,
             wait_seconds=2,
             transport=transport,
             clock=self.clock,
@@ -178,11 +184,13 @@ async def test_max_running_holds_across_consumers_and_executors_on_two_api_serve
     fleet.dead.dead = True  # no ping, no report from here on
     fleet.runs["ex-dead"].cancel()
 
-    fleet.start_consumers()
+    # each kind can hold at most two of the three slots (two consumers and two executors of one
+    # slot each), so neither can shut the other out: both kinds do work, whoever asks first
+    fleet.start_consumers(concurrency=1)
     for consumer in fleet.consumers:
         await consumer.start()
     for worker_id in ("ex-1", "ex-2"):
-        fleet.start_executor(worker_id, fleet.balancer)
+        fleet.start_executor(worker_id, fleet.balancer, concurrency=1)
 
     async def slots_within_the_limit() -> bool:
         info = await operations.get_limit("cap")
