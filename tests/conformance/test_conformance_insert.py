@@ -6,7 +6,7 @@ import asyncio
 from datetime import timedelta
 
 from mscheduler.domain.listing import ListParams
-from mscheduler.drivers.base import InsertParams
+from mscheduler.drivers.base import InsertParams, MarkParams
 from tests.conformance.support import NAME, Store, stored_option
 
 
@@ -114,6 +114,23 @@ async def test_reset_finished_resets_only_succeeded_and_failed_tasks(store: Stor
     assert await store.claim_keys("w1", names=["succeeded"]) == ["succeeded"]
     assert await store.claim_keys("w1", names=["failed"]) == ["failed"]
     assert await store.done(running, "w1") is True  # the running one was never disturbed
+
+
+async def test_reset_finished_resets_a_status_set_by_hand(store: Store) -> None:
+    # an operator marked the task failed (or succeeded) by hand: a reset starts it over, as it
+    # does a task that ended on its own (the mark ended with the generation; was: reported
+    # created while the mark kept the task failed and never claimable)
+    for key, status in (("by-hand-failed", "failed"), ("by-hand-succeeded", "succeeded")):
+        await store.add(key, name=key, params={"v": 1})
+        mark = MarkParams(key, status, statuses=["pending"], now=store.now, reason="ops", by="me")
+        assert await store.driver.mark_task(mark) is True
+        assert await store.status(key) == status
+        store.advance(1)
+        assert await store.insert(store.task(key, name=key, params={"v": 2}), reset_finished=True) == [True]
+        doc = await store.get(key)
+        assert doc["state"]["status"] == "pending" and doc["params"] == {"v": 2}
+        assert doc["state"].get("marked") is None
+        assert await store.claim_keys("w1", names=[key]) == [key]
 
 
 async def test_insert_keeps_names_and_lists_in_creation_order(store: Store) -> None:

@@ -243,6 +243,8 @@ class MemoryDriver(
                 doc["state"]["worker_states"] = []
                 doc["state"].pop("checkpoint", None)  # a fresh run starts from scratch
                 doc["state"].pop("progress", None)
+                doc["state"].pop("broken", None)
+                doc["state"].pop("marked", None)  # a status set by hand ends with the generation
                 # a new generation (its events come after the earlier ones; no history is kept)
                 doc["state"]["generation"] = doc["state"].get("generation", 0) + 1
                 self._write(doc, params.now)

@@ -723,7 +723,13 @@ class MongoDriver(
                     | {f"state.{k}": v for k, v in state.items()}
                 ),
                 # a fresh run starts from scratch: no checkpoint, no progress
-                "$unset": {"state.broken": "", "state.checkpoint": "", "state.progress": ""},
+                # (and a status set by hand ends with the generation, as a restart's does)
+                "$unset": {
+                    "state.broken": "",
+                    "state.marked": "",
+                    "state.checkpoint": "",
+                    "state.progress": "",
+                },
                 # a new generation: its events come after the earlier ones (no history is kept)
                 "$inc": {"state.generation": 1},
             }
