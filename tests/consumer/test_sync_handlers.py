@@ -124,6 +124,40 @@ async def test_a_cancel_settles_at_once_and_the_thread_sees_the_flag(harness: Ha
     assert info.status is TaskStatus.CANCELLED and info.results == [] and info.checkpoint is None
 
 
+async def test_a_run_timeout_settles_a_plain_handler_and_the_thread_sees_the_flag(harness: Harness) -> None:
+    entered, release, saw = threading.Event(), threading.Event(), threading.Event()
+    after: dict[str, Any] = {}
+
+    def stuck(params: Any, ctx: SyncTaskContext) -> str:
+        entered.set()
+        release.wait(WAIT)
+        after["cancelled"] = ctx.cancelled
+        saw.set()
+        return "too late"
+
+    consumer = harness.consumer("w1", {"stuck": stuck})
+    await harness.start(consumer)
+    option = OPTION.model_copy(update={"run_timeout": timedelta(seconds=10), "max_unexpected_retries": 0})
+    await harness.publisher.send(Task("rt", "stuck", {}, option=option))
+    await harness.discover()
+    await until(entered)
+    for _ in range(4):  # 8 s of the consumer's clock: pings keep the lease, the timeout not due
+        await harness.advance(2.0)
+    assert not harness.recorder.counts["finished"]
+    await harness.advance(2.0)  # 10 s: the run timeout (on the consumer's clock) gives it up
+    await harness.recorder.wait("finished", 1)  # settled while the thread still blocks
+    assert consumer.running_count == 0
+    info = await harness.get("rt")
+    [attempt] = info.worker_states
+    assert attempt.error is not None and attempt.error.type == "RunTimedOut"
+    assert info.status is TaskStatus.FAILED and info.results == []
+    release.set()
+    await until(saw)
+    assert after["cancelled"] is True  # the thread was told to give up
+    await settle()
+    assert (await harness.get("rt")).results == []  # its late result is not recorded
+
+
 class Boom(Exception):
     pass
 
