@@ -605,7 +605,7 @@ class Operations:
             await asyncio.gather(*(one(key) for key in keys[start : start + MANY_AT_ONCE]))
         return [outcomes[key] for key in keys]
 
-    async def edit(self, key: str, change: OptionChange) -> TaskOption:
+    async def edit(self, key: str, change: OptionChange, *, by: str | None = None) -> TaskOption:
         """Change a pending or running task's options (F26: due time, priority, retry budget or
         policy, targeting, ...) under the live-option rules of ``change_option``. Refused on a
         finished task (restart it instead)."""
@@ -613,7 +613,7 @@ class Operations:
         if info.status.value not in _UNFINISHED:
             rule = "only a pending or running task can be edited (restart a finished one)"
             raise TransitionRefused(key, "edit", info.status.value, rule)
-        return await change_option(self.driver, key, change, await self._now())
+        return await change_option(self.driver, key, change, await self._now(), by=_checked_by(by))
 
     # -- child tasks (mscheduler.services.children) ------------------------------------------------------
 
@@ -900,7 +900,9 @@ class Operations:
         raise StorageError(f"plan {plan_id!r} kept changing under {PLAN_CHANGE_TRIES} tries; try again")
 
 
-async def change_option(driver: Driver, key: str, change: OptionChange, now: datetime) -> TaskOption:
+async def change_option(
+    driver: Driver, key: str, change: OptionChange, now: datetime, *, by: str | None = None
+) -> TaskOption:
     """The live option change (SPEC F8), the one definition ``Publisher.update_option`` and
     ``Operations.edit`` share: merged and validated as a whole, then one pipeline update that
     re-derives the state. Removing a running worker from ``specific_worker_ids`` stops it at its
@@ -917,7 +919,7 @@ async def change_option(driver: Driver, key: str, change: OptionChange, now: dat
         raise InvalidInput(f"invalid option change for {key!r}: {exc}") from exc
     stored = option.to_storage(info.create_time)
     try:
-        if not await driver.update_option(UpdateOptionParams(key, stored, now)):
+        if not await driver.update_option(UpdateOptionParams(key, stored, now, by)):
             raise UnknownTask(key)
     except UniqueParamsTaken as exc:  # a finished task made live again while its params are taken
         held = f"live task {exc.holder!r}" if exc.holder else "a live task"

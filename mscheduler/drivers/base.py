@@ -245,6 +245,7 @@ class UpdateOptionParams:
     key: str
     option: dict[str, Any]  # full storage form after the change
     now: datetime
+    by: str | None = None  # who edited it (the ``edited`` event's detail), when known
 
 
 @dataclass(slots=True, frozen=True)

@@ -859,7 +859,8 @@ class RemoteOperations:
             await asyncio.gather(*(one(key) for key in checked[start : start + RESTARTS_AT_ONCE]))
         return {key: outcomes[key] for key in checked}
 
-    async def edit(self, key: str, change: OptionChange) -> TaskOption:
+    async def edit(self, key: str, change: OptionChange, *, by: str | None = None) -> TaskOption:
+        """``Operations.edit`` (the API records ``by`` as its own)."""
         if not isinstance(change, OptionChange):
             raise InvalidInput(f"change: an OptionChange, got {type(change).__name__}")
         body = change.model_dump(mode="json", include=change.model_fields_set)

@@ -21,6 +21,7 @@ from mscheduler.drivers.base import (
     EventQuery,
     ExpireParams,
     InsertEventsParams,
+    UpdateOptionParams,
 )
 from mscheduler.drivers.memory.driver import MemoryDriver
 from tests.conformance.support import Store
@@ -199,7 +200,18 @@ async def test_controls_and_option_changes_are_recorded_when_applied(events: Sto
     docs = await listed(events, keys=["t"])
     assert kinds(docs) == ["sent", "paused", "resumed", "edited", "cancelled", "restarted", "removed"]
     assert docs[4]["detail"] == {"reason": "no longer needed"}
+    assert docs[3]["detail"] == {}  # an edit of unknown author has no detail
     assert all(d["name"] == "job" for d in docs)
+
+
+async def test_an_edit_names_its_author(events: Store) -> None:
+    await events.add("t")
+    doc = await events.get("t")
+    option = dict(doc["option"]) | {"priority": 9}
+    events.advance(1)
+    assert await events.driver.update_option(UpdateOptionParams("t", option, events.now, "api:alice"))
+    [edited] = await listed(events, keys=["t"], kinds=["edited"])
+    assert edited["detail"] == {"by": "api:alice"}
 
 
 async def test_events_of_a_plan_s_run_task_name_the_plan(events: Store) -> None:

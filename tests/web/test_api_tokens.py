@@ -129,14 +129,16 @@ async def test_operator_actions_record_the_tokens_name(http: httpx.AsyncClient, 
         await http.post("/api/v1/tasks/a/cancel", json={"reason": "dup"}, headers=_as(ADMIN_TOKEN))
     ).is_success
     assert (await http.post("/api/v1/tasks/b/pause", headers=_as(ADMIN_TOKEN))).is_success
+    edit = await http.patch("/api/v1/tasks/b/option", json={"priority": 3}, headers=_as(ADMIN_TOKEN))
+    assert edit.is_success
     task = (await http.get("/api/v1/tasks/a", headers=_as(ADMIN_TOKEN))).json()
     assert task["cancelled"]["by"] == "api:alice" and task["cancelled"]["reason"] == "dup"
-    events = (
-        await http.get("/api/v1/events", headers=_as(ADMIN_TOKEN), params={"kinds": "cancelled,paused"})
-    ).json()
-    assert [(e["key"], e["detail"].get("by")) for e in events["events"]] == [
-        ("a", "api:alice"),
-        ("b", "api:alice"),
+    kinds = {"kinds": "cancelled,paused,edited"}
+    events = (await http.get("/api/v1/events", headers=_as(ADMIN_TOKEN), params=kinds)).json()
+    assert [(e["key"], e["kind"], (e["detail"] or {}).get("by")) for e in events["events"]] == [
+        ("a", "cancelled", "api:alice"),
+        ("b", "paused", "api:alice"),
+        ("b", "edited", "api:alice"),  # an edit names its author too (was: no detail)
     ]
     me = (await http.get("/api/v1/whoami", headers=_as(ADMIN_TOKEN))).json()
     assert me == {"role": "admin", "name": "alice"}

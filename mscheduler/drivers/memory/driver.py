@@ -596,8 +596,9 @@ class MemoryDriver(
         doc["option"] = dict(params.option)
         self._write(doc, params.now)
         if self.record_events:
+            detail = {"by": params.by} if params.by else None
             edited = task_event(
-                self.event_writer, EventKind.EDITED, params.key, doc["name"], params.now, doc["state"]
+                self.event_writer, EventKind.EDITED, params.key, doc["name"], params.now, doc["state"], detail
             )
             self._record([edited], params.now)
         return True

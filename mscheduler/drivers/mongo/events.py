@@ -408,6 +408,7 @@ class MongoEvents:
                     doc["name"],
                     params.now,
                     doc.get("state", {}),
+                    {"by": params.by} if params.by else None,
                 )
                 await self._record([edited], params.now)
         return applied

@@ -166,9 +166,9 @@ async def set_task_status(key: str, body: StatusBody, operations: Ops, who: Who)
 
 
 @tasks.patch("/{key:path}/option", response_model=TaskOption, responses=_NOT_FOUND | _REFUSED)
-async def edit_task(key: str, change: OptionChange, operations: Ops) -> TaskOption:
+async def edit_task(key: str, change: OptionChange, operations: Ops, who: Who) -> TaskOption:
     """Change a pending or running task's options (fields left out stay); returns the new option."""
-    return await operations.edit(key, change)
+    return await operations.edit(key, change, by=who.by)
 
 
 @tasks.delete("/{key:path}", status_code=204, responses=_NOT_FOUND | _REFUSED)
