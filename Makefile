@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck bench clean install browser
+.PHONY: demo test lint typecheck bench bench-compare clean install browser
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,18 @@ typecheck: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(BIN)/python -m benchmarks.run_all
+
+# This checkout against another commit, alternating (benchmarks/compare.py): the burn-down, the
+# 1 ms round trip and publishing, e.g. `make bench-compare REF=3e04b83` (ROUNDS, SCENARIOS, TASKS).
+REF ?= HEAD
+ROUNDS ?= 3
+SCENARIOS ?= burn_down,burn_down_rtt,send_many,send
+TASKS ?= 10000
+bench-compare: $(VENV)/.installed
+	rm -rf .bench-ref && git worktree prune && git worktree add --detach .bench-ref $(REF)
+	$(BIN)/python -m benchmarks.compare --build ref=.bench-ref --build now=. \
+		--rounds $(ROUNDS) --scenarios $(SCENARIOS) --tasks $(TASKS); \
+		status=$$?; git worktree remove --force .bench-ref; exit $$status
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
