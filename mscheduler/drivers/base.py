@@ -1037,13 +1037,18 @@ def report_fields(report: AttemptReport, worker_id: str, attempt: str, now: date
 
 def event_for(doc: Mapping[str, Any], token: Any = None) -> ChangeEvent:
     state = doc["state"]
-    running = [e["ping_expire_time"] for e in state["worker_states"] if e["status"] == "running"]
+    lease_expiry: datetime | None = None  # the earliest lease of a running entry
+    for entry in state["worker_states"]:
+        if entry["status"] == "running":
+            expire = entry["ping_expire_time"]
+            if lease_expiry is None or expire < lease_expiry:
+                lease_expiry = expire
     stop = state.get("stop")
     return ChangeEvent(
         key=doc["key"],
         name=doc["name"],
         claim_at=state.get("claim_at"),
-        lease_expiry=min(running) if running else None,
+        lease_expiry=lease_expiry,
         specific_worker_ids=tuple(doc["option"]["specific_worker_ids"]),
         token=token,
         claimers=tuple(state.get("claimers", ())),

@@ -42,6 +42,12 @@ from mscheduler.services.events import EventKind, EventRecorder, outcome_detail,
 
 log = logging.getLogger("mscheduler.consumer")
 
+# attempt statuses as plain strings (read once per attempt: no enum lookups there)
+_SUCCEEDED = AttemptStatus.SUCCEEDED.value
+_RELEASED = AttemptStatus.RELEASED.value
+_CANCELLED = AttemptStatus.CANCELLED.value
+_FAILED_OR_REJECTED = (AttemptStatus.FAILED.value, AttemptStatus.REJECTED.value)
+
 Listener = Callable[[str, dict[str, Any]], None]
 LEASE_SAFETY_MARGIN = timedelta(milliseconds=500)
 # Keys of untargeted fan-out tasks this worker ran, sent with each claim so that the store skips
@@ -294,12 +300,12 @@ class ConsumerRunner:
             self._pending_added.set()
         stat = outcome if accepted and outcome is not None else "lost"
         if running.cancel_reason == "paused":  # released by the pause: not a lost lease
-            stat = AttemptStatus.RELEASED.value
+            stat = _RELEASED
         elif running.cancel_reason == "cancelled":  # settled cancelled: nothing was lost
-            stat = AttemptStatus.CANCELLED.value
+            stat = _CANCELLED
         option = running.option
         if (
-            stat == AttemptStatus.SUCCEEDED.value
+            stat == _SUCCEEDED
             and option["concurrent_worker_cnt"] > 1
             and not option.get("same_worker_may_repeat")  # it may take that task again
         ):
@@ -359,7 +365,7 @@ class ConsumerRunner:
     ) -> None:
         """Failures are never silent: a failed attempt at INFO, a task failed for good (its budget
         used, or rejected) at WARNING with the traceback."""
-        if stat not in (AttemptStatus.FAILED.value, AttemptStatus.REJECTED.value) or error is None:
+        if stat not in _FAILED_OR_REJECTED or error is None:
             return
         claimed = running.claimed
         budget = running.option["max_unexpected_retries"]  # None: unlimited
