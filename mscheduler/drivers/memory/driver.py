@@ -261,15 +261,16 @@ class MemoryDriver(
         return created
 
     def _eligible(self, doc: dict[str, Any], params: ClaimParams) -> bool:
+        """The claim filter on a fetched document (``exclude_keys`` were skipped before: on the
+        index key, as MongoDB does)."""
         self.examined += 1
         state = doc["state"]
-        if state["claim_at"] is None or state["claim_at"] > params.now or state["free_slots"] <= 0:
+        claim_at = state["claim_at"]
+        if claim_at is None or claim_at > params.now or state["free_slots"] <= 0:
             return False
         if state["status"] not in ("pending", "running"):
             return False
         if not allowed(doc["option"], params.worker_id, params.groups):
-            return False
-        if params.exclude_keys and doc["key"] in params.exclude_keys:
             return False
         deadline = doc["option"].get("deadline")
         if deadline is not None and deadline <= params.now:
