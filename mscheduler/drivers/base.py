@@ -115,7 +115,9 @@ class ClaimedTask:
     parent: str | None = None  # a child task's parent key (its finish is followed by a sync)
     due_time: datetime | None = None  # when it became claimable (see ``due_time``): queue wait
     trace: Mapping[str, str] | None = None  # the sender's trace context (mscheduler.observability.tracing)
-    slot: str | None = None  # the flow limit whose slot this attempt holds (set by the consumer)
+    # the flow limit whose slot this attempt holds (set by the consumer's limiter on the claim's
+    # new objects, before anyone else sees them)
+    slot: str | None = None
     generation: int = 0  # the task's generation (``state.generation``: restarts and resets count)
 
 
