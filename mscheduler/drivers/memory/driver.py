@@ -290,9 +290,14 @@ class MemoryDriver(
 
         async def claim_round(plan: list[tuple[str, int]]) -> list[ClaimedTask | BaseException | None]:
             results: list[ClaimedTask | BaseException | None] = []
+            # each partition's heaps, promoted once per round: a claim in the round can only make
+            # due the task it took, which this worker may not take again while it runs
+            heaps_of: dict[int, list[tuple[int, str]]] = {}
             for attempt, part in plan:  # no await inside: atomic on the event loop
-                heaps = [(part, token) for token in tokens]
-                self._promote(params.now, heaps)
+                heaps = heaps_of.get(part)
+                if heaps is None:
+                    heaps = heaps_of[part] = [(part, token) for token in tokens]
+                    self._promote(params.now, heaps)
                 results.append(self._claim_from(params, attempt, heaps, excluded, skipped))
             return results
 
