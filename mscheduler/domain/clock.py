@@ -69,6 +69,9 @@ class ClockTimeout:
                 raise TimeoutError from exc
 
 
+_ONE_MS = timedelta(milliseconds=1)
+
+
 def truncate_ms(value: datetime) -> datetime:
     """MongoDB stores milliseconds; every time we compute is cut to that precision."""
     return value.replace(microsecond=value.microsecond // 1000 * 1000)
@@ -116,12 +119,25 @@ class ServerClock:
         self.synced = False
         self._anchor_time: datetime | None = None
         self._anchor_mono = 0.0
+        # the last value of now() and the elapsed times it holds for (its millisecond: the
+        # consumer asks several times per task, most of them within one millisecond)
+        self._last: datetime | None = None
+        self._last_from = 0.0
+        self._last_until = 0.0
 
     def now(self) -> datetime:
         if self._anchor_time is None:
             return truncate_ms(self.base.now())
         elapsed = self.base.monotonic() - self._anchor_mono
-        return truncate_ms(self._anchor_time + timedelta(seconds=elapsed))
+        if self._last_from <= elapsed < self._last_until and self._last is not None:
+            return self._last
+        value = truncate_ms(self._anchor_time + timedelta(seconds=elapsed))
+        # The same value up to 1 µs before the anchor's offset reaches the next millisecond
+        # (timedelta rounds to the nearest µs: the margin keeps this exact); now() never
+        # decreases with elapsed, so every elapsed in between gives this value too.
+        self._last, self._last_from = value, elapsed
+        self._last_until = (value + _ONE_MS - self._anchor_time).total_seconds() - 1e-6
+        return value
 
     def monotonic(self) -> float:
         return self.base.monotonic()
@@ -147,6 +163,7 @@ class ServerClock:
         # millisecond later than it said.
         self._anchor_time = remote + timedelta(microseconds=500) if rtt > 0 else remote
         self._anchor_mono = mono_at_remote
+        self._last, self._last_until = None, 0.0  # computed on the old anchor
         self.offset = offset
         self.uncertainty = timedelta(seconds=rtt / 2)
         self.synced = True

@@ -78,6 +78,11 @@ _TASK_LEVEL = frozenset(
         EventKind.EDITED,
     }
 )
+# each kind's rank, looked up once per event
+_STEP_RANK = {
+    kind: _RANK[kind] if kind in _RANK else _TASK_LEVEL_RANK if kind in _TASK_LEVEL else _OUTCOME_RANK
+    for kind in EventKind
+}
 POSITION_BITS = 21  # attempt positions up to 2 million (a task keeps at most 10,000 entries)
 GENERATION_SHIFT = POSITION_BITS + 3
 
@@ -86,12 +91,7 @@ def event_step(kind: EventKind, generation: int, position: int) -> int:
     """A task's events of one millisecond in causal order: ``generation``, then ``position`` (the
     attempt's number in its generation; for a task-level event, how many attempts the task had
     when it was written), then sent < claimed < outcome < task-level events."""
-    if kind in _RANK:
-        rank = _RANK[kind]
-    elif kind in _TASK_LEVEL:
-        rank = _TASK_LEVEL_RANK
-    else:
-        rank = _OUTCOME_RANK
+    rank = _STEP_RANK[kind]
     position = min(max(position, 0), (1 << POSITION_BITS) - 1)
     return (max(generation, 0) << GENERATION_SHIFT) | (position << 3) | rank
 

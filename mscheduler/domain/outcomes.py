@@ -74,10 +74,15 @@ def storable_result(result: Any, max_result_bytes: int) -> tuple[Any, dict[str, 
 
 def succeeded(result: Any, max_result_bytes: int) -> Outcome:
     """A handler returned ``result``: succeeded, or rejected when the result cannot be stored."""
+    if result is None:  # most handlers return nothing: always storable (an Outcome is immutable)
+        return _SUCCEEDED_EMPTY
     stored, error = storable_result(result, max_result_bytes)
     if error is not None:
         return Outcome(_REJECTED, error=error)
     return Outcome(_SUCCEEDED, result=stored)
+
+
+_SUCCEEDED_EMPTY = Outcome(_SUCCEEDED)
 
 
 def rejected(error: dict[str, Any]) -> Outcome:

@@ -113,17 +113,12 @@ def derive(
     status follows from them (``family_status``)."""
     running = success = failures = rejected = final = 0
     retry_at: datetime | None = None
-    busy_workers: set[str] = set()
-    repeat = option.get("same_worker_may_repeat") is True  # a success does not bar its worker
     for entry in worker_states:
         status = entry["status"]
         if status == RUNNING:
             running += 1
-            busy_workers.add(entry["worker_id"])
         elif status == SUCCEEDED:
             success += 1
-            if not repeat:
-                busy_workers.add(entry["worker_id"])
         elif status in FAILURES or status == SNOOZED:
             if status != SNOOZED:
                 failures += 1
@@ -166,6 +161,10 @@ def derive(
     if claim_at is None:
         claimers = []
     elif targeted:
+        # workers barred from claiming it again: running it, or succeeded (unless
+        # ``same_worker_may_repeat``: a success does not bar its worker)
+        barred = (RUNNING,) if option.get("same_worker_may_repeat") is True else (RUNNING, SUCCEEDED)
+        busy_workers = {e["worker_id"] for e in worker_states if e["status"] in barred}
         # a group's members are checked by the claim's filter (they are not listed here)
         claimers = [claimer_token(name, w) for w in option["specific_worker_ids"] if w not in busy_workers]
         claimers += [claimer_token(name, group_token(g)) for g in groups]

@@ -98,7 +98,9 @@ class ClaimParams:
         _check_claimer(self.worker_id)
 
 
-@dataclass(slots=True, frozen=True)
+# Not frozen (read-only by convention): one is built per task and per write on the hot path, and
+# a frozen dataclass's __init__ costs three times a plain one's (issue 21).
+@dataclass(slots=True)
 class ClaimedTask:
     key: str
     name: str
@@ -113,7 +115,9 @@ class ClaimedTask:
     parent: str | None = None  # a child task's parent key (its finish is followed by a sync)
     due_time: datetime | None = None  # when it became claimable (see ``due_time``): queue wait
     trace: Mapping[str, str] | None = None  # the sender's trace context (mscheduler.observability.tracing)
-    slot: str | None = None  # the flow limit whose slot this attempt holds (set by the consumer)
+    # the flow limit whose slot this attempt holds (set by the consumer's limiter on the claim's
+    # new objects, before anyone else sees them)
+    slot: str | None = None
     generation: int = 0  # the task's generation (``state.generation``: restarts and resets count)
 
 
@@ -155,7 +159,9 @@ class PingResult:
     recorded: list[str] = field(default_factory=list)  # keys whose report (checkpoint, progress) landed
 
 
-@dataclass(slots=True, frozen=True)
+# Not frozen (read-only by convention): one is built per task and per write on the hot path, and
+# a frozen dataclass's __init__ costs three times a plain one's (issue 21).
+@dataclass(slots=True)
 class FinishParams:
     key: str
     worker_id: str
@@ -202,7 +208,9 @@ class Wakeup:
     kind: str
 
 
-@dataclass(slots=True, frozen=True)
+# Not frozen (read-only by convention): one is built per task and per write on the hot path, and
+# a frozen dataclass's __init__ costs three times a plain one's (issue 21).
+@dataclass(slots=True)
 class ChangeEvent:
     """A task changed: what a consumer needs to schedule a wake-up, without another read.
 
@@ -1032,13 +1040,18 @@ def report_fields(report: AttemptReport, worker_id: str, attempt: str, now: date
 
 def event_for(doc: Mapping[str, Any], token: Any = None) -> ChangeEvent:
     state = doc["state"]
-    running = [e["ping_expire_time"] for e in state["worker_states"] if e["status"] == "running"]
+    lease_expiry: datetime | None = None  # the earliest lease of a running entry
+    for entry in state["worker_states"]:
+        if entry["status"] == "running":
+            expire = entry["ping_expire_time"]
+            if lease_expiry is None or expire < lease_expiry:
+                lease_expiry = expire
     stop = state.get("stop")
     return ChangeEvent(
         key=doc["key"],
         name=doc["name"],
         claim_at=state.get("claim_at"),
-        lease_expiry=min(running) if running else None,
+        lease_expiry=lease_expiry,
         specific_worker_ids=tuple(doc["option"]["specific_worker_ids"]),
         token=token,
         claimers=tuple(state.get("claimers", ())),

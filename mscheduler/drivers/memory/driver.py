@@ -263,15 +263,16 @@ class MemoryDriver(
         return created
 
     def _eligible(self, doc: dict[str, Any], params: ClaimParams) -> bool:
+        """The claim filter on a fetched document (``exclude_keys`` were skipped before: on the
+        index key, as MongoDB does)."""
         self.examined += 1
         state = doc["state"]
-        if state["claim_at"] is None or state["claim_at"] > params.now or state["free_slots"] <= 0:
+        claim_at = state["claim_at"]
+        if claim_at is None or claim_at > params.now or state["free_slots"] <= 0:
             return False
         if state["status"] not in ("pending", "running"):
             return False
         if not allowed(doc["option"], params.worker_id, params.groups):
-            return False
-        if params.exclude_keys and doc["key"] in params.exclude_keys:
             return False
         deadline = doc["option"].get("deadline")
         if deadline is not None and deadline <= params.now:
@@ -291,9 +292,14 @@ class MemoryDriver(
 
         async def claim_round(plan: list[tuple[str, int]]) -> list[ClaimedTask | BaseException | None]:
             results: list[ClaimedTask | BaseException | None] = []
+            # each partition's heaps, promoted once per round: a claim in the round can only make
+            # due the task it took, which this worker may not take again while it runs
+            heaps_of: dict[int, list[tuple[int, str]]] = {}
             for attempt, part in plan:  # no await inside: atomic on the event loop
-                heaps = [(part, token) for token in tokens]
-                self._promote(params.now, heaps)
+                heaps = heaps_of.get(part)
+                if heaps is None:
+                    heaps = heaps_of[part] = [(part, token) for token in tokens]
+                    self._promote(params.now, heaps)
                 results.append(self._claim_from(params, attempt, heaps, excluded, skipped))
             return results
 

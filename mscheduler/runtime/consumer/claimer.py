@@ -9,8 +9,8 @@ due while it knows them all: each slot asked for and not filled is a wasted comm
 from __future__ import annotations
 
 import asyncio
+import os
 import random
-import secrets
 from collections import OrderedDict
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -26,6 +26,13 @@ from mscheduler.runtime.consumer.limiter import Limiter
 from mscheduler.runtime.consumer.runner import Listener, _Running
 from mscheduler.services.children import ChildSync
 from mscheduler.services.events import EventKind, EventRecorder
+
+
+def attempt_tokens(n: int) -> list[str]:
+    """``n`` fresh attempt tokens, 16 hex digits each (``secrets.token_hex(8)``'s, from one read
+    of the OS's randomness for the whole claim instead of one per attempt)."""
+    random_hex = os.urandom(8 * n).hex()
+    return [random_hex[i : i + 16] for i in range(0, 16 * n, 16)]
 
 
 class ConsumerClaimer:
@@ -118,7 +125,7 @@ class ConsumerClaimer:
                 worker_id=self.worker_id,
                 names=names,
                 now=now,
-                attempts=[secrets.token_hex(8) for _ in range(n)],
+                attempts=attempt_tokens(n),
                 max_lease=self.claim_lease,
                 host=self.host,
                 pid=self.pid,

@@ -133,6 +133,7 @@ class Discovery:
         self.deadlines: list[tuple[datetime, str]] = []
         self._deadline_of: dict[str, datetime] = {}
         self._rearm = asyncio.Event()
+        self._mine: dict[str, frozenset[str]] = {}  # per task name: the claimer tokens that are ours
 
     def push_wakeups(self, wakeups: Sequence[Wakeup]) -> None:
         for w in wakeups:
@@ -178,8 +179,12 @@ class Discovery:
         if event.stop is not None and self._on_stop is not None:
             self._on_stop(event)
         if event.claimers is not None:
-            mine = set(claimer_tokens([event.name], self.worker_id, self.groups))
-            if not mine.intersection(event.claimers):
+            mine = self._mine.get(event.name)
+            if mine is None:
+                mine = self._mine[event.name] = frozenset(
+                    claimer_tokens([event.name], self.worker_id, self.groups)
+                )
+            if mine.isdisjoint(event.claimers):
                 if event.claimers_complete:  # else others than those listed may claim: no news
                     self.queue.discard(event.key, CLAIM)
             else:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mscheduler.domain.clock import ServerClock, sleep_unless
@@ -22,9 +22,32 @@ log = logging.getLogger("mscheduler.consumer")
 
 @dataclass(slots=True)
 class _Pending:
+    """An outcome waiting to be written. Who waits for it is told by ``future`` (``_submit``) or
+    by ``then`` (``_submit_then``): ``then(accepted, None)`` once written, ``then(False, error)``
+    when it cannot be."""
+
     params: FinishParams
     slot: str | None = None  # the flow limit whose slot is released once the outcome is written
-    future: asyncio.Future[bool] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    future: asyncio.Future[bool] | None = None
+    then: Callable[[bool, BaseException | None], None] | None = None
+    told: bool = False
+
+    def tell(self, accepted: bool, error: BaseException | None = None) -> None:
+        """Tell the waiter, once."""
+        if self.told:
+            return
+        self.told = True
+        if self.future is not None:
+            if not self.future.done():
+                if error is not None:
+                    self.future.set_exception(error)
+                else:
+                    self.future.set_result(accepted)
+        elif self.then is not None:
+            try:
+                self.then(accepted, error)
+            except Exception:  # one attempt's bookkeeping must not stop the finisher
+                log.exception("bookkeeping after the outcome of %s failed", self.params.key)
 
 
 class ConsumerFinisher:
@@ -50,10 +73,26 @@ class ConsumerFinisher:
         finisher = self._side.get("finisher")
         if finisher is None or finisher.done():
             raise ConsumerStopped("the finisher is not running: the outcome cannot be written")
-        pending = _Pending(params, slot)
+        pending = _Pending(params, slot, asyncio.get_running_loop().create_future())
         self._pending.append(pending)
         self._pending_added.set()
+        assert pending.future is not None
         return await asyncio.shield(pending.future)
+
+    def _submit_then(
+        self,
+        params: FinishParams,
+        slot: str | None,
+        then: Callable[[bool, BaseException | None], None],
+    ) -> None:
+        """``_submit`` without a waiter: ``then(accepted, error)`` is called by the finisher once
+        the outcome is written (or cannot be). A handler's task ends with its handler: no future,
+        shield or wake-up of its own per attempt. Raises ``ConsumerStopped`` as ``_submit`` does."""
+        finisher = self._side.get("finisher")
+        if finisher is None or finisher.done():
+            raise ConsumerStopped("the finisher is not running: the outcome cannot be written")
+        self._pending.append(_Pending(params, slot, then=then))
+        self._pending_added.set()
 
     async def _run_finisher(self) -> None:
         while True:
@@ -88,8 +127,7 @@ class ConsumerFinisher:
                 # handler waits for ever on a write that nobody will make.
                 failed, self._pending = [*batch, *self._pending], []
                 for p in failed:
-                    if not p.future.done():
-                        p.future.set_exception(exc)
+                    p.tell(False, exc)
                 raise
             # Still unknown after the driver's own retries, or refused: keep them and try again
             # (fenced: once a lease has moved on, the store refuses the outcome and says so).
@@ -101,11 +139,14 @@ class ConsumerFinisher:
             await release
         self._sync_parents_of(p.params.key for p, ok in zip(batch, accepted, strict=True) if ok)
         for p, ok in zip(batch, accepted, strict=True):
-            if not p.future.done():
-                p.future.set_result(ok)
+            if p.future is not None:
+                p.tell(ok)
         for p in batch:  # written (or refused: the lease had gone): the slot is free; released
             if p.slot is not None:  # with the next finish batch, or by the next loop turn
                 self.limiter.release(p.slot, self.worker_id, p.params.attempt)
+        for p, ok in zip(batch, accepted, strict=True):  # the handlers' bookkeeping, in order
+            if p.then is not None:
+                p.tell(ok)
 
     async def _drain_finisher(self) -> None:
         finisher = self._side.get("finisher")

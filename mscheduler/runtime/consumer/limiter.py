@@ -245,7 +245,8 @@ class Limiter:
             granted, spare = result.granted[:n], result.granted[n:]
             if spare:
                 self.reserve.setdefault((key, worker_id), []).extend((a, expire) for a in spare)
-            rest = [a for a in attempts if a not in set(granted)]
+            taken = set(granted)
+            rest = [a for a in attempts if a not in taken]
             retry_at = result.retry_at
             if not granted:
                 self._refused(key, now, retry_at)
@@ -275,7 +276,9 @@ class Limiter:
                 )
             except StorageError as exc:  # the slots run out at their expiry: only later, not wrong
                 log.warning("could not settle the slots of limit %s (%s)", key, exc)
-        return [replace(task, slot=key) for task in got], rest, False
+        for task in got:  # the claim's own new objects (nobody else holds them): set in place
+            task.slot = key
+        return got, rest, False
 
     async def extend(
         self, now: datetime, worker_id: str, slots: Mapping[str, Mapping[str, datetime]]

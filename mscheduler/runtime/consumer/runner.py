@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -32,6 +33,7 @@ from mscheduler.domain.outcomes import retry_after as retry_outcome
 from mscheduler.domain.outcomes import snoozed as snoozed_outcome
 from mscheduler.domain.outcomes import succeeded as succeeded_outcome
 from mscheduler.drivers.base import ClaimedTask, FinishParams, cancelled_error, paused_error
+from mscheduler.observability.tracing import TaskTracer
 from mscheduler.runtime.consumer.discovery import Discovery
 from mscheduler.runtime.consumer.handlers import Registered as _Registered
 from mscheduler.runtime.consumer.limiter import Limiter
@@ -39,6 +41,12 @@ from mscheduler.runtime.consumer.reports import AttemptReports
 from mscheduler.services.events import EventKind, EventRecorder, outcome_detail, outcome_kind
 
 log = logging.getLogger("mscheduler.consumer")
+
+# attempt statuses as plain strings (read once per attempt: no enum lookups there)
+_SUCCEEDED = AttemptStatus.SUCCEEDED.value
+_RELEASED = AttemptStatus.RELEASED.value
+_CANCELLED = AttemptStatus.CANCELLED.value
+_FAILED_OR_REJECTED = (AttemptStatus.FAILED.value, AttemptStatus.REJECTED.value)
 
 Listener = Callable[[str, dict[str, Any]], None]
 LEASE_SAFETY_MARGIN = timedelta(milliseconds=500)
@@ -138,7 +146,7 @@ class _Running:
 
 class ConsumerRunner:
     """Running a handler, for ``Consumer`` (a mixin: it uses the consumer's registry, clock,
-    limiter and bookkeeping, and the finisher's ``_submit``)."""
+    limiter and bookkeeping, and the finisher's ``_submit_then``)."""
 
     _handlers: dict[str, _Registered]
     _running: dict[str, _Running]
@@ -158,9 +166,18 @@ class ConsumerRunner:
     rng: random.Random
     stats: dict[str, int]
 
+    _tracer: TaskTracer | None
+
     if TYPE_CHECKING:
 
         async def _submit(self, params: FinishParams, slot: str | None = None) -> bool: ...
+
+        def _submit_then(
+            self,
+            params: FinishParams,
+            slot: str | None,
+            then: Callable[[bool, BaseException | None], None],
+        ) -> None: ...
 
         def _emit(self, event: str, data: dict[str, Any]) -> None: ...
 
@@ -226,25 +243,55 @@ class ConsumerRunner:
             running.handler_done = True
             self._handlers_active -= 1
             self._slot_freed.set()
-        outcome = done.status if done is not None else None
-        result, error = (done.result, done.error) if done is not None else (None, None)
-        retry_at, final = (done.retry_at, done.final) if done is not None else (None, False)
-        accepted = submitted = False
-        if outcome is not None:
-            now = self.clock.now()
-            params = FinishParams(
-                claimed.key, self.worker_id, claimed.attempt, now, outcome, result, error, retry_at, final
-            )
+        if done is None:  # lost: nothing to write
+            self._settle(running, None, accepted=False, submitted=False)
+            return
+        params = FinishParams(
+            claimed.key,
+            self.worker_id,
+            claimed.attempt,
+            self.clock.now(),
+            done.status,
+            done.result,
+            done.error,
+            done.retry_at,
+            done.final,
+        )
+        if self._tracer is not None:
+            # traced: the run span covers the write and the bookkeeping (the 'finished' event,
+            # emitted inside the attempt, sets the span's outcome), so the attempt waits for it
             try:
                 accepted = await self._submit(params, running.slot)
-                submitted = True  # the finisher released the slot with the outcome
             except MSchedulerError as exc:
-                log.error(
-                    "could not record the outcome of %s: %s",
-                    claimed.key,
-                    exc,
-                    extra=self._fields(running, error=str(exc)),
-                )
+                self._written(running, done, False, exc)
+            else:
+                self._written(running, done, accepted, None)
+            return
+        try:
+            # the rest of the attempt's bookkeeping runs once the finisher wrote the outcome: the
+            # handler's task ends here (no future, shield or wake-up of its own per attempt)
+            self._submit_then(params, running.slot, partial(self._written, running, done))
+        except MSchedulerError as exc:
+            self._written(running, done, False, exc)
+
+    def _written(self, running: _Running, done: Outcome, accepted: bool, error: BaseException | None) -> None:
+        """The finisher wrote ``done`` (``accepted``: the store took it), or could not (``error``)."""
+        if error is not None:
+            log.error(
+                "could not record the outcome of %s: %s",
+                running.claimed.key,
+                error,
+                extra=self._fields(running, error=str(error)),
+            )
+        self._settle(running, done, accepted=accepted and error is None, submitted=error is None)
+
+    def _settle(self, running: _Running, done: Outcome | None, *, accepted: bool, submitted: bool) -> None:
+        """An attempt's bookkeeping once its outcome is written (``submitted``: the finisher
+        released its slot with it) or there was none to write: stats, events, logs, listeners."""
+        claimed = running.claimed
+        outcome = done.status if done is not None else None
+        error = done.error if done is not None else None
+        retry_at, final = (done.retry_at, done.final) if done is not None else (None, False)
         if self._running.get(claimed.key) is running:
             del self._running[claimed.key]
         if running.slot is not None and not submitted:
@@ -253,12 +300,12 @@ class ConsumerRunner:
             self._pending_added.set()
         stat = outcome if accepted and outcome is not None else "lost"
         if running.cancel_reason == "paused":  # released by the pause: not a lost lease
-            stat = AttemptStatus.RELEASED.value
+            stat = _RELEASED
         elif running.cancel_reason == "cancelled":  # settled cancelled: nothing was lost
-            stat = AttemptStatus.CANCELLED.value
+            stat = _CANCELLED
         option = running.option
         if (
-            stat == AttemptStatus.SUCCEEDED.value
+            stat == _SUCCEEDED
             and option["concurrent_worker_cnt"] > 1
             and not option.get("same_worker_may_repeat")  # it may take that task again
         ):
@@ -318,7 +365,7 @@ class ConsumerRunner:
     ) -> None:
         """Failures are never silent: a failed attempt at INFO, a task failed for good (its budget
         used, or rejected) at WARNING with the traceback."""
-        if stat not in (AttemptStatus.FAILED.value, AttemptStatus.REJECTED.value) or error is None:
+        if stat not in _FAILED_OR_REJECTED or error is None:
             return
         claimed = running.claimed
         budget = running.option["max_unexpected_retries"]  # None: unlimited
