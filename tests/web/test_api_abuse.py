@@ -10,6 +10,7 @@ import."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -119,11 +120,18 @@ async def _open_stream(http: httpx.AsyncClient, headers: dict[str, str]) -> asyn
     return asyncio.ensure_future(http.get("/api/v1/events/stream", headers=headers))
 
 
-async def _until(condition: Any, rounds: int = 10_000) -> None:
+async def _until(condition: Any, rounds: int = 10_000, seconds: float = 10.0) -> None:
+    """Until ``condition()`` holds: ``rounds`` turns of the loop, then (a loaded machine, where
+    opening a stream can take a thread's turn) short naps for up to ``seconds``."""
     for _ in range(rounds):
         if condition():
             return
         await asyncio.sleep(0)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        await asyncio.sleep(0.01)
     raise AssertionError("the condition did not come true")
 
 
