@@ -21,7 +21,7 @@ from typing import Any
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.family import SEQUENTIAL
 from mscheduler.domain.model import DEFAULT_MAX_PARAMS_BYTES as DEFAULT_MAX_PARAMS_BYTES
-from mscheduler.domain.model import Task, checked_params_size, child_key
+from mscheduler.domain.model import Task, checked_params_size, child_key, encoded_size
 from mscheduler.domain.unique import params_hash
 from mscheduler.drivers.base import Driver, InsertParams, NewTask
 
@@ -42,7 +42,8 @@ def prepare(
     size), its option in storage form, its unique hash when ``unique_by="params"``."""
     if not isinstance(task, Task):
         raise InvalidInput(f"send() takes a Task, got {type(task).__name__}")
-    checked_params_size(task.params, max_params_bytes, f"task {task.key!r}")  # a plan's too
+    if encoded_size(task.params) > max_params_bytes:  # a plan's too; the message built only then
+        checked_params_size(task.params, max_params_bytes, f"task {task.key!r}")
     unique_hash = params_hash(task.name, task.params) if task.unique_by == "params" else None
     option = task.option.to_storage(now)
     return NewTask(task.key, task.name, task.params, option, unique_hash=unique_hash, trace=trace)
@@ -116,14 +117,18 @@ def prepared_families(
     for i, task in enumerate(tasks):
         if not isinstance(task, Task):
             raise InvalidInput(f"send_many() takes Tasks, got {type(task).__name__} at index {i}")
-    families = [
-        family(t, reset_finished, lambda one: prepare(one, now, max_params_bytes, trace)) for t in tasks
-    ]
-    seen: set[str] = set()
-    for key in (t.key for one in families for t in one):
-        if key in seen:
-            raise InvalidInput(f"send_many got the key {key!r} twice")
-        seen.add(key)
+
+    def prepare_one(one: Task) -> NewTask:
+        return prepare(one, now, max_params_bytes, trace)
+
+    families = [family(t, reset_finished, prepare_one) if t.children else [prepare_one(t)] for t in tasks]
+    keys = [t.key for one in families for t in one]
+    if len(set(keys)) < len(keys):
+        seen: set[str] = set()
+        for key in keys:
+            if key in seen:
+                raise InvalidInput(f"send_many got the key {key!r} twice")
+            seen.add(key)
     return families
 
 
