@@ -817,21 +817,23 @@ def new_task_document(task: NewTask, now: datetime, partitions: int = 1) -> dict
             {"name": n, "key": k, "status": "pending"} for n, k in zip(names, keys, strict=True)
         ]
         state["children_rev"] = 0
-    state.update(derive(task.name, task.option, [], **family_inputs(state)))
+    # a task of no family (most) has none of derive's family inputs
+    family = family_inputs(state) if task.blocked or task.children is not None else {}
+    state.update(derive(task.name, task.option, [], **family))
     state.update(lifecycle(state["status"], None, task.unique_hash, now))
-    return (
-        {
-            "key": task.key,
-            "part": part_of(task.key, partitions),
-            "name": task.name,
-            "params": task.params,
-            "option": dict(task.option),
-            "unique_hash": task.unique_hash,
-            "state": state,
-        }
-        | family_fields(task)
-        | ({"trace": dict(task.trace)} if task.trace else {})
-    )
+    doc: dict[str, Any] = {
+        "key": task.key,
+        "part": part_of(task.key, partitions),
+        "name": task.name,
+        "params": task.params,
+        "option": dict(task.option),
+        "unique_hash": task.unique_hash,
+        "state": state,
+    }
+    doc.update(family_fields(task))
+    if task.trace:
+        doc["trace"] = dict(task.trace)
+    return doc
 
 
 def family_fields(task: NewTask) -> dict[str, Any]:

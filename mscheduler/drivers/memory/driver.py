@@ -159,6 +159,11 @@ class MemoryDriver(
                 ),
             )
         )
+        self._index(doc, now)
+
+    def _index(self, doc: dict[str, Any], now: datetime) -> None:
+        """After ``derive``: set the update time and lifecycle fields, re-index and announce."""
+        state = doc["state"]
         state["update_time"] = now
         previous_finish = state.get("finish_time")
         self._note_lifecycle(doc, now)
@@ -229,7 +234,7 @@ class MemoryDriver(
                 self._list_new(doc)
                 if task.children is not None:
                     self._parents.add(task.key)
-                self._write(doc, params.now)
+                self._index(doc, params.now)  # derived already by new_task_document
                 created.append(True)
             elif (
                 params.reset_finished
