@@ -807,7 +807,9 @@ async def claim_over_parts(
 
 
 def new_task_document(task: NewTask, now: datetime, partitions: int = 1) -> dict[str, Any]:
-    """The stored form of a new task, derived fields included, in its partition (``part``)."""
+    """The stored form of a new task, derived fields included, in its partition (``part``).
+    It holds ``task.option`` itself (see below) and ``task.params`` (the memory driver copies
+    params it hands out; the Mongo driver sends a copy)."""
     state: dict[str, Any] = {"create_time": now, "update_time": now, "worker_states": []}
     if task.blocked:
         state["blocked"] = True
@@ -826,7 +828,9 @@ def new_task_document(task: NewTask, now: datetime, partitions: int = 1) -> dict
         "part": part_of(task.key, partitions),
         "name": task.name,
         "params": task.params,
-        "option": dict(task.option),
+        # not copied: a stored option is never changed in place (a change replaces it), so the
+        # memory driver keeps one for all the tasks of a batch sent with the same option
+        "option": task.option,
         "unique_hash": task.unique_hash,
         "state": state,
     }

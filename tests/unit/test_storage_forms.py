@@ -69,3 +69,23 @@ def test_many_options_do_not_pile_up() -> None:
     for priority in range(model._STORED_OPTIONS_MAX + 10):
         TaskOption(priority=priority).to_storage(datetime(2026, 1, 1, tzinfo=UTC))
     assert len(model._STORED_OPTIONS) <= model._STORED_OPTIONS_MAX
+
+
+async def test_tasks_of_one_batch_share_a_stored_option_and_changing_one_leaves_the_others() -> None:
+    from mscheduler import MemoryDriver, OptionChange, Publisher, Task
+
+    driver = MemoryDriver()
+    publisher = Publisher(driver)
+    option = TaskOption(priority=5, specific_groups=("g",))
+    await publisher.send_many(
+        [Task(f"t{i}", "job", option=option) for i in range(3)] + [Task("plain", "job")]
+    )
+    stored = [driver._tasks[f"t{i}"]["option"] for i in range(3)]
+    assert stored[0] is stored[1] is stored[2]  # one dict for the batch's tasks of one option
+    assert driver._tasks["plain"]["option"] is not stored[0]
+    await publisher.update_option("t1", OptionChange(priority=9, specific_groups=("h",)))
+    assert (await publisher.get("t1")).option.priority == 9
+    for key in ("t0", "t2"):
+        info = await publisher.get(key)
+        assert info.option.priority == 5 and info.option.specific_groups == ("g",)
+    assert (await publisher.get("plain")).option.priority == 0
