@@ -34,7 +34,9 @@ from mscheduler.domain.state import derive, family_inputs, lifecycle, stopped_by
 from mscheduler.domain.stats import StatsStep, TaskStats
 
 
-@dataclass(slots=True, frozen=True)
+# Not frozen (read-only by convention): one is built per task sent, and a frozen dataclass's
+# __init__ costs three times a plain one's (issue 21; ClaimedTask and FinishParams likewise).
+@dataclass(slots=True)
 class NewTask:
     """A validated task to insert (built by the Publisher from ``Task``)."""
 
