@@ -11,7 +11,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+import bson
 from bson.errors import InvalidDocument
+from bson.raw_bson import RawBSONDocument
 from pymongo.errors import (
     AutoReconnect,
     BulkWriteError,
@@ -262,7 +264,68 @@ _FAILURE_STATUSES = ["failed", "lost", "rejected"]
 _RETRY_STATUSES = [*_FAILURE_STATUSES, "snoozed"]  # entries whose retry_at sets the task's
 
 
-def _derive_stages(now: datetime) -> list[dict[str, Any]]:
+def _derive_stages(now: datetime, *, raw: bool = False) -> list[Any]:
+    """``mscheduler.domain.state.derive`` as update-pipeline stages (``_build_derive_stages``),
+    built once and filled in with ``now`` per write: only the containers on the way to ``now``
+    are new, the rest is shared (never changed: neither PyMongo nor mongomock changes a
+    pipeline). ``raw``: the constant parts as BSON already (``RawBSONDocument``), which PyMongo
+    copies into the command as they are: the same bytes as encoding them each time (a test
+    holds it so) without the encoding; for a real server only (mongomock reads dicts)."""
+    stages: list[Any] = _fill(_DERIVE_STAGES[raw], _out(now))
+    return stages
+
+
+class _Path:
+    """A container on the way to the time of a write in a pipeline template (``_template``):
+    built anew per write, its other parts shared."""
+
+    __slots__ = ("is_dict", "items")
+
+    def __init__(self, items: Any, is_dict: bool) -> None:
+        self.items = items
+        self.is_dict = is_dict
+
+
+class _Now:
+    """Where the time of the write goes in a pipeline template."""
+
+
+_NOW: Any = _Now()
+
+
+def _holds_now(value: Any) -> bool:
+    if value is _NOW:
+        return True
+    if isinstance(value, dict):
+        return any(_holds_now(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds_now(v) for v in value)
+    return False
+
+
+def _template(value: Any, raw: bool) -> Any:
+    """``value`` (built with ``_NOW`` for the time) as a template for ``_fill``: the containers
+    holding ``_NOW`` as ``_Path``; every constant document kept, or (``raw``) encoded once."""
+    if not _holds_now(value):
+        return RawBSONDocument(bson.encode(value)) if raw and isinstance(value, dict) else value
+    if isinstance(value, dict):
+        return _Path([(k, _template(v, raw)) for k, v in value.items()], True)
+    if isinstance(value, list):
+        return _Path([_template(v, raw) for v in value], False)
+    return value
+
+
+def _fill(node: Any, now: Any) -> Any:
+    if node is _NOW:
+        return now
+    if type(node) is _Path:
+        if node.is_dict:
+            return {k: _fill(v, now) for k, v in node.items}
+        return [_fill(v, now) for v in node.items]
+    return node
+
+
+def _build_derive_stages(now: datetime) -> list[dict[str, Any]]:
     """``mscheduler.domain.state.derive`` as update-pipeline stages."""
     cnt = "$option.concurrent_worker_cnt"
     finished = {"$gte": ["$state.success_cnt", cnt]}
@@ -787,3 +850,7 @@ def watch_error(exc: OperationFailure, token: Any) -> Exception:
         # refusal of a given token that a retry will not fix means "start afresh"
         return ResumeTokenLost(str(exc))
     return StorageError(f"change stream failed: {exc}", transient=_is_transient(exc) or exc.code == 303)
+
+
+# the stages of _derive_stages as templates: [dicts, raw BSON]
+_DERIVE_STAGES = [_template(_build_derive_stages(_NOW), raw) for raw in (False, True)]

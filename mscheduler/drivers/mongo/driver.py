@@ -248,9 +248,13 @@ class MongoDriver(
         self._probed = False  # setup() probes; operations that depend on it probe if it did not
         self._set_up = False
         self.rebuilt: list[str] = []  # indexes the last setup() rebuilt or dropped (spec changes)
+        mongomock = any("mongomock" in cls.__module__ for cls in type(database).__mro__)
         if create_indexes is None:  # a throwaway in-memory database: nothing waits for a quorum
-            create_indexes = any("mongomock" in cls.__module__ for cls in type(database).__mro__)
+            create_indexes = mongomock
         self.create_indexes = create_indexes
+        # The constant parts of the claim's and the finish's pipelines go as BSON already
+        # (common._derive_stages): the same bytes, not encoded per write. mongomock reads dicts.
+        self.raw_stages = not mongomock
 
     def _part(self, key: str) -> int:
         """The partition of task ``key`` (every write about one task names it)."""
@@ -866,7 +870,7 @@ class MongoDriver(
         claim chose: see ``_claim_chunked``)."""
         entry = self._claim_entry(params, attempt)
         append = {"$set": {WS: {"$concatArrays": [f"${WS}", [entry]]}}}
-        pipeline = [append, *self._trim_stages(params), *_derive_stages(params.now)]
+        pipeline = [append, *self._trim_stages(params), *_derive_stages(params.now, raw=self.raw_stages)]
         filter_ = self._claim_filter(params, part=part)
         sort = CLAIM_SORT
 
@@ -1101,7 +1105,7 @@ class MongoDriver(
             "retry_at": item.retry_at,
             "final": item.final,
         }
-        return filter_, [_rebuild_entries(match, changes), *_derive_stages(item.now)]
+        return filter_, [_rebuild_entries(match, changes), *_derive_stages(item.now, raw=self.raw_stages)]
 
     async def finish(self, params: Sequence[FinishParams]) -> list[bool]:
         """Write a batch of attempt outcomes in one command per partition (one, unpartitioned);
