@@ -222,9 +222,21 @@ def task_indexes(sharded: bool) -> list[tuple[Any, dict[str, Any]]]:
 # -- datetimes: naive UTC on the wire (mongomock compares naive), aware UTC everywhere else ----
 
 
+# values that _out and _in pass through as they are, by exact type: most of a document's values,
+# skipped without a call (a subclass takes the general path)
+_AS_IS = frozenset({str, int, float, bool, type(None), bytes})
+
+
 def _out(value: Any) -> Any:
     """Convert aware datetimes to naive UTC, recursively, for filters and updates."""
+    kind = type(value)
+    if kind is dict:
+        return {k: v if type(v) in _AS_IS else _out(v) for k, v in value.items()}
+    if kind is list:
+        return [v if type(v) in _AS_IS else _out(v) for v in value]
     if isinstance(value, datetime):
+        if value.tzinfo is UTC:  # most times: one call, not two
+            return value.replace(tzinfo=None)
         return value.astimezone(UTC).replace(tzinfo=None) if value.tzinfo else value
     if isinstance(value, dict):
         return {k: _out(v) for k, v in value.items()}
@@ -235,6 +247,11 @@ def _out(value: Any) -> Any:
 
 def _in(value: Any) -> Any:
     """Make every datetime read from the database aware (UTC)."""
+    kind = type(value)
+    if kind is dict:
+        return {k: v if type(v) in _AS_IS else _in(v) for k, v in value.items()}
+    if kind is list:
+        return [v if type(v) in _AS_IS else _in(v) for v in value]
     if isinstance(value, datetime):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     if isinstance(value, dict):
@@ -315,14 +332,11 @@ def _template(value: Any, raw: bool) -> Any:
     return value
 
 
-def _fill(node: Any, now: Any) -> Any:
-    if node is _NOW:
-        return now
-    if type(node) is _Path:
-        if node.is_dict:
-            return {k: _fill(v, now) for k, v in node.items}
-        return [_fill(v, now) for v in node.items]
-    return node
+def _fill(node: _Path, now: Any) -> Any:
+    """A template's ``_Path`` with ``now`` in: new containers on the way, the rest shared."""
+    if node.is_dict:
+        return {k: now if v is _NOW else _fill(v, now) if type(v) is _Path else v for k, v in node.items}
+    return [now if v is _NOW else _fill(v, now) if type(v) is _Path else v for v in node.items]
 
 
 def _build_derive_stages(now: datetime) -> list[dict[str, Any]]:
