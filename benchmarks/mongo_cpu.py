@@ -182,6 +182,9 @@ def make_driver() -> tuple[Any, StubDatabase]:
     # a real server's capabilities, as setup() would have probed them
     for flag in ("date_arithmetic", "update_hints", "slice_expressions", "reduce_expressions"):
         setattr(driver, flag, True)
+    # the stub encodes as PyMongo does: it takes the raw stages a PyMongo collection is given
+    # (a build without them ignores the attribute)
+    driver.raw_stages = True
     driver._probed = True
     return driver, db
 

@@ -51,7 +51,7 @@ class _Collection:
 
 
 class _Database:
-    """Not mongomock: a PyMongo-like database (the driver sends raw stages to it)."""
+    """A fake of PyMongo's database (the driver sends it dicts, unless told otherwise)."""
 
     name = "db"
 
@@ -59,15 +59,19 @@ class _Database:
         return _Collection()
 
 
-def test_raw_stages_go_to_a_server_and_dicts_to_mongomock() -> None:
-    assert MongoDriver(_Database()).raw_stages is True
+def test_raw_stages_go_to_pymongo_and_dicts_to_mongomock_and_other_fakes() -> None:
+    from pymongo import AsyncMongoClient
+
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient("mongodb://127.0.0.1:1", connect=False)
+    assert MongoDriver(client["db"]).raw_stages is True  # no connection made
     assert MongoDriver(mongomock_database()).raw_stages is False
+    assert MongoDriver(_Database()).raw_stages is False
 
 
 @pytest.mark.parametrize("outcome", ["succeeded", "failed", "cancelled", "released"])
 def test_a_finish_sends_the_same_bytes_with_raw_stages(outcome: str) -> None:
     raw, plain = MongoDriver(_Database()), MongoDriver(_Database())
-    plain.raw_stages = False
+    raw.raw_stages, plain.raw_stages = True, False
     item = FinishParams(
         "k1",
         "w1",

@@ -292,6 +292,14 @@ def _derive_stages(now: datetime, *, raw: bool = False) -> list[Any]:
     return stages
 
 
+def pymongo_encodes(collection: Any) -> bool:
+    """``collection`` is PyMongo's (``AsyncCollection``, or a Motor collection over PyMongo's):
+    its commands are encoded by PyMongo, which copies a ``RawBSONDocument`` as it is."""
+    from pymongo.asynchronous.collection import AsyncCollection
+
+    return isinstance(collection, AsyncCollection) or type(collection).__module__.startswith("motor.")
+
+
 class _Path:
     """A container on the way to the time of a write in a pipeline template (``_template``):
     built anew per write, its other parts shared."""

@@ -123,6 +123,7 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     expired_history_stage,
     live_hash,
     log,
+    pymongo_encodes,
     read_page,
     task_indexes,
     watch_error,
@@ -253,8 +254,10 @@ class MongoDriver(
             create_indexes = mongomock
         self.create_indexes = create_indexes
         # The constant parts of the claim's and the finish's pipelines go as BSON already
-        # (common._derive_stages): the same bytes, not encoded per write. mongomock reads dicts.
-        self.raw_stages = not mongomock
+        # (common._derive_stages): the same bytes, not encoded per write. Only to PyMongo's own
+        # collections (its async API, or Motor's over it), whose encoder copies them as they are;
+        # mongomock and other fakes read dicts.
+        self.raw_stages = not mongomock and pymongo_encodes(tasks)
 
     def _part(self, key: str) -> int:
         """The partition of task ``key`` (every write about one task names it)."""
