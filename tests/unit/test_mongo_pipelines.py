@@ -9,9 +9,10 @@ from typing import Any
 
 import bson
 import pytest
+from bson.datetime_ms import _datetime_to_millis
 
 from mscheduler.drivers.base import ClaimParams, FinishParams
-from mscheduler.drivers.mongo.common import _build_derive_stages, _derive_stages, _out
+from mscheduler.drivers.mongo.common import _build_derive_stages, _derive_stages, _millis, _out
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.testing.mongomock import mongomock_database
 
@@ -19,6 +20,9 @@ TIMES = [
     datetime(2026, 5, 6, 7, 8, 9, 123456, tzinfo=UTC),
     datetime(2026, 5, 6, 7, 8, 9, tzinfo=timezone(timedelta(hours=-5))),
     datetime(2030, 12, 31, 23, 59, 59, 999000, tzinfo=UTC),
+    datetime(1969, 7, 20, 20, 17, 40, 500500, tzinfo=UTC),  # before the epoch: negative milliseconds
+    datetime(1971, 2, 3, 4, 5, 6, 789000, tzinfo=UTC),  # the mark itself
+    datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone(timedelta(hours=14))),
 ]
 
 
@@ -31,6 +35,13 @@ def test_derive_stages_are_the_pipeline_built_afresh_and_the_same_bytes_raw(now:
     fresh = _build_derive_stages(_out(now))
     assert _derive_stages(now) == fresh
     assert wire(_derive_stages(now, raw=True)) == wire(fresh)
+
+
+@pytest.mark.parametrize(
+    "now", [*TIMES, datetime(2026, 5, 6, 7, 8, 9, 1), datetime(1, 1, 1), datetime(1960, 1, 1, 0, 0, 0, 999)]
+)
+def test_bson_milliseconds_as_pymongo_counts_them(now: datetime) -> None:
+    assert _millis(now) == _datetime_to_millis(now)
 
 
 def test_a_filled_template_shares_no_container_on_the_way_to_the_time() -> None:

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import inspect
 import logging
+import struct
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import bson
+from bson.datetime_ms import _datetime_to_millis
 from bson.errors import InvalidDocument
 from bson.raw_bson import RawBSONDocument
 from pymongo.errors import (
@@ -285,11 +287,68 @@ def _derive_stages(now: datetime, *, raw: bool = False) -> list[Any]:
     """``mscheduler.domain.state.derive`` as update-pipeline stages (``_build_derive_stages``),
     built once and filled in with ``now`` per write: only the containers on the way to ``now``
     are new, the rest is shared (never changed: neither PyMongo nor mongomock changes a
-    pipeline). ``raw``: the constant parts as BSON already (``RawBSONDocument``), which PyMongo
-    copies into the command as they are: the same bytes as encoding them each time (a test
-    holds it so) without the encoding; for a real server only (mongomock reads dicts)."""
-    stages: list[Any] = _fill(_DERIVE_STAGES[raw], _out(now))
+    pipeline). ``raw``: the stages as BSON already (``RawBSONDocument``, ``_RawStages``), which
+    PyMongo copies into the command as they are: the same bytes as encoding them each time (a
+    test holds it so) without the encoding; for PyMongo's collections only (mongomock and the
+    test fakes read dicts)."""
+    if raw:
+        return _RAW_DERIVE_STAGES.fill(now)
+    stages: list[Any] = _fill(_DERIVE_STAGES, _out(now))
     return stages
+
+
+# A time no write has (1971-02-03 04:05:06.789 UTC): its 8 BSON bytes mark where a raw stage's
+# time goes (``_RawStages``); a template where they would occur by chance elsewhere is refused.
+_MARK_TIME = datetime(1971, 2, 3, 4, 5, 6, 789000)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EPOCH_NAIVE = datetime(1970, 1, 1)
+_MS = timedelta(milliseconds=1)
+_MILLIS = struct.Struct("<q")
+
+
+def _millis(value: datetime) -> int:
+    """What BSON stores for ``value`` (``bson.datetime_ms._datetime_to_millis``: a naive time is
+    UTC), by one subtraction instead of a time tuple."""
+    return (value - (_EPOCH if value.utcoffset() is not None else _EPOCH_NAIVE)) // _MS
+
+
+class _RawStages:
+    """Pipeline stages as BSON, each either constant or cut where the time of the write goes
+    (BSON stores a time as its milliseconds since the epoch, a little-endian int64): per write,
+    the time's 8 bytes are put in the cuts. The same bytes as encoding the stages with that time
+    (a test compares them), built without encoding anything."""
+
+    def __init__(self, stages: list[dict[str, Any]]) -> None:
+        mark = struct.pack("<q", _datetime_to_millis(_MARK_TIME))
+        self.constant: list[RawBSONDocument | None] = []
+        self.pieces: list[list[bytes]] = []
+        for stage in stages:
+            times = _count_now(stage)
+            encoded = bson.encode(_fill(_template(stage), _MARK_TIME) if times else stage)
+            pieces = encoded.split(mark)
+            if len(pieces) != times + 1:
+                raise AssertionError(f"the time mark occurs {len(pieces) - 1} times, not {times}")
+            self.constant.append(None if times else RawBSONDocument(encoded))
+            self.pieces.append(pieces)
+
+    def fill(self, now: datetime) -> list[Any]:
+        mark = _MILLIS.pack(_millis(now))
+        return [
+            raw if raw is not None else RawBSONDocument(mark.join(pieces))
+            for raw, pieces in zip(self.constant, self.pieces, strict=True)
+        ]
+
+
+def _count_now(value: Any) -> int:
+    if value is _NOW:
+        return 1
+    if isinstance(value, dict):
+        return sum(_count_now(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_count_now(v) for v in value)
+    return 0
 
 
 def pymongo_encodes(collection: Any) -> bool:
@@ -328,15 +387,15 @@ def _holds_now(value: Any) -> bool:
     return False
 
 
-def _template(value: Any, raw: bool) -> Any:
+def _template(value: Any) -> Any:
     """``value`` (built with ``_NOW`` for the time) as a template for ``_fill``: the containers
-    holding ``_NOW`` as ``_Path``; every constant document kept, or (``raw``) encoded once."""
+    holding ``_NOW`` as ``_Path``, the rest kept as it is (shared by every write)."""
     if not _holds_now(value):
-        return RawBSONDocument(bson.encode(value)) if raw and isinstance(value, dict) else value
+        return value
     if isinstance(value, dict):
-        return _Path([(k, _template(v, raw)) for k, v in value.items()], True)
+        return _Path([(k, _template(v)) for k, v in value.items()], True)
     if isinstance(value, list):
-        return _Path([_template(v, raw) for v in value], False)
+        return _Path([_template(v) for v in value], False)
     return value
 
 
@@ -874,5 +933,6 @@ def watch_error(exc: OperationFailure, token: Any) -> Exception:
     return StorageError(f"change stream failed: {exc}", transient=_is_transient(exc) or exc.code == 303)
 
 
-# the stages of _derive_stages as templates: [dicts, raw BSON]
-_DERIVE_STAGES = [_template(_build_derive_stages(_NOW), raw) for raw in (False, True)]
+# the stages of _derive_stages as templates: dicts, and raw BSON
+_DERIVE_STAGES = _template(_build_derive_stages(_NOW))
+_RAW_DERIVE_STAGES = _RawStages(_build_derive_stages(_NOW))
