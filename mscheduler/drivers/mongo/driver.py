@@ -1028,6 +1028,11 @@ class MongoDriver(
         self, params: ClaimParams, plan: Sequence[tuple[str, str | None, int]]
     ) -> list[ClaimedTask | BaseException | None]:
         """The claims of ``plan`` ((attempt, key or None, partition)), concurrently within the cap."""
+        if len(plan) <= self.max_parallel_claims:  # within the cap: no gate to pass
+            claims = [self._claim_one(params, attempt, key, part) for attempt, key, part in plan]
+            done = await asyncio.gather(*claims, return_exceptions=True)
+            self.claims_empty += sum(r is None for r in done)
+            return list(done)
         gate = asyncio.Semaphore(self.max_parallel_claims)
 
         async def one(attempt: str, key: str | None, part: int) -> ClaimedTask | None:
