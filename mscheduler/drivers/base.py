@@ -808,7 +808,13 @@ async def claim_over_parts(
     return claimed, errors, failed
 
 
-def new_task_document(task: NewTask, now: datetime, partitions: int = 1) -> dict[str, Any]:
+# new_task_document's derived fields by (name, option object), for the tasks of one insert
+DerivedByOption = dict[tuple[str, int], tuple[Mapping[str, Any], dict[str, Any]]]
+
+
+def new_task_document(
+    task: NewTask, now: datetime, partitions: int = 1, derived: DerivedByOption | None = None
+) -> dict[str, Any]:
     """The stored form of a new task, derived fields included, in its partition (``part``).
     It holds ``task.option`` itself (see below) and ``task.params`` (the memory driver copies
     params it hands out; the Mongo driver sends a copy)."""
@@ -821,9 +827,18 @@ def new_task_document(task: NewTask, now: datetime, partitions: int = 1) -> dict
             {"name": n, "key": k, "status": "pending"} for n, k in zip(names, keys, strict=True)
         ]
         state["children_rev"] = 0
-    # a task of no family (most) has none of derive's family inputs
-    family = family_inputs(state) if task.blocked or task.children is not None else {}
-    state.update(derive(task.name, task.option, [], **family))
+    if task.blocked or task.children is not None:
+        state.update(derive(task.name, task.option, [], **family_inputs(state)))
+    elif derived is None:
+        state.update(derive(task.name, task.option, []))
+    else:
+        # A new task of no family: derive's result depends on its name and option alone (no
+        # entries, no flags), so the tasks of one insert with the same name and option object
+        # take one result (its claimers list shared: derived lists are replaced, never changed)
+        held = derived.get((task.name, id(task.option)))
+        if held is None or held[0] is not task.option:  # held: the id is not reused meanwhile
+            held = derived[(task.name, id(task.option))] = (task.option, derive(task.name, task.option, []))
+        state.update(held[1])
     state.update(lifecycle(state["status"], None, task.unique_hash, now))
     doc: dict[str, Any] = {
         "key": task.key,

@@ -89,3 +89,20 @@ async def test_tasks_of_one_batch_share_a_stored_option_and_changing_one_leaves_
         info = await publisher.get(key)
         assert info.option.priority == 5 and info.option.specific_groups == ("g",)
     assert (await publisher.get("plain")).option.priority == 0
+
+
+async def test_tasks_of_one_insert_share_derived_fields_and_a_claim_changes_only_its_own() -> None:
+    from mscheduler import MemoryDriver, Publisher, Task
+    from mscheduler.drivers.base import ClaimParams
+
+    driver = MemoryDriver()
+    await Publisher(driver).send_many([Task(f"t{i}", "job") for i in range(3)])
+    states = [driver._tasks[f"t{i}"]["state"] for i in range(3)]
+    assert states[0]["claimers"] is states[1]["claimers"] is states[2]["claimers"] == ["job|*"]
+    now = driver.clock.now()
+    claimed = await driver.claim(ClaimParams("w1", ["job"], now, ["a1"]))
+    assert [c.key for c in claimed] == ["t0"]
+    assert driver._tasks["t0"]["state"]["status"] == "running"
+    for key in ("t1", "t2"):
+        state = (await driver.get_task(key))["state"]  # type: ignore[index]
+        assert state["status"] == "pending" and state["claimers"] == ["job|*"]

@@ -46,6 +46,7 @@ from mscheduler.drivers.base import (
     ClaimedTask,
     ClaimParams,
     ControlParams,
+    DerivedByOption,
     ExpireParams,
     FinishParams,
     InsertParams,
@@ -223,13 +224,14 @@ class MemoryDriver(
         if params.session is not None:
             raise InvalidInput("the memory driver has no sessions or transactions")
         created = []
+        derived: DerivedByOption = {}
         for task in params.tasks:
             doc = self._tasks.get(task.key)
             holder = self._unique_holder(task.unique_hash, task.key)
             if doc is None and holder is not None:
                 created.append(False)  # a live task has the same params: as if the key existed
             elif doc is None:
-                doc = new_task_document(task, params.now, self.partitions)
+                doc = new_task_document(task, params.now, self.partitions, derived)
                 self._tasks[task.key] = doc
                 self._list_new(doc)
                 if task.children is not None:

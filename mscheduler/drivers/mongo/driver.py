@@ -51,6 +51,7 @@ from mscheduler.drivers.base import (
     ChangeStreamUnsupported,
     ClaimedTask,
     ClaimParams,
+    DerivedByOption,
     ExpireParams,
     FinishParams,
     InsertParams,
@@ -636,9 +637,11 @@ class MongoDriver(
             return created
         # ``_id`` is the key: change events (which carry only the documentKey of an update)
         # then say which task changed without a lookup.
+        derived: DerivedByOption = {}
         docs = [
             _out(
-                {"_id": params.tasks[i].key} | new_task_document(params.tasks[i], params.now, self.partitions)
+                {"_id": params.tasks[i].key}
+                | new_task_document(params.tasks[i], params.now, self.partitions, derived)
             )
             for i in pending
         ]
