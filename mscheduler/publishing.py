@@ -21,11 +21,13 @@ from typing import Any
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.family import SEQUENTIAL
 from mscheduler.domain.model import DEFAULT_MAX_PARAMS_BYTES as DEFAULT_MAX_PARAMS_BYTES
-from mscheduler.domain.model import Task, checked_params_size, child_key
+from mscheduler.domain.model import Task, TaskOption, checked_params_size, child_key, encoded_size
 from mscheduler.domain.unique import params_hash
 from mscheduler.drivers.base import Driver, InsertParams, NewTask
 
 SEND_MANY_BATCH = 1000  # documents per insert command
+# a batch's option objects and their storage forms, by id (``prepare``)
+StoredOptions = dict[int, tuple[TaskOption, dict[str, Any]]]
 MAX_PARAMS_BYTES_LIMIT = 8 * 1024 * 1024
 
 
@@ -36,15 +38,31 @@ def checked_max_params_bytes(value: int) -> int:
 
 
 def prepare(
-    task: Task, now: datetime, max_params_bytes: int, trace: Mapping[str, str] | None = None
+    task: Task,
+    now: datetime,
+    max_params_bytes: int,
+    trace: Mapping[str, str] | None = None,
+    stored_options: StoredOptions | None = None,
 ) -> NewTask:
     """One task as the document to insert: its params within ``max_params_bytes`` (their BSON
-    size), its option in storage form, its unique hash when ``unique_by="params"``."""
+    size), its option in storage form, its unique hash when ``unique_by="params"``.
+
+    ``stored_options``: the storage forms made so far in this batch, by option object: the tasks
+    of one batch sent with one ``TaskOption`` (most often the default) share one stored option
+    (a driver copies what it sends; the memory driver keeps it shared, never changing a stored
+    option in place)."""
     if not isinstance(task, Task):
         raise InvalidInput(f"send() takes a Task, got {type(task).__name__}")
-    checked_params_size(task.params, max_params_bytes, f"task {task.key!r}")  # a plan's too
+    if encoded_size(task.params) > max_params_bytes:  # a plan's too; the message built only then
+        checked_params_size(task.params, max_params_bytes, f"task {task.key!r}")
     unique_hash = params_hash(task.name, task.params) if task.unique_by == "params" else None
-    option = task.option.to_storage(now)
+    if stored_options is None:
+        option = task.option.to_storage(now)
+    else:
+        held = stored_options.get(id(task.option))
+        if held is None or held[0] is not task.option:  # held: the id is not reused meanwhile
+            held = stored_options[id(task.option)] = (task.option, task.option.to_storage(now))
+        option = held[1]
     return NewTask(task.key, task.name, task.params, option, unique_hash=unique_hash, trace=trace)
 
 
@@ -116,14 +134,20 @@ def prepared_families(
     for i, task in enumerate(tasks):
         if not isinstance(task, Task):
             raise InvalidInput(f"send_many() takes Tasks, got {type(task).__name__} at index {i}")
-    families = [
-        family(t, reset_finished, lambda one: prepare(one, now, max_params_bytes, trace)) for t in tasks
-    ]
-    seen: set[str] = set()
-    for key in (t.key for one in families for t in one):
-        if key in seen:
-            raise InvalidInput(f"send_many got the key {key!r} twice")
-        seen.add(key)
+
+    stored_options: StoredOptions = {}
+
+    def prepare_one(one: Task) -> NewTask:
+        return prepare(one, now, max_params_bytes, trace, stored_options)
+
+    families = [family(t, reset_finished, prepare_one) if t.children else [prepare_one(t)] for t in tasks]
+    keys = [t.key for one in families for t in one]
+    if len(set(keys)) < len(keys):
+        seen: set[str] = set()
+        for key in keys:
+            if key in seen:
+                raise InvalidInput(f"send_many got the key {key!r} twice")
+            seen.add(key)
     return families
 
 

@@ -131,6 +131,12 @@ class _UserInput(BaseModel):
         return cls.__name__
 
 
+# ``TaskOption.to_storage``'s run-independent part per option object (most tasks share one, the
+# default), by id; each entry holds its option, so that id is not reused while it is kept
+_STORED_OPTIONS: dict[int, tuple[TaskOption, dict[str, Any]]] = {}
+_STORED_OPTIONS_MAX = 1024
+
+
 class TaskOption(_UserInput):
     """How a task is run. Options are apart from the payload (STYLE 15)."""
 
@@ -251,20 +257,39 @@ class TaskOption(_UserInput):
         return self
 
     def to_storage(self, default_run_at: datetime) -> dict[str, Any]:
+        """The option as stored (a fresh dict with fresh lists: documents never share them);
+        ``run_at`` is ``default_run_at`` when not set."""
+        held = _STORED_OPTIONS.get(id(self))
+        if held is None or held[0] is not self:
+            held = (self, self._storage_form())
+            if len(_STORED_OPTIONS) >= _STORED_OPTIONS_MAX:
+                _STORED_OPTIONS.clear()
+            _STORED_OPTIONS[id(self)] = held
+        form = held[1]
+        return form | {
+            "specific_worker_ids": list(self.specific_worker_ids),
+            "specific_groups": list(self.specific_groups),
+            "run_at": self.run_at if self.run_at is not None else default_run_at,
+            "retry": self.retry.to_storage() if self.retry is not None else None,
+            "lost_retry_delays_ms": list(form["lost_retry_delays_ms"]),
+        }
+
+    def _storage_form(self) -> dict[str, Any]:
+        """``to_storage`` without ``run_at``: the same for every task sent with this option."""
         # the shorthand's table is its one delay (see lost_retry_delays_ms), without building a policy
         lost_delays = lost_retry_delays_ms(self.retry) if self.retry is not None else [_ms(self.retry_delay)]
         return {
             "priority": self.priority,
             "concurrent_worker_cnt": self.concurrent_worker_cnt,
-            "specific_worker_ids": list(self.specific_worker_ids),
-            "specific_groups": list(self.specific_groups),
+            "specific_worker_ids": None,
+            "specific_groups": None,
             "same_worker_may_repeat": self.same_worker_may_repeat,
             "ping_interval_ms": _ms(self.ping_interval),
             "worker_timeout_ms": _ms(self.worker_timeout),
             "max_unexpected_retries": self.max_unexpected_retries,
             "retry_delay_ms": _ms(self.retry_delay),
-            "run_at": self.run_at if self.run_at is not None else default_run_at,
-            "retry": self.retry.to_storage() if self.retry is not None else None,
+            "run_at": None,
+            "retry": None,
             # the policy's delays (no jitter) for the bulk lease-expiry pass, which cannot run it
             "lost_retry_delays_ms": lost_delays,
             "deadline": self.deadline,
@@ -742,6 +767,11 @@ def checked_params_size(params: Any, max_bytes: int, what: str) -> None:
 
 def encoded_size(value: Any) -> int:
     """Bytes ``value`` takes in a stored document (BSON), to enforce the params / result caps."""
+    if value is None:  # most tasks have no params
+        return _NONE_SIZE
     import bson
 
     return len(bson.encode({"v": value}))
+
+
+_NONE_SIZE = 8  # len(bson.encode({"v": None})): a test holds it so

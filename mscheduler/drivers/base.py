@@ -34,7 +34,9 @@ from mscheduler.domain.state import derive, family_inputs, lifecycle, stopped_by
 from mscheduler.domain.stats import StatsStep, TaskStats
 
 
-@dataclass(slots=True, frozen=True)
+# Not frozen (read-only by convention): one is built per task sent, and a frozen dataclass's
+# __init__ costs three times a plain one's (issue 21; ClaimedTask and FinishParams likewise).
+@dataclass(slots=True)
 class NewTask:
     """A validated task to insert (built by the Publisher from ``Task``)."""
 
@@ -815,8 +817,16 @@ async def claim_over_parts(
     return claimed, errors, failed
 
 
-def new_task_document(task: NewTask, now: datetime, partitions: int = 1) -> dict[str, Any]:
-    """The stored form of a new task, derived fields included, in its partition (``part``)."""
+# new_task_document's derived fields by (name, option object), for the tasks of one insert
+DerivedByOption = dict[tuple[str, int], tuple[Mapping[str, Any], dict[str, Any]]]
+
+
+def new_task_document(
+    task: NewTask, now: datetime, partitions: int = 1, derived: DerivedByOption | None = None
+) -> dict[str, Any]:
+    """The stored form of a new task, derived fields included, in its partition (``part``).
+    It holds ``task.option`` itself (see below) and ``task.params`` (the memory driver copies
+    params it hands out; the Mongo driver sends a copy)."""
     state: dict[str, Any] = {"create_time": now, "update_time": now, "worker_states": []}
     if task.blocked:
         state["blocked"] = True
@@ -826,21 +836,34 @@ def new_task_document(task: NewTask, now: datetime, partitions: int = 1) -> dict
             {"name": n, "key": k, "status": "pending"} for n, k in zip(names, keys, strict=True)
         ]
         state["children_rev"] = 0
-    state.update(derive(task.name, task.option, [], **family_inputs(state)))
+    if task.blocked or task.children is not None:
+        state.update(derive(task.name, task.option, [], **family_inputs(state)))
+    elif derived is None:
+        state.update(derive(task.name, task.option, []))
+    else:
+        # A new task of no family: derive's result depends on its name and option alone (no
+        # entries, no flags), so the tasks of one insert with the same name and option object
+        # take one result (its claimers list shared: derived lists are replaced, never changed)
+        held = derived.get((task.name, id(task.option)))
+        if held is None or held[0] is not task.option:  # held: the id is not reused meanwhile
+            held = derived[(task.name, id(task.option))] = (task.option, derive(task.name, task.option, []))
+        state.update(held[1])
     state.update(lifecycle(state["status"], None, task.unique_hash, now))
-    return (
-        {
-            "key": task.key,
-            "part": part_of(task.key, partitions),
-            "name": task.name,
-            "params": task.params,
-            "option": dict(task.option),
-            "unique_hash": task.unique_hash,
-            "state": state,
-        }
-        | family_fields(task)
-        | ({"trace": dict(task.trace)} if task.trace else {})
-    )
+    doc: dict[str, Any] = {
+        "key": task.key,
+        "part": part_of(task.key, partitions),
+        "name": task.name,
+        "params": task.params,
+        # not copied: a stored option is never changed in place (a change replaces it), so the
+        # memory driver keeps one for all the tasks of a batch sent with the same option
+        "option": task.option,
+        "unique_hash": task.unique_hash,
+        "state": state,
+    }
+    doc.update(family_fields(task))
+    if task.trace:
+        doc["trace"] = dict(task.trace)
+    return doc
 
 
 def family_fields(task: NewTask) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from mscheduler.drivers.base import (
     ClaimedTask,
     ClaimParams,
     ControlParams,
+    DerivedByOption,
     ExpireParams,
     FinishParams,
     InsertParams,
@@ -159,6 +160,11 @@ class MemoryDriver(
                 ),
             )
         )
+        self._index(doc, now)
+
+    def _index(self, doc: dict[str, Any], now: datetime) -> None:
+        """After ``derive``: set the update time and lifecycle fields, re-index and announce."""
+        state = doc["state"]
         state["update_time"] = now
         previous_finish = state.get("finish_time")
         self._note_lifecycle(doc, now)
@@ -218,18 +224,19 @@ class MemoryDriver(
         if params.session is not None:
             raise InvalidInput("the memory driver has no sessions or transactions")
         created = []
+        derived: DerivedByOption = {}
         for task in params.tasks:
             doc = self._tasks.get(task.key)
             holder = self._unique_holder(task.unique_hash, task.key)
             if doc is None and holder is not None:
                 created.append(False)  # a live task has the same params: as if the key existed
             elif doc is None:
-                doc = new_task_document(task, params.now, self.partitions)
+                doc = new_task_document(task, params.now, self.partitions, derived)
                 self._tasks[task.key] = doc
                 self._list_new(doc)
                 if task.children is not None:
                     self._parents.add(task.key)
-                self._write(doc, params.now)
+                self._index(doc, params.now)  # derived already by new_task_document
                 created.append(True)
             elif (
                 params.reset_finished

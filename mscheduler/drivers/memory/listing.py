@@ -97,7 +97,11 @@ class MemoryListing:
 
     def _list_new(self, doc: dict[str, Any]) -> None:
         """A task was inserted (before its first ``_write``, which lists its groups)."""
-        bisect.insort(self._by_created, (doc["state"]["create_time"], doc["key"]))
+        entry = (doc["state"]["create_time"], doc["key"])
+        if not self._by_created or self._by_created[-1] < entry:
+            self._by_created.append(entry)  # most tasks are the newest (or equal in time, a batch)
+        else:
+            bisect.insort(self._by_created, entry)
         bisect.insort(self._by_key, doc["key"])
 
     def _relist(self, doc: dict[str, Any], previous_finish: datetime | None) -> None:

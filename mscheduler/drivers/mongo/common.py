@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import inspect
 import logging
+import struct
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+import bson
+from bson.datetime_ms import _datetime_to_millis
 from bson.errors import InvalidDocument
+from bson.raw_bson import RawBSONDocument
 from pymongo.errors import (
     AutoReconnect,
     BulkWriteError,
@@ -220,9 +224,21 @@ def task_indexes(sharded: bool) -> list[tuple[Any, dict[str, Any]]]:
 # -- datetimes: naive UTC on the wire (mongomock compares naive), aware UTC everywhere else ----
 
 
+# values that _out and _in pass through as they are, by exact type: most of a document's values,
+# skipped without a call (a subclass takes the general path)
+_AS_IS = frozenset({str, int, float, bool, type(None), bytes})
+
+
 def _out(value: Any) -> Any:
     """Convert aware datetimes to naive UTC, recursively, for filters and updates."""
+    kind = type(value)
+    if kind is dict:
+        return {k: v if type(v) in _AS_IS else _out(v) for k, v in value.items()}
+    if kind is list:
+        return [v if type(v) in _AS_IS else _out(v) for v in value]
     if isinstance(value, datetime):
+        if value.tzinfo is UTC:  # most times: one call, not two
+            return value.replace(tzinfo=None)
         return value.astimezone(UTC).replace(tzinfo=None) if value.tzinfo else value
     if isinstance(value, dict):
         return {k: _out(v) for k, v in value.items()}
@@ -233,6 +249,11 @@ def _out(value: Any) -> Any:
 
 def _in(value: Any) -> Any:
     """Make every datetime read from the database aware (UTC)."""
+    kind = type(value)
+    if kind is dict:
+        return {k: v if type(v) in _AS_IS else _in(v) for k, v in value.items()}
+    if kind is list:
+        return [v if type(v) in _AS_IS else _in(v) for v in value]
     if isinstance(value, datetime):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     if isinstance(value, dict):
@@ -262,7 +283,130 @@ _FAILURE_STATUSES = ["failed", "lost", "rejected"]
 _RETRY_STATUSES = [*_FAILURE_STATUSES, "snoozed"]  # entries whose retry_at sets the task's
 
 
-def _derive_stages(now: datetime) -> list[dict[str, Any]]:
+def _derive_stages(now: datetime, *, raw: bool = False) -> list[Any]:
+    """``mscheduler.domain.state.derive`` as update-pipeline stages (``_build_derive_stages``),
+    built once and filled in with ``now`` per write: only the containers on the way to ``now``
+    are new, the rest is shared (never changed: neither PyMongo nor mongomock changes a
+    pipeline). ``raw``: the stages as BSON already (``RawBSONDocument``, ``_RawStages``), which
+    PyMongo copies into the command as they are: the same bytes as encoding them each time (a
+    test holds it so) without the encoding; for PyMongo's collections only (mongomock and the
+    test fakes read dicts)."""
+    if raw:
+        return _RAW_DERIVE_STAGES.fill(now)
+    stages: list[Any] = _fill(_DERIVE_STAGES, _out(now))
+    return stages
+
+
+# A time no write has (1971-02-03 04:05:06.789 UTC): its 8 BSON bytes mark where a raw stage's
+# time goes (``_RawStages``); a template where they would occur by chance elsewhere is refused.
+_MARK_TIME = datetime(1971, 2, 3, 4, 5, 6, 789000)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EPOCH_NAIVE = datetime(1970, 1, 1)
+_MS = timedelta(milliseconds=1)
+_MILLIS = struct.Struct("<q")
+
+
+def _millis(value: datetime) -> int:
+    """What BSON stores for ``value`` (``bson.datetime_ms._datetime_to_millis``: a naive time is
+    UTC), by one subtraction instead of a time tuple."""
+    return (value - (_EPOCH if value.utcoffset() is not None else _EPOCH_NAIVE)) // _MS
+
+
+class _RawStages:
+    """Pipeline stages as BSON, each either constant or cut where the time of the write goes
+    (BSON stores a time as its milliseconds since the epoch, a little-endian int64): per write,
+    the time's 8 bytes are put in the cuts. The same bytes as encoding the stages with that time
+    (a test compares them), built without encoding anything."""
+
+    def __init__(self, stages: list[dict[str, Any]]) -> None:
+        mark = struct.pack("<q", _datetime_to_millis(_MARK_TIME))
+        self.constant: list[RawBSONDocument | None] = []
+        self.pieces: list[list[bytes]] = []
+        for stage in stages:
+            times = _count_now(stage)
+            encoded = bson.encode(_fill(_template(stage), _MARK_TIME) if times else stage)
+            pieces = encoded.split(mark)
+            if len(pieces) != times + 1:
+                raise AssertionError(f"the time mark occurs {len(pieces) - 1} times, not {times}")
+            self.constant.append(None if times else RawBSONDocument(encoded))
+            self.pieces.append(pieces)
+
+    def fill(self, now: datetime) -> list[Any]:
+        mark = _MILLIS.pack(_millis(now))
+        return [
+            raw if raw is not None else RawBSONDocument(mark.join(pieces))
+            for raw, pieces in zip(self.constant, self.pieces, strict=True)
+        ]
+
+
+def _count_now(value: Any) -> int:
+    if value is _NOW:
+        return 1
+    if isinstance(value, dict):
+        return sum(_count_now(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_count_now(v) for v in value)
+    return 0
+
+
+def pymongo_encodes(collection: Any) -> bool:
+    """``collection`` is PyMongo's (``AsyncCollection``, or a Motor collection over PyMongo's):
+    its commands are encoded by PyMongo, which copies a ``RawBSONDocument`` as it is."""
+    from pymongo.asynchronous.collection import AsyncCollection
+
+    return isinstance(collection, AsyncCollection) or type(collection).__module__.startswith("motor.")
+
+
+class _Path:
+    """A container on the way to the time of a write in a pipeline template (``_template``):
+    built anew per write, its other parts shared."""
+
+    __slots__ = ("is_dict", "items")
+
+    def __init__(self, items: Any, is_dict: bool) -> None:
+        self.items = items
+        self.is_dict = is_dict
+
+
+class _Now:
+    """Where the time of the write goes in a pipeline template."""
+
+
+_NOW: Any = _Now()
+
+
+def _holds_now(value: Any) -> bool:
+    if value is _NOW:
+        return True
+    if isinstance(value, dict):
+        return any(_holds_now(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds_now(v) for v in value)
+    return False
+
+
+def _template(value: Any) -> Any:
+    """``value`` (built with ``_NOW`` for the time) as a template for ``_fill``: the containers
+    holding ``_NOW`` as ``_Path``, the rest kept as it is (shared by every write)."""
+    if not _holds_now(value):
+        return value
+    if isinstance(value, dict):
+        return _Path([(k, _template(v)) for k, v in value.items()], True)
+    if isinstance(value, list):
+        return _Path([_template(v) for v in value], False)
+    return value
+
+
+def _fill(node: _Path, now: Any) -> Any:
+    """A template's ``_Path`` with ``now`` in: new containers on the way, the rest shared."""
+    if node.is_dict:
+        return {k: now if v is _NOW else _fill(v, now) if type(v) is _Path else v for k, v in node.items}
+    return [now if v is _NOW else _fill(v, now) if type(v) is _Path else v for v in node.items]
+
+
+def _build_derive_stages(now: datetime) -> list[dict[str, Any]]:
     """``mscheduler.domain.state.derive`` as update-pipeline stages."""
     cnt = "$option.concurrent_worker_cnt"
     finished = {"$gte": ["$state.success_cnt", cnt]}
@@ -787,3 +931,8 @@ def watch_error(exc: OperationFailure, token: Any) -> Exception:
         # refusal of a given token that a retry will not fix means "start afresh"
         return ResumeTokenLost(str(exc))
     return StorageError(f"change stream failed: {exc}", transient=_is_transient(exc) or exc.code == 303)
+
+
+# the stages of _derive_stages as templates: dicts, and raw BSON
+_DERIVE_STAGES = _template(_build_derive_stages(_NOW))
+_RAW_DERIVE_STAGES = _RawStages(_build_derive_stages(_NOW))

@@ -51,6 +51,7 @@ from mscheduler.drivers.base import (
     ChangeStreamUnsupported,
     ClaimedTask,
     ClaimParams,
+    DerivedByOption,
     ExpireParams,
     FinishParams,
     InsertParams,
@@ -123,6 +124,7 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     expired_history_stage,
     live_hash,
     log,
+    pymongo_encodes,
     read_page,
     task_indexes,
     watch_error,
@@ -248,9 +250,15 @@ class MongoDriver(
         self._probed = False  # setup() probes; operations that depend on it probe if it did not
         self._set_up = False
         self.rebuilt: list[str] = []  # indexes the last setup() rebuilt or dropped (spec changes)
+        mongomock = any("mongomock" in cls.__module__ for cls in type(database).__mro__)
         if create_indexes is None:  # a throwaway in-memory database: nothing waits for a quorum
-            create_indexes = any("mongomock" in cls.__module__ for cls in type(database).__mro__)
+            create_indexes = mongomock
         self.create_indexes = create_indexes
+        # The constant parts of the claim's and the finish's pipelines go as BSON already
+        # (common._derive_stages): the same bytes, not encoded per write. Only to PyMongo's own
+        # collections (its async API, or Motor's over it), whose encoder copies them as they are;
+        # mongomock and other fakes read dicts.
+        self.raw_stages = not mongomock and pymongo_encodes(tasks)
 
     def _part(self, key: str) -> int:
         """The partition of task ``key`` (every write about one task names it)."""
@@ -629,9 +637,11 @@ class MongoDriver(
             return created
         # ``_id`` is the key: change events (which carry only the documentKey of an update)
         # then say which task changed without a lookup.
+        derived: DerivedByOption = {}
         docs = [
             _out(
-                {"_id": params.tasks[i].key} | new_task_document(params.tasks[i], params.now, self.partitions)
+                {"_id": params.tasks[i].key}
+                | new_task_document(params.tasks[i], params.now, self.partitions, derived)
             )
             for i in pending
         ]
@@ -872,7 +882,7 @@ class MongoDriver(
         claim chose: see ``_claim_chunked``)."""
         entry = self._claim_entry(params, attempt)
         append = {"$set": {WS: {"$concatArrays": [f"${WS}", [entry]]}}}
-        pipeline = [append, *self._trim_stages(params), *_derive_stages(params.now)]
+        pipeline = [append, *self._trim_stages(params), *_derive_stages(params.now, raw=self.raw_stages)]
         filter_ = self._claim_filter(params, part=part)
         sort = CLAIM_SORT
 
@@ -1027,6 +1037,11 @@ class MongoDriver(
         self, params: ClaimParams, plan: Sequence[tuple[str, str | None, int]]
     ) -> list[ClaimedTask | BaseException | None]:
         """The claims of ``plan`` ((attempt, key or None, partition)), concurrently within the cap."""
+        if len(plan) <= self.max_parallel_claims:  # within the cap: no gate to pass
+            claims = [self._claim_one(params, attempt, key, part) for attempt, key, part in plan]
+            done = await asyncio.gather(*claims, return_exceptions=True)
+            self.claims_empty += sum(r is None for r in done)
+            return list(done)
         gate = asyncio.Semaphore(self.max_parallel_claims)
 
         async def one(attempt: str, key: str | None, part: int) -> ClaimedTask | None:
@@ -1107,7 +1122,7 @@ class MongoDriver(
             "retry_at": item.retry_at,
             "final": item.final,
         }
-        return filter_, [_rebuild_entries(match, changes), *_derive_stages(item.now)]
+        return filter_, [_rebuild_entries(match, changes), *_derive_stages(item.now, raw=self.raw_stages)]
 
     async def finish(self, params: Sequence[FinishParams]) -> list[bool]:
         """Write a batch of attempt outcomes in one command per partition (one, unpartitioned);

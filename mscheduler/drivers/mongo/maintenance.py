@@ -18,10 +18,13 @@ the same entries (computed here by ``trim_entries``; counted in ``fixups``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+import bson
+from bson.raw_bson import RawBSONDocument
 from pymongo import ReturnDocument
 from pymongo.errors import OperationFailure
 
@@ -69,6 +72,7 @@ class MongoMaintenance:
     fixups: int
     update_hints: bool
     slice_expressions: bool = True  # a computed $slice length in an update pipeline (probed)
+    raw_stages: bool  # constant pipeline stages sent as BSON already (MongoDriver.__init__)
     _retention_indexes: frozenset[str] = frozenset()  # the TTL indexes known to exist
 
     if TYPE_CHECKING:
@@ -99,31 +103,14 @@ class MongoMaintenance:
         doc = await self.probe.find_one({"_id": "slice"})
         return bool(doc and doc.get("s") == [1, 2])
 
-    def _trim_stages(self, params: ClaimParams) -> list[dict[str, Any]]:
+    def _trim_stages(self, params: ClaimParams) -> list[Any]:
         """After the claim's entry is appended: drop the oldest uncounted entries beyond
         ``max_entries`` (``drivers.base.trim_entries`` as a stage); none where the backend cannot
-        compute the length (``_trim_after_claim`` does it then)."""
+        compute the length (``_trim_after_claim`` does it then). Built once per ``max_entries``
+        (as BSON already with ``raw_stages``, as ``_derive_stages``)."""
         if not self.slice_expressions:
             return []
-        excess = {"$subtract": [{"$size": f"${WS}"}, params.max_entries]}
-        uncounted = {
-            "$filter": {
-                "input": f"${WS}",
-                "as": "e",
-                "cond": {"$in": ["$$e.status", list(UNCOUNTED_STATUSES)]},
-            }
-        }
-        dropped = {
-            "$map": {"input": {"$slice": [uncounted, {"$max": [excess, 1]}]}, "as": "e", "in": "$$e.attempt"}
-        }
-        kept = {
-            "$filter": {
-                "input": f"${WS}",
-                "as": "e",
-                "cond": {"$eq": [{"$in": ["$$e.attempt", dropped]}, False]},
-            }
-        }
-        return [{"$set": {WS: {"$cond": [{"$gt": [excess, 0]}, kept, f"${WS}"]}}}]
+        return [_trim_stage(params.max_entries, self.raw_stages)]
 
     async def _trim_after_claim(self, params: ClaimParams, doc: dict[str, Any]) -> dict[str, Any]:
         """Where the claim could not trim (no computed ``$slice``): drop the same entries with a
@@ -284,3 +271,28 @@ class MongoMaintenance:
 
             deleted += int((await self._call("remove finished tasks", delete)).deleted_count)
         return deleted
+
+
+@functools.lru_cache(maxsize=64)
+def _trim_stage(max_entries: int, raw: bool) -> Any:
+    """The stage of ``_trim_stages`` for ``max_entries`` (shared: never changed once built)."""
+    excess = {"$subtract": [{"$size": f"${WS}"}, max_entries]}
+    uncounted = {
+        "$filter": {
+            "input": f"${WS}",
+            "as": "e",
+            "cond": {"$in": ["$$e.status", list(UNCOUNTED_STATUSES)]},
+        }
+    }
+    dropped = {
+        "$map": {"input": {"$slice": [uncounted, {"$max": [excess, 1]}]}, "as": "e", "in": "$$e.attempt"}
+    }
+    kept = {
+        "$filter": {
+            "input": f"${WS}",
+            "as": "e",
+            "cond": {"$eq": [{"$in": ["$$e.attempt", dropped]}, False]},
+        }
+    }
+    stage = {"$set": {WS: {"$cond": [{"$gt": [excess, 0]}, kept, f"${WS}"]}}}
+    return RawBSONDocument(bson.encode(stage)) if raw else stage

@@ -1,0 +1,114 @@
+"""The Mongo driver's update pipelines made from templates (issue 21): the same pipeline as
+building it afresh, and with ``raw_stages`` the same BSON bytes on the wire as encoding the
+dicts each time, so a real server runs exactly the command it ran before."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import bson
+import pytest
+from bson.datetime_ms import _datetime_to_millis
+
+from mscheduler.drivers.base import ClaimParams, FinishParams
+from mscheduler.drivers.mongo.common import _build_derive_stages, _derive_stages, _millis, _out
+from mscheduler.drivers.mongo.driver import MongoDriver
+from mscheduler.testing.mongomock import mongomock_database
+
+TIMES = [
+    datetime(2026, 5, 6, 7, 8, 9, 123456, tzinfo=UTC),
+    datetime(2026, 5, 6, 7, 8, 9, tzinfo=timezone(timedelta(hours=-5))),
+    datetime(2030, 12, 31, 23, 59, 59, 999000, tzinfo=UTC),
+    datetime(1969, 7, 20, 20, 17, 40, 500500, tzinfo=UTC),  # before the epoch: negative milliseconds
+    datetime(1971, 2, 3, 4, 5, 6, 789000, tzinfo=UTC),  # the mark itself
+    datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone(timedelta(hours=14))),
+]
+
+
+def wire(pipeline: list[Any]) -> bytes:
+    return bson.encode({"u": pipeline})
+
+
+@pytest.mark.parametrize("now", TIMES)
+def test_derive_stages_are_the_pipeline_built_afresh_and_the_same_bytes_raw(now: datetime) -> None:
+    fresh = _build_derive_stages(_out(now))
+    assert _derive_stages(now) == fresh
+    assert wire(_derive_stages(now, raw=True)) == wire(fresh)
+
+
+@pytest.mark.parametrize(
+    "now", [*TIMES, datetime(2026, 5, 6, 7, 8, 9, 1), datetime(1, 1, 1), datetime(1960, 1, 1, 0, 0, 0, 999)]
+)
+def test_bson_milliseconds_as_pymongo_counts_them(now: datetime) -> None:
+    assert _millis(now) == _datetime_to_millis(now)
+
+
+def test_a_filled_template_shares_no_container_on_the_way_to_the_time() -> None:
+    first, second = _derive_stages(TIMES[0]), _derive_stages(TIMES[2])
+    assert first[0]["$set"]["state.update_time"] == {"$literal": _out(TIMES[0])}
+    assert second[0]["$set"]["state.update_time"] == {"$literal": _out(TIMES[2])}
+    assert first[0] is not second[0] and first[-1] is not second[-1]
+
+
+class _Collection:
+    name = "tasks"
+
+    def with_options(self, **options: Any) -> _Collection:
+        return self
+
+    async def find_one(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class _Database:
+    """A fake of PyMongo's database (the driver sends it dicts, unless told otherwise)."""
+
+    name = "db"
+
+    def __getitem__(self, name: str) -> _Collection:
+        return _Collection()
+
+
+def test_raw_stages_go_to_pymongo_and_dicts_to_mongomock_and_other_fakes() -> None:
+    from pymongo import AsyncMongoClient
+
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient("mongodb://127.0.0.1:1", connect=False)
+    assert MongoDriver(client["db"]).raw_stages is True  # no connection made
+    assert MongoDriver(mongomock_database()).raw_stages is False
+    assert MongoDriver(_Database()).raw_stages is False
+
+
+@pytest.mark.parametrize("outcome", ["succeeded", "failed", "cancelled", "released"])
+def test_a_finish_sends_the_same_bytes_with_raw_stages(outcome: str) -> None:
+    raw, plain = MongoDriver(_Database()), MongoDriver(_Database())
+    raw.raw_stages, plain.raw_stages = True, False
+    item = FinishParams(
+        "k1",
+        "w1",
+        "a1",
+        TIMES[0],
+        outcome,
+        result={"n": 1},
+        error={"type": "E", "message": "m"} if outcome == "failed" else None,
+        retry_at=TIMES[2] if outcome == "failed" else None,
+    )
+    (raw_filter, raw_update), (plain_filter, plain_update) = raw._finish_op(item), plain._finish_op(item)
+    assert raw_filter == plain_filter
+    assert wire(raw_update) == wire(plain_update)
+
+
+async def test_a_claim_sends_the_same_bytes_with_raw_stages() -> None:
+    sent: dict[bool, bytes] = {}
+    params = ClaimParams("w1", ["job"], TIMES[0], ["a1"], max_lease=timedelta(seconds=20))
+    for flag in (True, False):
+        driver = MongoDriver(_Database())
+        driver.raw_stages = flag
+        driver._probed = True
+
+        async def find_one_and_update(filter_: Any, update: Any, **kwargs: Any) -> None:
+            sent[flag] = wire(update) + bson.encode({"f": filter_, "sort": dict(kwargs["sort"])})  # noqa: B023
+
+        driver.tasks.find_one_and_update = find_one_and_update  # type: ignore[method-assign]
+        assert await driver._claim_one(params, "a1") is None
+    assert sent[True] == sent[False]
