@@ -511,6 +511,15 @@ class MarkParams:
 
 
 @dataclass(slots=True, frozen=True)
+class LimitOfName:
+    """The limit that covers a task name (``limit_keys``): its key, and whether it has a rate (a
+    consumer keeps no reserved grants of a rated limit: they would start tasks without counting)."""
+
+    key: str
+    rated: bool = False
+
+
+@dataclass(slots=True, frozen=True)
 class PutLimitParams:
     """Create or change the limit ``key`` (``Limit.to_storage`` fields); its slots and starts are
     kept. A name that another limit covers is refused (``LimitNameTaken``)."""
@@ -764,8 +773,9 @@ class Driver(Protocol):
 
     async def delete_limit(self, key: str) -> bool: ...
 
-    async def limit_keys(self, names: Sequence[str]) -> dict[str, str]:
-        """Which limit covers each of these names (names without one are left out)."""
+    async def limit_keys(self, names: Sequence[str]) -> dict[str, LimitOfName]:
+        """Which limit covers each of these names, and whether it has a rate (names without one
+        are left out)."""
         ...
 
     async def held_slots(self, worker_id: str, attempts: Sequence[str], now: datetime) -> dict[str, str]:

@@ -53,6 +53,7 @@ from mscheduler.drivers.base import (
     InsertEventsParams,
     InsertParams,
     InsertPlanParams,
+    LimitOfName,
     PingParams,
     PingResult,
     PlanListParams,
@@ -504,7 +505,7 @@ class FaultyDriver:
             "held_slots", lambda: self.inner.held_slots(worker_id, attempts, now), worker_id, attempts, now
         )
 
-    async def limit_keys(self, names: Sequence[str]) -> dict[str, str]:
+    async def limit_keys(self, names: Sequence[str]) -> dict[str, LimitOfName]:
         return await self._invoke("limit_keys", lambda: self.inner.limit_keys(names), names)
 
 

@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 
 from mscheduler.domain.limits import Limit, Rate, grant, settle
-from mscheduler.drivers.base import AcquireParams, Driver, LimitNameTaken, PutLimitParams, SlotsParams
+from mscheduler.drivers.base import (
+    AcquireParams,
+    Driver,
+    LimitNameTaken,
+    LimitOfName,
+    PutLimitParams,
+    SlotsParams,
+)
 from mscheduler.testing.clock import FakeClock
 
 LEASE = timedelta(seconds=30)
@@ -82,8 +89,8 @@ async def test_put_get_list_delete(limits: Limits) -> None:
     imported = await limits.driver.get_limit("import")
     assert imported is not None and imported["rate_n"] == 10 and imported["rate_period_ms"] == 1000
     assert await limits.driver.limit_keys(["fetch", "import", "other"]) == {
-        "fetch": "api",
-        "import": "import",
+        "fetch": LimitOfName("api", rated=False),
+        "import": LimitOfName("import", rated=True),  # the limit has a rate
     }
     assert await limits.driver.delete_limit("api") is True
     assert await limits.driver.delete_limit("api") is False
@@ -99,7 +106,10 @@ async def test_a_name_belongs_to_one_limit(limits: Limits) -> None:
     # the limit itself may change its names
     await limits.put("api", names=("push",), max_running=1)
     await limits.put("other", names=("fetch",), max_running=1)
-    assert await limits.driver.limit_keys(["fetch", "push"]) == {"fetch": "other", "push": "api"}
+    assert await limits.driver.limit_keys(["fetch", "push"]) == {
+        "fetch": LimitOfName("other"),
+        "push": LimitOfName("api"),
+    }
 
 
 async def test_slots_up_to_max_running_then_refused(limits: Limits) -> None:

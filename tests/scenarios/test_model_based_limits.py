@@ -343,6 +343,9 @@ def test_a_rate_added_after_grants_were_reserved_counts_them() -> None:
         m.claim("w0", 1)  # learns that the limit has room
         m.claim("w0", 1)  # acquires 4 grants: uses 1, keeps 3
         assert len(m.limiters["w0"].reserve[("lim", "w0")]) == 3
+        # w0 does not read the limits again before its next claim (within its limits_interval):
+        # it cannot know of the rate yet
+        m.limiters["w0"].refresh = 3600
         m.edit(40, (2, 10))  # 2 starts per 10 s from now
         m.claim("w0", 2)  # from the reserve, no acquire: 2 starts after the edit
         assert len(m.held["w0"]) == 4
@@ -356,3 +359,24 @@ def test_a_rate_added_after_grants_were_reserved_counts_them() -> None:
     finally:
         if not m.loop.is_closed():
             m.loop.close()
+
+
+def test_a_rate_added_while_grants_are_reserved_gives_them_back() -> None:
+    """Pinned (found by the reserve machine): grants reserved while the limit had no rate, more of
+    them than the rate added later allows in a window. The worker's next read of the limits sees
+    the rate and gives the reserve back, so its next claim acquires (and is counted) instead of
+    starting three tasks from the reserve (was: 3 starts in one window of a 2/10 s rate)."""
+    for max_running in (40, None):
+        m = MemoryReserveLimitMachine()
+        try:
+            m.claim("w0", 1)  # learns that the limit has room
+            m.claim("w0", 1)  # acquires 4 grants: uses 1, keeps 3
+            assert len(m.limiters["w0"].reserve[("lim", "w0")]) == 3
+            m.edit(max_running, (2, 10))
+            m.claim("w0", 3)
+            m.limits_hold()
+            assert len(m.held["w0"]) <= 1 + 2 and not m.limiters["w0"].reserve.get(("lim", "w0"))
+            m.teardown()
+        finally:
+            if not m.loop.is_closed():
+                m.loop.close()

@@ -12,7 +12,14 @@ from datetime import datetime
 from typing import Any
 
 from mscheduler.domain.limits import acquire_result_fields, grant, granted_of, held_in, settle
-from mscheduler.drivers.base import AcquireParams, AcquireResult, LimitNameTaken, PutLimitParams, SlotsParams
+from mscheduler.drivers.base import (
+    AcquireParams,
+    AcquireResult,
+    LimitNameTaken,
+    LimitOfName,
+    PutLimitParams,
+    SlotsParams,
+)
 
 
 class MemoryLimits:
@@ -58,8 +65,9 @@ class MemoryLimits:
             self._limit_of_name.pop(name, None)
         return True
 
-    async def limit_keys(self, names: Sequence[str]) -> dict[str, str]:
-        return {n: self._limit_of_name[n] for n in names if n in self._limit_of_name}
+    async def limit_keys(self, names: Sequence[str]) -> dict[str, LimitOfName]:
+        found = {n: self._limit_of_name[n] for n in names if n in self._limit_of_name}
+        return {n: LimitOfName(key, self._limits[key].get("rate_n") is not None) for n, key in found.items()}
 
     async def held_slots(self, worker_id: str, attempts: Sequence[str], now: datetime) -> dict[str, str]:
         return held_in(self._limits.values(), worker_id, attempts, now)

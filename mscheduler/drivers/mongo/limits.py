@@ -45,7 +45,14 @@ from mscheduler.domain.limits import (
     held_in,
     holder_id,
 )
-from mscheduler.drivers.base import AcquireParams, AcquireResult, LimitNameTaken, PutLimitParams, SlotsParams
+from mscheduler.drivers.base import (
+    AcquireParams,
+    AcquireResult,
+    LimitNameTaken,
+    LimitOfName,
+    PutLimitParams,
+    SlotsParams,
+)
 from mscheduler.drivers.mongo.common import ADMIN_READ_MS, _in, _lit, _out, admin_read
 from mscheduler.drivers.mongo.indexes import ensure_indexes
 
@@ -565,12 +572,17 @@ class MongoLimits:
         result = await self._call("delete limit", lambda: self.limits.delete_one({"_id": key}))
         return bool(result.deleted_count)
 
-    async def limit_keys(self, names: Sequence[str]) -> dict[str, str]:
-        async def read() -> dict[str, str]:
-            cursor = self.limits_primary.find({"names": {"$in": list(names)}}, {"names": 1}).hint(
-                LIMITS_NAMES_INDEX
-            )
-            return {n: doc["_id"] async for doc in cursor for n in doc["names"] if n in names}
+    async def limit_keys(self, names: Sequence[str]) -> dict[str, LimitOfName]:
+        async def read() -> dict[str, LimitOfName]:
+            cursor = self.limits_primary.find(
+                {"names": {"$in": list(names)}}, {"names": 1, "rate_n": 1}
+            ).hint(LIMITS_NAMES_INDEX)
+            return {
+                n: LimitOfName(doc["_id"], doc.get("rate_n") is not None)
+                async for doc in cursor
+                for n in doc["names"]
+                if n in names
+            }
 
         return await self._call("read limit keys", read)
 

@@ -121,16 +121,25 @@ class Limiter:
             log.warning("could not read the flow limits (%s); keeping the last known ones", exc)
             return
         for name in stale:
-            key = found.get(name)
-            if key is None:
+            limit = found.get(name)
+            if limit is None:
                 self.limit_of.pop(name, None)
             else:
-                self.limit_of[name] = key
+                self.limit_of[name] = limit.key
+                if limit.rated:  # a rate added since the grants were reserved: no start uncounted
+                    self._give_back_reserve(limit.key)
         while len(self._read_at) > NAMES_KEPT:
             self.limit_of.pop(self._read_at.popitem(last=False)[0], None)
         keys = set(self.limit_of.values())
         for key in [k for k in self.wait_until if k not in keys]:
             del self.wait_until[key]
+
+    def _give_back_reserve(self, key: str) -> None:
+        """The reserved grants of limit ``key`` go with the next release: none of them starts a
+        task once a rate is known to count that limit's starts."""
+        self.roomy.discard(key)
+        for where in [w for w in self.reserve if w[0] == key]:
+            self.releases.setdefault(where, []).extend(a for a, _ in self.reserve.pop(where))
 
     def limits_of(self, names: Sequence[str]) -> set[str]:
         """The keys of the limits (as last read) that cover some of ``names``."""
