@@ -24,7 +24,7 @@ from mscheduler.domain.model import (
     validate_key,
 )
 from mscheduler.domain.state import CHILD_ENDED_BADLY
-from mscheduler.drivers.base import ChangeEvent, Driver
+from mscheduler.drivers.base import Driver
 from mscheduler.observability.tracing import tracer_for
 from mscheduler.operations import change_option, live_handlers, warn_if_unhandled
 from mscheduler.publishing import (
@@ -208,7 +208,6 @@ class Publisher:
         while True:
             watch.changed.clear()  # before the read: a change after it wakes the sleep below
             info = await self.get(key)
-            watch.start(info)
             if info.children is not None and info.status in (TaskStatus.SUCCEEDED, TaskStatus.FAILED):
                 return await self._family_outcome(info)
             if info.status is TaskStatus.SUCCEEDED:
@@ -254,28 +253,19 @@ class Publisher:
 
 class _TaskWatch:
     """Wakes ``Publisher.wait`` when its task (or a child) changes, where the store says so for
-    free: an in-process store (``driver.in_process``). Elsewhere ``wait`` polls."""
+    free: an in-process store (``driver.in_process``: ``follow_task``). Elsewhere ``wait`` polls."""
 
     def __init__(self, driver: Driver, key: str) -> None:
-        self.driver = driver
-        self.key = key
-        self.changed = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self, info: TaskInfo) -> None:
-        if self._task is None and getattr(self.driver, "in_process", False):
-            names = sorted({info.name, *(c.name for c in info.children or ())})
-            self._task = asyncio.ensure_future(self._follow(names))
-
-    async def _follow(self, names: list[str]) -> None:
-        prefix = self.key + "/"
-        async for event in self.driver.watch(names):
-            if isinstance(event, ChangeEvent) and (event.key == self.key or event.key.startswith(prefix)):
-                self.changed.set()
+        self._stop: Callable[[], None] | None = None
+        follow = getattr(driver, "follow_task", None) if getattr(driver, "in_process", False) else None
+        if follow is not None:
+            self.changed, self._stop = follow(key)
+        else:
+            self.changed = asyncio.Event()  # never set: wait polls
 
     def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        if self._stop is not None:
+            self._stop()
 
 
 def _result(info: TaskInfo) -> Any:

@@ -16,7 +16,7 @@ import asyncio
 import heapq
 import itertools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -102,7 +102,7 @@ class MemoryDriver(
     :param events: keep an event log (``mscheduler.services.events``): the newest ``max_events``.
     """
 
-    in_process = True  # its change feed costs nothing: ``Publisher.wait`` follows it
+    in_process = True  # ``Publisher.wait`` is told of its task's every write (``follow_task``)
 
     def __init__(
         self,
@@ -131,6 +131,10 @@ class MemoryDriver(
         # the change stream of this store's tasks, shared by every watcher of the process
         # (drivers/streams.py): fed by the writes themselves, filtered by each subscriber
         self._changes: Fanout[ChangeEvent] | None = None
+        # in-process waits for a task's end (Publisher.wait): (key, event) set by every write of
+        # that task or of one of its children — the stream announces only writes that wake a
+        # worker, not the finish a waiter waits for
+        self._followers: list[tuple[str, asyncio.Event]] = []
         self._init_plans()
         self._init_events(events, max_events)
         self._init_children()
@@ -140,9 +144,14 @@ class MemoryDriver(
 
     # -- indexing -----------------------------------------------------------------------------
 
-    def _write(self, doc: dict[str, Any], now: datetime) -> None:
-        """Recompute derived state, re-index and announce a changed task."""
+    def _write(self, doc: dict[str, Any], now: datetime, wake: bool = False) -> None:
+        """Recompute derived state, re-index, and announce a changed task when the write woke
+        someone: as the Mongo driver's ``wake`` counter and its stream's filter (``watch_pipeline``)
+        — its claimers changed to a non-empty list (claimable by someone new: a retry, a release,
+        an edit), or ``wake`` (a cancel or stopping pause asks running attempts to stop). Claims,
+        pings and finishes that end a task announce nothing, on either driver."""
         state = doc["state"]
+        before = state.get("claimers")
         state.update(
             derive(
                 doc["name"],
@@ -160,10 +169,12 @@ class MemoryDriver(
                 ),
             )
         )
-        self._index(doc, now)
+        claimers = state["claimers"]
+        self._index(doc, now, wake or (bool(claimers) and claimers != (before or [])))
 
-    def _index(self, doc: dict[str, Any], now: datetime) -> None:
-        """After ``derive``: set the update time and lifecycle fields, re-index and announce."""
+    def _index(self, doc: dict[str, Any], now: datetime, wake: bool) -> None:
+        """After ``derive``: set the update time and lifecycle fields, re-index and announce
+        (``wake``: see ``_write``)."""
         state = doc["state"]
         state["update_time"] = now
         previous_finish = state.get("finish_time")
@@ -180,8 +191,25 @@ class MemoryDriver(
             deadline = doc["option"].get("deadline")
             if deadline is not None:
                 heapq.heappush(self._deadlines, (deadline, next(self._seq), key))
-        if self._changes is not None and self._changes.subscribers:
+        if wake and self._changes is not None and self._changes.subscribers:
             self._changes.feed(event_for(doc))
+        if self._followers:
+            for followed, changed in self._followers:
+                if key == followed or key.startswith(followed + "/"):
+                    changed.set()
+
+    def follow_task(self, key: str) -> tuple[asyncio.Event, Callable[[], None]]:
+        """Set ``changed`` (returned with a function that stops following) at every write of the
+        task ``key`` or of its children (``key/...``): an in-process ``Publisher.wait``."""
+        changed = asyncio.Event()
+        entry = (key, changed)
+        self._followers.append(entry)
+
+        def stop() -> None:
+            if entry in self._followers:
+                self._followers.remove(entry)
+
+        return changed, stop
 
     def _promote(self, now: datetime, tokens: Sequence[tuple[int, str]]) -> None:
         for token in tokens:
@@ -236,7 +264,7 @@ class MemoryDriver(
                 self._list_new(doc)
                 if task.children is not None:
                     self._parents.add(task.key)
-                self._index(doc, params.now)  # derived already by new_task_document
+                self._index(doc, params.now, True)  # derived already by new_task_document
                 created.append(True)
             elif (
                 params.reset_finished
@@ -674,7 +702,9 @@ class MemoryDriver(
                 doc["option"] = doc["option"] | {"deadline": None}
         else:
             raise InvalidInput(f"unknown control action {params.action!r}")
-        self._write(doc, params.now)
+        # a cancel or a stopping pause that asks running attempts to stop wakes their workers
+        stopping = params.action == "cancel" or (params.action == "pause" and params.stop_running)
+        self._write(doc, params.now, wake=stopping and state.get("stop") is not None)
         self._record_control(doc, params)
         return copy_doc(doc)
 
