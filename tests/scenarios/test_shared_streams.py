@@ -11,8 +11,15 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from mscheduler import Consumer, FakeClock, MemoryDriver, MongoDriver, Publisher, Task
-from mscheduler.drivers.base import ChangeEvent, StreamPosition
+from mscheduler import Consumer, FakeClock, MemoryDriver, MongoDriver, Publisher, Task, TaskOption
+from mscheduler.drivers.base import (
+    ChangeEvent,
+    ClaimParams,
+    ControlParams,
+    FinishParams,
+    PingParams,
+    StreamPosition,
+)
 from mscheduler.services.events import Events
 from mscheduler.testing.mongomock import mongomock_database
 from tests.scenarios.mongo_fakes import Database
@@ -166,6 +173,35 @@ async def test_the_memory_driver_feeds_its_watchers_through_the_same_fan_out() -
     assert job.queue.empty() and other.queue.empty(), "each its own names"
     await job.aclose()
     await other.aclose()
+
+
+async def test_the_memory_driver_announces_what_the_mongo_stream_passes() -> None:
+    """Inserts, a retry (claimable again), a cancel asking a running attempt to stop: announced.
+    A claim, a ping, a finish that ends the task: not (the Mongo stream's $match on ``wake``
+    drops them; the memory driver announced every write before issue 21)."""
+    clock = FakeClock(NOW)
+    driver = MemoryDriver(clock=clock)
+    job = driver.watch(["job"])
+    option = TaskOption(retry_delay=timedelta(0))
+    await Publisher(driver, clock=clock).send_many([Task("t1", "job", option=option), Task("t2", "job")])
+    assert [(await next_event(job)).key for _ in range(2)] == ["t1", "t2"]  # inserts
+    claimed = await driver.claim(ClaimParams("w1", ["job"], clock.now(), ["a1", "a2"]))
+    assert sorted(t.key for t in claimed) == ["t1", "t2"]
+    expire = clock.now() + timedelta(seconds=30)
+    await driver.ping(PingParams("w1", clock.now(), {expire: {"t1": "a1", "t2": "a2"}}))
+    await driver.finish([FinishParams("t2", "w1", "a2", clock.now(), "succeeded")])
+    await asyncio.sleep(0)
+    assert job.queue.empty(), "a claim, a ping, a finish that ends the task: nothing announced"
+    error = {"type": "Boom", "message": "", "traceback": None}
+    await driver.finish(
+        [FinishParams("t1", "w1", "a1", clock.now(), "failed", error=error, retry_at=clock.now())]
+    )
+    assert (await next_event(job)).key == "t1"  # a retry: claimable again
+    await driver.claim(ClaimParams("w1", ["job"], clock.now(), ["a3"]))
+    assert await driver.control_task(ControlParams("t1", "cancel", ["pending", "running"], clock.now()))
+    stop = await next_event(job)
+    assert stop.key == "t1" and stop.stop == "cancel" and stop.stop_attempts == ("a3",)
+    await job.aclose()
 
 
 async def test_event_subscriptions_share_one_poller_where_the_store_cannot_watch() -> None:
