@@ -175,7 +175,9 @@ async def test_by_default_a_token_holds_eight_streams(log_driver: CountingDriver
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
         open_ = [await _open_stream(http, READ) for _ in range(8)]
         await _until(lambda: subscriptions(log_driver, "events") == 8)
-        # the process's one stream of the event log serves them all (issue 18.6)
+        # the process's one stream of the event log serves them all (issue 18.6); the first
+        # subscriber opens it in its own task, which may still be on its way
+        await _until(lambda: len(log_driver._event_streams) > 0)
         assert len(log_driver._event_streams) == 1
         ninth = await asyncio.wait_for(http.get("/api/v1/events/stream", headers=READ), 5)
         assert ninth.status_code == 429 and ninth.headers["retry-after"] == "5"
