@@ -489,20 +489,7 @@ class Operations:
         first: bad input (``InvalidInput``) restarts nothing. ``Publisher.send_many(...,
         reset_finished=True)`` is the other way to run tasks again: it re-creates missing keys and
         resets succeeded / failed ones with new params, keeping no history."""
-        checked = _checked_keys(keys)
-        outcomes: dict[str, RestartOutcome] = {}
-
-        async def one(key: str) -> None:
-            try:
-                outcomes[key] = RestartOutcome(key, "restarted", task=await self.restart(key, force=force))
-            except TransitionRefused as exc:
-                outcomes[key] = RestartOutcome(key, "refused", status=exc.status, rule=exc.rule)
-            except UnknownTask:
-                outcomes[key] = RestartOutcome(key, "unknown")
-
-        for start in range(0, len(checked), MANY_AT_ONCE):
-            await asyncio.gather(*(one(key) for key in checked[start : start + MANY_AT_ONCE]))
-        return {key: outcomes[key] for key in checked}
+        return await restart_each(_checked_keys(keys), lambda key: self.restart(key, force=force))
 
     async def control_many(
         self,
@@ -1033,6 +1020,26 @@ def checked_skip_count(n: object) -> int:
     if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 10**9:
         raise InvalidInput("n: must be an integer from 0 to 1,000,000,000")
     return n
+
+
+async def restart_each(
+    keys: list[str], restart: Callable[[str], Awaitable[TaskInfo]]
+) -> dict[str, RestartOutcome]:
+    """``restart`` of each of ``keys`` (checked already), ``MANY_AT_ONCE`` at a time: the outcome
+    per key, in their order (``restart_many`` of ``Operations`` and of the API's client)."""
+    outcomes: dict[str, RestartOutcome] = {}
+
+    async def one(key: str) -> None:
+        try:
+            outcomes[key] = RestartOutcome(key, "restarted", task=await restart(key))
+        except TransitionRefused as exc:
+            outcomes[key] = RestartOutcome(key, "refused", status=exc.status, rule=exc.rule)
+        except UnknownTask:
+            outcomes[key] = RestartOutcome(key, "unknown")
+
+    for start in range(0, len(keys), MANY_AT_ONCE):
+        await asyncio.gather(*(one(key) for key in keys[start : start + MANY_AT_ONCE]))
+    return {key: outcomes[key] for key in keys}
 
 
 def checked_keys(keys: object) -> list[str]:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
 from mscheduler.drivers.base import Driver
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.drivers.mongo.driver import MongoDriver
+from mscheduler.observability.logs import configure_logging
 from mscheduler.testing.clock import FakeClock
 from mscheduler.testing.mongomock import mongomock_database
 
@@ -25,6 +27,21 @@ def pytest_report_header(config: pytest.Config) -> str:
         "mscheduler: real MongoDB tests SKIPPED "
         "(set MSCHEDULER_TEST_MONGODB_URI to a replica set to run them)"
     )
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_as_it_was() -> Iterator[None]:
+    """A CLI command run in-process (``web``, ``worker``, ``dev``, ``retention``) configures the
+    root logger for a process of its own (``configure_logging``: INFO to stderr): undone after
+    the test, so that later tests do not see their libraries' INFO lines on stderr (the CLI-over-
+    API tests after the web tests did)."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    ours = [h for h in root.handlers if type(h).__module__ == configure_logging.__module__]
+    for handler in ours:  # (pytest's own capture handlers come and go with each phase)
+        root.removeHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture

@@ -76,6 +76,7 @@ from mscheduler.operations import (
     checked_worker_id,
     child_key_of,
     limit_input,
+    restart_each,
 )
 from mscheduler.runtime.consumer.runner import RunTimedOut
 from mscheduler.services.events import Event, Events, checked_page
@@ -528,7 +529,6 @@ class NotAnApi(ApiError):
 # -- Operations over the REST API ----------------------------------------------------------------------
 
 SEND_BATCH = 1000  # tasks per POST /api/v1/tasks (the API's own cap, MANY_MAX)
-RESTARTS_AT_ONCE = 16  # restart requests of restart_many in flight at once (as Operations)
 
 
 def _path(value: str) -> str:
@@ -844,20 +844,7 @@ class RemoteOperations:
     async def restart_many(self, keys: Sequence[str], *, force: bool = False) -> dict[str, RestartOutcome]:
         """``restart`` of each key, a few at a time (one request each), under ``Operations``'s
         rules; the outcome per key, in the order given."""
-        checked = checked_keys(keys)
-        outcomes: dict[str, RestartOutcome] = {}
-
-        async def one(key: str) -> None:
-            try:
-                outcomes[key] = RestartOutcome(key, "restarted", task=await self.restart(key, force=force))
-            except TransitionRefused as exc:
-                outcomes[key] = RestartOutcome(key, "refused", status=exc.status, rule=exc.rule)
-            except UnknownTask:
-                outcomes[key] = RestartOutcome(key, "unknown")
-
-        for start in range(0, len(checked), RESTARTS_AT_ONCE):
-            await asyncio.gather(*(one(key) for key in checked[start : start + RESTARTS_AT_ONCE]))
-        return {key: outcomes[key] for key in checked}
+        return await restart_each(checked_keys(keys), lambda key: self.restart(key, force=force))
 
     async def edit(self, key: str, change: OptionChange, *, by: str | None = None) -> TaskOption:
         """``Operations.edit`` (the API records ``by`` as its own)."""
