@@ -101,10 +101,19 @@ def run_script(
     script: Path, scenario: str, tasks: int, timeout: float, pythonpath: Path | None
 ) -> tuple[dict[str, Any] | None, str | None]:
     """Run ``script scenario`` in a fresh interpreter; its last stdout line is the JSON result."""
+    args = [str(script), scenario, "--tasks", str(tasks), "--timeout", str(timeout)]
+    return run_command(args, timeout, pythonpath)
+
+
+def run_command(
+    args: Sequence[str], timeout: float, pythonpath: Path | None
+) -> tuple[dict[str, Any] | None, str | None]:
+    """``python ARGS`` in a fresh interpreter (``PYTHONPATH`` only ``pythonpath``); its last
+    stdout line that starts with ``{`` is the JSON result, else the error."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
-    command = [sys.executable, str(script), scenario, "--tasks", str(tasks), "--timeout", str(timeout)]
+    command = [sys.executable, *args]
     try:
         proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -123,11 +132,20 @@ def run_build(
     build: Build, scenario: str, tasks: int, timeout: float
 ) -> tuple[dict[str, Any] | None, str | None]:
     """One scenario on one build, refusing a run that imported mscheduler from elsewhere."""
-    result, error = run_script(SCENARIO_SCRIPT, scenario, tasks, timeout, build.directory)
+    args = [str(SCENARIO_SCRIPT), scenario, "--tasks", str(tasks), "--timeout", str(timeout)]
+    return run_in_build(args, build.directory, timeout)
+
+
+def run_in_build(
+    args: Sequence[str], directory: Path, timeout: float
+) -> tuple[dict[str, Any] | None, str | None]:
+    """``run_command`` with ``mscheduler`` from ``directory``: a result whose ``mscheduler_file``
+    lies elsewhere is refused (the build was not the one measured)."""
+    result, error = run_command(args, timeout, directory)
     if result is not None:
         imported = Path(result.get("mscheduler_file", "")).resolve()
-        if not imported.is_relative_to(build.directory):
-            return None, f"imported mscheduler from {imported}, not from {build.directory}"
+        if not imported.is_relative_to(directory):
+            return None, f"imported mscheduler from {imported}, not from {directory}"
     return result, error
 
 

@@ -26,11 +26,8 @@ import asyncio
 import gc
 import json
 import logging
-import os
 import resource
 import statistics
-import subprocess
-import sys
 import time
 import tracemalloc
 from pathlib import Path
@@ -133,22 +130,17 @@ def run_one(mode: str, tasks: int | None) -> dict[str, Any]:
 def compare(builds: list[tuple[str, Path]], rounds: int, tasks: int | None) -> None:
     """Each mode, each build, alternating, in fresh processes; medians per build."""
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    from benchmarks.compare import run_in_build  # the parent only (a run is this file as a script)
+
     for round_no in range(1, rounds + 1):
         for mode in MODES:
             for name, directory in builds:
-                env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-                env["PYTHONPATH"] = str(directory)
-                command = [sys.executable, str(Path(__file__).resolve()), mode]
+                args = [str(Path(__file__).resolve()), mode]
                 if tasks is not None:
-                    command += ["--tasks", str(tasks)]
-                proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-                line = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-                if proc.returncode != 0 or not line:
-                    print(f"[{round_no}] {mode} {name}: failed: {proc.stderr.strip()[-300:]}")
-                    continue
-                result = json.loads(line[-1])
-                if not Path(result["mscheduler_file"]).resolve().is_relative_to(directory):
-                    print(f"[{round_no}] {mode} {name}: imported {result['mscheduler_file']}, skipped")
+                    args += ["--tasks", str(tasks)]
+                result, error = run_in_build(args, directory, 900)
+                if result is None:
+                    print(f"[{round_no}] {mode} {name}: failed: {error}")
                     continue
                 results.setdefault((mode, name), []).append(result)
                 print(f"[{round_no}] {mode:<11} {name:<8} {json.dumps(result)}", flush=True)

@@ -35,10 +35,7 @@ import argparse
 import asyncio
 import gc
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -335,29 +332,17 @@ def run(tasks: int, repeat: int) -> dict[str, Any]:
 
 
 def compare(builds: list[tuple[str, Path]], rounds: int, tasks: int, repeat: int) -> None:
+    from benchmarks.compare import run_in_build  # the parent only (a run is this file as a script)
+
     rows: dict[str, list[dict[str, float]]] = {name: [] for name, _ in builds}
     ratios: dict[str, list[float]] = {name: [] for name, _ in builds}
     for round_no in range(1, rounds + 1):
         first_total: float | None = None
         for name, directory in builds:
-            env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-            env["PYTHONPATH"] = str(directory)
-            command = [
-                sys.executable,
-                str(Path(__file__).resolve()),
-                "--tasks",
-                str(tasks),
-                "--repeat",
-                str(repeat),
-            ]
-            proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-            lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-            if proc.returncode != 0 or not lines:
-                print(f"[{round_no}] {name}: failed: {proc.stderr.strip()[-400:]}")
-                continue
-            result = json.loads(lines[-1])
-            if not Path(result["mscheduler_file"]).resolve().is_relative_to(directory):
-                print(f"[{round_no}] {name}: imported {result['mscheduler_file']}, skipped")
+            args = [str(Path(__file__).resolve()), "--tasks", str(tasks), "--repeat", str(repeat)]
+            result, error = run_in_build(args, directory, 900)
+            if result is None:
+                print(f"[{round_no}] {name}: failed: {error}")
                 continue
             figures = result["us_per_task"]
             rows[name].append(figures)
