@@ -83,17 +83,22 @@ _STEP_RANK = {
     kind: _RANK[kind] if kind in _RANK else _TASK_LEVEL_RANK if kind in _TASK_LEVEL else _OUTCOME_RANK
     for kind in EventKind
 }
+# the same by a kind's value (``kind._value_``: a plain attribute; ``kind.value`` and a dict keyed
+# by the enum member each call Python code per event)
+_STEP_RANK_OF_VALUE = {kind._value_: rank for kind, rank in _STEP_RANK.items()}
 POSITION_BITS = 21  # attempt positions up to 2 million (a task keeps at most 10,000 entries)
 GENERATION_SHIFT = POSITION_BITS + 3
+_POSITION_END = 1 << POSITION_BITS
 
 
 def event_step(kind: EventKind, generation: int, position: int) -> int:
     """A task's events of one millisecond in causal order: ``generation``, then ``position`` (the
     attempt's number in its generation; for a task-level event, how many attempts the task had
     when it was written), then sent < claimed < outcome < task-level events."""
-    rank = _STEP_RANK[kind]
-    position = min(max(position, 0), (1 << POSITION_BITS) - 1)
-    return (max(generation, 0) << GENERATION_SHIFT) | (position << 3) | rank
+    rank = _STEP_RANK_OF_VALUE[kind._value_]
+    if not 0 <= position < _POSITION_END:
+        position = min(max(position, 0), _POSITION_END - 1)
+    return ((generation if generation > 0 else 0) << GENERATION_SHIFT) | (position << 3) | rank
 
 
 class EventWriter:
@@ -133,13 +138,13 @@ def _ms(value: datetime) -> int:
 
 def attempt_event_id(key: str, attempt: str, kind: EventKind) -> str:
     """An attempt's event (claimed, an outcome, lease_lost): once per attempt token and kind."""
-    return f"{key}|{attempt}|{kind.value}"
+    return f"{key}|{attempt}|{kind._value_}"
 
 
 def task_event_id(key: str, kind: EventKind, writer: str, seq: int) -> str:
     """A task-level event (sent, a control, edited): its writer and the writer's sequence number
     make it unique (two pauses of one task in one millisecond are two events)."""
-    return f"{key}|{kind.value}|{writer}.{seq}"
+    return f"{key}|{kind._value_}|{writer}.{seq}"
 
 
 def expired_event_id(key: str, deadline: datetime) -> str:
@@ -181,14 +186,18 @@ def event_doc(
     the next number of ``writer``'s sequence. ``attempt``: the attempt's number (its position in
     its generation); ``position``: where a task-level event stands (see ``event_step``); without
     an ``event_id``, the writer's (``task_event_id``)."""
-    items = [(str(k), short(v)) for k, v in detail.items() if v is not None] if detail else []
+    if detail:
+        items = [(str(k), short(v)) for k, v in detail.items() if v is not None]
+        kept = dict(items[:DETAIL_MAX_ITEMS])
+    else:
+        kept = {}
     if time.tzinfo is not UTC:
         time = time.astimezone(UTC) if time.tzinfo else time.replace(tzinfo=UTC)
     seq = writer.next_seq()
     at = position if position is not None else (attempt or 0)
     return {
         "id": event_id if event_id is not None else task_event_id(key, kind, writer.id, seq),
-        "kind": kind.value,
+        "kind": kind._value_,
         "key": key,
         "name": name,
         "plan_id": plan_of_key(key),
@@ -198,7 +207,7 @@ def event_doc(
         "writer": writer.id,
         "seq": seq,
         "time": time,
-        "detail": dict(items[:DETAIL_MAX_ITEMS]),
+        "detail": kept,
     }
 
 

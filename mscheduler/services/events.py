@@ -118,10 +118,12 @@ class EventRecorder:
 
     def record(self, doc: dict[str, Any]) -> None:
         """Buffer one event (``events_common.event_doc``); never waits."""
-        self._buffer.append(doc)
-        self._trim()
+        buffer = self._buffer
+        buffer.append(doc)
+        if len(buffer) > self.max_buffer:
+            self._trim()
         self._added.set()
-        if len(self._buffer) >= self.flush_size:
+        if len(buffer) >= self.flush_size:
             self._full.set()
 
     def attempt_event(

@@ -106,10 +106,11 @@ async def test_a_held_release_goes_once_its_hold_ran_out(fake_clock: FakeClock, 
     await s.limiter.flush(fake_clock.now())
     assert s.limiter.release_due_in(fake_clock.now()) == hold.total_seconds()
     fake_clock.advance(hold - timedelta(milliseconds=1))
+    assert not s.limiter.any_due(fake_clock.now())  # the finisher starts no flush for it
     await s.limiter.flush(fake_clock.now())
     assert s.driver.calls["update_slots"] == 0
     fake_clock.advance(timedelta(milliseconds=1))
-    assert s.limiter.release_due_in(fake_clock.now()) == 0
+    assert s.limiter.release_due_in(fake_clock.now()) == 0 and s.limiter.any_due(fake_clock.now())
     await s.limiter.flush(fake_clock.now())
     assert s.driver.calls["update_slots"] == 1 and s.limiter.commands["release_held"] == 1
     assert not set(claimed) & set(await s.live())
@@ -165,6 +166,9 @@ async def test_a_consumer_under_a_limit_never_reached_writes_no_release_of_its_o
         assert driver.calls["acquire_slots"] < 10, driver.calls  # about one per 4 claim rounds
         held = consumer.limiter.releases
         assert held  # the last rounds' slots wait for an acquire that will not come
+        # one timer wakes the finisher when they fall due (not a sleep of its own per loop turn)
+        timer = consumer._hold_timer
+        assert timer is not None and not timer.done()
         await advance(fake_clock, (SLOT_LEASE / 2).total_seconds() + 1, step=0.5)
         assert not consumer.limiter.releases and driver.calls["update_slots"] >= 1
     doc = await store.get_limit("job")

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from mscheduler.domain.clock import ServerClock, sleep_unless
+from mscheduler.domain.clock import ServerClock
 from mscheduler.domain.exceptions import ConsumerStopped, StorageError
 from mscheduler.drivers.base import Driver, FinishParams
 from mscheduler.runtime.consumer.limiter import Limiter
@@ -62,6 +62,8 @@ class ConsumerFinisher:
     _side: dict[str, asyncio.Task[None]]
     _pending: list[_Pending]
     _pending_added: asyncio.Event
+    _hold_timer: asyncio.Future[None] | None = None  # wakes the finisher when held releases fall due
+    _hold_due: float = 0.0
 
     if TYPE_CHECKING:
 
@@ -95,16 +97,38 @@ class ConsumerFinisher:
         self._pending_added.set()
 
     async def _run_finisher(self) -> None:
-        while True:
-            if not self._pending:
-                self._pending_added.clear()
-                wait = self.limiter.release_due_in(self.clock.now())
-                if wait is None:
-                    await self._pending_added.wait()
-                elif wait > 0:  # releases held for the next acquire: until due, or an outcome
-                    await sleep_unless(self.clock, wait, self._pending_added)
-                    continue
-            await self._flush()
+        try:
+            while True:
+                if not self._pending:
+                    self._pending_added.clear()
+                    wait = self.limiter.release_due_in(self.clock.now())
+                    if wait is None:
+                        await self._pending_added.wait()
+                    elif wait > 0:  # releases held for the next acquire: until due, or an outcome
+                        self._wake_in(wait)
+                        await self._pending_added.wait()
+                        continue
+                await self._flush()
+        finally:
+            if self._hold_timer is not None:
+                self._hold_timer.cancel()
+
+    def _wake_in(self, seconds: float) -> None:
+        """Set ``_pending_added`` in ``seconds`` (on the clock): when held releases fall due. One
+        timer serves every loop turn until then (a hold's due time only comes later for
+        releases added later), not a sleep of its own per turn."""
+        due = self.clock.monotonic() + seconds
+        timer = self._hold_timer
+        if timer is not None and not timer.done() and self._hold_due <= due:
+            return
+        if timer is not None:
+            timer.cancel()
+        self._hold_due = due
+        self._hold_timer = asyncio.ensure_future(self._wake_after(seconds))
+
+    async def _wake_after(self, seconds: float) -> None:
+        await self.clock.sleep(seconds)
+        self._pending_added.set()
 
     async def _flush(self) -> None:
         batch, self._pending = self._pending, []
@@ -114,9 +138,12 @@ class ConsumerFinisher:
             return
         # The slots of the outcomes written by earlier flushes are released alongside this
         # batch's finish (their outcomes are known already): no round trip of its own.
+        now = self.clock.now()
         release = (
-            asyncio.ensure_future(self.limiter.flush(self.clock.now())) if self.limiter.releases else None
-        )
+            asyncio.ensure_future(self.limiter.flush(now))
+            if self.limiter.releases and self.limiter.any_due(now)
+            else None
+        )  # no task of its own for a flush that would release nothing (held releases)
         try:
             accepted = await self.driver.finish([p.params for p in batch])
         except StorageError as exc:

@@ -192,13 +192,12 @@ class Limiter:
     ) -> tuple[list[tuple[str, datetime]], list[str]]:
         """Up to ``n`` fresh reserved grants of ``key`` for ``worker_id`` (unused for less than
         half a slot lease) with their slots' expiry, and the stale ones (to give back)."""
-        fresh: list[tuple[str, datetime]] = []
-        stale: list[str] = []
-        for attempt, expire in self.reserve.pop((key, worker_id), []):
-            if expire - now > self.slot_lease / 2:
-                fresh.append((attempt, expire))
-            else:
-                stale.append(attempt)
+        kept = self.reserve.pop((key, worker_id), None)
+        if not kept:
+            return [], []
+        fresh_after = now + self.slot_lease / 2  # computed once: up to RESERVE_ROUNDS batches
+        fresh = [grant for grant in kept if grant[1] > fresh_after]
+        stale = [a for a, expire in kept if expire <= fresh_after] if len(fresh) < len(kept) else []
         if fresh[n:]:
             self.reserve[(key, worker_id)] = fresh[n:]
         return fresh[:n], stale
@@ -346,6 +345,10 @@ class Limiter:
             for where in self.releases
         ]
         return max(0.0, min(waits))
+
+    def any_due(self, now: datetime) -> bool:
+        """Whether ``flush(now)`` has a release to send (else it would return at once)."""
+        return any(self._due(where, now, False) for where in self.releases)
 
     async def flush(self, now: datetime, *, everything: bool = False) -> bool:
         """Release the slots of the attempts that ended (one write per limit and worker), those
