@@ -173,10 +173,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     if args.build:
-        builds = []
-        for text in args.build:
-            name, _, directory = text.partition("=")
-            builds.append((name, Path(directory).resolve()))
+        from benchmarks.compare import parse_build  # the parent only (a run is this file as a script)
+
+        try:
+            builds = [(b.name, b.directory) for b in map(parse_build, args.build)]
+        except argparse.ArgumentTypeError as exc:
+            parser.error(str(exc))
         compare(builds, args.rounds, args.tasks)
         return
     if args.mode is None:
