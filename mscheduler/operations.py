@@ -72,7 +72,6 @@ from mscheduler.drivers.base import (
     PlanListParams,
     PutLimitParams,
     StatsParams,
-    SyncParentsParams,
     UniqueParamsTaken,
     UpdateOptionParams,
     UpdatePlanParams,
@@ -83,6 +82,7 @@ from mscheduler.publishing import (
     checked_max_params_bytes,
     insert_families,
     prepared_families,
+    sync_families,
 )
 
 log = logging.getLogger("mscheduler.operations")
@@ -663,7 +663,7 @@ class Operations:
         restart of a parent is applied to those of its children it applies to (each its own
         compare-and-set), then the parent is synced (docs/design.md, "Child tasks")."""
         if info.parent is not None:
-            await self.driver.sync_parents(SyncParentsParams([info.parent], await self._now()))
+            await sync_families(self.driver, [info.parent], await self._now())
             return info
         if info.children is None or action not in FAMILY_ACTIONS:
             return info
@@ -675,7 +675,7 @@ class Operations:
                 )
             except (TransitionRefused, UnknownTask):
                 pass  # not in a status the action applies to (or gone): left as it is
-        await self.driver.sync_parents(SyncParentsParams([info.key], await self._now()))
+        await sync_families(self.driver, [info.key], await self._now())
         return await self.get_task(info.key)
 
     async def _remove_child(self, key: str, force: bool, by: str | None = None) -> None:

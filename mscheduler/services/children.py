@@ -15,6 +15,10 @@ number of times, anywhere: a consumer runs it right after a child's claim or fin
 (``ChildSync.request``), and its reconciler pass (``ChildSync.run_once``) syncs every unfinished
 parent every ``interval`` seconds, which repairs what a crash between a finish and its sync
 left, and what changes children without a consumer's finish (lost leases, deadlines).
+
+Workflows (``children_mode="graph"``) ride the same sync: a blocked step is unblocked once the
+steps it needs have succeeded, and a map step is fanned out into its items then
+(``mscheduler.publishing.sync_families``); a fanned-out map step is a parent of its items.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from datetime import datetime
 
 from mscheduler.domain.clock import Clock, SystemClock, sleep_unless
 from mscheduler.domain.exceptions import InvalidInput, MSchedulerError, StorageError
-from mscheduler.drivers.base import Driver, OpenParentsParams, SyncParentsParams
+from mscheduler.drivers.base import Driver, OpenParentsParams
+from mscheduler.publishing import sync_families
 
 log = logging.getLogger("mscheduler.children")
 
@@ -80,8 +85,7 @@ class ChildSync:
         changed = 0
         now = now if now is not None else self.clock.now()
         for start in range(0, len(keys), self.batch):
-            part = keys[start : start + self.batch]
-            changed += await self.driver.sync_parents(SyncParentsParams(part, now))
+            changed += await sync_families(self.driver, keys[start : start + self.batch], now)
         return changed
 
     async def flush(self) -> None:

@@ -27,6 +27,8 @@ class MemoryMaintenance:
 
         def _unlist(self, doc: dict[str, Any]) -> None: ...
 
+        def _uncount_child(self, doc: dict[str, Any]) -> None: ...
+
     def _init_maintenance(self) -> None:
         self._live_hashes: dict[str, str] = {}  # unique_hash -> key of the live task holding it
         # per terminal status: (finish_time, seq, key); stale entries are skipped when popped
@@ -73,6 +75,8 @@ class MemoryMaintenance:
     def _forget(self, doc: dict[str, Any]) -> None:
         """A task was deleted: its params hash is free again, and it leaves the listings."""
         self._unlist(doc)
+        if "parent" in doc:
+            self._uncount_child(doc)
         live = doc["state"].get("unique_live")
         if live is not None and self._live_hashes.get(live) == doc["key"]:
             del self._live_hashes[live]
