@@ -137,9 +137,41 @@ def result_of(doc: Mapping[str, Any]) -> Any:
 def final_steps(definition: Mapping[str, Any]) -> list[tuple[str, str]]:
     """A workflow's final steps (no step needs them), as (name, key) in their order: ``wait``
     returns their result (one final step: its result; several: ``{name: result}``)."""
-    needed = {name for needs in definition.get("needs") or () for name in needs}
+    needed = {name for _, _, needs, _ in step_graph(definition) for name in needs}
     return [
         (name, key)
         for name, key in zip(definition["names"], definition["keys"], strict=True)
         if name not in needed
     ]
+
+
+def step_graph(definition: Mapping[str, Any]) -> list[tuple[str, str, list[str], str | None]]:
+    """Every child of a family as a graph node: (name, key, what it needs, the step it maps
+    over); sequential children each need the one before, parallel ones nothing."""
+    names, keys = definition["names"], definition["keys"]
+    mode = definition["mode"]
+    if mode == GRAPH:
+        maps = definition.get("maps") or [None] * len(names)
+        return [
+            (n, k, list(needs), (m or {}).get("over"))
+            for n, k, needs, m in zip(names, keys, definition["needs"], maps, strict=True)
+        ]
+    if mode == SEQUENTIAL:
+        return [
+            (n, k, [names[i - 1]] if i else [], None)
+            for i, (n, k) in enumerate(zip(names, keys, strict=True))
+        ]
+    return [(n, k, [], None) for n, k in zip(names, keys, strict=True)]
+
+
+def dependents(graph: list[tuple[str, str, list[str], str | None]], name: str) -> list[str]:
+    """The steps that depend on ``name``, directly or not, in the graph's order."""
+    found = {name}
+    changed = True
+    while changed:
+        changed = False
+        for step, _, needs, _ in graph:
+            if step not in found and found & set(needs):
+                found.add(step)
+                changed = True
+    return [step for step, _, _, _ in graph if step in found and step != name]

@@ -728,6 +728,32 @@ class ChildInfo(BaseModel):
     status: TaskStatus
 
 
+class StepInfo(BaseModel):
+    """One step of a workflow as ``Operations.workflow`` shows it: its status, what it needs
+    (in sequential mode the step before it), the step a map step maps over, and a fanned-out map
+    step's items (how many, and how many are in each status)."""
+
+    name: str
+    key: str
+    status: TaskStatus
+    needs: list[str] = []
+    map_over: str | None = None
+    blocked: bool = False
+    items: int | None = None
+    item_statuses: dict[str, int] | None = None
+
+
+class WorkflowInfo(BaseModel):
+    """A task with children as a graph (``Operations.workflow``): its status and mode, its steps
+    in order, and its final steps (those no step needs: ``wait`` returns their result)."""
+
+    key: str
+    status: TaskStatus
+    mode: str
+    steps: list[StepInfo]
+    final: list[str]
+
+
 class CheckpointInfo(BaseModel):
     """What a handler last saved with ``ctx.checkpoint`` (SPEC F22): the next attempt starts
     from ``data``. ``seq`` numbers the saves of that attempt."""
@@ -824,8 +850,8 @@ class TaskInfo(BaseModel):
     @classmethod
     def from_storage(cls, doc: Mapping[str, Any]) -> TaskInfo:
         state = doc["state"]
-        definition = doc.get("children")
-        is_map = bool(definition) and definition.get("mode") == "map"
+        definition: Mapping[str, Any] = doc.get("children") or {}
+        is_map = definition.get("mode") == "map"
         return cls(
             key=doc["key"],
             name=doc["name"],

@@ -287,7 +287,7 @@ class MongoChildren:
 
             await self._call("reset steps (remove items)", delete)
         pipeline = [
-            {"$unset": ["children", "state.children", "state.children_rev"]},
+            {"$project": {"children": 0, "state.children": 0, "state.children_rev": 0}},
             {"$set": {"state.blocked": True}},
             *_derive_stages(params.now),
         ]
