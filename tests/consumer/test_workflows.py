@@ -396,5 +396,5 @@ async def test_a_step_whose_need_is_restarted_under_it_is_put_back_not_run(harne
     claimed = type("C", (), {"needs": [{"name": "a", "key": "race/a"}], "key": "race/b"})()
     await Operations(harness.driver, clock=harness.clock).restart_step("race", "a")
     results = asyncio.ensure_future(consumer._step_results(claimed))  # type: ignore[arg-type]
-    with pytest.raises(Exception, match="step 'a' it needs is (pending|running), not succeeded"):
+    with pytest.raises(Exception, match=r"step .a. it needs is (pending|running), not succeeded"):
         await results
