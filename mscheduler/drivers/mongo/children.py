@@ -168,10 +168,11 @@ class MongoChildren:
 
     async def _item_statuses(self, key: str) -> list[str]:
         """The statuses among a map step's items: a DISTINCT_SCAN of ``family`` (one key per
-        status, however many items)."""
+        status, however many items). Not hinted: ``distinct`` takes a hint from MongoDB 7.1 on;
+        ``family`` is the only index on ``parent`` (tests/real checks the plan)."""
 
         async def read() -> list[str]:
-            found = await self.tasks_primary.distinct("state.status", {"parent": key}, hint=FAMILY_INDEX)
+            found = await self.tasks_primary.distinct("state.status", {"parent": key})
             return [s for s in found if isinstance(s, str)]
 
         return await self._call("map step statuses", read)
