@@ -94,7 +94,7 @@ async def test_a_sync_unblocks_what_needs_a_succeeded_step_and_reports_the_map_t
 ) -> None:
     await store.insert(*graph(store))
     outcome = await sync(store, "wf")
-    assert outcome.expand == [] and not (await store.get("wf/side"))["state"].get("blocked") is False
+    assert outcome.expand == [] and (await store.get("wf/side"))["state"].get("blocked") is not False
     await run(store, "wf/list", [3, 4])
     outcome = await sync(store, "wf")
     assert [(e.key, e.source, e.max_items, e.parent) for e in outcome.expand] == [
