@@ -53,7 +53,9 @@ class MemoryChildren:
         before = self._counted.get(key)
         if before == status:
             return
-        counts = self._family_counts.setdefault(doc["parent"], Counter())
+        counts = self._family_counts.get(doc["parent"])
+        if counts is None:
+            counts = self._family_counts[doc["parent"]] = Counter()
         if before is not None:
             counts[before] -= 1
             if counts[before] <= 0:

@@ -1,0 +1,123 @@
+"""Per-step cost of workflows against a plain task and today's child tasks, on the MemoryDriver,
+one Consumer (concurrency 30), in one process, real clock.
+
+Shapes, each ``--steps`` steps in all (a no-op handler each; the ``Task`` objects are built
+before the clock starts, their sending is timed: a map step's items are made while it runs):
+
+* ``plain``: that many tasks of no family;
+* ``children``: families of 5 parallel children (today's child tasks);
+* ``chain``: workflows of 5 steps, each needing the one before (a results read per step);
+* ``map``: one workflow: a list step returning ``steps - 2`` items, a map step over it, a join.
+
+The figures are microseconds per step from the send to the last step's success (the
+parents' follow-up included: a family is done only when its parent is), as this process's CPU
+time (the cost: the store is in process, and CPU time is what other load on a shared machine
+disturbs least) and as wall time, each with its ratio to ``plain`` (medians over ``--rounds``;
+the shapes alternate round by round, so a noisy machine's drift hits each alike).
+
+    python -m benchmarks.workflow_steps [--steps 10000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from typing import Any
+
+from benchmarks.common import emit
+from mscheduler import Child, Consumer, MemoryDriver, Publisher, Task, TaskContext, TaskStatus
+
+SHAPES = ("plain", "children", "chain", "map")
+FAMILY = 5
+
+
+async def noop(params: Any, ctx: TaskContext) -> Any:
+    return None
+
+
+async def listing(params: Any, ctx: TaskContext) -> list[int]:
+    return list(range(params["n"]))
+
+
+def tasks_of(shape: str, steps: int) -> tuple[list[Task], list[str]]:
+    """The tasks to send and the keys whose end means the run is over."""
+    if shape == "plain":
+        tasks = [Task(f"t{i}", "step") for i in range(steps)]
+        return tasks, [tasks[-1].key]
+    if shape == "children":
+        names = [f"step{j}" for j in range(FAMILY)]
+        tasks = [Task(f"f{i}", "f", children=names, children_mode="parallel") for i in range(steps // FAMILY)]
+        return tasks, [t.key for t in tasks]
+    if shape == "chain":
+        chain = [Child("step0"), *(Child(f"step{j}", needs=[f"step{j - 1}"]) for j in range(1, FAMILY))]
+        tasks = [Task(f"w{i}", "w", children=chain) for i in range(steps // FAMILY)]
+        return tasks, [t.key for t in tasks]
+    children = [
+        Child("list"),
+        Child("step", map_over="list", max_items=100_000),
+        Child("join", needs=["step"]),
+    ]
+    return [Task("m", "m", {"n": steps - 2}, children=children)], ["m"]
+
+
+async def run(shape: str, steps: int) -> tuple[float, float]:
+    driver = MemoryDriver()
+    consumer = Consumer(driver, concurrency=30, poll_interval=1.0)
+    for name in ["step", "join", *(f"step{j}" for j in range(FAMILY))]:
+        consumer.register(name, noop)
+    consumer.register("list", listing)
+    publisher = Publisher(driver)
+    tasks, ends = tasks_of(shape, steps)
+    started, cpu = time.perf_counter(), time.process_time()
+    await publisher.send_many(tasks)
+    await consumer.start()
+    try:
+        for key in ends:
+            while (await publisher.get(key)).status is not TaskStatus.SUCCEEDED:
+                await asyncio.sleep(0.01)
+        return time.perf_counter() - started, time.process_time() - cpu
+    finally:
+        await consumer.stop()
+
+
+async def main(steps: int, rounds: int) -> None:
+    seconds: dict[str, list[float]] = {shape: [] for shape in SHAPES}
+    cpu: dict[str, list[float]] = {shape: [] for shape in SHAPES}
+    for _ in range(rounds):
+        for shape in SHAPES:
+            wall, used = await run(shape, steps)
+            seconds[shape].append(wall)
+            cpu[shape].append(used)
+
+    def per_step(of: dict[str, list[float]]) -> dict[str, float]:
+        return {s: statistics.median(v) / steps * 1e6 for s, v in of.items()}
+
+    wall_us, cpu_us = per_step(seconds), per_step(cpu)
+    emit(
+        {
+            "benchmark": "workflow_steps",
+            "steps": steps,
+            "rounds": rounds,
+            "cpu_us_per_step": {s: round(v, 1) for s, v in cpu_us.items()},
+            "cpu_ratio_to_plain": {s: round(v / cpu_us["plain"], 2) for s, v in cpu_us.items()},
+            "wall_us_per_step": {s: round(v, 1) for s, v in wall_us.items()},
+            "wall_ratio_to_plain": {s: round(v / wall_us["plain"], 2) for s, v in wall_us.items()},
+            "wall_seconds": {s: [round(x, 3) for x in v] for s, v in seconds.items()},
+        }
+    )
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    asyncio.run(main(args.steps, args.rounds))
+
+
+if __name__ == "__main__":
+    cli()
