@@ -79,7 +79,6 @@ from mscheduler.drivers.base import (
     InsertPlanParams,
     LimitNameTaken,
     MarkParams,
-    NewTask,
     PlanListParams,
     PutLimitParams,
     ResetStepsParams,
@@ -94,6 +93,7 @@ from mscheduler.publishing import (
     checked_max_params_bytes,
     insert_families,
     prepared_families,
+    run_documents,
     sync_families,
 )
 
@@ -916,11 +916,9 @@ class Operations:
                 rule = f"plan {plan_id!r} does not allow overlap"
                 raise TransitionRefused(last, "start another run beside", outcome.status, rule)
         now = await self._now()
-        task = doc["task"]
-        option = TaskOption.from_storage(task["option"])
         key = occurrence_key(plan_id, now)
-        new = NewTask(key, task["name"], task.get("params"), option.to_storage(now))
-        (created,) = await self.driver.insert_tasks(InsertParams([new], now))
+        documents = run_documents(plan_id, now, doc["task"])  # a task, or a workflow (parent first)
+        (created, *_) = await self.driver.insert_tasks(InsertParams(documents, now))
         if not created:
             raise TransitionRefused(key, "run now", "pending", "a run of the plan at this instant exists")
         return await self.get_task(key)

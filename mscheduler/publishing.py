@@ -32,6 +32,7 @@ from mscheduler.domain.model import (
     item_key,
     step_needs,
 )
+from mscheduler.domain.plans import occurrence_key, run_task
 from mscheduler.domain.unique import params_hash
 from mscheduler.drivers.base import (
     Driver,
@@ -118,6 +119,17 @@ def _map_of(child: Child) -> dict[str, Any] | None:
     if child.map_over is None:
         return None
     return {"over": child.map_over, "on_failure": child.on_failure, "max_items": child.max_items}
+
+
+def run_documents(plan_id: str, fire_time: datetime, template: Mapping[str, Any]) -> list[NewTask]:
+    """The documents of a plan's run at ``fire_time`` (its template: a plan's ``task``): one task,
+    or a task with children (the parent first), each keyed by the occurrence."""
+    if not template.get("children"):
+        option = TaskOption.from_storage(template["option"])
+        key = occurrence_key(plan_id, fire_time)
+        return [NewTask(key, template["name"], template.get("params"), option.to_storage(fire_time))]
+    task = run_task(plan_id, fire_time, template)
+    return expand(task, lambda one: NewTask(one.key, one.name, one.params, one.option.to_storage(fire_time)))
 
 
 def child_names(task: Task) -> list[str]:

@@ -398,3 +398,43 @@ async def test_a_step_whose_need_is_restarted_under_it_is_put_back_not_run(harne
     results = asyncio.ensure_future(consumer._step_results(claimed))  # type: ignore[arg-type]
     with pytest.raises(Exception, match=r"step .a. it needs is (pending|running), not succeeded"):
         await results
+
+
+async def test_a_plan_starts_a_workflow_on_its_schedule(harness: Harness) -> None:
+    from mscheduler import EverySchedule, Plan, PlanTiming
+
+    steps = Steps()
+    await harness.start(harness.consumer("w1", map_handlers(steps, [1, 2]), concurrency=3, planner=True))
+    ops = Operations(harness.driver, clock=harness.clock)
+    children = [
+        Child("list"),
+        Child("square", map_over="list", option=TaskOption(max_unexpected_retries=2)),
+        Child("total", needs=["square"]),
+    ]
+    timing = PlanTiming(schedule=EverySchedule(interval=60, start=harness.clock.now()))
+    info = await ops.add_plan(Plan(plan_id="squares", name="squares", timing=timing, children=children))
+    assert info.children is not None and info.children[1].map_over == "list"
+    assert info.children[1].option == TaskOption(max_unexpected_retries=2)  # kept as stored
+    with pytest.raises(InvalidInput, match="form a cycle"):
+        Plan(
+            plan_id="bad",
+            name="x",
+            timing=timing,
+            children=[Child("a", needs=["b"]), Child("b", needs=["a"])],
+        )
+
+    async def run_done() -> bool:
+        plan = await ops.get_plan("squares")
+        return (
+            plan.last_run_key is not None
+            and (await harness.get(plan.last_run_key)).status is TaskStatus.SUCCEEDED
+        )
+
+    await until(harness, run_done)
+    plan = await ops.get_plan("squares")
+    assert plan.last_run_key is not None
+    assert await harness.publisher.wait(plan.last_run_key, timeout=1) == [1, 4]
+    graph = await ops.workflow(plan.last_run_key)
+    assert [s.name for s in graph.steps] == ["list", "square", "total"]
+    now_run = await ops.run_plan_now("squares")  # outside the schedule: a workflow too
+    assert now_run.children_mode == "graph"
