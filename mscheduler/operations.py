@@ -32,7 +32,7 @@ from mscheduler.domain.exceptions import (
     UnknownPlan,
     UnknownTask,
 )
-from mscheduler.domain.family import MAP, dependents, final_steps, step_graph
+from mscheduler.domain.family import MAP, dependents, final_steps, map_items, step_graph
 from mscheduler.domain.limits import Limit, LimitInfo, Rate, checked_limit, from_storage
 from mscheduler.domain.listing import (
     LIST_LIMIT_MAX,
@@ -801,6 +801,9 @@ class Operations:
         return await self.workflow(parent.key)
 
     async def _remove_child(self, key: str, force: bool, by: str | None = None) -> None:
+        doc = await self.driver.get_task(key)
+        for item in map_items(doc) if doc is not None else []:  # a map step: its items first
+            await self._remove_child(item, force, by)
         if force:
             try:
                 await self._control(key, "cancel", (_RUNNING,), "", reason="removed", by=by)

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mscheduler.domain.model import TaskStatus
+from mscheduler.domain.model import TaskStatus, item_key
 
 log = logging.getLogger("mscheduler.children")
 
@@ -175,3 +175,11 @@ def dependents(graph: list[tuple[str, str, list[str], str | None]], name: str) -
                 found.add(step)
                 changed = True
     return [step for step, _, _, _ in graph if step in found and step != name]
+
+
+def map_items(doc: Mapping[str, Any]) -> list[str]:
+    """The keys of a fanned-out map step's items ([] for any other task)."""
+    definition = doc.get("children")
+    if not isinstance(definition, Mapping) or definition.get("mode") != MAP:
+        return []
+    return [item_key(doc["key"], i) for i in range(int(definition.get("count", 0)))]

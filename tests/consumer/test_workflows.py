@@ -438,3 +438,21 @@ async def test_a_plan_starts_a_workflow_on_its_schedule(harness: Harness) -> Non
     assert [s.name for s in graph.steps] == ["list", "square", "total"]
     now_run = await ops.run_plan_now("squares")  # outside the schedule: a workflow too
     assert now_run.children_mode == "graph"
+
+
+async def test_removing_a_workflow_removes_its_map_steps_items_and_so_does_retention(
+    harness: Harness,
+) -> None:
+    from mscheduler.drivers.base import PurgeParams
+
+    steps = Steps()
+    await harness.start(harness.consumer("w1", map_handlers(steps, [1, 2, 3]), concurrency=3))
+    ops = Operations(harness.driver, clock=harness.clock)
+    for key in ("gone", "aged"):
+        await harness.publisher.send(map_join(key))
+        await until(harness, ended(harness, key))
+    await ops.remove("gone")
+    assert await ops.list_tasks(key_prefix="gone") == []
+    later = harness.clock.now() + timedelta(days=1)
+    assert await harness.driver.purge_finished(PurgeParams("succeeded", later, 100)) == 1
+    assert await ops.list_tasks(key_prefix="aged") == []

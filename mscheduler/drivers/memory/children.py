@@ -10,8 +10,15 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from mscheduler.domain.family import MAP, MapExpansion, child_keys_of, map_summary, plan_or_skip, result_of
-from mscheduler.domain.model import item_key
+from mscheduler.domain.family import (
+    MAP,
+    MapExpansion,
+    child_keys_of,
+    map_items,
+    map_summary,
+    plan_or_skip,
+    result_of,
+)
 from mscheduler.drivers.base import (
     ExpandMapParams,
     MarkParams,
@@ -144,7 +151,7 @@ class MemoryChildren:
                 continue
             definition = doc.get("children")
             if isinstance(definition, dict) and definition.get("mode") == MAP:
-                items = (self._tasks.get(item_key(key, i)) for i in range(int(definition["count"])))
+                items = (self._tasks.get(one) for one in map_items(doc))
                 results = [result_of(item) for item in items if item is not None and _succeeded(item)]
                 out[key] = StepResult(doc["state"]["status"], copy_doc({"v": results})["v"])
             else:
@@ -171,10 +178,11 @@ class MemoryChildren:
             doc = self._tasks.get(key)
             if doc is None or doc["state"]["running_cnt"]:
                 continue
+            items = map_items(doc)
             definition = doc.pop("children", None)
             if definition is not None:
-                for i in range(int(definition.get("count", 0))):
-                    item = self._tasks.pop(item_key(key, i), None)
+                for one in items:
+                    item = self._tasks.pop(one, None)
                     if item is not None:
                         self._forget(item)
                         self._version[item["key"]] = self._version.get(item["key"], 0) + 1

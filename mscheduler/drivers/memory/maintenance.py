@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from mscheduler.domain.family import map_items
 from mscheduler.domain.state import LIVE, lifecycle
 from mscheduler.drivers.base import PurgeParams, RetentionParams, UniqueParamsTaken
 from mscheduler.drivers.memory.copying import copy_doc
@@ -95,7 +96,10 @@ class MemoryMaintenance:
             if doc["state"]["finish_time"] != finish_time:
                 continue
             # a family goes whole: its children first (all finished: the parent has a finish time)
-            for child_key in [*doc.get("children", {}).get("keys", ()), key]:
+            children = list(doc.get("children", {}).get("keys", ()))
+            # a workflow's map steps' items go first
+            items = [i for c in children if (step := self._tasks.get(c)) is not None for i in map_items(step)]
+            for child_key in [*items, *children, key]:
                 child = self._tasks.pop(child_key, None)
                 if child is not None:
                     self._forget(child)

@@ -20,11 +20,11 @@ from mscheduler.domain.family import (
     MapExpansion,
     SyncPlan,
     child_keys_of,
+    map_items,
     map_summary,
     plan_or_skip,
     result_of,
 )
-from mscheduler.domain.model import item_key
 from mscheduler.domain.partitions import by_part, part_of
 from mscheduler.drivers.base import (
     ExpandMapParams,
@@ -274,12 +274,7 @@ class MongoChildren:
     async def reset_steps(self, params: ResetStepsParams) -> int:
         keys = list(dict.fromkeys(params.keys))
         steps = await self._read_by_key("reset steps (read)", keys, {"_id": 0, "key": 1, "children": 1})
-        items = [
-            item_key(doc["key"], i)
-            for doc in steps
-            if _is_map(doc)
-            for i in range(int(doc["children"].get("count", 0)))
-        ]
+        items = [key for doc in steps for key in map_items(doc)]
         for part, of_part in by_part(items, self.partitions).items():
             filter_ = {"key": {"$in": of_part}, "part": part, "state.running_cnt": 0}
 
