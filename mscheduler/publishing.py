@@ -253,6 +253,8 @@ async def fan_out(driver: Driver, expansion: MapExpansion, now: datetime) -> boo
     step = await driver.get_task(expansion.key)
     if step is None or step.get("children") or not step["state"].get("blocked"):
         return False  # gone, fanned out already, or reset meanwhile
+    if step["state"].get("paused") or step["state"].get("cancelled") or step["state"].get("marked"):
+        return False  # paused: fanned out once resumed (the resume syncs); ended: never
     source = (await driver.read_results([expansion.source])).get(expansion.source)
     if source is None or source.status != TaskStatus.SUCCEEDED.value:
         return False  # restarted since the sync saw it succeed
