@@ -21,10 +21,9 @@ from typing import Any
 
 import pytest
 
-from mscheduler import Consumer, FakeClock, MemoryDriver, Operations, Publisher, TaskContext, TaskStatus
+from mscheduler import Consumer, FakeClock, MemoryDriver, Publisher, TaskContext, TaskStatus
 from mscheduler.testing.faults import FaultyDriver, crash_consumer
 from tests.scenarios.test_workflow_model import (
-    OPTION,
     Step,
     item_result,
     model,
@@ -63,7 +62,6 @@ async def test_soak_300_workflows_on_20_consumers_with_faults() -> None:
     clock = FakeClock()
     store = MemoryDriver(clock=clock)
     publisher = Publisher(store, clock=clock)
-    ops = Operations(store, clock=clock)
     shapes = {f"wf{n:03d}": random_dag(rng) for n in range(N_WORKFLOWS)}
     for steps in shapes.values():
         for step in steps:
