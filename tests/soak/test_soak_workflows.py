@@ -163,7 +163,8 @@ async def test_soak_300_workflows_on_20_consumers_with_faults() -> None:
     faults = sum(len(d.faults) for d in drivers.values())
     print(
         f"\nworkflow soak: {N_WORKFLOWS} workflows, {len(store._tasks)} tasks, {faults} injected faults, "
-        f"{len(killed)} consumers killed, {simulated:.0f} simulated s, {time.monotonic() - started:.1f} real s; "
+        f"{len(killed)} consumers killed, {simulated:.0f} simulated s, "
+        f"{time.monotonic() - started:.1f} real s; "
         f"statuses {dict(statuses)}, max live leases {max_live}, handler runs {sum(runs.values())}"
     )
     assert statuses == {"succeeded": N_WORKFLOWS}, statuses
