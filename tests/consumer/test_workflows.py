@@ -456,3 +456,50 @@ async def test_removing_a_workflow_removes_its_map_steps_items_and_so_does_reten
     later = harness.clock.now() + timedelta(days=1)
     assert await harness.driver.purge_finished(PurgeParams("succeeded", later, 100)) == 1
     assert await ops.list_tasks(key_prefix="aged") == []
+
+
+async def test_restarting_a_failed_workflow_reruns_the_failed_step_then_what_needs_it(
+    harness: Harness,
+) -> None:
+    steps = Steps()
+    steps.fail.add("b")
+    handlers = {
+        "a": steps.step("a", lambda p, r: 1),
+        "b": steps.step("b", lambda p, r: r["a"] + 1),
+        "c": steps.step("c", lambda p, r: r["b"] + 1),
+    }
+    await harness.start(harness.consumer("w1", handlers, concurrency=2))
+    await harness.publisher.send(wf("rf", Child("a"), Child("b", needs=["a"]), Child("c", needs=["b"])))
+    await until(harness, ended(harness, "rf"))
+    assert (await harness.get("rf")).status is TaskStatus.FAILED
+    assert (await harness.get("rf/c")).blocked and "start c" not in steps.log
+    steps.fail.clear()
+    await Operations(harness.driver, clock=harness.clock).restart("rf")
+    await until(harness, ended(harness, "rf"))
+    assert await harness.publisher.wait("rf", timeout=1) == 3
+    assert steps.log.count("start a") == 1 and steps.log.count("start b") == 2
+
+
+async def test_a_paused_workflow_starts_no_step_and_fans_out_nothing_until_resumed(harness: Harness) -> None:
+    steps = Steps()
+    steps.gates["list"] = Gate()
+    await harness.start(harness.consumer("w1", map_handlers(steps, [1, 2]), concurrency=3))
+    await harness.publisher.send(map_join("pz"))
+
+    async def listing() -> bool:
+        return steps.gates["list"].waiting == 1
+
+    await until(harness, listing)
+    ops = Operations(harness.driver, clock=harness.clock)
+    await ops.pause("pz")
+    steps.gates["list"].open()  # the running step finishes; nothing after it starts
+    await until(harness, lambda: _succeeded(harness, "pz/list"))
+    await harness.advance(30.0)
+    assert "start square" not in steps.log and await ops.list_tasks(key_prefix="pz/square/") == []
+    await ops.resume("pz")
+    await until(harness, ended(harness, "pz"))
+    assert await harness.publisher.wait("pz", timeout=1) == [1, 4]
+
+
+async def _succeeded(harness: Harness, key: str) -> bool:
+    return (await harness.get(key)).status is TaskStatus.SUCCEEDED
