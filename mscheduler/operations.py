@@ -792,11 +792,11 @@ class Operations:
             info = infos.get(key_of[name])
             if info is not None and info.status.value in finished:
                 await self._control(info.key, "restart", finished, "a finished step is restarted", by=by)
-        now = await self._now()
-        resets = [key_of[n] for n in later] + ([key_of[step]] if target.items is not None else [])
-        if resets:
-            await self.driver.reset_steps(ResetStepsParams(resets, now))
+        if later:
+            await self.driver.reset_steps(ResetStepsParams([key_of[n] for n in later], await self._now()))
         await self._control(target.key, "restart", finished, "a finished step is restarted", by=by)
+        if target.items is not None:  # a map step fans out again (its source has succeeded)
+            await self.driver.reset_steps(ResetStepsParams([target.key], await self._now()))
         await sync_families(self.driver, [parent.key], await self._now())
         return await self.workflow(parent.key)
 

@@ -503,3 +503,16 @@ async def test_a_paused_workflow_starts_no_step_and_fans_out_nothing_until_resum
 
 async def _succeeded(harness: Harness, key: str) -> bool:
     return (await harness.get(key)).status is TaskStatus.SUCCEEDED
+
+
+async def test_restart_step_of_the_map_step_itself_runs_its_items_again(harness: Harness) -> None:
+    steps = Steps()
+    await harness.start(harness.consumer("w1", map_handlers(steps, [2, 3]), concurrency=3))
+    await harness.publisher.send(map_join("rs"))
+    await until(harness, ended(harness, "rs"))
+    graph = await Operations(harness.driver, clock=harness.clock).restart_step("rs", "square")
+    assert graph.steps[1].status is not TaskStatus.SUCCEEDED
+    await until(harness, ended(harness, "rs"))
+    assert await harness.publisher.wait("rs", timeout=1) == [4, 9]
+    assert steps.log.count("start square") == 4 and steps.log.count("start list") == 1
+    assert steps.log.count("start total") == 2
