@@ -567,6 +567,15 @@ class Child(_UserInput):
         return self.option
 
 
+def children_given(value: Any) -> Any:
+    """Children as given (a task's, a plan's): names or ``Child`` objects, in a list."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ValueError("children must be a list of names or Child objects")
+    return tuple(Child(c) if isinstance(c, str) else c for c in value)
+
+
 def check_graph(key: str, children: tuple[Child, ...]) -> None:
     """A workflow's steps form a DAG: every name a step needs or maps over is a step of it, none
     needs itself, there is no cycle, and a map step needs nothing but the step it maps over.
@@ -647,11 +656,7 @@ class Task(_UserInput):
     @field_validator("children", mode="before")
     @classmethod
     def _children(cls, value: Any) -> Any:
-        if value is None:
-            return None
-        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-            raise ValueError("children must be a list of names or Child objects")
-        return tuple(Child(c) if isinstance(c, str) else c for c in value)
+        return children_given(value)
 
     @model_validator(mode="after")
     def _check_children(self) -> Task:

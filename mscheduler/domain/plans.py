@@ -27,7 +27,16 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mscheduler.domain.exceptions import InvalidInput
-from mscheduler.domain.model import Child, OptionChange, Params, Task, TaskName, TaskOption
+from mscheduler.domain.model import (
+    MAX_CHILDREN,
+    Child,
+    OptionChange,
+    Params,
+    Task,
+    TaskName,
+    TaskOption,
+    children_given,
+)
 from mscheduler.domain.schedule import (
     AtSchedule,
     CatchUp,
@@ -159,15 +168,13 @@ class Plan(FrozenModel):
     max_consecutive_failures: int = Field(DEFAULT_MAX_CONSECUTIVE_FAILURES, ge=1, le=1_000_000)
     allow_overlap: bool = False
     # each run a task with children (a workflow when they need each other): as ``Task``'s
-    children: tuple[Child, ...] | None = None
+    children: tuple[Child, ...] | None = Field(None, min_length=1, max_length=MAX_CHILDREN)
     children_mode: Literal["sequential", "parallel", "graph"] | None = None
 
     @field_validator("children", mode="before")
     @classmethod
     def _children(cls, value: Any) -> Any:
-        if value is None or isinstance(value, (str, bytes)):
-            return value
-        return tuple(Child(c) if isinstance(c, str) else c for c in value)
+        return children_given(value)
 
     @model_validator(mode="after")
     def _check_children(self) -> Plan:
