@@ -14,7 +14,10 @@ The figures are microseconds per step from the send to the last step's success (
 parents' follow-up included: a family is done only when its parent is), as this process's CPU
 time (the cost: the store is in process, and CPU time is what other load on a shared machine
 disturbs least) and as wall time, each with its ratio to ``plain`` (medians over ``--rounds``;
-the shapes alternate round by round, so a noisy machine's drift hits each alike).
+the shapes alternate round by round, so a noisy machine's drift hits each alike). Then one more
+run of each shape counts the consumer's storage calls per step (a ``FaultyDriver`` that injects
+nothing): with MongoDB each is a round trip (a sync is a few: its reads and writes), so they are
+what a step costs there.
 
     python -m benchmarks.workflow_steps [--steps 10000] [--rounds 3]
 """
@@ -25,10 +28,12 @@ import argparse
 import asyncio
 import statistics
 import time
+from collections import Counter
 from typing import Any
 
 from benchmarks.common import emit
 from mscheduler import Child, Consumer, MemoryDriver, Publisher, Task, TaskContext, TaskStatus
+from mscheduler.testing.faults import FaultyDriver
 
 SUCCEEDED = TaskStatus.SUCCEEDED.value
 
@@ -66,9 +71,11 @@ def tasks_of(shape: str, steps: int) -> tuple[list[Task], list[str]]:
     return [Task("m", "m", {"n": steps - 2}, children=children)], ["m"]
 
 
-async def run(shape: str, steps: int) -> tuple[float, float]:
+async def run(shape: str, steps: int, calls: Counter[str] | None = None) -> tuple[float, float]:
     driver = MemoryDriver()
-    consumer = Consumer(driver, concurrency=30, poll_interval=1.0)
+    # counting: the consumer's storage calls through a FaultyDriver that injects nothing
+    counted = FaultyDriver(driver) if calls is not None else None
+    consumer = Consumer(counted or driver, concurrency=30, poll_interval=1.0)
     for name in ["step", "join", *(f"step{j}" for j in range(FAMILY))]:
         consumer.register(name, noop)
     consumer.register("list", listing)
@@ -87,6 +94,8 @@ async def run(shape: str, steps: int) -> tuple[float, float]:
         return time.perf_counter() - started, time.process_time() - cpu
     finally:
         await consumer.stop()
+        if counted is not None and calls is not None:
+            calls.update(counted.calls)
 
 
 async def main(steps: int, rounds: int) -> None:
@@ -102,6 +111,11 @@ async def main(steps: int, rounds: int) -> None:
         return {s: statistics.median(v) / steps * 1e6 for s, v in of.items()}
 
     wall_us, cpu_us = per_step(seconds), per_step(cpu)
+    calls: dict[str, Counter[str]] = {shape: Counter() for shape in SHAPES}
+    for shape in SHAPES:  # one more run each, counting the consumer's storage calls (not timed)
+        await run(shape, steps, calls[shape])
+    skipped = {"register_worker", "heartbeat_worker", "unregister_worker", "prepare", "server_time"}
+    skipped |= {"watch", "watch_event"}  # the change stream, not calls
     emit(
         {
             "benchmark": "workflow_steps",
@@ -112,6 +126,14 @@ async def main(steps: int, rounds: int) -> None:
             "wall_us_per_step": {s: round(v, 1) for s, v in wall_us.items()},
             "wall_ratio_to_plain": {s: round(v / wall_us["plain"], 2) for s, v in wall_us.items()},
             "wall_seconds": {s: [round(x, 3) for x in v] for s, v in seconds.items()},
+            "store_calls_per_step": {
+                shape: {
+                    op: round(n / steps, 2)
+                    for op, n in sorted(c.items())
+                    if op not in skipped and n >= steps / 100
+                }
+                for shape, c in calls.items()
+            },
             # the figures run_all compares with the 1.5x target
             "map_cpu_ratio": round(cpu_us["map"] / cpu_us["plain"], 2),
             "chain_cpu_ratio": round(cpu_us["chain"] / cpu_us["plain"], 2),

@@ -32,10 +32,11 @@ from mscheduler.domain.outcomes import rejected as rejected_outcome
 from mscheduler.domain.outcomes import retry_after as retry_outcome
 from mscheduler.domain.outcomes import snoozed as snoozed_outcome
 from mscheduler.domain.outcomes import succeeded as succeeded_outcome
-from mscheduler.drivers.base import ClaimedTask, Driver, FinishParams, cancelled_error, paused_error
+from mscheduler.drivers.base import ClaimedTask, FinishParams, cancelled_error, paused_error
 from mscheduler.observability.tracing import TaskTracer
 from mscheduler.runtime.consumer.discovery import Discovery
 from mscheduler.runtime.consumer.handlers import Registered as _Registered
+from mscheduler.runtime.consumer.inputs import StepInputs
 from mscheduler.runtime.consumer.limiter import Limiter
 from mscheduler.runtime.consumer.reports import AttemptReports
 from mscheduler.services.events import EventKind, EventRecorder, outcome_detail, outcome_kind
@@ -173,7 +174,7 @@ class ConsumerRunner:
     stats: dict[str, int]
 
     _tracer: TaskTracer | None
-    driver: Driver
+    inputs: StepInputs
 
     if TYPE_CHECKING:
 
@@ -417,7 +418,7 @@ class ConsumerRunner:
         step is put back (``Snooze``, not counted) until the follow-up blocks or reruns it."""
         needs = {n["key"]: n["name"] for n in claimed.needs or ()}
         try:
-            read = await self.driver.read_results(list(needs))
+            read = await self.inputs.read(list(needs))
         except MSchedulerError as exc:  # the store's trouble, not the step's: not counted
             raise Snooze(NEEDS_RECHECK, f"its inputs could not be read: {exc}") from exc
         results: dict[str, Any] = {}
