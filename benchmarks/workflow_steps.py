@@ -19,7 +19,10 @@ run of each shape counts the consumer's storage calls per step (a ``FaultyDriver
 nothing): with MongoDB each is a round trip (a sync is a few: its reads and writes), so they are
 what a step costs there.
 
-    python -m benchmarks.workflow_steps [--steps 10000] [--rounds 3]
+``--mongo-steps N``: one more run of each shape with N steps on the MongoDriver over mongomock,
+counting the commands it sends per step (mongomock scans: counted, not timed).
+
+    python -m benchmarks.workflow_steps [--steps 10000] [--rounds 3] [--mongo-steps 500]
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ import time
 from collections import Counter
 from typing import Any
 
+from benchmarks.commands_per_task import FAKE_ONLY, ONE_OFF, TIME_DRIVEN, CountingMongoDriver
 from benchmarks.common import emit
 from mscheduler import Child, Consumer, MemoryDriver, Publisher, Task, TaskContext, TaskStatus
 from mscheduler.testing.faults import FaultyDriver
+from mscheduler.testing.mongomock import mongomock_database
 
 SUCCEEDED = TaskStatus.SUCCEEDED.value
 
@@ -98,7 +103,37 @@ async def run(shape: str, steps: int, calls: Counter[str] | None = None) -> tupl
             calls.update(counted.calls)
 
 
-async def main(steps: int, rounds: int) -> None:
+async def mongo_commands(shape: str, steps: int) -> dict[str, float]:
+    """Commands per step the MongoDriver sends for ``shape`` (on mongomock: counted, not timed),
+    sending included; time-driven, one-off and fake-only commands left out (as in
+    ``benchmarks.commands_per_task``)."""
+    driver = CountingMongoDriver(mongomock_database(f"wf_{shape}"))
+    await driver.setup()
+    consumer = Consumer(driver, concurrency=30, poll_interval=1.0)
+    for name in ["step", "join", *(f"step{j}" for j in range(FAMILY))]:
+        consumer.register(name, noop)
+    consumer.register("list", listing)
+    tasks, ends = tasks_of(shape, steps)
+    driver.by_operation.clear()
+    await Publisher(driver).send_many(tasks)
+    await consumer.start()
+    try:
+        for key in ends:
+            while True:
+                doc = await driver.get_task(key)
+                if doc is not None and doc["state"]["status"] == SUCCEEDED:
+                    break
+                await asyncio.sleep(0.01)
+    finally:
+        await consumer.stop()
+    left_out = TIME_DRIVEN | ONE_OFF | FAKE_ONLY | {"get task"}  # the end check's reads
+    counted = {op: n for op, n in driver.by_operation.items() if op not in left_out}
+    out = {op: round(n / steps, 2) for op, n in sorted(counted.items()) if n >= steps / 100}
+    out["total"] = round(sum(counted.values()) / steps, 2)
+    return out
+
+
+async def main(steps: int, rounds: int, mongo_steps: int = 0) -> None:
     seconds: dict[str, list[float]] = {shape: [] for shape in SHAPES}
     cpu: dict[str, list[float]] = {shape: [] for shape in SHAPES}
     for _ in range(rounds):
@@ -114,6 +149,7 @@ async def main(steps: int, rounds: int) -> None:
     calls: dict[str, Counter[str]] = {shape: Counter() for shape in SHAPES}
     for shape in SHAPES:  # one more run each, counting the consumer's storage calls (not timed)
         await run(shape, steps, calls[shape])
+    mongo = {shape: await mongo_commands(shape, mongo_steps) for shape in SHAPES} if mongo_steps else {}
     skipped = {"register_worker", "heartbeat_worker", "unregister_worker", "prepare", "server_time"}
     skipped |= {"watch", "watch_event"}  # the change stream, not calls
     emit(
@@ -134,6 +170,7 @@ async def main(steps: int, rounds: int) -> None:
                 }
                 for shape, c in calls.items()
             },
+            "mongo_commands_per_step": mongo,
             # the figures run_all compares with the 1.5x target
             "map_cpu_ratio": round(cpu_us["map"] / cpu_us["plain"], 2),
             "chain_cpu_ratio": round(cpu_us["chain"] / cpu_us["plain"], 2),
@@ -147,8 +184,11 @@ def cli() -> None:
     )
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--mongo-steps", type=int, default=0, help="also count MongoDriver commands (mongomock)"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.steps, args.rounds))
+    asyncio.run(main(args.steps, args.rounds, args.mongo_steps))
 
 
 if __name__ == "__main__":
