@@ -817,6 +817,11 @@ class Driver(Protocol):
         """See ``ResetStepsParams``; returns how many steps were reset."""
         ...
 
+    async def count_items(self, key: str) -> dict[str, int]:
+        """How many of a map step's items are in each status (an operator's read: index keys
+        only, within the admin read time)."""
+        ...
+
     async def find_open_parents(self, params: OpenParentsParams) -> list[str]:
         """Keys of pending or running parents (what a reconciler pass looks at)."""
         ...

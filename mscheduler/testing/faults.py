@@ -117,6 +117,7 @@ OPERATIONS = (
     "read_results",
     "expand_map",
     "reset_steps",
+    "count_items",
 )
 
 BEFORE = "before"  # the call failed before reaching the store: nothing was applied
@@ -514,6 +515,9 @@ class FaultyDriver:
 
     async def reset_steps(self, params: ResetStepsParams) -> int:
         return await self._invoke("reset_steps", lambda: self.inner.reset_steps(params), params)
+
+    async def count_items(self, key: str) -> dict[str, int]:
+        return await self._invoke("count_items", lambda: self.inner.count_items(key), key)
 
     async def acquire_slots(self, params: AcquireParams) -> AcquireResult:
         return await self._invoke("acquire_slots", lambda: self.inner.acquire_slots(params), params)

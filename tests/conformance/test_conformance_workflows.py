@@ -114,6 +114,7 @@ async def test_expand_map_is_a_compare_and_set_and_items_make_the_map_step_a_par
     step = await store.get("wf/square")
     assert step["children"] == {"mode": "map", "count": 2, "on_failure": "fail"}
     assert step["state"]["status"] == "pending" and step["state"]["claim_at"] is None
+    assert await store.driver.count_items("wf/square") == {"pending": 2}
     await run_item(store)
     outcome = await sync(store, "wf/square")
     assert outcome.cascade == ["wf"]  # the map step changed: its workflow is synced next
@@ -123,6 +124,8 @@ async def test_expand_map_is_a_compare_and_set_and_items_make_the_map_step_a_par
     assert (await store.status("wf/square")) == "succeeded"
     await sync(store, "wf")
     assert (await store.get("wf/total"))["state"]["blocked"] is False
+    assert await store.driver.count_items("wf/square") == {"succeeded": 2}
+    assert await store.driver.count_items("wf/list") == {}  # no items
     read = await store.driver.read_results(["wf/square", "wf/list", "nope"])
     assert read["wf/square"].status == "succeeded" and read["wf/square"].result == [9, 16]  # in order
     assert read["wf/list"].result == [3, 4] and "nope" not in read

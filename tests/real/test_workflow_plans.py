@@ -2,7 +2,7 @@
 into 3,000 items beside 2,000 plain tasks. The statuses among its items are a DISTINCT_SCAN of
 ``family`` (a key per status, whatever the item count); the join's read of the items' results
 reads only the succeeded items, in order, without an in-memory sort; the fan-out's record and a
-reset find their steps by key."""
+reset find their steps by key; counting its items by status reads index keys only."""
 
 from __future__ import annotations
 
@@ -129,3 +129,10 @@ async def test_a_fan_out_record_and_a_reset_find_their_steps_by_key(setup: Setup
         "update", lambda: setup.driver.reset_steps(ResetStepsParams(["wf/total"], now))
     )
     assert_one_task(await setup.explain(reset), {KEY_INDEX}, "reset_steps")
+
+
+async def test_counting_a_map_steps_items_reads_index_keys_only(setup: Setup) -> None:
+    (command,) = await setup.commands_of("aggregate", lambda: setup.driver.count_items("wf/square"))
+    plan = await setup.explain(command)
+    assert plan.indexes == {FAMILY_INDEX} and plan.docs == 0, plan.summary()
+    assert plan.keys <= ITEMS + 1, plan.summary()

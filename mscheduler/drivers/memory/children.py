@@ -172,6 +172,9 @@ class MemoryChildren:
         self._write(doc, params.now)
         return True
 
+    async def count_items(self, key: str) -> dict[str, int]:
+        return {status: n for status, n in self._family_counts.get(key, Counter()).items() if n > 0}
+
     async def reset_steps(self, params: ResetStepsParams) -> int:
         reset = 0
         for key in dict.fromkeys(params.keys):

@@ -36,6 +36,7 @@ from mscheduler.drivers.base import (
     SyncParentsParams,
 )
 from mscheduler.drivers.mongo.common import (
+    ADMIN_READ_MS,
     FAMILY_INDEX,
     KEY_INDEX,
     PARENTS_INDEX,
@@ -43,6 +44,8 @@ from mscheduler.drivers.mongo.common import (
     _derive_stages,
     _in,
     _lit,
+    _resolve,
+    admin_read,
     write_concern_only,
 )
 
@@ -247,6 +250,21 @@ class MongoChildren:
             return [result_of(_in(doc)) async for doc in cursor]
 
         return await self._call("read map step results", read)
+
+    async def count_items(self, key: str) -> dict[str, int]:
+        # covered by ``family`` (parent, state.status): index keys only, no document read
+        pipeline = [
+            {"$match": {"parent": key}},
+            {"$group": {"_id": "$state.status", "n": {"$sum": 1}}},
+        ]
+
+        async def read() -> dict[str, int]:
+            cursor = await _resolve(
+                self.tasks.aggregate(pipeline, hint=FAMILY_INDEX, maxTimeMS=ADMIN_READ_MS)
+            )
+            return {row["_id"]: int(row["n"]) async for row in cursor if isinstance(row["_id"], str)}
+
+        return await self._call("count map items", lambda: admin_read("count map items", read))
 
     async def expand_map(self, params: ExpandMapParams) -> bool:
         filter_ = {
