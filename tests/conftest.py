@@ -83,7 +83,9 @@ async def driver_factory(kind: str) -> AsyncIterator[DriverFactory]:
             if memory is None:
                 memory = MemoryDriver(clock=clock, partitions=partitions)
             return memory
-        return MongoDriver(database, partitions=partitions)
+        # a throwaway store builds its indexes at the driver's first start (a real one is set up)
+        throwaway = kind != "real"
+        return MongoDriver(database, partitions=partitions, create_indexes=throwaway)
 
     yield factory
     if client is not None:
