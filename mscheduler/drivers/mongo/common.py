@@ -48,7 +48,6 @@ T = TypeVar("T")
 
 TASKS = "mscheduler_tasks"
 WORKERS = "mscheduler_workers"
-PROBE = "mscheduler_probe"
 META = "mscheduler_meta"  # the store's layout: its partitions, whether it is sharded
 
 WS = "state.worker_states"

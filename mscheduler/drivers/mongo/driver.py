@@ -2,8 +2,8 @@
 
 It takes an async database object — PyMongo's ``AsyncDatabase``, or a Motor database — and
 absorbs their API differences in one place (``aggregate``, ``watch`` and ``list_indexes`` are
-coroutines in PyMongo's async API, plain calls in Motor's). It is written for MongoDB alone: the
-test stand-in (``mscheduler.testing``) makes mongomock answer as the server does.
+coroutines in PyMongo's async API, plain calls in Motor's). It is written for MongoDB alone:
+tests run it on a stand-in that answers as the server does (``mscheduler.testing``).
 
 Query design:
 
@@ -90,7 +90,6 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     MAX_SCANS,
     META,
     NAME_INDEX,
-    PROBE,
     RETIRED_INDEXES,
     RETRYABLE_WRITE_CONCERN_CODES,
     SHARD_KEY,
@@ -152,7 +151,7 @@ class MongoDriver(
     """The task store on MongoDB.
 
     :param database: an async database (``AsyncMongoClient()[name]``; a Motor database works too;
-        in tests, ``mscheduler.testing.mongomock_database()``).
+        in tests, the in-memory stand-in of ``mscheduler.testing``).
     :param prefix: collection name prefix, to keep several independent schedulers in one database.
     :param retries: how many times a transient error is retried (with jittered exponential
         backoff) before it surfaces as ``StorageError(transient=True)``.
@@ -226,7 +225,6 @@ class MongoDriver(
         )
         # Limit reads that decide (which limit holds a slot, an acquire's recovery) likewise.
         self.limits_primary = self.limits.with_options(read_preference=ReadPreference.PRIMARY)
-        self.probe = database[f"{prefix}{PROBE}"]
         # the store's layout (its partitions: fixed by setup, read by prepare)
         self.meta = database[f"{prefix}{META}"]
         self._asked_partitions = checked_partitions(partitions) if partitions is not None else None
@@ -500,7 +498,6 @@ class MongoDriver(
         await self._call("drop workers", self.workers.drop)
         await self._call("drop plans", self.plans.drop)
         await self._call("drop limits", self.limits.drop)
-        await self._call("drop probe", self.probe.drop)
         await self._call("drop events", self.events.drop)
         await self._call("drop layout", self.meta.drop)
 
