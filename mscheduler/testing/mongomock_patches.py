@@ -387,7 +387,8 @@ def _coll_mod(db: Any, command: dict[str, Any]) -> dict[str, Any]:
     index = command.get("index") or {}
     found = target._store.indexes.get(index.get("name"))
     if found is None or "expireAfterSeconds" not in index:
-        raise OperationFailure(f"cannot find index {index.get('name')} for ns {target.full_name}", 27)
+        missing = f"cannot find index {index.get('name')} for ns {target.full_name}"
+        raise OperationFailure(missing, INDEX_NOT_FOUND)
     old = found.get("expireAfterSeconds")
     found["expireAfterSeconds"] = index["expireAfterSeconds"]
     return {"expireAfterSeconds_old": old, "expireAfterSeconds_new": index["expireAfterSeconds"], "ok": 1.0}
