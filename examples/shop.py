@@ -14,7 +14,9 @@ Send it work from another terminal (``dev`` prints the address and the token)::
 
 Four kinds of handler: an ``async def`` (on the event loop), a plain function (in a thread: it may
 block), CPU-bound work in a process, and one that asks to be retried; a plan runs a report
-every minute.
+every minute. A workflow fulfils an order: reserve its lines, pack each line (one task per line,
+at once), then ship with every packed parcel: ``await publisher.send(fulfil(7, lines=3))``, or
+``POST /api/v1/tasks`` with the same task as JSON (its ``children`` with ``needs`` / ``map_over``).
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ from pydantic import BaseModel
 
 from mscheduler import (
     App,
+    Child,
     EverySchedule,
     Plan,
     PlanTiming,
     Retry,
     SyncTaskContext,
+    Task,
     TaskContext,
 )
 
@@ -80,6 +84,29 @@ async def charge_card(params: dict[str, object], ctx: TaskContext) -> str:
     if ctx.attempt_no == 1:
         raise Retry(after=2, reason="gateway busy")
     return "charged"
+
+
+@app.handler("reserve")
+async def reserve(params: dict[str, int], ctx: TaskContext) -> list[dict[str, int]]:
+    """Reserve each line of the order; the list is what ``pack`` maps over."""
+    return [{"order_id": params["order_id"], "line": n} for n in range(params["lines"])]
+
+
+@app.handler("pack")
+async def pack(line: dict[str, int]) -> str:
+    return f"parcel-{line['order_id']}-{line['line']}"
+
+
+@app.handler("ship")
+async def ship(params: dict[str, int], ctx: TaskContext) -> str:
+    parcels = ctx.results["pack"]  # every packed parcel, in the order of the lines
+    return f"order {params['order_id']} shipped in {len(parcels)} parcels: {', '.join(parcels)}"
+
+
+def fulfil(order_id: int, lines: int) -> Task:
+    """The workflow of one order: reserve, then pack each line at once, then ship."""
+    steps = [Child("reserve"), Child("pack", map_over="reserve"), Child("ship", needs=["pack"])]
+    return Task(f"order-{order_id}", "fulfil", {"order_id": order_id, "lines": lines}, children=steps)
 
 
 app.consumer(concurrency=8)

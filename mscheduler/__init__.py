@@ -34,11 +34,13 @@ from mscheduler.domain.model import (
     Child,
     ErrorInfo,
     OptionChange,
+    StepInfo,
     Task,
     TaskInfo,
     TaskOption,
     TaskStatus,
     WorkerState,
+    WorkflowInfo,
 )
 from mscheduler.domain.plans import Plan, PlanInfo, PlanState
 from mscheduler.domain.retry import (
@@ -127,6 +129,7 @@ __all__ = [
     "RetryPolicy",
     "Schedule",
     "Snooze",
+    "StepInfo",
     "StorageError",
     "SyncTaskContext",
     "Task",
@@ -144,6 +147,7 @@ __all__ = [
     "WeeklySchedule",
     "WorkerState",
     "WorkerView",
+    "WorkflowInfo",
 ]
 
 

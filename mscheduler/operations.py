@@ -32,15 +32,25 @@ from mscheduler.domain.exceptions import (
     UnknownPlan,
     UnknownTask,
 )
+from mscheduler.domain.family import MAP, dependents, final_steps, map_items, step_graph
 from mscheduler.domain.limits import Limit, LimitInfo, Rate, checked_limit, from_storage
-from mscheduler.domain.listing import LIST_LIMIT_MAX, TaskFilters, TaskPage, list_params, task_page
+from mscheduler.domain.listing import (
+    LIST_LIMIT_MAX,
+    TaskFilters,
+    TaskPage,
+    list_params,
+    task_page,
+)
 from mscheduler.domain.model import (
     OptionChange,
+    StepInfo,
     Task,
     TaskInfo,
     TaskOption,
     TaskStatus,
+    WorkflowInfo,
     checked_params_size,
+    item_key,
     validate_key,
     validate_name,
     validate_worker_id,
@@ -68,11 +78,10 @@ from mscheduler.drivers.base import (
     InsertPlanParams,
     LimitNameTaken,
     MarkParams,
-    NewTask,
     PlanListParams,
     PutLimitParams,
+    ResetStepsParams,
     StatsParams,
-    SyncParentsParams,
     UniqueParamsTaken,
     UpdateOptionParams,
     UpdatePlanParams,
@@ -83,6 +92,8 @@ from mscheduler.publishing import (
     checked_max_params_bytes,
     insert_families,
     prepared_families,
+    run_documents,
+    sync_families,
 )
 
 log = logging.getLogger("mscheduler.operations")
@@ -659,26 +670,133 @@ class Operations:
         stop_running: bool = False,
         by: str | None = None,
     ) -> TaskInfo:
-        """After a change of one task: a child's parent is synced; a cancel, pause, resume or
-        restart of a parent is applied to those of its children it applies to (each its own
-        compare-and-set), then the parent is synced (docs/design.md, "Child tasks")."""
-        if info.parent is not None:
-            await self.driver.sync_parents(SyncParentsParams([info.parent], await self._now()))
-            return info
-        if info.children is None or action not in FAMILY_ACTIONS:
-            return info
-        for child in info.children:
+        """After a change of one task: a cancel, pause, resume or restart of a parent (a
+        fanned-out map step too) is applied to those of its children it applies to (each its own
+        compare-and-set, down to a map step's items), then the parent and the child's parent are
+        synced (docs/design.md, "Child tasks")."""
+        is_parent = info.children is not None or info.items is not None
+        if is_parent and action in FAMILY_ACTIONS:
+            await self._apply_to_children(info, action, reason=reason, stop_running=stop_running, by=by)
+        keys = [*([info.key] if is_parent else []), *([info.parent] if info.parent is not None else [])]
+        if keys:
+            await sync_families(self.driver, keys, await self._now())
+        return await self.get_task(info.key) if is_parent else info
+
+    async def _apply_to_children(
+        self, info: TaskInfo, action: str, *, reason: str, stop_running: bool, by: str | None
+    ) -> None:
+        keys = [c.key for c in info.children or ()] + [item_key(info.key, i) for i in range(info.items or 0)]
+        for key in keys:
             try:
                 statuses = FAMILY_ACTIONS[action]
-                await self._control(
-                    child.key, action, statuses, "", reason=reason, stop_running=stop_running, by=by
+                child = await self._control(
+                    key, action, statuses, "", reason=reason, stop_running=stop_running, by=by
                 )
             except (TransitionRefused, UnknownTask):
-                pass  # not in a status the action applies to (or gone): left as it is
-        await self.driver.sync_parents(SyncParentsParams([info.key], await self._now()))
-        return await self.get_task(info.key)
+                continue  # not in a status the action applies to (or gone): left as it is
+            if child is not None and child.items is not None:  # a map step: its items too
+                await self._apply_to_children(child, action, reason=reason, stop_running=stop_running, by=by)
+
+    # -- workflows ------------------------------------------------------------------------------
+
+    async def workflow(self, key: str) -> WorkflowInfo:
+        """A task with children as a graph (``WorkflowInfo``): each step's status, what it needs,
+        and a fanned-out map step's items by status. ``InvalidInput`` for a task without children."""
+        doc = await self.driver.get_task(_checked(validate_key, key, "key"))
+        if doc is None:
+            raise UnknownTask(key)
+        definition = doc.get("children")
+        if not definition or definition.get("mode") == MAP:
+            raise InvalidInput(f"task {key!r} has no steps (it is not a task with children)")
+        graph = step_graph(definition)
+        steps = {
+            d["key"]: TaskInfo.from_storage(d)
+            for d in await self.driver.get_tasks([k for _, k, _, _ in graph])
+        }
+        out = []
+        for name, step_key, needs, over in graph:
+            step = steps.get(step_key)
+            status = step.status if step is not None else TaskStatus.PENDING
+            counts = await self._item_counts(step_key) if step is not None and step.items else None
+            blocked = step.blocked if step is not None else True
+            items = step.items if step is not None else None
+            out.append(
+                StepInfo(
+                    name=name,
+                    key=step_key,
+                    status=status,
+                    needs=needs,
+                    map_over=over,
+                    blocked=blocked,
+                    items=items,
+                    item_statuses=counts,
+                )
+            )
+        info = TaskInfo.from_storage(doc)
+        finals = [name for name, _ in final_steps(definition)]
+        return WorkflowInfo(
+            key=info.key, status=info.status, mode=definition["mode"], steps=out, final=finals
+        )
+
+    async def _item_counts(self, step_key: str) -> dict[str, int]:
+        """A map step's items by status (one read of index keys)."""
+        return dict(sorted((await self.driver.count_items(step_key)).items()))
+
+    async def restart_step(self, key: str, step: str, *, by: str | None = None) -> WorkflowInfo:
+        """Run the step ``step`` of workflow ``key`` again, and every step that depends on it
+        (its results change): the step (finished: succeeded, failed, cancelled or expired) is
+        restarted, and its dependents are restarted and blocked until what they need has
+        succeeded again (a fanned-out map step's items are removed: it fans out again). Refused
+        (``TransitionRefused``, nothing changed) while the step or a dependent is pending or
+        running, or the workflow is cancelled. Returns the workflow."""
+        by = _checked_by(by)
+        parent = await self.get_task(key)
+        doc = await self.driver.get_task(parent.key)
+        definition = (doc or {}).get("children")
+        if not definition or definition.get("mode") == MAP:
+            raise InvalidInput(f"task {key!r} has no steps (it is not a task with children)")
+        graph = step_graph(definition)
+        key_of = {name: k for name, k, _, _ in graph}
+        if step not in key_of:
+            raise InvalidInput(f"task {key!r} has no step named {step!r} (its steps: {', '.join(key_of)})")
+        if parent.cancelled is not None:
+            raise TransitionRefused(
+                key, "restart a step of", parent.status.value, "restart the cancelled workflow"
+            )
+        later = dependents(graph, step)
+        infos = {
+            k: TaskInfo.from_storage(d)
+            for k, d in [(d["key"], d) for d in await self.driver.get_tasks(list(key_of.values()))]
+        }
+        target = infos.get(key_of[step])
+        if target is None or target.status.value in _UNFINISHED:
+            status = target.status.value if target is not None else "missing"
+            raise TransitionRefused(
+                key_of[step], "restart", status, "a pending or running step is not restarted"
+            )
+        for name in later:
+            info = infos.get(key_of[name])
+            if info is not None and info.status is TaskStatus.RUNNING:
+                raise TransitionRefused(
+                    info.key, "restart", "running", f"step {name!r} depends on {step!r} and runs"
+                )
+        finished = (_SUCCEEDED, _FAILED, _CANCELLED, _EXPIRED)
+        for name in reversed(later):  # the last first: none of them starts before its needs
+            info = infos.get(key_of[name])
+            if info is not None and info.status.value in finished:
+                await self._control(info.key, "restart", finished, "a finished step is restarted", by=by)
+        if later:
+            await self.driver.reset_steps(ResetStepsParams([key_of[n] for n in later], await self._now()))
+        await self._control(target.key, "restart", finished, "a finished step is restarted", by=by)
+        if target.items is not None:  # a map step fans out again (its source has succeeded)
+            await self.driver.reset_steps(ResetStepsParams([target.key], await self._now()))
+        await sync_families(self.driver, [parent.key], await self._now())
+        return await self.workflow(parent.key)
 
     async def _remove_child(self, key: str, force: bool, by: str | None = None) -> None:
+        doc = await self.driver.get_task(key)
+        for item in map_items(doc) if doc is not None else []:  # a map step: its items first
+            await self._remove_child(item, force, by)
         if force:
             try:
                 await self._control(key, "cancel", (_RUNNING,), "", reason="removed", by=by)
@@ -794,11 +912,9 @@ class Operations:
                 rule = f"plan {plan_id!r} does not allow overlap"
                 raise TransitionRefused(last, "start another run beside", outcome.status, rule)
         now = await self._now()
-        task = doc["task"]
-        option = TaskOption.from_storage(task["option"])
         key = occurrence_key(plan_id, now)
-        new = NewTask(key, task["name"], task.get("params"), option.to_storage(now))
-        (created,) = await self.driver.insert_tasks(InsertParams([new], now))
+        documents = run_documents(plan_id, now, doc["task"])  # a task, or a workflow (parent first)
+        (created, *_) = await self.driver.insert_tasks(InsertParams(documents, now))
         if not created:
             raise TransitionRefused(key, "run now", "pending", "a run of the plan at this instant exists")
         return await self.get_task(key)

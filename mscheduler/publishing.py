@@ -19,11 +19,29 @@ from datetime import datetime
 from typing import Any
 
 from mscheduler.domain.exceptions import InvalidInput
-from mscheduler.domain.family import SEQUENTIAL
+from mscheduler.domain.family import GRAPH, SEQUENTIAL, MapExpansion
 from mscheduler.domain.model import DEFAULT_MAX_PARAMS_BYTES as DEFAULT_MAX_PARAMS_BYTES
-from mscheduler.domain.model import Task, TaskOption, checked_params_size, child_key, encoded_size
+from mscheduler.domain.model import (
+    Child,
+    Task,
+    TaskOption,
+    TaskStatus,
+    checked_params_size,
+    child_key,
+    encoded_size,
+    item_key,
+    step_needs,
+)
+from mscheduler.domain.plans import occurrence_key, run_task
 from mscheduler.domain.unique import params_hash
-from mscheduler.drivers.base import Driver, InsertParams, NewTask
+from mscheduler.drivers.base import (
+    Driver,
+    ExpandMapParams,
+    InsertParams,
+    MarkParams,
+    NewTask,
+    SyncParentsParams,
+)
 
 SEND_MANY_BATCH = 1000  # documents per insert command
 # a batch's option objects and their storage forms, by id (``prepare``)
@@ -71,20 +89,47 @@ def expand(task: Task, prepare_one: Callable[[Task], NewTask]) -> list[NewTask]:
 
     Each child is a ``Task`` of its own (key ``<parent key>/<name>``, handler ``name``, its params
     or the parent's, its option or the parent's), prepared as any task is (``prepare_one``: the
-    size checks and storage form); in sequential mode all but the first are ``blocked``
+    size checks and storage form); in sequential mode all but the first are ``blocked``, in a
+    graph every step that needs another (a map step: the step it maps over) is
     (``mscheduler.services.children`` keeps the family in step afterwards).
     """
     children = task.children or ()
-    mode = task.children_mode or SEQUENTIAL
+    mode = task.mode or SEQUENTIAL
     keys = [child_key(task.key, c.name) for c in children]
-    definition = {"mode": mode, "names": [c.name for c in children], "keys": keys}
+    key_of = dict(zip([c.name for c in children], keys, strict=True))
+    definition: dict[str, Any] = {"mode": mode, "names": [c.name for c in children], "keys": keys}
+    if mode == GRAPH:
+        definition["needs"] = [list(step_needs(c)) for c in children]
+        definition["maps"] = [_map_of(c) for c in children]
     out = [replace(prepare_one(task), children=definition)]
     for position, (child, key) in enumerate(zip(children, keys, strict=True)):
         params = child.params if child.params is not None else task.params
         prepared = prepare_one(Task(key, child.name, params, option=child.option_for(task.option)))
-        blocked = mode == SEQUENTIAL and position > 0
-        out.append(replace(prepared, parent=task.key, position=position, blocked=blocked))
+        blocked = position > 0 if mode == SEQUENTIAL else mode == GRAPH and bool(step_needs(child))
+        prepared = replace(prepared, parent=task.key, position=position, blocked=blocked)
+        if mode == GRAPH:
+            needs = [{"name": n, "key": key_of[n]} for n in child.needs]
+            map_ = _map_of(child)
+            prepared = replace(prepared, needs=needs or None, map=map_)
+        out.append(prepared)
     return out
+
+
+def _map_of(child: Child) -> dict[str, Any] | None:
+    if child.map_over is None:
+        return None
+    return {"over": child.map_over, "on_failure": child.on_failure, "max_items": child.max_items}
+
+
+def run_documents(plan_id: str, fire_time: datetime, template: Mapping[str, Any]) -> list[NewTask]:
+    """The documents of a plan's run at ``fire_time`` (its template: a plan's ``task``): one task,
+    or a task with children (the parent first), each keyed by the occurrence."""
+    if not template.get("children"):
+        option = TaskOption.from_storage(template["option"])
+        key = occurrence_key(plan_id, fire_time)
+        return [NewTask(key, template["name"], template.get("params"), option.to_storage(fire_time))]
+    task = run_task(plan_id, fire_time, template)
+    return expand(task, lambda one: NewTask(one.key, one.name, one.params, one.option.to_storage(fire_time)))
 
 
 def child_names(task: Task) -> list[str]:
@@ -170,3 +215,68 @@ async def insert_families(
             created.append(results[first])
             first += len(one)
     return created
+
+
+# -- keeping families in step (a sync, then what it left to do) ------------------------------------
+
+SYNC_ROUNDS = 4  # a workflow nests two deep (workflow, map step, items): rounds of one sync
+
+
+async def sync_families(driver: Driver, keys: Sequence[str], now: datetime) -> int:
+    """Sync these parents (``Driver.sync_parents``), fan out the map steps whose source has
+    succeeded (``fan_out``) and sync what that changed: the map step, and the parents of changed
+    parents that are children themselves. Idempotent like a sync; returns how many parents
+    changed. Both the consumer's follow-up and the reconciler (``mscheduler.services.children``)
+    and the operators' actions (``Operations``) call it."""
+    changed = 0
+    todo = list(dict.fromkeys(keys))
+    for _ in range(SYNC_ROUNDS):
+        if not todo:
+            break
+        outcome = await driver.sync_parents(SyncParentsParams(todo, now))
+        changed += outcome.changed
+        after = list(outcome.cascade)
+        for expansion in outcome.expand:
+            await fan_out(driver, expansion, now)
+            after += [expansion.key, expansion.parent]
+        todo = list(dict.fromkeys(after))
+    return changed
+
+
+async def fan_out(driver: Driver, expansion: MapExpansion, now: datetime) -> bool:
+    """Fan a map step out: one item task per element of its source's result (a list of at most
+    ``max_items``), keyed ``<step key>/<index>``, inserted idempotently, then the step recorded
+    as fanned out (a compare-and-set). A crash in between is repaired by the next sync, which
+    inserts the same keys again (the existing ones are left as they are): no item is ever made
+    twice. A result that is not a list, or too long, fails the step (set failed, the reason
+    given). Returns whether the step was fanned out by this call."""
+    step = await driver.get_task(expansion.key)
+    if step is None or step.get("children") or not step["state"].get("blocked"):
+        return False  # gone, fanned out already, or reset meanwhile
+    if step["state"].get("paused") or step["state"].get("cancelled") or step["state"].get("marked"):
+        return False  # paused: fanned out once resumed (the resume syncs); ended: never
+    source = (await driver.read_results([expansion.source])).get(expansion.source)
+    if source is None or source.status != TaskStatus.SUCCEEDED.value:
+        return False  # restarted since the sync saw it succeed
+    items = source.result
+    problem = None
+    if not isinstance(items, list):
+        problem = f"it maps over the result of {expansion.source!r}, a {type(items).__name__}, not a list"
+    elif len(items) > expansion.max_items:
+        problem = (
+            f"{expansion.source!r} returned {len(items)} items, more than max_items {expansion.max_items}"
+        )
+    if problem is not None:
+        failed, pending = TaskStatus.FAILED.value, (TaskStatus.PENDING.value,)
+        await driver.mark_task(MarkParams(expansion.key, failed, pending, now, problem, "workflow"))
+        return False
+    assert isinstance(items, list)
+    option = step["option"]
+    new = [
+        NewTask(item_key(expansion.key, i), step["name"], item, option, parent=expansion.key, position=i)
+        for i, item in enumerate(items)
+    ]
+    for start in range(0, len(new), SEND_MANY_BATCH):
+        await driver.insert_tasks(InsertParams(new[start : start + SEND_MANY_BATCH], now))
+    on_failure = (step.get("map") or {}).get("on_failure", "fail")
+    return await driver.expand_map(ExpandMapParams(expansion.key, len(new), on_failure, now))

@@ -162,6 +162,44 @@ def tasks_show(
             out.print(table)
 
 
+@tasks_app.command("graph", short_help="Show a workflow's steps and their statuses.")
+@connected
+def tasks_graph(
+    conn: Connection,
+    key: KeyArg,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show the steps of task KEY (a task with children) in order: status, what each needs, the
+    step a map step maps over and its items by status; the final steps are marked *."""
+    graph = run(conn, lambda ops: ops.workflow(key))
+    if as_json:
+        print_json(graph.model_dump(mode="json"))
+        return
+    out.print(Text(f"{graph.key}  {graph.status.value}  ({graph.mode})"))
+    for step in graph.steps:
+        needs = f" <- {', '.join(step.needs)}" if step.needs else ""
+        over = f" maps over {step.map_over}" if step.map_over else ""
+        items = ""
+        if step.item_statuses is not None:
+            counts = ", ".join(f"{n} {s}" for s, n in sorted(step.item_statuses.items()))
+            items = f" [{step.items} items: {counts or 'none'}]"
+        final = " *" if step.name in graph.final else ""
+        out.print(Text(f"  {step.name}{final}  {step.status.value}{needs}{over}{items}"))
+
+
+@tasks_app.command("restart-step", short_help="Run a workflow's step again, with what depends on it.")
+@connected
+def tasks_restart_step(
+    conn: Connection,
+    key: KeyArg,
+    step: Annotated[str, typer.Argument(metavar="STEP", help="The step's name.")],
+) -> None:
+    """Run the finished step STEP of workflow KEY again, and every step that depends on it
+    (refused while one of them is pending or running)."""
+    graph = run(conn, lambda ops: ops.restart_step(key, step, by="cli"))
+    _done(f"restarted step {step!r} of {graph.key!r} (now {graph.status.value})")
+
+
 @tasks_app.command("cancel", short_help="Cancel a pending or running task.")
 @connected
 def tasks_cancel(

@@ -485,6 +485,9 @@ Params = Annotated[Any, BeforeValidator(_params_value)]
 
 MAX_CHILDREN = 100
 CHILD_KEY_SEPARATOR = "/"
+# a map step's fan-out: one item task per element of the list its source step returned
+DEFAULT_MAX_ITEMS = 10_000
+MAX_ITEMS_LIMIT = 100_000
 
 
 def _positional(
@@ -501,8 +504,16 @@ def _positional(
 
 
 def child_key(parent_key: str, name: str) -> str:
-    """A child task's key: ``<parent key>/<child name>`` (names hold no '/', so it is unique)."""
+    """A derived key: a child task's ``<parent key>/<child name>`` (names hold no '/', so it is
+    unique), and a map step's item ``<step key>/<index>`` (``item_key``). The scheduler makes
+    every key of this shape itself."""
     return f"{parent_key}{CHILD_KEY_SEPARATOR}{name}"
+
+
+def item_key(step_key: str, index: int) -> str:
+    """The key of a map step's item ``index`` (0-based): derived from the step's key and the
+    item's position, so a fan-out done twice (a crash mid-insert) never makes an item twice."""
+    return child_key(step_key, str(index))
 
 
 class Child(_UserInput):
@@ -517,6 +528,16 @@ class Child(_UserInput):
     name: TaskName
     params: Params = None
     option: TaskOption | OptionChange | None = None
+    # workflows (a graph of steps): the steps whose results this one needs; it starts once they
+    # have all succeeded, and its handler reads their results (``TaskContext.results``)
+    needs: tuple[TaskName, ...] = Field((), max_length=MAX_CHILDREN)
+    # a map step: one item task per element of the list ``map_over`` returned, each with its
+    # element as params (at most ``max_items``: a longer list fails the step); ``on_failure``:
+    # "fail" (an item that ends without success fails the step, so the workflow) or "continue"
+    # (the step succeeds once every item ended; the steps needing it get what succeeded)
+    map_over: TaskName | None = None
+    max_items: int = Field(DEFAULT_MAX_ITEMS, ge=1, le=MAX_ITEMS_LIMIT)
+    on_failure: Literal["fail", "continue"] = "fail"
 
     if TYPE_CHECKING:
 
@@ -529,6 +550,14 @@ class Child(_UserInput):
             # when pydantic calls this __init__ to validate a child from JSON (an API body)
             super().__init__(**_positional(type(self).__name__, ("name",), args, data))
 
+    @model_validator(mode="after")
+    def _check_map(self) -> Child:
+        if self.map_over is None and {"max_items", "on_failure"} & self.model_fields_set:
+            raise ValueError("max_items and on_failure apply to a map step (map_over) only")
+        if len(set(self.needs)) < len(self.needs):
+            raise ValueError(f"needs: a step named twice in {list(self.needs)}")
+        return self
+
     def option_for(self, parent: TaskOption) -> TaskOption:
         """The child's option, given the parent's."""
         if self.option is None:
@@ -536,6 +565,64 @@ class Child(_UserInput):
         if isinstance(self.option, OptionChange):
             return self.option.apply(parent)
         return self.option
+
+
+def children_given(value: Any) -> Any:
+    """Children as given (a task's, a plan's): names or ``Child`` objects, in a list."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ValueError("children must be a list of names or Child objects")
+    return tuple(Child(c) if isinstance(c, str) else c for c in value)
+
+
+def check_graph(key: str, children: tuple[Child, ...]) -> None:
+    """A workflow's steps form a DAG: every name a step needs or maps over is a step of it, none
+    needs itself, there is no cycle, and a map step needs nothing but the step it maps over.
+    Raises ``ValueError`` naming the step."""
+    names = {c.name for c in children}
+    for child in children:
+        for need in (*child.needs, *((child.map_over,) if child.map_over else ())):
+            if need not in names:
+                raise ValueError(f"children: step {child.name!r} needs {need!r}, which is not a step")
+            if need == child.name:
+                raise ValueError(f"children: step {child.name!r} needs itself")
+        if child.map_over is not None:
+            if set(child.needs) - {child.map_over}:
+                raise ValueError(
+                    f"children: map step {child.name!r} needs only the step it maps over ({child.map_over!r})"
+                )
+            longest = item_key(child_key(key, child.name), child.max_items - 1)
+            if len(longest) > KEY_MAX_LEN:
+                raise ValueError(
+                    f"children: the keys of {child.name!r}'s items would be longer than {KEY_MAX_LEN}"
+                )
+    order = graph_order({c.name: step_needs(c) for c in children})
+    if order is None:
+        raise ValueError("children: the steps' needs form a cycle")
+
+
+def step_needs(child: Child) -> tuple[str, ...]:
+    """What a step waits for: its needs, and the step it maps over."""
+    if child.map_over is not None and child.map_over not in child.needs:
+        return (*child.needs, child.map_over)
+    return child.needs
+
+
+def graph_order(needs: Mapping[str, Iterable[str]]) -> list[str] | None:
+    """The steps in an order where each comes after what it needs (None: there is a cycle)."""
+    remaining = {name: set(of) for name, of in needs.items()}
+    order: list[str] = []
+    ready = [name for name, of in remaining.items() if not of]
+    while ready:
+        name = ready.pop(0)
+        order.append(name)
+        for other, of in remaining.items():
+            if name in of:
+                of.discard(name)
+                if not of:
+                    ready.append(other)
+    return order if len(order) == len(remaining) else None
 
 
 class Task(_UserInput):
@@ -549,7 +636,9 @@ class Task(_UserInput):
     option: TaskOption = TaskOption()
     # named steps, each run by the handler of its name (mscheduler.services.children): in order, or at once
     children: tuple[Child, ...] | None = Field(None, min_length=1, max_length=MAX_CHILDREN)
-    children_mode: Literal["sequential", "parallel"] | None = None
+    # sequential (each after the one before), parallel (all at once), or graph: each once the
+    # steps it ``needs`` have succeeded (set by itself when a child has needs or maps)
+    children_mode: Literal["sequential", "parallel", "graph"] | None = None
     # "params": not created while a live (pending or running) task has the same name and params
     # (SPEC F16; the hash is mscheduler.domain.unique.params_hash), reported like an existing key
     unique_by: Literal["key", "params"] = "key"
@@ -567,11 +656,7 @@ class Task(_UserInput):
     @field_validator("children", mode="before")
     @classmethod
     def _children(cls, value: Any) -> Any:
-        if value is None:
-            return None
-        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-            raise ValueError("children must be a list of names or Child objects")
-        return tuple(Child(c) if isinstance(c, str) else c for c in value)
+        return children_given(value)
 
     @model_validator(mode="after")
     def _check_children(self) -> Task:
@@ -584,7 +669,23 @@ class Task(_UserInput):
         for name in names:
             if len(child_key(self.key, name)) > KEY_MAX_LEN:
                 raise ValueError(f"children: the key of child {name!r} would be longer than {KEY_MAX_LEN}")
+        if self.children and any(c.needs or c.map_over for c in self.children):
+            if self.children_mode not in (None, "graph"):
+                raise ValueError(
+                    f"children: needs and map_over make a graph, not a {self.children_mode} mode"
+                )
+            check_graph(self.key, self.children)
         return self
+
+    @property
+    def mode(self) -> str | None:
+        """How its children run: the mode it was given, ``graph`` when a child needs or maps over
+        another, else ``sequential`` (None: no children)."""
+        if not self.children:
+            return None
+        if any(c.needs or c.map_over for c in self.children):
+            return "graph"
+        return self.children_mode or "sequential"
 
     @classmethod
     def _describe(cls, data: Mapping[str, Any]) -> str:
@@ -630,6 +731,32 @@ class ChildInfo(BaseModel):
     name: str
     key: str
     status: TaskStatus
+
+
+class StepInfo(BaseModel):
+    """One step of a workflow as ``Operations.workflow`` shows it: its status, what it needs
+    (in sequential mode the step before it), the step a map step maps over, and a fanned-out map
+    step's items (how many, and how many are in each status)."""
+
+    name: str
+    key: str
+    status: TaskStatus
+    needs: list[str] = []
+    map_over: str | None = None
+    blocked: bool = False
+    items: int | None = None
+    item_statuses: dict[str, int] | None = None
+
+
+class WorkflowInfo(BaseModel):
+    """A task with children as a graph (``Operations.workflow``): its status and mode, its steps
+    in order, and its final steps (those no step needs: ``wait`` returns their result)."""
+
+    key: str
+    status: TaskStatus
+    mode: str
+    steps: list[StepInfo]
+    final: list[str]
 
 
 class CheckpointInfo(BaseModel):
@@ -688,6 +815,8 @@ class TaskInfo(BaseModel):
     parent: str | None = None
     blocked: bool = False
     marked: dict[str, Any] | None = None
+    # a workflow's map step once fanned out (``children_mode`` "map"): how many items it has
+    items: int | None = None
 
     @property
     def results(self) -> list[Any]:
@@ -726,6 +855,8 @@ class TaskInfo(BaseModel):
     @classmethod
     def from_storage(cls, doc: Mapping[str, Any]) -> TaskInfo:
         state = doc["state"]
+        definition: Mapping[str, Any] = doc.get("children") or {}
+        is_map = definition.get("mode") == "map"
         return cls(
             key=doc["key"],
             name=doc["name"],
@@ -746,8 +877,11 @@ class TaskInfo(BaseModel):
             unique_hash=doc.get("unique_hash"),
             checkpoint=CheckpointInfo.model_validate(saved) if (saved := state.get("checkpoint")) else None,
             progress=ProgressInfo.model_validate(state["progress"]) if state.get("progress") else None,
-            children=[ChildInfo.model_validate(c) for c in kids] if (kids := state.get("children")) else None,
-            children_mode=doc["children"]["mode"] if doc.get("children") else None,
+            children=[ChildInfo.model_validate(c) for c in kids]
+            if (kids := state.get("children")) and not is_map
+            else None,
+            children_mode=definition["mode"] if definition else None,
+            items=int(definition.get("count", 0)) if is_map else None,
             parent=doc.get("parent"),
             blocked=state.get("blocked") is True,
             marked=dict(state["marked"]) if state.get("marked") else None,

@@ -22,12 +22,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mscheduler.domain.exceptions import InvalidInput
-from mscheduler.domain.model import Params, TaskName, TaskOption
+from mscheduler.domain.model import (
+    MAX_CHILDREN,
+    Child,
+    OptionChange,
+    Params,
+    Task,
+    TaskName,
+    TaskOption,
+    children_given,
+)
 from mscheduler.domain.schedule import (
     AtSchedule,
     CatchUp,
@@ -158,6 +167,33 @@ class Plan(FrozenModel):
     suspended: bool = False
     max_consecutive_failures: int = Field(DEFAULT_MAX_CONSECUTIVE_FAILURES, ge=1, le=1_000_000)
     allow_overlap: bool = False
+    # each run a task with children (a workflow when they need each other): as ``Task``'s
+    children: tuple[Child, ...] | None = Field(None, min_length=1, max_length=MAX_CHILDREN)
+    children_mode: Literal["sequential", "parallel", "graph"] | None = None
+
+    @field_validator("children", mode="before")
+    @classmethod
+    def _children(cls, value: Any) -> Any:
+        return children_given(value)
+
+    @model_validator(mode="after")
+    def _check_children(self) -> Plan:
+        if self.children is not None or self.children_mode is not None:
+            # the checks of a task with children, on a key as long as every run's
+            run_task(self.plan_id, datetime(2000, 1, 1, tzinfo=UTC), self.task_template())
+        return self
+
+    def task_template(self) -> dict[str, Any]:
+        """What every run is made of (stored as the plan's ``task``)."""
+        template: dict[str, Any] = {
+            "name": self.name,
+            "params": self.params,
+            "option": option_to_storage(self.option),
+        }
+        if self.children is not None:
+            template["children"] = [child_to_storage(c) for c in self.children]
+            template["children_mode"] = self.children_mode
+        return template
 
     @field_validator("plan_id")
     @classmethod
@@ -180,7 +216,7 @@ class Plan(FrozenModel):
         state = plan_state(suspended=self.suspended, error=False, awaiting=False, next_fire_time=next_fire)
         return {
             "plan_id": self.plan_id,
-            "task": {"name": self.name, "params": self.params, "option": option_to_storage(self.option)},
+            "task": self.task_template(),
             "timing": to_storage_dict(self.timing),
             "allow_overlap": self.allow_overlap,
             "max_consecutive_failures": self.max_consecutive_failures,
@@ -238,6 +274,8 @@ class PlanInfo(BaseModel):
         default_factory=list,
         description="the next fire times by the schedule (at most five; skips still count here)",
     )
+    children: tuple[Child, ...] | None = None
+    children_mode: str | None = None
 
     def as_plan(self) -> Plan:
         """The definition part, as a ``Plan`` (to edit and re-create)."""
@@ -250,6 +288,8 @@ class PlanInfo(BaseModel):
             suspended=self.suspended,
             max_consecutive_failures=self.max_consecutive_failures,
             allow_overlap=self.allow_overlap,
+            children=self.children,
+            children_mode=self.children_mode,
         )
 
     @classmethod
@@ -277,7 +317,46 @@ class PlanInfo(BaseModel):
             update_time=doc["update_time"],
             version=doc["version"],
             upcoming=_upcoming_of(doc),
+            children=tuple(child_from_storage(c) for c in kids) if (kids := task.get("children")) else None,
+            children_mode=task.get("children_mode"),
         )
+
+
+def child_to_storage(child: Child) -> dict[str, Any]:
+    """A plan's child as stored: its fields, its option tagged as a whole option or a change."""
+    stored = child.model_dump(mode="json", exclude={"option"}, exclude_defaults=True)
+    stored["name"] = child.name
+    if isinstance(child.option, TaskOption):
+        stored["option"] = {"option": child.option.model_dump(mode="json", exclude_defaults=True)}
+    elif isinstance(child.option, OptionChange):
+        stored["option"] = {
+            "change": child.option.model_dump(mode="json", include=child.option.model_fields_set)
+        }
+    return stored
+
+
+def child_from_storage(stored: Mapping[str, Any]) -> Child:
+    data = dict(stored)
+    option = data.pop("option", None)
+    if option is not None:
+        data["option"] = (
+            TaskOption(**option["option"]) if "option" in option else OptionChange(**option["change"])
+        )
+    return Child(**data)
+
+
+def run_task(plan_id: str, fire_time: datetime, template: Mapping[str, Any]) -> Task:
+    """The task of a run at ``fire_time``: the template's, keyed by the occurrence (a task with
+    children when the template has them). Raises ``InvalidInput`` for a template that is not one."""
+    children = [child_from_storage(c) for c in template["children"]] if template.get("children") else None
+    return Task(
+        occurrence_key(plan_id, fire_time),
+        template["name"],
+        template.get("params"),
+        option=TaskOption.from_storage(template["option"]),
+        children=children,
+        children_mode=template.get("children_mode"),
+    )
 
 
 def _upcoming_of(doc: Mapping[str, Any]) -> list[datetime]:

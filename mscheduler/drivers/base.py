@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.family import MapExpansion
 from mscheduler.domain.listing import ListParams
 from mscheduler.domain.model import GROUP_PREFIX
 from mscheduler.domain.partitions import part_of, spread, visit_order
@@ -53,6 +54,10 @@ class NewTask:
     parent: str | None = None
     position: int | None = None
     blocked: bool = False
+    # Workflows: a step's needs [{name, key}] (its handler reads their results at the claim); a
+    # map step's {over, on_failure, max_items} (fanned out once ``over`` succeeded)
+    needs: Sequence[Mapping[str, str]] | None = None
+    map: Mapping[str, Any] | None = None
     # The sender's W3C trace context (mscheduler.observability.tracing), stored as the top-level ``trace``:
     # apart from params and options, so no hash and no claim filter sees it.
     trace: Mapping[str, str] | None = None
@@ -121,6 +126,8 @@ class ClaimedTask:
     # new objects, before anyone else sees them)
     slot: str | None = None
     generation: int = 0  # the task's generation (``state.generation``: restarts and resets count)
+    # a workflow step's needs [{name, key}]: their results are read before its handler runs
+    needs: Sequence[Mapping[str, str]] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -489,6 +496,47 @@ class SyncParentsParams:
 
 
 @dataclass(slots=True, frozen=True)
+class SyncOutcome:
+    """What ``sync_parents`` did and left to its caller (``mscheduler.publishing.sync_families``):
+    how many parents changed, the map steps to fan out, and the parents of changed parents that
+    are children themselves (a fanned-out map step's workflow), to sync next."""
+
+    changed: int
+    expand: Sequence[MapExpansion] = ()
+    cascade: Sequence[str] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class StepResult:
+    """A workflow step as a step that needs it reads it (``read_results``): its status and its
+    result (a map step's: the results of its items that succeeded, in the items' order)."""
+
+    status: str
+    result: Any = None
+
+
+@dataclass(slots=True, frozen=True)
+class ExpandMapParams:
+    """Record a map step as fanned out into ``count`` items (inserted before): a compare-and-set
+    on the step not being fanned out yet; it then takes its status from its items."""
+
+    key: str
+    count: int
+    on_failure: str
+    now: datetime
+
+
+@dataclass(slots=True, frozen=True)
+class ResetStepsParams:
+    """Workflow steps to run again (``Operations.restart_step``), restarted before: each is
+    blocked until its needs succeed again; a map step is no longer fanned out and its items are
+    removed."""
+
+    keys: Sequence[str]
+    now: datetime
+
+
+@dataclass(slots=True, frozen=True)
 class OpenParentsParams:
     """Keys of unfinished parents (pending or running) in key order, strictly after ``after``."""
 
@@ -747,10 +795,31 @@ class Driver(Protocol):
 
     # -- child tasks (mscheduler.services.children) ---------------------------------------------------------
 
-    async def sync_parents(self, params: SyncParentsParams) -> int:
+    async def sync_parents(self, params: SyncParentsParams) -> SyncOutcome:
         """Recompute the parents' summaries from their children (compare-and-set on
-        ``state.children_rev``, re-read and retried when another sync won) and unblock each
-        sequential parent's next child; returns how many parents changed. Idempotent."""
+        ``state.children_rev``, re-read and retried when another sync won; a map step's from the
+        statuses among its items) and unblock each sequential parent's next child and each
+        workflow step whose needs succeeded; returns how many parents changed and what is left
+        to do (``SyncOutcome``). Idempotent."""
+        ...
+
+    async def read_results(self, keys: Sequence[str]) -> dict[str, StepResult]:
+        """The status and result of each workflow step (``StepResult``; a map step's result is
+        the list of its succeeded items' results, in order), read from the primary; missing keys
+        are left out."""
+        ...
+
+    async def expand_map(self, params: ExpandMapParams) -> bool:
+        """See ``ExpandMapParams``; False when the step was fanned out already (or is gone)."""
+        ...
+
+    async def reset_steps(self, params: ResetStepsParams) -> int:
+        """See ``ResetStepsParams``; returns how many steps were reset."""
+        ...
+
+    async def count_items(self, key: str) -> dict[str, int]:
+        """How many of a map step's items are in each status (an operator's read: index keys
+        only, within the admin read time)."""
         ...
 
     async def find_open_parents(self, params: OpenParentsParams) -> list[str]:
@@ -883,7 +952,12 @@ def family_fields(task: NewTask) -> dict[str, Any]:
     if task.children is not None:
         return {"children": dict(task.children)}
     if task.parent is not None:
-        return {"parent": task.parent, "position": task.position}
+        fields: dict[str, Any] = {"parent": task.parent, "position": task.position}
+        if task.needs:
+            fields["needs"] = [dict(n) for n in task.needs]
+        if task.map is not None:
+            fields["map"] = dict(task.map)
+        return fields
     return {"solo": True}
 
 

@@ -60,7 +60,7 @@ from mscheduler.domain.exceptions import (
 )
 from mscheduler.domain.limits import Limit, LimitInfo, Rate
 from mscheduler.domain.listing import TaskFilters, TaskPage, list_params
-from mscheduler.domain.model import OptionChange, Task, TaskInfo, TaskOption, TaskStatus
+from mscheduler.domain.model import OptionChange, Task, TaskInfo, TaskOption, TaskStatus, WorkflowInfo
 from mscheduler.domain.plans import Plan, PlanInfo, checked_plan_id
 from mscheduler.domain.stats import DEFAULT_WINDOW as DEFAULT_STATS_WINDOW
 from mscheduler.domain.stats import StatsStep, TaskStats
@@ -873,6 +873,31 @@ class RemoteOperations:
 
     async def restart_child(self, key: str, child: str, *, force: bool = False) -> TaskInfo:
         return await self.restart(child_key_of(await self.get_task(key), child), force=force)
+
+    # -- workflows -------------------------------------------------------------------------------
+
+    async def workflow(self, key: str) -> WorkflowInfo:
+        answer = await self._call("GET", f"/workflows/{_path(key)}", missing=lambda: UnknownTask(key))
+        return WorkflowInfo.model_validate(answer)
+
+    async def restart_step(self, key: str, step: str, *, by: str | None = None) -> WorkflowInfo:
+        """``Operations.restart_step`` (the API records ``by`` as its own)."""
+
+        def refused(body: dict[str, Any]) -> MSchedulerError:
+            error = TransitionRefused(
+                key, "restart a step of", str(body.get("status", "")), str(body.get("rule", ""))
+            )
+            error.args = (body.get("detail", str(error)),)  # the server's words
+            return error
+
+        answer = await self._call(
+            "POST",
+            f"/workflows/{_path(key)}/restart-step",
+            params={"step": step},
+            missing=lambda: UnknownTask(key),
+            refused=refused,
+        )
+        return WorkflowInfo.model_validate(answer)
 
     # -- plans -----------------------------------------------------------------------------------------
 

@@ -15,6 +15,8 @@ from mscheduler.domain.exceptions import (
     TaskFailed,
     UnknownTask,
 )
+from mscheduler.domain.family import GRAPH, MAP, final_steps
+from mscheduler.domain.listing import ListParams
 from mscheduler.domain.model import (
     OptionChange,
     Task,
@@ -182,8 +184,9 @@ class Publisher:
         ``TaskExpired`` or ``TaskCancelled``.
 
         With ``concurrent_worker_cnt`` > 1 the result is the list of every worker's result. A
-        task with children returns ``{child name: its result}``, or raises ``TaskFailed`` with the
-        error of the child that failed.
+        task with children returns ``{child name: its result}``, a workflow (``graph`` mode) its
+        final step's result (``{name: result}`` of each when several steps are final), or raises
+        ``TaskFailed`` with the error of the child that failed.
         Raises ``TimeoutError`` after ``timeout`` seconds (None waits for ever), on the
         publisher's clock. It reads the task again after each poll interval, and at once when
         an in-process store (``MemoryDriver``) says the task changed: so it also returns under a
@@ -230,17 +233,38 @@ class Publisher:
             interval = min(interval * 1.5, max_poll_interval)
 
     async def _family_outcome(self, info: TaskInfo) -> Any:
-        """A finished parent's result (its children's, by name) or its failure (the first child
-        that ended without success, with that child's error)."""
+        """A finished parent's result (its children's, by name; a workflow's: its final step's)
+        or its failure (the first child that ended without success, with that child's error; a
+        map step's: the error of an item that failed)."""
+        if info.children_mode == GRAPH and info.status is TaskStatus.SUCCEEDED:
+            doc = await self.driver.get_task(info.key)
+            finals = final_steps(doc["children"]) if doc is not None else []
+            read = await self.driver.read_results([key for _, key in finals])
+            results = {name: read[key].result if key in read else None for name, key in finals}
+            return next(iter(results.values())) if len(results) == 1 else results
         children = [await self.get(child.key) for child in info.children or ()]
         if info.status is TaskStatus.SUCCEEDED:
             return {c.name: _result(c) for c in children}
         bad = next((c for c in children if c.status.value in CHILD_ENDED_BADLY), None)
         if bad is None:  # the summary said failed, the children say otherwise now: a restart
             raise TaskFailed(info.key, None)
-        error = bad.last_error.model_dump() if bad.last_error else {"type": bad.status.value, "message": ""}
-        error["message"] = f"child {bad.name!r} ({bad.key}) {bad.status.value}: {error['message']}"
+        culprit = await self._failed_item(bad) if bad.children_mode == MAP else bad
+        error = (
+            culprit.last_error.model_dump()
+            if culprit.last_error
+            else {"type": culprit.status.value, "message": (culprit.marked or {}).get("reason", "")}
+        )
+        where = bad.key if culprit is bad else f"{bad.key}, item {culprit.key}"
+        error["message"] = f"child {bad.name!r} ({where}) {bad.status.value}: {error['message']}"
         raise TaskFailed(info.key, error)
+
+    async def _failed_item(self, step: TaskInfo) -> TaskInfo:
+        """An item of a failed map step that ended without success (the step itself if none)."""
+        for status in CHILD_ENDED_BADLY:
+            page = await self.driver.list_tasks(ListParams(status=status, key_prefix=f"{step.key}/", limit=1))
+            if page:
+                return TaskInfo.from_storage(page[0])
+        return step
 
     async def update_option(self, key: str, change: OptionChange) -> TaskOption:
         """Change a task's options while it may be running (SPEC F8); returns the new options.

@@ -15,6 +15,10 @@ number of times, anywhere: a consumer runs it right after a child's claim or fin
 (``ChildSync.request``), and its reconciler pass (``ChildSync.run_once``) syncs every unfinished
 parent every ``interval`` seconds, which repairs what a crash between a finish and its sync
 left, and what changes children without a consumer's finish (lost leases, deadlines).
+
+Workflows (``children_mode="graph"``) ride the same sync: a blocked step is unblocked once the
+steps it needs have succeeded, and a map step is fanned out into its items then
+(``mscheduler.publishing.sync_families``); a fanned-out map step is a parent of its items.
 """
 
 from __future__ import annotations
@@ -26,13 +30,17 @@ from datetime import datetime
 
 from mscheduler.domain.clock import Clock, SystemClock, sleep_unless
 from mscheduler.domain.exceptions import InvalidInput, MSchedulerError, StorageError
-from mscheduler.drivers.base import Driver, OpenParentsParams, SyncParentsParams
+from mscheduler.drivers.base import Driver, OpenParentsParams
+from mscheduler.publishing import sync_families
 
 log = logging.getLogger("mscheduler.children")
 
 DEFAULT_INTERVAL = 10.0  # seconds between reconciler passes
 DEFAULT_BATCH = 500  # parents per sync command
 ERROR_PAUSE = 1.0  # seconds a sync waits after a storage error before it tries again
+# a child's claim is followed by its parent's sync this much later (its finish, if sooner, syncs
+# it anyway): a short step costs one sync, not two; a long one shows its parent running by then
+CLAIM_SYNC_DELAY = 1.0
 
 
 class ChildSync:
@@ -65,6 +73,7 @@ class ChildSync:
         self.passes = 0  # reconciler passes done
         self.repaired = 0  # parents a reconciler pass found behind their children
         self._requested: set[str] = set()
+        self._later: dict[str, float] = {}  # parent key -> when to sync it (the clock's monotonic)
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
 
@@ -73,19 +82,41 @@ class ChildSync:
         new = set(keys) - self._requested
         if new:
             self._requested |= new
+            for key in new:
+                self._later.pop(key, None)
             self._wake.set()
+
+    def request_later(self, keys: Iterable[str], after: float = CLAIM_SYNC_DELAY) -> None:
+        """Sync these parents in ``after`` seconds, unless ``request`` asks for it sooner (a
+        child's claim: the finish of a short step syncs its parent anyway)."""
+        due = self.clock.monotonic() + after
+        for key in keys:
+            if key not in self._requested and key not in self._later:
+                self._later[key] = due
+                self._wake.set()
+
+    def _due_later(self) -> float | None:
+        """Move the deferred requests that are due to ``request``; when the next one is due."""
+        if not self._later:
+            return None
+        now = self.clock.monotonic()
+        due = [key for key, at in self._later.items() if at <= now]
+        if due:
+            self.request(due)
+        return min(self._later.values(), default=None)
 
     async def sync(self, keys: Sequence[str], now: datetime | None = None) -> int:
         """Sync these parents now; returns how many changed."""
         changed = 0
         now = now if now is not None else self.clock.now()
         for start in range(0, len(keys), self.batch):
-            part = keys[start : start + self.batch]
-            changed += await self.driver.sync_parents(SyncParentsParams(part, now))
+            changed += await sync_families(self.driver, keys[start : start + self.batch], now)
         return changed
 
     async def flush(self) -> None:
-        """Sync what was requested (a stopping consumer's last step)."""
+        """Sync what was requested (a stopping consumer's last step: the deferred ones too)."""
+        if self._stopping.is_set() and self._later:
+            self.request(list(self._later))
         keys, self._requested = sorted(self._requested), set()
         if keys:
             try:
@@ -119,6 +150,7 @@ class ChildSync:
         next_pass = self.clock.monotonic()
         while not self._stopping.is_set():
             self._wake.clear()
+            next_later = self._due_later()
             try:
                 await self.flush()
                 if self.clock.monotonic() >= next_pass:
@@ -135,7 +167,8 @@ class ChildSync:
                 await self._sleep(ERROR_PAUSE)
                 continue
             if not self._requested:
-                await self._sleep(max(next_pass - self.clock.monotonic(), 0.0))
+                wake_at = next_pass if next_later is None else min(next_pass, next_later)
+                await self._sleep(max(wake_at - self.clock.monotonic(), 0.0))
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep ``seconds``, or until a request or ``stop``."""

@@ -26,7 +26,7 @@ from typing import Any
 
 from mscheduler.domain.clock import Clock, SystemClock
 from mscheduler.domain.exceptions import InvalidInput
-from mscheduler.domain.model import TERMINAL_STATUSES, TaskOption, TaskStatus
+from mscheduler.domain.model import TERMINAL_STATUSES, TaskStatus
 from mscheduler.domain.plans import PlanState, occurrence_key, plan_state, timing_from_storage
 from mscheduler.domain.schedule import PlanProgress, next_fire_after_completion, plan_step, utc_ms
 from mscheduler.drivers.base import (
@@ -38,6 +38,7 @@ from mscheduler.drivers.base import (
     PlanAdvance,
     RunOutcome,
 )
+from mscheduler.publishing import run_documents
 from mscheduler.services.base import PeriodicService
 
 log = logging.getLogger("mscheduler.planner")
@@ -128,19 +129,11 @@ def decide(
                 skipped += step.skipped_cnt
                 awaiting = step.awaiting_completion
                 if fire_times:
-                    task = doc["task"]
-                    option = TaskOption.from_storage(task["option"])
                     tasks = [
-                        NewTask(
-                            occurrence_key(doc["plan_id"], fire),
-                            task["name"],
-                            task.get("params"),
-                            option.to_storage(fire),
-                        )
-                        for fire in fire_times
+                        t for fire in fire_times for t in run_documents(doc["plan_id"], fire, doc["task"])
                     ]
                     fields.update(
-                        last_run_key=tasks[-1].key,
+                        last_run_key=occurrence_key(doc["plan_id"], fire_times[-1]),
                         last_run_fire_time=fire_times[-1],
                         last_run_status=TaskStatus.PENDING.value,
                         last_run_seen=False,
@@ -240,7 +233,10 @@ class Planner(PeriodicService):
         if tasks:
             # First the tasks (idempotent by key), then the plans: a planner that dies in
             # between leaves the plans due, and the next pass inserts the same keys again.
-            created = sum(await self.driver.insert_tasks(InsertParams(tasks, now)))
+            made = await self.driver.insert_tasks(InsertParams(tasks, now))
+            created = sum(
+                ok for ok, task in zip(made, tasks, strict=True) if task.parent is None
+            )  # runs, not steps
         applied = await self.driver.advance_plans(AdvancePlansParams([d.advance for d in decisions], now))
         self.conflicts += len(decisions) - applied
         return created

@@ -48,6 +48,7 @@ from mscheduler.drivers.base import (
     ControlParams,
     Driver,
     DuePlansParams,
+    ExpandMapParams,
     ExpireParams,
     FinishParams,
     InsertEventsParams,
@@ -57,9 +58,13 @@ from mscheduler.drivers.base import (
     PingParams,
     PingResult,
     PlanListParams,
+    ResetStepsParams,
     RunOutcome,
     SlotsParams,
+    StepResult,
     StreamPosition,
+    SyncOutcome,
+    SyncParentsParams,
     UpdateOptionParams,
     UpdatePlanParams,
     Wakeup,
@@ -108,6 +113,11 @@ OPERATIONS = (
     "advance_plans",
     "get_run_outcomes",
     "insert_events",
+    "sync_parents",
+    "read_results",
+    "expand_map",
+    "reset_steps",
+    "count_items",
 )
 
 BEFORE = "before"  # the call failed before reaching the store: nothing was applied
@@ -493,6 +503,21 @@ class FaultyDriver:
 
     async def insert_events(self, params: InsertEventsParams) -> int:
         return await self._invoke("insert_events", lambda: self.inner.insert_events(params), params)
+
+    async def sync_parents(self, params: SyncParentsParams) -> SyncOutcome:
+        return await self._invoke("sync_parents", lambda: self.inner.sync_parents(params), params)
+
+    async def read_results(self, keys: Sequence[str]) -> dict[str, StepResult]:
+        return await self._invoke("read_results", lambda: self.inner.read_results(keys), keys)
+
+    async def expand_map(self, params: ExpandMapParams) -> bool:
+        return await self._invoke("expand_map", lambda: self.inner.expand_map(params), params)
+
+    async def reset_steps(self, params: ResetStepsParams) -> int:
+        return await self._invoke("reset_steps", lambda: self.inner.reset_steps(params), params)
+
+    async def count_items(self, key: str) -> dict[str, int]:
+        return await self._invoke("count_items", lambda: self.inner.count_items(key), key)
 
     async def acquire_slots(self, params: AcquireParams) -> AcquireResult:
         return await self._invoke("acquire_slots", lambda: self.inner.acquire_slots(params), params)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from mscheduler import FakeClock, MemoryDriver, Operations, Task, TaskOption
+from mscheduler import Child, FakeClock, MemoryDriver, Operations, Task, TaskOption
 from mscheduler.cli import common as cli_ops
 from mscheduler.domain.events import EventWriter
 from mscheduler.domain.plans import Plan
@@ -39,6 +39,8 @@ async def _seed(driver: MemoryDriver) -> None:
         await ops.send(Task(key, "job.a", {"n": key}, option=TaskOption(priority=1)))
         clock.advance(0.001)
     await ops.send(Task("fam", "job.family", {}, children=["step.one", "step.two"]))
+    steps = [Child("step.one"), Child("step.two", needs=["step.one"])]
+    await ops.send(Task("flow", "job.flow", {}, children=steps))
     for key, name in (("run-1", "job.run"), ("boom-1", "job.boom"), ("done-1", "job.done")):
         await ops.send(Task(key, name, {}))
         clock.advance(0.001)
@@ -140,6 +142,12 @@ COMMANDS = [
     ["tasks", "edit", "a-1", "--priority", "5", "--max-retries", "7"],
     ["tasks", "edit", "a-1", "--priority", "5", "--json"],
     ["tasks", "edit", "done-1", "--priority", "5"],
+    ["tasks", "graph", "flow"],
+    ["tasks", "graph", "flow", "--json"],
+    ["tasks", "graph", "a-1"],
+    ["tasks", "graph", "nope"],
+    ["tasks", "restart-step", "flow", "step.one"],
+    ["tasks", "restart-step", "flow", "nope"],
     # plans
     ["plans", "ls"],
     ["plans", "ls", "--json"],
@@ -194,7 +202,8 @@ def test_every_command_says_the_same_both_ways(
 def test_the_commands_cover_every_operator_group() -> None:
     assert {a[0] for a in COMMANDS} == {"tasks", "plans", "workers", "stats", "limits", "events"}
     assert {a[1] for a in COMMANDS if a[0] == "tasks"} == {
-        "ls", "show", "send", "cancel", "pause", "resume", "restart", "remove", "set-status", "edit"
+        "ls", "show", "send", "cancel", "pause", "resume", "restart", "remove", "set-status", "edit",
+        "graph", "restart-step",
     }  # fmt: skip
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from mscheduler import Consumer, MemoryDriver, Operations, Publisher, Task, TaskOption
+from mscheduler import Child, Consumer, MemoryDriver, Operations, Publisher, Task, TaskOption
 from mscheduler.domain.model import TaskStatus
 from mscheduler.domain.plans import Plan
 from mscheduler.domain.schedule import CronSchedule, EverySchedule, PlanTiming
@@ -27,6 +27,7 @@ IDLE_WORKER = "worker-idle-2"
 CANCEL_ME = "invoice-1003"  # pending: the admin test cancels it
 FAILED_KEY = "resize-bad-7"
 LONG_KEY = "import-2026-11"
+WORKFLOW_KEY = "book-2026-11"  # a workflow: a list, a map over it, a join, a step beside
 
 
 @dataclass
@@ -115,6 +116,18 @@ async def seed(driver: MemoryDriver) -> Seeded:
     async def transform(params: dict[str, Any]) -> str:
         return "transformed"
 
+    @consumer.handler("list_pages")
+    async def list_pages(params: dict[str, Any]) -> list[int]:
+        return [1, 2, 3]
+
+    @consumer.handler("render_page")
+    async def render_page(page: int) -> str:
+        return f"page-{page}.pdf"
+
+    @consumer.handler("bundle")
+    async def bundle(params: dict[str, Any], ctx: TaskContext) -> int:
+        return len(ctx.results["render_page"])
+
     await consumer.start()
     await sender.send_many(
         [Task(f"resize-{n}", "resize_image", {"id": n}, option=quick) for n in range(1, 7)]
@@ -122,10 +135,21 @@ async def seed(driver: MemoryDriver) -> Seeded:
             Task(FAILED_KEY, "resize_image", {"id": 7}, option=quick),
             Task("charge-55", "charge_card", {"invoice": 55}, option=quick),
             Task("etl-2026-11-22", "etl", {"day": "2026-11-22"}, children=["fetch", "transform"]),
+            Task(
+                WORKFLOW_KEY,
+                "book",
+                {"title": "November"},
+                children=[
+                    Child("list_pages"),
+                    Child("render_page", map_over="list_pages"),
+                    Child("bundle", needs=["render_page"]),
+                    Child("fetch", needs=["list_pages"]),
+                ],
+            ),
             Task(LONG_KEY, "import_rows", {"file": "s3://bucket/2026-11.csv"}),
         ]
     )
-    for key in [f"resize-{n}" for n in range(1, 7)] + ["charge-55", "etl-2026-11-22"]:
+    for key in [f"resize-{n}" for n in range(1, 7)] + ["charge-55", "etl-2026-11-22", WORKFLOW_KEY]:
         await _wait_for(ops, key, {TaskStatus.SUCCEEDED})
     await _wait_for(ops, FAILED_KEY, {TaskStatus.FAILED})
     await _wait_for(ops, "resize-late", {TaskStatus.EXPIRED})

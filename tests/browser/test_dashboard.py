@@ -11,7 +11,7 @@ import pytest
 
 from mscheduler.domain.model import TaskStatus
 from tests.browser.conftest import DashboardServer
-from tests.browser.seed import CANCEL_ME, DOTS_KEY, FAILED_KEY, IDLE_WORKER, LONG_KEY, XSS_KEY
+from tests.browser.seed import CANCEL_ME, DOTS_KEY, FAILED_KEY, IDLE_WORKER, LONG_KEY, WORKFLOW_KEY, XSS_KEY
 from tests.browser.support import (
     apply_filters,
     ask,
@@ -168,6 +168,17 @@ def test_open_a_task_from_the_list(page: Any, dashboard: DashboardServer) -> Non
     children.get_by_role("link", name="etl-2026-11-22/transform").click()
     page.locator("#task-key", has_text="etl-2026-11-22/transform").wait_for()
     shot(page, "task-child")
+
+    open_hash(page, task_hash(WORKFLOW_KEY), "#workflow-graph")
+    steps = page.locator("#workflow-graph a.step")
+    assert steps.count() == 4
+    assert [steps.nth(i).get_attribute("data-status") for i in range(4)] == ["succeeded"] * 4
+    assert "3 items: 3 succeeded" in (page.locator("#workflow-graph").text_content() or "")
+    assert page.locator("#workflow-graph path.edge").count() == 3
+    assert page.locator("#workflow-graph path.edge.map").count() == 1
+    shot(page, "task-workflow")
+    page.locator('#workflow-graph a.step[data-step="bundle"]').click()
+    page.locator("#task-key", has_text=f"{WORKFLOW_KEY}/bundle").wait_for()
 
 
 def test_admin_cancels_a_task_after_confirming(page: Any, dashboard: DashboardServer) -> None:

@@ -31,7 +31,7 @@ def family(store: Store, key: str = "etl", mode: str | None = None, **task: Any)
 
 
 async def sync(store: Store, *keys: str) -> int:
-    changed = await store.driver.sync_parents(SyncParentsParams(list(keys), store.now))
+    changed = (await store.driver.sync_parents(SyncParentsParams(list(keys), store.now))).changed
     await store.check_all()
     return changed
 
@@ -174,7 +174,7 @@ async def test_a_parent_edited_into_junk_is_skipped_not_fatal(store: Store) -> N
     claimed = await store.claim("w1", 2, names=["a"])
     for task in claimed:
         assert await store.done(task, "w1")
-    assert await store.driver.sync_parents(SyncParentsParams(["bad", "good"], store.now)) == 1
+    assert (await store.driver.sync_parents(SyncParentsParams(["bad", "good"], store.now))).changed == 1
     assert await store.status("good") == "succeeded"
 
 

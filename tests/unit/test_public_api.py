@@ -65,6 +65,7 @@ EXPECTED = [
     "RetryPolicy",
     "Schedule",
     "Snooze",
+    "StepInfo",
     "StorageError",
     "SyncTaskContext",
     "Task",
@@ -82,6 +83,7 @@ EXPECTED = [
     "WeeklySchedule",
     "WorkerState",
     "WorkerView",
+    "WorkflowInfo",
 ]
 
 # Exceptions defined in the package that users never catch, with the reason.

@@ -180,6 +180,8 @@ class MemoryDriver(
         previous_finish = state.get("finish_time")
         self._note_lifecycle(doc, now)
         self._relist(doc, previous_finish)
+        if "parent" in doc:
+            self._count_child(doc)
         key = doc["key"]
         version = self._version.get(key, 0) + 1
         self._version[key] = version
@@ -393,6 +395,7 @@ class MemoryDriver(
                 parent=doc.get("parent"),
                 due_time=due_time(doc),
                 trace=doc.get("trace"),
+                needs=doc.get("needs"),
                 generation=doc["state"].get("generation", 0),
             )
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from mscheduler.domain.family import map_items
 from mscheduler.domain.state import LIVE, lifecycle
 from mscheduler.drivers.base import PurgeParams, RetentionParams, UniqueParamsTaken
 from mscheduler.drivers.memory.copying import copy_doc
@@ -26,6 +27,8 @@ class MemoryMaintenance:
     if TYPE_CHECKING:
 
         def _unlist(self, doc: dict[str, Any]) -> None: ...
+
+        def _uncount_child(self, doc: dict[str, Any]) -> None: ...
 
     def _init_maintenance(self) -> None:
         self._live_hashes: dict[str, str] = {}  # unique_hash -> key of the live task holding it
@@ -73,6 +76,8 @@ class MemoryMaintenance:
     def _forget(self, doc: dict[str, Any]) -> None:
         """A task was deleted: its params hash is free again, and it leaves the listings."""
         self._unlist(doc)
+        if "parent" in doc:
+            self._uncount_child(doc)
         live = doc["state"].get("unique_live")
         if live is not None and self._live_hashes.get(live) == doc["key"]:
             del self._live_hashes[live]
@@ -91,7 +96,10 @@ class MemoryMaintenance:
             if doc["state"]["finish_time"] != finish_time:
                 continue
             # a family goes whole: its children first (all finished: the parent has a finish time)
-            for child_key in [*doc.get("children", {}).get("keys", ()), key]:
+            children = list(doc.get("children", {}).get("keys", ()))
+            # a workflow's map steps' items go first
+            items = [i for c in children if (step := self._tasks.get(c)) is not None for i in map_items(step)]
+            for child_key in [*items, *children, key]:
                 child = self._tasks.pop(child_key, None)
                 if child is not None:
                     self._forget(child)

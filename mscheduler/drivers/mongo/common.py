@@ -100,6 +100,7 @@ GROUP_INDEX = "list_group"
 DEADLINE_INDEX = "status_deadline"
 UNIQUE_LIVE_INDEX = "unique_live"
 PARENTS_INDEX = "parents"
+FAMILY_INDEX = "family"
 STATS_COUNTS_INDEX = "stats_counts"
 FINISHED_INDEX = "finished_key"
 # Index names of earlier builds that ``setup`` drops once their replacements exist: ``claim`` and
@@ -190,6 +191,12 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
     (
         [("state.status", 1), ("key", 1)],
         {"name": PARENTS_INDEX, "partialFilterExpression": {"children": {"$exists": True}}},
+    ),
+    # workflows: the statuses among a map step's items (DISTINCT_SCAN: one key per status) and
+    # their results in order (the succeeded ones, by position); children only (partial)
+    (
+        [("parent", 1), ("state.status", 1), ("position", 1)],
+        {"name": FAMILY_INDEX, "partialFilterExpression": {"parent": {"$exists": True}}},
     ),
     # statistics (drivers/mongo_stats.py): counts by name and status with the due pending tasks'
     # claim_at (covered)

@@ -848,6 +848,7 @@ class MongoDriver(
             parent=doc.get("parent"),
             due_time=due_time(doc),
             trace=doc.get("trace"),
+            needs=doc.get("needs"),
             generation=int(doc["state"].get("generation") or 0),
         )
 

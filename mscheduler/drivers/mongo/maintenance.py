@@ -25,6 +25,7 @@ from bson.raw_bson import RawBSONDocument
 from pymongo.errors import OperationFailure
 
 from mscheduler.domain.exceptions import StorageError
+from mscheduler.domain.family import map_items
 from mscheduler.domain.partitions import by_part
 from mscheduler.domain.state import TERMINAL
 from mscheduler.drivers.base import (
@@ -148,6 +149,20 @@ class MongoMaintenance:
             await self._drop_index(name)
             await self._create_ttl(name, status, seconds)
 
+    async def _items_of(self, children: list[str]) -> list[str]:
+        """The item keys of the fanned-out map steps among ``children`` (derived from their
+        count: ``item_key``)."""
+        if not children:
+            return []
+
+        async def read() -> list[dict[str, Any]]:
+            filter_ = {"key": {"$in": children}, "children": {"$exists": True}}
+            cursor = self.tasks.find(filter_, {"_id": 0, "key": 1, "children": 1}).hint(KEY_INDEX)
+            return [doc async for doc in cursor]
+
+        steps = await self._call("find map steps", read)
+        return [key for doc in steps for key in map_items(doc)]
+
     async def purge_finished(self, params: PurgeParams) -> int:
         # children are never removed alone (they go with their parent, below)
         filter_ = {
@@ -170,6 +185,9 @@ class MongoMaintenance:
             return 0
         keys = [doc["key"] for doc in found]
         children = [k for doc in found for k in (doc.get("children") or {}).get("keys", ())]
+        # a workflow's map steps' items before the steps (a crash in between: the next pass
+        # finds the same family and derives the same item keys)
+        children = await self._items_of(children) + children
         # one delete per partition (a sharded cluster's one shard)
         for part, of_part in by_part(children, self.partitions).items():
             # a family's children first: a crash in between leaves a finished parent, which the

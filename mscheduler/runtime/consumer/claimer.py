@@ -207,7 +207,7 @@ class ConsumerClaimer:
         running.task = asyncio.create_task(attempt, name=f"mscheduler:task:{claimed.key}")
         self._ping_wake.set()
         if claimed.parent is not None and self.child_sync is not None:
-            self.child_sync.request([claimed.parent])
+            self.child_sync.request_later([claimed.parent])
         running.started = self.clock.monotonic()
         if self._listeners:
             due = claimed.due_time

@@ -61,6 +61,7 @@ from mscheduler.runtime.consumer.handlers import (
     default_process_count,
     inspect_handler,
 )
+from mscheduler.runtime.consumer.inputs import StepInputs
 from mscheduler.runtime.consumer.limiter import Limiter
 from mscheduler.runtime.consumer.pinger import ConsumerPinger
 from mscheduler.runtime.consumer.reports import DEFAULT_MAX_CHECKPOINT_BYTES
@@ -181,6 +182,7 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
             raise InvalidInput("max_checkpoint_bytes must be between 1 byte and 15 MiB")
         self.max_checkpoint_bytes = max_checkpoint_bytes
         self.driver = driver
+        self.inputs = StepInputs(driver)  # workflow steps' inputs, read per claim batch
         self.host = host or socket.gethostname()
         self.pid = os.getpid()
         self.worker_id = worker_id or f"{self.host}-{self.pid}-{secrets.token_hex(3)}"

@@ -283,6 +283,7 @@ class SyncTaskContext:
         self.worker_id: str = ctx.worker_id
         self.option: TaskOption = ctx.option
         self.checkpoint_data: Any = ctx.checkpoint_data
+        self.results: dict[str, Any] = ctx.results
 
     def __repr__(self) -> str:
         return f"SyncTaskContext(key={self.key!r}, name={self.name!r}, attempt_no={self.attempt_no})"
@@ -323,6 +324,7 @@ class ProcessTaskContext:
     _cancel: Any = field(repr=False)
     _requests: Any = field(repr=False)
     _replies: Any = field(repr=False)
+    results: dict[str, Any] = field(default_factory=dict)
 
     @property
     def cancelled(self) -> bool:
@@ -412,6 +414,7 @@ class _ProcessCall:
                 manager.Event(),
                 manager.Queue(),
                 manager.Queue(),
+                ctx.results,
             )
             args = (*args[:-1], remote)
             relay = asyncio.ensure_future(_relay(ctx, remote))

@@ -36,6 +36,7 @@ from mscheduler.drivers.base import ClaimedTask, FinishParams, cancelled_error, 
 from mscheduler.observability.tracing import TaskTracer
 from mscheduler.runtime.consumer.discovery import Discovery
 from mscheduler.runtime.consumer.handlers import Registered as _Registered
+from mscheduler.runtime.consumer.inputs import StepInputs
 from mscheduler.runtime.consumer.limiter import Limiter
 from mscheduler.runtime.consumer.reports import AttemptReports
 from mscheduler.services.events import EventKind, EventRecorder, outcome_detail, outcome_kind
@@ -53,6 +54,9 @@ LEASE_SAFETY_MARGIN = timedelta(milliseconds=500)
 # Keys of untargeted fan-out tasks this worker ran, sent with each claim so that the store skips
 # them on the claim index's keys; older ones fall back to the claim filter's check of the entries.
 RAN_FANOUT_KEPT = 256
+# a workflow step claimed while a step it needs is not succeeded (restarted meanwhile) is put
+# back for this long (a snooze, not counted) and reads its inputs again then
+NEEDS_RECHECK = timedelta(seconds=5)
 
 
 class RunTimedOut(Exception):
@@ -65,6 +69,8 @@ class TaskContext:
 
     ``checkpoint_data``: what an earlier attempt of this task saved with ``checkpoint`` (None if
     nothing was saved): a handler resumes from it after a crash, a takeover, a retry or a pause.
+    ``results``: a workflow step's inputs, the results of the steps it needs by name (a map
+    step's: the list of its items' results, in order), read once when the attempt was claimed.
     """
 
     key: str
@@ -75,6 +81,7 @@ class TaskContext:
     option: TaskOption
     checkpoint_data: Any = None
     _reports: AttemptReports | None = field(default=None, repr=False, compare=False)
+    results: dict[str, Any] = field(default_factory=dict)
     _given_up: bool = field(default=False, repr=False, compare=False)
 
     @property
@@ -167,6 +174,7 @@ class ConsumerRunner:
     stats: dict[str, int]
 
     _tracer: TaskTracer | None
+    inputs: StepInputs
 
     if TYPE_CHECKING:
 
@@ -198,7 +206,8 @@ class ConsumerRunner:
         run_timeout = running.option.get("run_timeout_ms")
         try:
             try:
-                args = self._arguments(registered, claimed, running)
+                results = await self._step_results(claimed) if claimed.needs else None
+                args = self._arguments(registered, claimed, running, results)
             except ValidationError as exc:
                 done = rejected_outcome({"type": "InvalidParams", "message": str(exc), "traceback": None})
             else:
@@ -403,10 +412,42 @@ class ConsumerRunner:
                 extra=fields,
             )
 
-    def _arguments(self, registered: _Registered, claimed: ClaimedTask, running: _Running) -> list[Any]:
+    async def _step_results(self, claimed: ClaimedTask) -> dict[str, Any]:
+        """A workflow step's inputs: the results of the steps it needs, read once, now. A need
+        that has not succeeded (restarted since this step was unblocked) gives no input: the
+        step is put back (``Snooze``, not counted) until the follow-up blocks or reruns it."""
+        needs = {n["key"]: n["name"] for n in claimed.needs or ()}
+        try:
+            read = await self.inputs.read(list(needs))
+        except MSchedulerError as exc:  # the store's trouble, not the step's: not counted
+            raise Snooze(NEEDS_RECHECK, f"its inputs could not be read: {exc}") from exc
+        results: dict[str, Any] = {}
+        for key, name in needs.items():
+            step = read.get(key)
+            if step is None or step.status != _SUCCEEDED:
+                status = step.status if step is not None else "gone"
+                raise Snooze(NEEDS_RECHECK, f"step {name!r} it needs is {status}, not succeeded")
+            results[name] = step.result
+        return results
+
+    def _arguments(
+        self,
+        registered: _Registered,
+        claimed: ClaimedTask,
+        running: _Running,
+        results: dict[str, Any] | None = None,
+    ) -> list[Any]:
         args: list[Any] = []
         if registered.wants_params:
             params = claimed.params
+            model = registered.model
+            if model is not None and results is not None and "results" in model.model_fields:
+                # the params model asks for the needed steps' results: typed, with the params
+                if params is not None and not isinstance(params, dict):
+                    raise InvalidInput(
+                        f"its params model asks for results, but its params are {type(params).__name__}"
+                    )
+                params = {**(params or {}), "results": results}
             args.append(registered.model.model_validate(params) if registered.model else params)
         if registered.wants_context:
             # checkpoint / progress reports: only handlers that take a context can make them
@@ -421,6 +462,7 @@ class ConsumerRunner:
                     TaskOption.from_storage(running.option),
                     claimed.checkpoint,
                     running.reports,
+                    results or {},
                 )
             )
         return args

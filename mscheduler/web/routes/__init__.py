@@ -15,6 +15,18 @@ from mscheduler.web.routes.plans import plans
 from mscheduler.web.routes.stats import misc
 from mscheduler.web.routes.tasks import tasks
 from mscheduler.web.routes.workers import workers
+from mscheduler.web.routes.workflows import workflows
 
 # in the order the OpenAPI schema lists them
-ROUTERS: tuple[APIRouter, ...] = (tasks, bulk, plans, limits, workers, misc, health, events, executors)
+ROUTERS: tuple[APIRouter, ...] = (
+    tasks,
+    workflows,
+    bulk,
+    plans,
+    limits,
+    workers,
+    misc,
+    health,
+    events,
+    executors,
+)

@@ -123,3 +123,65 @@ export function attemptTimeline(attempts, nowIso) {
   parts.push(svg("text", { class: "axis-label", x: left + plotW, y: base, "text-anchor": "end" }, `+${duration((t1 - t0) / 1000)}`));
   return svg("svg", { class: ["chart", "timeline"], id: "attempt-timeline", viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": "attempts over time" }, parts);
 }
+
+/** A workflow's steps as a graph (GET /workflows/{key}): a column per depth (a step sits right
+ * of everything it needs), an arrow per need, each step a box coloured by its status that links
+ * to the step's task; a map step's box counts its items by status. */
+export function workflowGraph(graph, hrefOf) {
+  const depth = new Map();
+  for (const step of graph.steps) {
+    // the steps come in an order where each follows what it needs (a DAG, checked at send)
+    const needs = [...step.needs, ...(step.map_over && !step.needs.includes(step.map_over) ? [step.map_over] : [])];
+    depth.set(step.name, needs.length ? Math.max(...needs.map((n) => (depth.get(n) ?? 0) + 1)) : 0);
+  }
+  const boxW = 170;
+  const boxH = 46;
+  const gapX = 60;
+  const gapY = 18;
+  const rows = new Map();
+  const at = new Map();
+  for (const step of graph.steps) {
+    const d = depth.get(step.name);
+    const row = rows.get(d) ?? 0;
+    rows.set(d, row + 1);
+    at.set(step.name, { x: 8 + d * (boxW + gapX), y: 8 + row * (boxH + gapY) });
+  }
+  const width = 16 + (Math.max(...depth.values()) + 1) * (boxW + gapX) - gapX;
+  const height = 16 + Math.max(...rows.values()) * (boxH + gapY) - gapY;
+  const parts = [
+    svg("defs", {}, svg("marker", { id: "wf-arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" }, svg("path", { d: "M 0 0 L 10 5 L 0 10 z", class: "arrow" }))),
+  ];
+  for (const step of graph.steps) {
+    const to = at.get(step.name);
+    const needs = [...step.needs, ...(step.map_over && !step.needs.includes(step.map_over) ? [step.map_over] : [])];
+    for (const need of needs) {
+      const from = at.get(need);
+      if (!from) continue;
+      const x1 = from.x + boxW;
+      const y1 = from.y + boxH / 2;
+      const x2 = to.x;
+      const y2 = to.y + boxH / 2;
+      const mid = (x1 + x2) / 2;
+      parts.push(svg("path", { class: ["edge", step.map_over === need ? "map" : null], d: `M ${x1} ${y1} C ${mid} ${y1}, ${mid} ${y2}, ${x2} ${y2}`, "marker-end": "url(#wf-arrow)" }));
+    }
+  }
+  for (const step of graph.steps) {
+    const { x, y } = at.get(step.name);
+    const items = step.item_statuses
+      ? `${step.items} items: ` + Object.entries(step.item_statuses).map(([s, n]) => `${n} ${s}`).join(", ")
+      : step.map_over ? `maps over ${step.map_over}` : step.status;
+    const final = graph.final.includes(step.name) ? " ★" : "";
+    const label = step.name.length > 20 ? step.name.slice(0, 19) + "…" : step.name;
+    parts.push(
+      svg(
+        "a",
+        { href: hrefOf(step.key), class: "step", dataset: { step: step.name, status: step.status } },
+        svg("rect", { class: ["node", step.status], x, y, width: boxW, height: boxH, rx: 6 }),
+        svg("text", { class: "name", x: x + 8, y: y + 18 }, label + final),
+        svg("text", { class: "detail", x: x + 8, y: y + 36 }, items.length > 28 ? items.slice(0, 27) + "…" : items),
+        svg("title", {}, `${step.name}: ${step.status}${step.needs.length ? `, needs ${step.needs.join(", ")}` : ""}${step.item_statuses ? `; ${items}` : ""}`),
+      ),
+    );
+  }
+  return svg("svg", { class: ["chart", "workflow"], id: "workflow-graph", viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": "the workflow's steps" }, parts);
+}

@@ -5,7 +5,7 @@
 // when one of its own events arrives.
 
 import { api, ApiError, taskPath } from "../api.js";
-import { attemptTimeline } from "../charts.js";
+import { attemptTimeline, workflowGraph } from "../charts.js";
 import { badge, duration, facts, h, json, panel, relative, table, taskHref, tasksHref, time } from "../dom.js";
 import { shownProgress, taskActions } from "../rules.js";
 
@@ -130,8 +130,11 @@ export async function taskPage(ctx) {
   const key = ctx.key;
   let task;
   let eventLog;
+  let graph = null;
   try {
     [task, eventLog] = await Promise.all([api(taskPath(key)), loadEvents(key)]);
+    // a task with children: its steps as a graph (each step's own status, read fresh)
+    graph = task.children ? await api(`workflows/${taskPath(key).replace(/^tasks\//, "")}`).catch(() => null) : null;
   } catch (exc) {
     if (!(exc instanceof ApiError && exc.status === 404)) throw exc;
     return h(
@@ -212,10 +215,12 @@ export async function taskPage(ctx) {
     table(["#", "Worker", "Status", "Started", "Took", "Retry at", "Error / result"], attemptRows(task), "Not attempted yet."),
   );
 
+  const modes = { parallel: "all at once", sequential: "in order", graph: "each once what it needs has succeeded" };
   const children = task.children
     ? panel(
-        "Children",
-        task.children_mode ? `run ${task.children_mode === "parallel" ? "all at once" : "in order"}` : null,
+        task.children_mode === "graph" ? "Workflow" : "Children",
+        task.children_mode ? `run ${modes[task.children_mode] ?? task.children_mode}` : null,
+        graph ? workflowGraph(graph, taskHref) : null,
         table(
           ["Child", "Key", "Status"],
           task.children.map((c) => h("tr", {}, h("td", {}, c.name), h("td", { class: "key" }, h("a", { href: taskHref(c.key) }, c.key)), h("td", {}, badge(c.status)))),
