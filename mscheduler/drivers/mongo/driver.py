@@ -50,10 +50,12 @@ from mscheduler.drivers.base import (
     ChangeEvent,
     ClaimedTask,
     ClaimParams,
+    ClaimStep,
     DerivedByOption,
     ExpireParams,
     FinishParams,
     InsertParams,
+    LaneParams,
     StreamPosition,
     Wakeup,
     WakeupParams,
@@ -115,6 +117,7 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     _translate,
     _write_concern_codes,
     change_event,
+    claim_order_fields,
     expired_entries_stage,
     expired_history_stage,
     live_hash,
@@ -324,6 +327,7 @@ class MongoDriver(
         await self._call("create worker indexes", self._create_worker_indexes)
         await self._create_event_indexes()
         await self._backfill_attempt_counts()
+        await self._backfill_claim_order()
         self._set_up = True
 
     async def prepare(self) -> None:
@@ -485,6 +489,19 @@ class MongoDriver(
             )
 
         result = await self._call("backfill attempt counts", update)
+        return int(result.modified_count)
+
+    async def _backfill_claim_order(self) -> int:
+        """Give ``state.claim_priority`` and ``state.order_at`` (derived: the claim's order) to
+        the tasks an earlier build wrote: one update over the claim index, where they sort as
+        null (one index seek per partition and claimer token, then their keys). Returns how many."""
+
+        async def update() -> Any:
+            return await self.tasks.update_many(
+                {"state.claim_priority": None}, [{"$set": claim_order_fields()}], hint=CLAIM_INDEX
+            )
+
+        result = await self._call("backfill the claim order", update)
         return int(result.modified_count)
 
     @property
@@ -757,6 +774,9 @@ class MongoDriver(
         filter_: dict[str, Any] = {
             "part": part,  # one partition: a sharded cluster's one shard
             "state.claimers": {"$in": list(tokens)},
+            # the order's time bounds the range (order_at <= claim_at); claim_at, after it in the
+            # index, is checked on the keys (a task that ages may be in the range before it is due)
+            "state.order_at": {"$lte": now},
             "state.claim_at": {"$lte": now},
             # not started after its deadline (the deadline pass marks such tasks expired)
             "$or": [{"option.deadline": None}, {"option.deadline": {"$gt": now}}],
@@ -790,14 +810,20 @@ class MongoDriver(
         return entry
 
     async def _claim_one(
-        self, params: ClaimParams, attempt: str, key: str | None = None, part: int = 0
+        self,
+        params: ClaimParams,
+        attempt: str,
+        key: str | None = None,
+        part: int = 0,
+        lane: str | None = None,
     ) -> ClaimedTask | None:
-        """One claim: the first task in the claim order (or the task ``key``, a head the chunked
-        claim chose: see ``_claim_chunked``)."""
+        """One claim in one lane: the first task in the claim order (or the task ``key``, a head
+        the chunked claim chose: see ``_claim_chunked``)."""
         entry = self._claim_entry(params, attempt)
         append = {"$set": {WS: {"$concatArrays": [f"${WS}", [entry]]}}}
         pipeline = [append, *self._trim_stages(params), *_derive_stages(params.now, raw=True)]
-        filter_ = self._claim_filter(params, part=part)
+        tokens = claimer_tokens(list(params.names), params.worker_id, params.groups, (lane,))
+        filter_ = self._claim_filter(params, tokens, part=part)
         sort = CLAIM_SORT
 
         async def claim() -> dict[str, Any] | None:
@@ -850,6 +876,9 @@ class MongoDriver(
             trace=doc.get("trace"),
             needs=doc.get("needs"),
             generation=int(doc["state"].get("generation") or 0),
+            lane=doc["option"].get("fair_key"),
+            claim_priority=int(doc["state"].get("claim_priority") or 0),
+            flow="flow" in doc["state"],
         )
 
     async def _claim_head_or_mark_it(
@@ -904,12 +933,12 @@ class MongoDriver(
         ``max_parallel_claims`` in flight: more only pile onto the same head document, where the
         losers conflict and the server runs them again). Each claim names one partition
         (``claim_over_parts``: the attempts dealt over the partitions to visit)."""
-        tokens = claimer_tokens(list(params.names), params.worker_id, params.groups)
+        tokens_per_lane = len(claimer_tokens(list(params.names), params.worker_id, params.groups))
 
-        async def claim_round(plan: list[tuple[str, int]]) -> list[ClaimedTask | BaseException | None]:
-            if len(tokens) > MAX_SCANS:
-                return await self._claim_chunked(params, tokens, plan)
-            return await self._claim_each(params, [(a, None, part) for a, part in plan])
+        async def claim_round(plan: list[ClaimStep]) -> list[ClaimedTask | BaseException | None]:
+            if tokens_per_lane > MAX_SCANS:
+                return await self._claim_chunked(params, plan)
+            return await self._claim_each(params, [(a, None, part, lane) for a, part, lane in plan])
 
         claimed, errors, failed = await claim_over_parts(params, self.partitions, claim_round)
         if params.uncertain is not None:
@@ -923,26 +952,27 @@ class MongoDriver(
         return claimed
 
     async def _claim_each(
-        self, params: ClaimParams, plan: Sequence[tuple[str, str | None, int]]
+        self, params: ClaimParams, plan: Sequence[tuple[str, str | None, int, str | None]]
     ) -> list[ClaimedTask | BaseException | None]:
-        """The claims of ``plan`` ((attempt, key or None, partition)), concurrently within the cap."""
+        """The claims of ``plan`` ((attempt, key or None, partition, lane)), concurrently within
+        the cap."""
         if len(plan) <= self.max_parallel_claims:  # within the cap: no gate to pass
-            claims = [self._claim_one(params, attempt, key, part) for attempt, key, part in plan]
+            claims = [self._claim_one(params, *step) for step in plan]
             done = await asyncio.gather(*claims, return_exceptions=True)
             self.claims_empty += sum(r is None for r in done)
             return list(done)
         gate = asyncio.Semaphore(self.max_parallel_claims)
 
-        async def one(attempt: str, key: str | None, part: int) -> ClaimedTask | None:
+        async def one(attempt: str, key: str | None, part: int, lane: str | None) -> ClaimedTask | None:
             async with gate:
-                return await self._claim_one(params, attempt, key, part)
+                return await self._claim_one(params, attempt, key, part, lane)
 
         results = await asyncio.gather(*(one(*step) for step in plan), return_exceptions=True)
         self.claims_empty += sum(r is None for r in results)
         return list(results)
 
     async def _claim_chunked(
-        self, params: ClaimParams, tokens: list[str], plan: list[tuple[str, int]]
+        self, params: ClaimParams, plan: list[ClaimStep]
     ) -> list[ClaimedTask | BaseException | None]:
         """A claim over more claimer tokens than the planner merges (``MAX_SCANS``: one index
         range per token; above ``internalQueryMaxScansToExplode``, 200, the server falls back to
@@ -950,10 +980,11 @@ class MongoDriver(
         are split into chunks of at most ``MAX_SCANS``; per partition, each chunk's heads are read
         in the claim order (one bounded read per chunk), merged here, and the first ones claimed
         by key (each claim repeats every condition: a head taken meanwhile is not claimed)."""
-        projection = {"key": 1, "option.priority": 1, "state.targeted": 1, "state.claim_at": 1}
-        steps: list[tuple[str, str | None, int]] = []
-        for part in dict.fromkeys(p for _, p in plan):
-            attempts = [a for a, p in plan if p == part]
+        projection = {"key": 1, "state.claim_priority": 1, "state.targeted": 1, "state.order_at": 1}
+        steps: list[tuple[str, str | None, int, str | None]] = []
+        for part, lane in dict.fromkeys((p, lane) for _, p, lane in plan):
+            attempts = [a for a, p, a_lane in plan if p == part and a_lane == lane]
+            tokens = claimer_tokens(list(params.names), params.worker_id, params.groups, (lane,))
             heads: list[dict[str, Any]] = []
             for start in range(0, len(tokens), MAX_SCANS):
                 filter_ = self._claim_filter(params, tokens[start : start + MAX_SCANS], part)
@@ -968,7 +999,7 @@ class MongoDriver(
             heads.sort(key=_claim_order)
             keys: list[str | None] = list(dict.fromkeys(doc["key"] for doc in heads))
             keys = (keys + [None] * len(attempts))[: len(attempts)]
-            steps += [(a, k, part) for a, k in zip(attempts, keys, strict=True)]
+            steps += [(a, k, part, lane) for a, k in zip(attempts, keys, strict=True)]
         claimable = [step for step in steps if step[1] is not None]
         results = dict(zip(claimable, await self._claim_each(params, claimable), strict=True))
         return [results.get(step) for step in steps]
@@ -1193,7 +1224,7 @@ class MongoDriver(
         # The wake-up index: equality on this worker's claimer tokens, then claim_at (the
         # ranges are merged in claim_at order, no in-memory sort). Tasks aimed at others are
         # not read. More tokens than a query merges (MAX_SCANS): one read per chunk, merged here.
-        tokens = claimer_tokens(list(params.names), params.worker_id, params.groups)
+        tokens = claimer_tokens(list(params.names), params.worker_id, params.groups, params.lanes)
         # every partition (a read may reach every shard): one index range per partition and
         # token, so a chunk holds at most MAX_SCANS of those
         parts = list(range(self.partitions))
@@ -1203,7 +1234,13 @@ class MongoDriver(
             filter_ = {"part": {"$in": parts}, "state.claimers": {"$in": tokens[start : start + chunk]}}
 
             async def read(filter_: dict[str, Any] = filter_) -> list[dict[str, Any]]:
-                projection = {"_id": 0, "key": 1, "state.claim_at": 1, "option.deadline": 1}
+                projection = {
+                    "_id": 0,
+                    "key": 1,
+                    "state.claim_at": 1,
+                    "option.deadline": 1,
+                    "option.fair_key": 1,
+                }
                 cursor = (
                     self.tasks.find(filter_, projection)
                     .sort("state.claim_at", 1)
@@ -1220,11 +1257,35 @@ class MongoDriver(
         for doc in docs:
             claim_at = doc.get("state", {}).get("claim_at")
             if isinstance(claim_at, datetime):  # a document edited by hand must not stop polling
-                wakeups.append(Wakeup(doc["key"], _in(claim_at), "claim"))
+                lane = doc.get("option", {}).get("fair_key")
+                wakeups.append(
+                    Wakeup(doc["key"], _in(claim_at), "claim", lane if isinstance(lane, str) else None)
+                )
             deadline = doc.get("option", {}).get("deadline")
             if isinstance(deadline, datetime):  # when the deadline pass should look at it
                 wakeups.append(Wakeup(doc["key"], _in(deadline), "deadline"))
         return wakeups
+
+    async def find_lanes(self, params: LaneParams) -> list[str]:
+        """The fairness keys of claimable tasks of these names: one ``distinct`` on the partial
+        index ``lanes`` (only tasks with a key are in it), a DISTINCT_SCAN: one index seek per
+        key, whatever the number of its tasks. ``distinct`` takes no hint before MongoDB 7.1: the
+        query states the index's partial filter (``option.fair_key`` exists), which no other
+        index can serve."""
+        key_range: dict[str, Any] = {"$exists": True, "$type": "string"}
+        if params.after is not None:
+            key_range["$gt"] = params.after
+        filter_ = {
+            "option.fair_key": key_range,
+            "name": {"$in": list(params.names)},
+            "state.claim_at": {"$type": "date"},
+        }
+
+        async def read() -> list[str]:
+            found = await self.tasks.distinct("option.fair_key", filter_)
+            return sorted(k for k in found if isinstance(k, str))[: params.limit]
+
+        return await self._call("find lanes", read)
 
     def _watch_pipeline(self) -> list[dict[str, Any]]:
         return watch_pipeline()
@@ -1306,11 +1367,11 @@ def _wakeup_order(doc: dict[str, Any]) -> tuple[bool, Any, str]:
 
 
 def _claim_order(doc: dict[str, Any]) -> tuple[Any, ...]:
-    """The claim sort (priority desc, targeted desc, claim_at asc), then key, as a sort key."""
+    """The claim sort (claim priority desc, targeted desc, order time asc), then key, as a sort key."""
     state = doc.get("state", {})
     return (
-        -doc.get("option", {}).get("priority", 0),
+        -int(state.get("claim_priority") or 0),
         -int(bool(state.get("targeted"))),
-        state.get("claim_at"),
+        state.get("order_at"),
         doc["key"],
     )
