@@ -442,9 +442,34 @@ async def connect(conn: Connection) -> AsyncIterator[Ops]:
         await client.close()
 
 
+# Keyword arguments that ``Operations``' (and the API's) messages name, as the CLI's flags.
+CLI_FLAGS = {
+    "force": "--force",
+    "allow_unknown": "--allow-unknown",
+    "stop_running": "--stop-running",
+    "reset_finished": "--reset-finished",
+}
+_KEYWORD_TRUE = re.compile(r"\b(" + "|".join(CLI_FLAGS) + r")\s*=\s*(?:True|true)\b")
+
+
+_PYTHON_CALLS = {
+    "restart_child(..., force=True)": "restart the child by its key (tasks restart KEY/NAME --force)",
+    "Operations.restart": "tasks restart",
+}
+
+
+def in_cli_words(message: str) -> str:
+    """A refusal's text with the keyword arguments and calls it names as the command line's
+    flags and commands (``force=True`` reads ``--force``)."""
+    for call, command in _PYTHON_CALLS.items():
+        message = message.replace(call, command)
+    return _KEYWORD_TRUE.sub(lambda m: CLI_FLAGS[m.group(1)], message)
+
+
 def refusal(exc: MSchedulerError) -> CliError:
-    """The one-line error and exit code of a refusal from ``Operations``."""
-    message = _one_line(str(exc), limit=300)
+    """The one-line error and exit code of a refusal from ``Operations`` (in the command
+    line's words: ``--force``, not ``force=True``)."""
+    message = in_cli_words(_one_line(str(exc), limit=300))
     if isinstance(exc, ApiUnreachable):
         return CliError(message, exit_code=EXIT_STORAGE)
     if isinstance(exc, ApiRefused):
@@ -630,6 +655,21 @@ def invalid(exc: ValidationError | InvalidInput, what: str) -> typer.Exit:
     message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
     more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
     return usage(f"{what}: {loc + ': ' if loc else ''}{message}{more}")
+
+
+def read_text(value: str | None, option: str) -> str | None:
+    """An option's text as given, or read from a file (``@FILE``) or from stdin (``-``): large
+    params do not fit on a command line."""
+    if value is None or not (value == "-" or value.startswith("@")):
+        return value
+    if value == "-":
+        return sys.stdin.read()
+    path = Path(value[1:]).expanduser()
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise usage(f"{option}: cannot read {str(path)!r}: {reason}") from None
 
 
 def json_value(text: str | None, option: str) -> Any:

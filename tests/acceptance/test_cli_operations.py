@@ -23,11 +23,13 @@ from mscheduler import (
     TaskStatus,
 )
 from mscheduler.cli import common as cli_ops
-from mscheduler.cli.common import app
+from mscheduler.cli.main import full_app
 from mscheduler.domain.plans import Plan
 from mscheduler.domain.schedule import EverySchedule, PlanTiming
 from mscheduler.drivers.base import WorkerInfo
 from tests.acceptance.support import cli, command, run
+
+app = full_app()
 
 
 async def _seed(driver: MemoryDriver) -> None:

@@ -272,7 +272,9 @@ def test_usage_errors_are_exit_2(args: list[str], says: str) -> None:
 def test_the_environment_gives_the_api_and_the_token(server: ApiServer) -> None:
     from typer.testing import CliRunner
 
-    from mscheduler.cli.common import app
+    from mscheduler.cli.main import full_app
+
+    app = full_app()
 
     server.serve(make_store())
     env = {"MSCHEDULER_API_URL": server.url, "MSCHEDULER_TOKEN": READ_TOKEN, "COLUMNS": "200"}
@@ -284,7 +286,9 @@ def test_the_environment_gives_the_api_and_the_token(server: ApiServer) -> None:
 def test_no_store_at_all_is_exit_2() -> None:
     from typer.testing import CliRunner
 
-    from mscheduler.cli.common import app
+    from mscheduler.cli.main import full_app
+
+    app = full_app()
 
     result = CliRunner(env={"MSCHEDULER_MONGODB_URI": None, "MSCHEDULER_API_URL": None}).invoke(
         app, ["tasks", "ls"]

@@ -16,9 +16,11 @@ from typer.testing import CliRunner
 
 from mscheduler import Consumer, Fail, MemoryDriver, Operations, Publisher, Task, TaskStatus
 from mscheduler.cli import common as cli_ops
-from mscheduler.cli.common import app
+from mscheduler.cli.main import full_app
 from tests.acceptance.support import cli
 from tests.acceptance.test_cli_operations import COMMANDS
+
+app = full_app()
 
 
 async def _fail_all(driver: MemoryDriver, keys: list[str], name: str = "job.boom") -> None:

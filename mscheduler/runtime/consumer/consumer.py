@@ -60,6 +60,7 @@ from mscheduler.runtime.consumer.handlers import (
     RunIn,
     default_process_count,
     inspect_handler,
+    params_schema_text,
 )
 from mscheduler.runtime.consumer.limiter import Limiter
 from mscheduler.runtime.consumer.pinger import ConsumerPinger
@@ -344,8 +345,11 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         await self.clock.sync(self.driver.server_time)
         now = self.clock.now()
         names = sorted(self._handlers)
+        schemas = [(n, text) for n in names if (text := params_schema_text(self._handlers[n].model))]
         await self.driver.register_worker(
-            WorkerInfo(self.worker_id, self.host, self.pid, names, self.concurrency, now, self.groups)
+            WorkerInfo(
+                self.worker_id, self.host, self.pid, names, self.concurrency, now, self.groups, schemas
+            )
         )
         self.child_sync = ChildSync(self.driver, clock=self.clock, interval=self.children_interval)
         self.discovery = Discovery(

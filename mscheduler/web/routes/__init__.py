@@ -9,6 +9,7 @@ from fastapi import APIRouter
 from mscheduler.web.routes.bulk import bulk
 from mscheduler.web.routes.events import events
 from mscheduler.web.routes.executors import executors
+from mscheduler.web.routes.handlers import handlers
 from mscheduler.web.routes.health import health
 from mscheduler.web.routes.limits import limits
 from mscheduler.web.routes.plans import plans
@@ -17,4 +18,15 @@ from mscheduler.web.routes.tasks import tasks
 from mscheduler.web.routes.workers import workers
 
 # in the order the OpenAPI schema lists them
-ROUTERS: tuple[APIRouter, ...] = (tasks, bulk, plans, limits, workers, misc, health, events, executors)
+ROUTERS: tuple[APIRouter, ...] = (
+    tasks,
+    bulk,
+    handlers,
+    plans,
+    limits,
+    workers,
+    misc,
+    health,
+    events,
+    executors,
+)
