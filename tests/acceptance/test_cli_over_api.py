@@ -35,6 +35,9 @@ async def _seed(driver: MemoryDriver) -> None:
     clock = driver.clock
     assert isinstance(clock, FakeClock)
     ops = Operations(driver, clock=clock)
+    names = ("job.a", "job.run", "job.boom", "job.done", "step.one", "step.two", "job.x", "job.typed")
+    schemas = [("job.typed", '{"properties":{"n":{"type":"integer"}},"required":["n"],"type":"object"}')]
+    await driver.register_worker(WorkerInfo("w-live", "host-1", 42, names, 4, clock.now(), ("gpu",), schemas))
     for key in ("a-1", "a-2", "a-3"):
         await ops.send(Task(key, "job.a", {"n": key}, option=TaskOption(priority=1)))
         clock.advance(0.001)
@@ -51,7 +54,6 @@ async def _seed(driver: MemoryDriver) -> None:
         elif key == "done-1":
             await driver.finish([FinishParams(key, "w1", claimed.attempt, now, "succeeded", {"ok": 1})])
     now = clock.now()
-    await driver.register_worker(WorkerInfo("w-live", "host-1", 42, ("job.a",), 4, now, ("gpu",)))
     timing = PlanTiming(schedule=EverySchedule(interval=3600, start=now))
     await ops.add_plan(Plan(plan_id="nightly", name="job.a", timing=timing))
     await ops.set_limit("job.a", max_running=2, rate="10/s")
@@ -120,6 +122,9 @@ COMMANDS = [
     # tasks: changes
     ["tasks", "send", "job.new", "--key", "new-1", "--params", '{"a": 1}', "--priority", "3"],
     ["tasks", "send", "job.a", "--key", "a-1", "--json"],
+    ["tasks", "send", "job.new", "--key", "new-2", "--allow-unknown"],
+    ["tasks", "send", "job.typed", "--key", "t-1", "--params", '{"n": "x"}'],
+    ["tasks", "send", "job.typed", "--key", "t-2", "--params", '{"n": 2}'],
     ["tasks", "send", "job.a", "--key", "big", "--params", '{"x": "' + "y" * 600_000 + '"}'],
     ["tasks", "cancel", "a-1", "--reason", "not needed"],
     ["tasks", "cancel", "done-1"],

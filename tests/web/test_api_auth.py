@@ -36,7 +36,10 @@ READS = [(m, p) for m, p in ROUTES if m in ("GET", "HEAD")]
 
 
 def test_the_route_list_covers_the_api() -> None:
-    assert (len(READS), len(CHANGES)) == (13, 23)  # + executors; limits; status; send; bulk; plan run
+    assert (len(READS), len(CHANGES)) == (
+        14,
+        23,
+    )  # + executors; limits; status; send; bulk; plan run; handlers
 
 
 @pytest.mark.parametrize(
