@@ -91,6 +91,49 @@ class TerminalConsole(Console):
             renderable.plain = plain_text(renderable.plain)  # same length: the styles stay put
         return super().render(renderable, options)
 
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        """Tables never cut a value: in a terminal a long key folds onto a second line rather
+        than ending in an ellipsis; in a pipe or a file a table is plain text — a line per row,
+        columns padded to their widest value, no borders, nothing wrapped or cut — for
+        ``grep``, ``awk`` and narrow screens alike."""
+        from rich.table import Table
+
+        if not any(isinstance(o, Table) for o in objects):
+            super().print(*objects, **kwargs)
+            return
+        for obj in objects:
+            if not isinstance(obj, Table):
+                super().print(obj, **kwargs)
+            elif self.is_terminal:
+                for column in obj.columns:
+                    column.overflow = "fold"
+                super().print(obj, **kwargs)
+            else:
+                for line in plain_table(obj):
+                    super().print(Text(line), soft_wrap=True, crop=False)
+
+
+def plain_table(table: Any) -> list[str]:
+    """A Rich ``Table`` as plain lines: its title, its header (if shown) and its rows, columns
+    padded to their widest cell and two spaces apart; a cell's line breaks become spaces."""
+    from rich.cells import cell_len
+
+    def text(cell: Any) -> str:
+        return " ".join(str(cell.plain if isinstance(cell, Text) else cell).split())
+
+    columns = [[text(c.header), *(text(cell) for cell in c.cells)] for c in table.columns]
+    if not columns:
+        return []
+    rows = list(zip(*columns, strict=True))
+    if not table.show_header:
+        rows = rows[1:]
+    widths = [max((cell_len(row[i]) for row in rows), default=0) for i in range(len(columns))]
+    lines = [text(table.title)] if table.title else []
+    for row in rows:
+        cells = [cell + " " * (widths[i] - cell_len(cell)) for i, cell in enumerate(row)]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
 
 out = TerminalConsole(soft_wrap=True, markup=False, highlight=False, emoji=False)
 

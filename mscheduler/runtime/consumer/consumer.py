@@ -247,6 +247,8 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         self._pending_added = asyncio.Event()
         self._ping_wake = asyncio.Event()
         self._ping_now = asyncio.Event()  # a checkpoint waits, or a stop needs the store's word
+        self._progress_set = asyncio.Event()  # a handler reported progress since the last ping
+        self._last_ping = float("-inf")  # when the last ping was sent (the clock's monotonic time)
         self._side: dict[str, asyncio.Task[None]] = {}
         self._stopping = False
         self._stopped = asyncio.Event()
