@@ -64,6 +64,7 @@ __all__ = [
     "Schedule",
     "Snooze",
     "StorageError",
+    "SyncPublisher",
     "SyncTaskContext",
     "Task",
     "TaskCancelled",
@@ -151,6 +152,7 @@ if TYPE_CHECKING:
     from mscheduler.runtime.app import App
     from mscheduler.runtime.consumer import Consumer, SyncTaskContext, TaskContext
     from mscheduler.runtime.publisher import Publisher
+    from mscheduler.runtime.sync_publisher import SyncPublisher
     from mscheduler.services.events import Event, EventKind, Events
     from mscheduler.services.expiry import ExpiryService
     from mscheduler.services.planner import Planner
@@ -229,6 +231,7 @@ _LAZY = {
     **dict.fromkeys(("App",), "mscheduler.runtime.app"),
     **dict.fromkeys(("Consumer", "SyncTaskContext", "TaskContext"), "mscheduler.runtime.consumer"),
     **dict.fromkeys(("Publisher",), "mscheduler.runtime.publisher"),
+    **dict.fromkeys(("SyncPublisher",), "mscheduler.runtime.sync_publisher"),
     **dict.fromkeys(("Event", "EventKind", "Events"), "mscheduler.services.events"),
     **dict.fromkeys(("ExpiryService",), "mscheduler.services.expiry"),
     **dict.fromkeys(("Planner",), "mscheduler.services.planner"),
@@ -348,4 +351,4 @@ class _MovedModules:
         sys.modules[module.__name__] = importlib.import_module(new)
 
 
-sys.meta_path.insert(0, _MovedModules())  # type: ignore[arg-type]
+sys.meta_path.insert(0, _MovedModules())

@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib
 from typing import Annotated, Any
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -54,10 +53,11 @@ class _LazyRoot(TyperGroup):
     """The root group: lists commands from ``COMMANDS`` and builds one from its module only
     when it is asked for."""
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    # ``Any``: click's types, which typer vendors in some versions and imports in others
+    def list_commands(self, ctx: Any) -> list[str]:
         return list(_MODULES)
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
         module = _MODULES.get(cmd_name)
         if module is None:
             return None
@@ -66,7 +66,7 @@ class _LazyRoot(TyperGroup):
 
         return typer.main.get_group(app).get_command(ctx, cmd_name)
 
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
         with formatter.section("Commands"):
             formatter.write_dl([(name, help) for name, _, help in COMMANDS])
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 MAX_PROBLEMS = 5
@@ -232,20 +232,19 @@ class _Checker:
                 self.fail(path, f"does not match the pattern {pattern!r}: {_shown(value)}")
 
     def check_number(self, schema: Mapping[str, Any], value: float, path: tuple[str | int, ...]) -> None:
-        bounds = (
-            ("minimum", lambda b: value >= b, "at least"),
-            ("exclusiveMinimum", lambda b: value > b, "greater than"),
-            ("maximum", lambda b: value <= b, "at most"),
-            ("exclusiveMaximum", lambda b: value < b, "less than"),
-        )
-        for word, holds, says in bounds:
-            bound = schema.get(word)
-            if json_type(bound) in ("integer", "number") and not holds(bound):
-                self.fail(path, f"must be {says} {bound}, got {_shown(value)}")
-        step = schema.get("multipleOf")
-        if (
-            json_type(step) in ("integer", "number")
-            and step > 0
-            and not math.isclose(value / step, round(value / step))
-        ):
-            self.fail(path, f"must be a multiple of {step}, got {_shown(value)}")
+        holds: dict[str, Callable[[float], bool]] = {
+            "minimum": lambda bound: value >= bound,
+            "exclusiveMinimum": lambda bound: value > bound,
+            "maximum": lambda bound: value <= bound,
+            "exclusiveMaximum": lambda bound: value < bound,
+        }
+        says = {"minimum": "at least", "exclusiveMinimum": "greater than", "maximum": "at most"}
+        for word, test in holds.items():
+            bound: Any = schema.get(word)
+            if json_type(bound) in ("integer", "number") and not test(bound):
+                self.fail(path, f"must be {says.get(word, 'less than')} {bound}, got {_shown(value)}")
+        step: Any = schema.get("multipleOf")
+        if json_type(step) in ("integer", "number") and step > 0:
+            ratio = value / step
+            if not math.isclose(ratio, round(ratio)):
+                self.fail(path, f"must be a multiple of {step}, got {_shown(value)}")

@@ -238,7 +238,9 @@ _common = [Depends(_bearer), Depends(known_query)]
 def domain_error(exc: Exception) -> _ApiError:
     """The HTTP answer of an error from ``Operations``."""
     if isinstance(exc, InvalidInput):
-        return _ApiError(422, "invalid_input", str(exc), **({"field": exc.field} if exc.field else {}))
+        if exc.field:
+            return _ApiError(422, "invalid_input", str(exc), field=exc.field)
+        return _ApiError(422, "invalid_input", str(exc))
     if isinstance(exc, (UnknownTask, UnknownPlan, UnknownLimit)):
         return _ApiError(404, "not_found", str(exc))
     if isinstance(exc, LeaseLost):  # a remote executor's report or ping after its lease moved on

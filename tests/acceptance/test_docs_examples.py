@@ -33,3 +33,8 @@ def run_python(code: str, timeout: float = 60) -> list[str]:
 def test_an_apps_plans_in_a_plain_script() -> None:
     lines = run_python(block_under("plans.md", "An app's plans in a plain script"))
     assert lines == ["['report']", "a run succeeded"]
+
+
+def test_a_flask_view_tested_with_the_kits_sync_publisher() -> None:
+    lines = run_python(block_under("testing.md", "Synchronous code: Flask, Django"))
+    assert lines == ["the view's test passed"]

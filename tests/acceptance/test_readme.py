@@ -229,3 +229,13 @@ def test_flow_limits_example_runs() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["4 0"]
+
+
+def test_the_flask_example_runs() -> None:
+    block = _block_with("SyncPublisher(MemoryDriver())")
+    done = subprocess.run(
+        [sys.executable, "-c", block], cwd=REPO, env=environment(), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["{'created': True} {'created': False}"]
+    assert "It prints `{'created': True} {'created': False}`" in README

@@ -66,6 +66,7 @@ EXPECTED = [
     "Schedule",
     "Snooze",
     "StorageError",
+    "SyncPublisher",
     "SyncTaskContext",
     "Task",
     "TaskCancelled",
