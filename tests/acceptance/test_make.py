@@ -1,0 +1,50 @@
+"""The Makefile's two commands on a fresh clone: ``make demo`` installs the package alone (no
+development set: no web server, test tools or type checker), ``make test`` the development set;
+``make dist`` builds and checks what would be published. Read from ``make -n`` (what it would
+run) in a copy with no venv: nothing is installed here."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance.support import REPO
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
+
+
+def would_run(target: str, tmp_path: Path) -> list[str]:
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(REPO / name, tmp_path / name)
+    done = subprocess.run(["make", "-n", target], cwd=tmp_path, capture_output=True, text=True, check=True)
+    return done.stdout.splitlines()
+
+
+def installs(lines: list[str]) -> list[str]:
+    return [
+        line.split(" install ", 1)[1]
+        for line in lines
+        if "pip install" in line and "--upgrade pip" not in line
+    ]
+
+
+def test_make_demo_installs_only_the_package(tmp_path: Path) -> None:
+    lines = would_run("demo", tmp_path)
+    assert installs(lines) == ["--quiet --disable-pip-version-check -e ."]
+    assert lines[-1] == ".venv/bin/mscheduler demo"
+
+
+def test_make_test_installs_the_development_set(tmp_path: Path) -> None:
+    lines = would_run("test", tmp_path)
+    assert installs(lines) == ["--quiet -e '.[dev]'"]
+    assert lines[-1] == ".venv/bin/python -m pytest"
+
+
+def test_make_dev_adds_the_web_extra_and_dist_checks_the_package(tmp_path: Path) -> None:
+    assert installs(would_run("dev", tmp_path)) == ["--quiet --disable-pip-version-check -e '.[web]'"]
+    dist = would_run("dist", tmp_path)
+    assert ".venv/bin/python -m build --no-isolation --outdir dist ." in dist
+    assert ".venv/bin/twine check --strict dist/*" in dist
