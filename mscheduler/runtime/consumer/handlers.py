@@ -70,7 +70,7 @@ def params_schema_text(model: type[BaseModel] | None) -> str | None:
     if model is None:
         return None
     try:
-        text = json.dumps(model.model_json_schema(), separators=(",", ":"), sort_keys=True)
+        text = json.dumps(model.model_json_schema(), separators=(",", ":"))  # fields in model order
     except Exception:  # a field type without a JSON schema: the handler still validates
         log.debug("no JSON schema for %s", model.__qualname__, exc_info=True)
         return None
