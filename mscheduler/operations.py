@@ -14,7 +14,6 @@ import asyncio
 import base64
 import json
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -460,8 +459,9 @@ class Operations:
     async def _handlers(self, fresh: bool) -> dict[str, HandlerInfo]:
         """The live handlers by name, read again when ``fresh`` or older than ``HANDLERS_FRESH``."""
         held = self._handlers_read
-        if fresh or held is None or time.monotonic() - held[0] > HANDLERS_FRESH:
-            held = self._handlers_read = (time.monotonic(), {h.name: h for h in await self.list_handlers()})
+        if fresh or held is None or self.clock.monotonic() - held[0] > HANDLERS_FRESH:
+            handlers = {h.name: h for h in await self.list_handlers()}
+            held = self._handlers_read = (self.clock.monotonic(), handlers)
         return held[1]
 
     async def _check_at_the_door(

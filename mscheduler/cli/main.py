@@ -33,7 +33,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("web", "web", "Serve the REST API and the web dashboard (needs mscheduler[web])."),
     ("tasks", "tasks", "List, show and steer tasks."),
     ("plans", "plans", "List, show and steer recurring plans."),
-    ("workers", "workers", "List registered workers; ask one to stop."),
+    ("workers", "workers", "List registered workers and the task names they handle; ask one to stop."),
     ("limits", "limits", "List, show, set and remove flow limits."),
     ("events", "events", "List and follow recorded task events."),
 )

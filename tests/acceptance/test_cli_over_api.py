@@ -160,6 +160,8 @@ COMMANDS = [
     ["plans", "add", "nightly", "job.a", "--cron", "0 3 * * *"],
     # workers
     ["workers", "ls"],
+    ["workers", "handlers"],
+    ["workers", "handlers", "--json"],
     ["workers", "ls", "--json"],
     ["workers", "stop", "w-live"],
     ["workers", "stop", "nope"],

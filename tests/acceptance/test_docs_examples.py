@@ -1,5 +1,5 @@
-"""Examples of ``docs/*.md`` that the README's tests do not run: each runs as written and prints
-what the page says."""
+"""Examples of ``docs/*.md`` that no other test runs (docs/testing.md's run as one test module:
+``tests/unit/test_testing_kit.py``): each runs as written and prints what the page says."""
 
 from __future__ import annotations
 
@@ -33,8 +33,3 @@ def run_python(code: str, timeout: float = 60) -> list[str]:
 def test_an_apps_plans_in_a_plain_script() -> None:
     lines = run_python(block_under("plans.md", "An app's plans in a plain script"))
     assert lines == ["['report']", "a run succeeded"]
-
-
-def test_a_flask_view_tested_with_the_kits_sync_publisher() -> None:
-    lines = run_python(block_under("testing.md", "Synchronous code: Flask, Django"))
-    assert lines == ["the view's test passed"]
