@@ -450,10 +450,10 @@ class Operations:
         families = prepared_families(
             tasks, now=now, reset_finished=reset_finished, max_params_bytes=self.max_params_bytes
         )
-        await self._check_at_the_door(families, allow_unknown, single=len(tasks) == 1)
         if not self._tasks_set_up:  # the unique key index before the first insert (SPEC F1)
-            await self.driver.setup()
+            await self.driver.setup()  # (and the workers' indexes the door's read is hinted to)
             self._tasks_set_up = True
+        await self._check_at_the_door(families, allow_unknown, single=len(tasks) == 1)
         return await insert_families(self.driver, families, self.clock.now, reset_finished=reset_finished)
 
     async def _handlers(self, fresh: bool) -> dict[str, HandlerInfo]:
