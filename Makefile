@@ -1,7 +1,7 @@
 # Two commands on a fresh machine: `make demo` and `make test`. Both create .venv themselves:
-# `make demo` with only what the demo needs (the package and its dependencies: no web server,
-# no test tools), `make test` with the whole development set; `make dev` adds the web extra and
-# serves the example app.
+# `make demo` with only what the demo needs (the package's dependencies: no web server, no test
+# tools), `make test` with the whole development set; `make dev` adds the web extra and serves
+# the example app.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -14,9 +14,12 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(VENV)/.demo-installed $(VENV)/.web-installed $@
 
+# The demo runs from the checkout: its venv gets the package's dependencies only (building and
+# installing the package itself would cost a build backend in an isolated environment first).
 $(VENV)/.demo-installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	$(BIN)/python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" > $(VENV)/demo-requirements.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r $(VENV)/demo-requirements.txt
 	touch $@
 
 $(VENV)/.web-installed: pyproject.toml
@@ -27,7 +30,7 @@ $(VENV)/.web-installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: $(VENV)/.demo-installed
-	$(BIN)/mscheduler demo
+	PYTHONPATH=. $(BIN)/python -m mscheduler demo
 
 dev: $(VENV)/.web-installed
 	$(BIN)/mscheduler dev examples.shop:app

@@ -1,5 +1,6 @@
-"""The Makefile's two commands on a fresh clone: ``make demo`` installs the package alone (no
-development set: no web server, test tools or type checker), ``make test`` the development set;
+"""The Makefile's two commands on a fresh clone: ``make demo`` installs the package's
+dependencies alone (no development set: no web server, test tools or type checker) and runs the
+demo from the checkout, ``make test`` the development set;
 ``make dist`` builds and checks what would be published. Read from ``make -n`` (what it would
 run) in a copy with no venv: nothing is installed here."""
 
@@ -7,6 +8,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -31,10 +34,18 @@ def installs(lines: list[str]) -> list[str]:
     ]
 
 
-def test_make_demo_installs_only_the_package(tmp_path: Path) -> None:
+def test_make_demo_installs_only_the_packages_dependencies(tmp_path: Path) -> None:
     lines = would_run("demo", tmp_path)
-    assert installs(lines) == ["--quiet --disable-pip-version-check -e ."]
-    assert lines[-1] == ".venv/bin/mscheduler demo"
+    assert installs(lines) == ["--quiet --disable-pip-version-check -r .venv/demo-requirements.txt"]
+    assert lines[-1] == "PYTHONPATH=. .venv/bin/python -m mscheduler demo"
+    [listing] = [line for line in lines if "demo-requirements.txt" in line and "tomllib" in line]
+    venv = tmp_path / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)
+    subprocess.run(["sh", "-c", listing], cwd=tmp_path, check=True)
+    wanted = (tmp_path / ".venv" / "demo-requirements.txt").read_text().split()
+    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert wanted == dependencies and not any("dev" in w or "pytest" in w for w in wanted)
 
 
 def test_make_test_installs_the_development_set(tmp_path: Path) -> None:
