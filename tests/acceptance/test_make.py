@@ -6,6 +6,7 @@ run) in a copy with no venv: nothing is installed here."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -22,7 +23,18 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make on
 def would_run(target: str, tmp_path: Path) -> list[str]:
     for name in ("Makefile", "pyproject.toml"):
         shutil.copy(REPO / name, tmp_path / name)
-    done = subprocess.run(["make", "-n", target], cwd=tmp_path, capture_output=True, text=True, check=True)
+    # not as a sub-make of a `make test` that runs this: its flags and "Entering directory" lines
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")
+    }
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-n", target],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return done.stdout.splitlines()
 
 
