@@ -1,20 +1,45 @@
-# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv themselves.
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv themselves:
+# `make demo` with only what the demo needs (the package's dependencies: no web server, no test
+# tools), `make test` with the whole development set; `make dev` adds the web extra and serves
+# the example app.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck bench bench-compare clean install browser
+.PHONY: demo dev test lint typecheck bench bench-compare clean install browser dist
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(VENV)/.demo-installed $(VENV)/.web-installed $@
+
+# The demo runs from the checkout: its venv gets the package's dependencies only (building and
+# installing the package itself would cost a build backend in an isolated environment first).
+$(VENV)/.demo-installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" > $(VENV)/demo-requirements.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r $(VENV)/demo-requirements.txt
 	touch $@
+
+$(VENV)/.web-installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[web]'
+	touch $(VENV)/.demo-installed $@
 
 install: $(VENV)/.installed
 
-demo: $(VENV)/.installed
-	$(BIN)/mscheduler demo
+demo: $(VENV)/.demo-installed
+	PYTHONPATH=. $(BIN)/python -m mscheduler demo
+
+dev: $(VENV)/.web-installed
+	$(BIN)/mscheduler dev examples.shop:app
+
+# An sdist and a wheel in dist/, checked as PyPI would (twine check: metadata, README rendering).
+dist: $(VENV)/.installed
+	rm -rf dist
+	$(BIN)/python -m build --no-isolation --outdir dist .
+	$(BIN)/twine check --strict dist/*
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest
@@ -49,4 +74,4 @@ bench-compare: $(VENV)/.installed
 		status=$$?; git worktree remove --force .bench-ref; exit $$status
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) dist .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -43,6 +43,7 @@ from mscheduler.cli.common import (
     json_value,
     out,
     print_json,
+    read_text,
     run,
     usage,
 )
@@ -318,7 +319,10 @@ def tasks_send(
     conn: Connection,
     name: Annotated[str, typer.Argument(metavar="NAME", hidden=True)],
     key: Annotated[str, typer.Option(metavar="KEY", help="The task's unique key.")],
-    params: Annotated[str | None, typer.Option(metavar="JSON", help="The params, as JSON.")] = None,
+    params: Annotated[
+        str | None,
+        typer.Option(metavar="JSON", help="The params, as JSON; @FILE reads them from FILE, - from stdin."),
+    ] = None,
     priority: PriorityOpt = None,
     run_at: RunAtOpt = None,
     deadline: DeadlineOpt = None,
@@ -331,17 +335,25 @@ def tasks_send(
     reset_finished: Annotated[
         bool, typer.Option("--reset-finished", help="Reset a finished task with this key.")
     ] = False,
+    allow_unknown: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unknown", help="Send it even if no live worker handles NAME (one is on its way)."
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Send task NAME with --key and --params (JSON). A key that exists is left alone (exit 0,
-    "exists"); --reset-finished resets a succeeded or failed one. With --api-url it goes through
-    POST /api/v1/tasks (an admin or publish token)."""
+    """Send task NAME with --key and --params (JSON, @FILE or - for stdin). A key that exists is
+    left alone (exit 0, "exists"); --reset-finished resets a succeeded or failed one. NAME must
+    be handled by a live worker (exit 2 naming the handled ones; --allow-unknown sends it
+    anyway) and the params must fit the JSON schema its workers publish (exit 2 naming the
+    field). With --api-url it goes through POST /api/v1/tasks (an admin or publish token)."""
     fields = _option_fields(priority, run_at, deadline, max_retries, retry_delay, specific_worker)
     try:
         task = Task(
             key,
             name,
-            json_value(params, "--params"),
+            json_value(read_text(params, "--params"), "--params"),
             option=TaskOption(**fields),
             unique_by="params" if unique_by_params else "key",
         )
@@ -349,7 +361,7 @@ def tasks_send(
         raise invalid(exc, "task") from None
 
     async def send(ops: Ops) -> bool:
-        return await ops.send(task, reset_finished=reset_finished)
+        return await ops.send(task, reset_finished=reset_finished, allow_unknown=allow_unknown)
 
     created = run(conn, send)
     if as_json:

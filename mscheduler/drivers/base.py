@@ -434,6 +434,9 @@ class WorkerInfo:
     concurrency: int
     start_time: datetime
     groups: Sequence[str] = ()  # the worker groups it serves (F31), shown by ``workers ls``
+    # (name, JSON schema of its params as JSON text) for each handler with a params model: what
+    # a send over the API or the CLI is checked against (``mscheduler.domain.params_schema``)
+    schemas: Sequence[tuple[str, str]] = ()
 
 
 DEFAULT_WORKER_RETENTION = timedelta(days=1)
@@ -449,12 +452,15 @@ class WorkerListParams:
 
     ``live_since``: only workers not stopped and seen since then (any order; the metrics' and the
     publisher's read, on the index ``workers_live``). Otherwise a page in ``(start_time,
-    worker_id)`` order after ``after`` (index ``workers_list``), at most ``limit``."""
+    worker_id)`` order after ``after`` (index ``workers_list``), at most ``limit``. ``schemas``:
+    with each worker's published params schemas (``schemas``: a list of ``{name, schema}``);
+    otherwise left out of what is read."""
 
     now: datetime | None = None
     live_since: datetime | None = None
     after: tuple[datetime, str] | None = None
     limit: int = WORKERS_PAGE_MAX
+    schemas: bool = False
 
 
 @dataclass(slots=True, frozen=True)

@@ -121,7 +121,9 @@ def cli(*args: str) -> tuple[int, str, str]:
     """``mscheduler ARGS`` in this process: (exit code, stdout, stderr); a crash is raised."""
     from typer.testing import CliRunner
 
-    from mscheduler.cli.common import app
+    from mscheduler.cli.main import full_app
+
+    app = full_app()
 
     result = CliRunner(env={**URI, "COLUMNS": "200", "NO_COLOR": "1"}).invoke(app, list(args))
     if result.exception is not None and not isinstance(result.exception, SystemExit):

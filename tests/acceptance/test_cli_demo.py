@@ -29,6 +29,12 @@ def test_demo_exits_0_and_prints_the_expected_summary() -> None:
         assert re.search(rf"demo-worker-{worker}\W+\d+\W+\d+", out), out  # per-worker row
     assert re.search(r"\d+ tasks ended in [\d.]+s: [\d.]+ tasks/s", out), out
     assert "demo OK" in out
+    # the doomed task fails on purpose: one line that says so, no traceback
+    assert "Traceback" not in out + err
+    assert (
+        "task doomed-000 (demo.work) failed for good on attempt 3, as the demo intends: DemoFailure"
+        in out + err
+    )
     assert seconds < 20, f"the demo took {seconds:.1f}s"
 
 

@@ -198,6 +198,41 @@ async def test_checkpoint_and_progress_are_stored_and_shown(harness: Harness) ->
     await harness.recorder.wait("finished", 1)
 
 
+async def test_changing_progress_is_written_about_once_a_second_not_only_with_the_next_ping(
+    harness: Harness,
+) -> None:
+    """Progress reported many times is written within a second of the last ping (well before
+    the next lease renewal, 2 s here), and at most once a second however often it changes."""
+    reported = asyncio.Event()
+    go_on = Gate()
+    gate = Gate()
+
+    async def long(params: Any, ctx: TaskContext) -> str:
+        for step in range(1, 101):  # a hundred reports at once: one write
+            ctx.progress(step / 200, f"row {step}")
+        reported.set()
+        await go_on.wait()
+        ctx.progress(0.9, "almost")
+        await gate.wait()
+        return "done"
+
+    counting = CountingPings(harness.new_driver())
+    await _one_running(harness, long, driver=counting)
+    await asyncio.wait_for(reported.wait(), 5)
+    await settle()  # no clock moved: the first progress is written at once, the newest of them
+    assert len(counting.pings) == 1 and counting.pings[0].reports
+    info = await harness.get("t")
+    assert info.progress is not None and (info.progress.fraction, info.progress.message) == (0.5, "row 100")
+    go_on.open()
+    await settle()
+    await harness.advance(0.5)  # within a second of the last write: waits
+    assert len(counting.pings) == 1
+    await harness.advance(0.6)
+    assert len(counting.pings) == 2 and (await harness.get("t")).progress.fraction == 0.9  # type: ignore[union-attr]
+    gate.open()
+    await harness.recorder.wait("finished", 1)
+
+
 async def test_checkpoints_of_many_handlers_cost_one_storage_command(harness: Harness) -> None:
     n = 6
     gate = Gate()

@@ -1009,6 +1009,12 @@ async def test_the_worker_registry_listings_read_their_page_or_the_live_workers(
     live = await workers_command(lambda d: d.list_workers(WorkerListParams(NOW, live_since=NOW - LEASE)))
     assert live.get("hint") == WORKERS_LIVE_INDEX
     assert_plan(await explain(live), WORKERS_LIVE_INDEX, max_keys=5 + 2, max_docs=5, what="live workers")
+    assert live.get("projection") == {"schemas": 0}  # the published params schemas: only when asked
+    handlers = await workers_command(
+        lambda d: d.list_workers(WorkerListParams(NOW, live_since=NOW - LEASE, schemas=True))
+    )
+    assert handlers.get("hint") == WORKERS_LIVE_INDEX and "projection" not in handlers
+    assert_plan(await explain(handlers), WORKERS_LIVE_INDEX, max_keys=5 + 2, max_docs=5, what="live handlers")
     page = await workers_command(lambda d: d.list_workers(WorkerListParams(NOW, limit=50)))
     assert page.get("hint") == WORKERS_LIST_INDEX
     plan = await explain(page)

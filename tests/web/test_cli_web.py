@@ -13,8 +13,10 @@ from typer.testing import CliRunner
 
 from mscheduler import MemoryDriver, Operations
 from mscheduler.cli import web as cli_web
-from mscheduler.cli.common import app
+from mscheduler.cli.main import full_app
 from tests.web.support import ADMIN, ADMIN_TOKEN, READ_TOKEN
+
+app = full_app()
 
 URI = "mongodb://unused.invalid/"
 

@@ -731,6 +731,7 @@ class MemoryDriver(
             "names": list(info.names),
             "groups": list(info.groups),
             "concurrency": info.concurrency,
+            "schemas": [{"name": name, "schema": text} for name, text in info.schemas],
             "start_time": old["start_time"] if old is not None and live else info.start_time,
             "last_seen": info.start_time,
             "running_cnt": old["running_cnt"] if old is not None and live else 0,
@@ -772,4 +773,9 @@ class MemoryDriver(
             workers.sort(key=lambda w: (w["start_time"], w["worker_id"]))
             if params.after is not None:
                 workers = [w for w in workers if (w["start_time"], w["worker_id"]) > params.after]
-        return [dict(w) for w in workers[: params.limit]]
+        shown = [dict(w) for w in workers[: params.limit]]
+        for worker in shown:
+            schemas = worker.pop("schemas", [])
+            if params.schemas:
+                worker["schemas"] = [dict(s) for s in schemas]
+        return shown

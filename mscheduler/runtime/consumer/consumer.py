@@ -60,6 +60,7 @@ from mscheduler.runtime.consumer.handlers import (
     RunIn,
     default_process_count,
     inspect_handler,
+    params_schema_text,
 )
 from mscheduler.runtime.consumer.inputs import StepInputs
 from mscheduler.runtime.consumer.limiter import Limiter
@@ -248,6 +249,8 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         self._pending_added = asyncio.Event()
         self._ping_wake = asyncio.Event()
         self._ping_now = asyncio.Event()  # a checkpoint waits, or a stop needs the store's word
+        self._progress_set = asyncio.Event()  # a handler reported progress since the last ping
+        self._last_ping = float("-inf")  # when the last ping was sent (the clock's monotonic time)
         self._side: dict[str, asyncio.Task[None]] = {}
         self._stopping = False
         self._stopped = asyncio.Event()
@@ -346,8 +349,11 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         await self.clock.sync(self.driver.server_time)
         now = self.clock.now()
         names = sorted(self._handlers)
+        schemas = [(n, text) for n in names if (text := params_schema_text(self._handlers[n].model))]
         await self.driver.register_worker(
-            WorkerInfo(self.worker_id, self.host, self.pid, names, self.concurrency, now, self.groups)
+            WorkerInfo(
+                self.worker_id, self.host, self.pid, names, self.concurrency, now, self.groups, schemas
+            )
         )
         self.child_sync = ChildSync(self.driver, clock=self.clock, interval=self.children_interval)
         self.discovery = Discovery(

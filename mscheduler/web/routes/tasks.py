@@ -47,19 +47,27 @@ async def send_tasks(
     reset_finished: Annotated[
         bool, Query(description="reset a task with this key that has ended (succeeded or failed)")
     ] = False,
+    allow_unknown: Annotated[
+        bool, Query(description="send it even if no live worker handles its name (one is on its way)")
+    ] = False,
 ) -> JSONResponse:
     """Send one task (the body is a task: ``key``, ``name``, ``params``, ``option``, ...) or many
     (``{"tasks": [...]}``), with ``Publisher.send`` / ``send_many``'s rules (``Operations.send``):
     a key that exists is left alone, params over the size cap or a key given twice refuse the
-    request (422, nothing written). 201 when at least one task was created, 200 when none was;
-    ``created`` says which. An admin or publish token."""
+    request (422, nothing written). Checked at the door: a name no live worker handles is
+    refused (422, naming the handled ones; ``allow_unknown=true`` sends it anyway), and params
+    the handler's published JSON schema refuses are a 422 whose ``field`` is the path at fault.
+    201 when at least one task was created, 200 when none was; ``created`` says which. An admin
+    or publish token."""
     if isinstance(body, TaskBatchIn):
-        created = await operations.send_many(body.tasks, reset_finished=reset_finished)
+        created = await operations.send_many(
+            body.tasks, reset_finished=reset_finished, allow_unknown=allow_unknown
+        )
         out: SentOut | SentManyOut = SentManyOut(
             tasks=[SentOut(key=t.key, created=c) for t, c in zip(body.tasks, created, strict=True)]
         )
     else:
-        made = await operations.send(body, reset_finished=reset_finished)
+        made = await operations.send(body, reset_finished=reset_finished, allow_unknown=allow_unknown)
         created = [made]
         out = SentOut(key=body.key, created=made)
     return JSONResponse(out.model_dump(mode="json"), status_code=201 if any(created) else 200)
