@@ -68,6 +68,11 @@ class ChildSync:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
 
+    @property
+    def requested(self) -> int:
+        """Parents waiting for their requested sync (cleared by each ``flush``)."""
+        return len(self._requested)
+
     def request(self, keys: Iterable[str]) -> None:
         """Sync these parents soon (``run`` does it at once)."""
         new = set(keys) - self._requested
@@ -76,10 +81,12 @@ class ChildSync:
             self._wake.set()
 
     async def sync(self, keys: Sequence[str], now: datetime | None = None) -> int:
-        """Sync these parents now; returns how many changed."""
+        """Sync these parents now, ``batch`` at a time; returns how many changed."""
         changed = 0
         now = now if now is not None else self.clock.now()
         for start in range(0, len(keys), self.batch):
+            if start:
+                await asyncio.sleep(0)
             part = keys[start : start + self.batch]
             changed += await self.driver.sync_parents(SyncParentsParams(part, now))
         return changed
@@ -107,6 +114,7 @@ class ChildSync:
             if len(keys) < self.batch:
                 break
             after = keys[-1]
+            await asyncio.sleep(0)  # a page at a time: the in-memory store answers without awaiting
         self.passes += 1
         self.repaired += repaired
         if repaired:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from mscheduler.domain.family import child_keys_of, plan_or_skip
 from mscheduler.drivers.base import MarkParams, OpenParentsParams, SyncParentsParams
+from mscheduler.drivers.memory.sortedlist import SortedChunks
 
 _OPEN = ("pending", "running")
 
@@ -18,14 +19,26 @@ class MemoryChildren:
     """Child-task operations of ``MemoryDriver`` (a mixin: it uses ``_tasks`` and ``_write``)."""
 
     _tasks: dict[str, dict[str, Any]]
-    _parents: set[str]
+    _parents: SortedChunks
 
     if TYPE_CHECKING:
 
         def _write(self, doc: dict[str, Any], now: datetime) -> None: ...
 
     def _init_children(self) -> None:
-        self._parents = set()  # keys of parents, added at insert (the Mongo driver's index)
+        # keys of the unfinished parents, in key order (the Mongo driver's partial index): kept
+        # by every write of a parent, so the reconciler reads a page, never every parent
+        self._parents = SortedChunks()
+
+    def _index_parent(self, doc: dict[str, Any]) -> None:
+        """After a write of a parent: in the open-parents index while it is unfinished."""
+        key = doc["key"]
+        listed = key in self._parents
+        if doc["state"]["status"] in _OPEN:
+            if not listed:
+                self._parents.add(key)
+        elif listed:
+            self._parents.discard(key)
 
     async def sync_parents(self, params: SyncParentsParams) -> int:
         changed = 0
@@ -49,14 +62,14 @@ class MemoryChildren:
         return changed
 
     async def find_open_parents(self, params: OpenParentsParams) -> list[str]:
-        gone = {key for key in self._parents if key not in self._tasks}
-        self._parents -= gone
-        keys = sorted(
-            key
-            for key in self._parents
-            if self._tasks[key]["state"]["status"] in _OPEN and (params.after is None or key > params.after)
-        )
-        return keys[: params.limit]
+        keys: list[str] = []
+        for key in self._parents.ascending(params.after, strict=True):
+            doc = self._tasks.get(key)
+            if doc is not None and doc["state"]["status"] in _OPEN and (not keys or keys[-1] != key):
+                keys.append(key)
+                if len(keys) == params.limit:
+                    break
+        return keys
 
     async def mark_task(self, params: MarkParams) -> bool:
         doc = self._tasks.get(params.key)

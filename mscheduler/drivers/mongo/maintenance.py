@@ -250,17 +250,20 @@ class MongoMaintenance:
             return 0
         keys = [doc["key"] for doc in found]
         children = [k for doc in found for k in (doc.get("children") or {}).get("keys", ())]
-        # one delete per partition (a sharded cluster's one shard)
+        # one delete per partition (a sharded cluster's one shard) and per ``limit`` children: a
+        # batch of families with many children each is never one unbounded command
         for part, of_part in by_part(children, self.partitions).items():
             # a family's children first: a crash in between leaves a finished parent, which the
             # next pass removes (its children are all finished: it has a finish time)
+            for start in range(0, len(of_part), params.limit):
+                chunk = of_part[start : start + params.limit]
 
-            async def delete_children(of_part: list[str] = of_part, part: int = part) -> Any:
-                return await self.tasks.delete_many(
-                    {"key": {"$in": of_part}, "part": part}, **self._hint(KEY_INDEX)
-                )
+                async def delete_children(chunk: list[str] = chunk, part: int = part) -> Any:
+                    return await self.tasks.delete_many(
+                        {"key": {"$in": chunk}, "part": part}, **self._hint(KEY_INDEX)
+                    )
 
-            await self._call("remove finished children", delete_children)
+                await self._call("remove finished children", delete_children)
         deleted = 0
         for part, of_part in by_part(keys, self.partitions).items():
 
