@@ -6,9 +6,10 @@ event is dropped. Stored events are packed into tuples of plain values (``pack_e
 dictionaries: a tuple that holds no container is left alone by Python's cyclic garbage
 collector, so the newest 100,000 events add nothing to the full collections whose pauses stall
 the event loop (dictionaries stay tracked for good; at 1,500 tasks a second the log's dictionaries
-made most of a full collection's work). They are unpacked when read. A stream's resume token is the sequence number of the last event it handed
-out; reopening from a token the cap has dropped raises ``ResumeTokenLost``. As in the rest of
-``MemoryDriver``, no operation awaits inside, so each is atomic on the event loop.
+made most of a full collection's work). They are unpacked when read. A stream's resume token
+is the sequence number of the last event it handed out; reopening from a token the cap has
+dropped raises ``ResumeTokenLost``. As in the rest of ``MemoryDriver``, no operation awaits
+inside, so each is atomic on the event loop.
 """
 
 from __future__ import annotations
