@@ -128,3 +128,16 @@ def test_metrics_give_at_most_max_names_their_own_series(monkeypatch: pytest.Mon
         if "name" in s.labels
     }
     assert labels == {"name0", "name1", "name2", metrics.OTHER_NAME}
+
+
+async def test_registrations_of_workers_long_gone_leave_when_another_registers(fake_clock: FakeClock) -> None:
+    """Every consumer start registers a new worker id; one silent for ``worker_retention`` goes
+    at the next registration, not only when someone lists the workers."""
+    from mscheduler.drivers.base import WorkerInfo
+
+    store = MemoryDriver(clock=fake_clock)
+    for i in range(5):
+        await store.register_worker(WorkerInfo(f"w{i}", "host", 1, ["job"], 1, fake_clock.now()))
+        await store.unregister_worker(f"w{i}", fake_clock.now())
+        fake_clock.advance(store.worker_retention + timedelta(seconds=1))
+    assert store.structure_sizes()["workers"] == 1

@@ -836,7 +836,14 @@ class MemoryDriver(
             )
             self._record([event], params.now)
 
+    def _drop_gone_workers(self, now: datetime) -> None:
+        """Registrations silent for ``worker_retention`` go (the Mongo driver's TTL index)."""
+        gone = now - self.worker_retention
+        for worker_id in [w for w, doc in self._workers.items() if doc["last_seen"] < gone]:
+            del self._workers[worker_id]
+
     async def register_worker(self, info: WorkerInfo) -> bool:
+        self._drop_gone_workers(info.start_time)  # each start adds an id: the dead ones go
         old = self._workers.get(info.worker_id)
         live = old is not None and old["stop_time"] is None
         self._workers[info.worker_id] = {
@@ -876,9 +883,7 @@ class MemoryDriver(
     async def list_workers(self, params: WorkerListParams | None = None) -> list[dict[str, Any]]:
         params = params or WorkerListParams()
         if params.now is not None:  # expired registrations go (the Mongo driver's TTL index)
-            gone = params.now - self.worker_retention
-            for worker_id in [w for w, doc in self._workers.items() if doc["last_seen"] < gone]:
-                del self._workers[worker_id]
+            self._drop_gone_workers(params.now)
         workers = list(self._workers.values())
         if params.live_since is not None:
             since = params.live_since
