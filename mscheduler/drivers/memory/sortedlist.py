@@ -55,12 +55,12 @@ class SortedChunks:
             chunks.append([value])
             lasts.append(value)
             return
-        i = bisect.bisect_left(lasts, value)
-        if i == len(chunks):  # past every chunk's last value: the end of the last chunk
-            i -= 1
+        if value >= lasts[-1]:  # the greatest yet (most insertions: the newest task): appended
+            i = len(chunks) - 1
             chunks[i].append(value)
             lasts[i] = value
         else:
+            i = bisect.bisect_left(lasts, value)
             bisect.insort(chunks[i], value)
         chunk = chunks[i]
         if len(chunk) > CHUNK:
