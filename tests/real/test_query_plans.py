@@ -27,7 +27,7 @@ import pytest
 import pytest_asyncio
 from pymongo import AsyncMongoClient, monitoring
 
-from mscheduler import FakeClock, MongoDriver, Publisher, Task, TaskOption
+from mscheduler import Child, FakeClock, MongoDriver, Publisher, Task, TaskOption
 from mscheduler.domain.listing import ListParams, encode_cursor, list_params
 from mscheduler.domain.model import TaskInfo
 from mscheduler.domain.state import TERMINAL, claimer_tokens
@@ -39,6 +39,8 @@ from mscheduler.drivers.base import (
     InsertParams,
     NewTask,
     PingParams,
+    PurgeParams,
+    SyncParentsParams,
     WakeupParams,
 )
 from mscheduler.drivers.mongo.common import (
@@ -843,6 +845,45 @@ async def test_the_deadline_pass_reads_only_pending_tasks_past_their_deadline(ba
     assert command.get("hint") == DEADLINE_INDEX
     plan = await backlog.explain(command)
     assert_plan(plan, DEADLINE_INDEX, max_keys=5 + 2, max_docs=5, what="expire_deadlines (read for events)")
+
+
+async def test_the_retention_pass_reads_its_batch_and_deletes_by_key_in_bounded_chunks(
+    backlog: Backlog,
+) -> None:
+    """The retention pass (``purge_finished``): the oldest finished keys of one status through the
+    finished index, a batch at a time, then deletes by key: a family's children in chunks of at
+    most the batch size, then the parents. The backlog's 300 succeeded tasks are read no further
+    than the batch."""
+    await backlog.scratch.tasks.delete_many({})  # what earlier tests left there
+    publisher = Publisher(backlog.scratch, clock=FakeClock(T0))
+    children = tuple(Child(name=name) for name in ("alpha", "beta", "gamma"))
+    await publisher.send(Task("purge-family", "alpha", children=children, children_mode="parallel"))
+    await publisher.send_many([Task(f"done-ok-{i:04}", "alpha") for i in range(3)])
+    done = await claim_all(backlog.scratch, FINISHER, ["alpha", "beta", "gamma"], T0)
+    # the family finishes first, so the first batch of two holds it and done-ok-0000
+    later = T0 + timedelta(seconds=1)
+    finished = [
+        FinishParams(k, FINISHER, a, later if k.startswith("done-") else T0, "succeeded")
+        for k, a in done.items()
+    ]
+    assert all(await backlog.scratch.finish(finished))
+    await backlog.scratch.sync_parents(SyncParentsParams(["purge-family"], T0))
+
+    batch = PurgeParams("succeeded", NOW, limit=2)
+    deletes = await backlog.commands_of("delete", lambda d: d.purge_finished(batch))
+    (find,) = [c for c in backlog.recorder.commands if next(iter(c)) == "find"]
+    assert find.get("hint") == FINISHED_INDEX
+    plan = await backlog.explain(find)
+    assert_plan(plan, FINISHED_INDEX, max_keys=2 + 1, max_docs=2, what="purge_finished (read)")
+    # the family's three children in chunks of at most the batch, then the two parents
+    of_children = [c for c in deletes if "state.status" not in c["deletes"][0]["q"]]
+    assert [len(c["deletes"][0]["q"]["key"]["$in"]) for c in of_children] == [2, 1]
+    assert len(deletes) == 3
+    for command in deletes:
+        (delete,) = command["deletes"]
+        assert delete.get("hint") == KEY_INDEX
+        plan = await backlog.explain(command)
+        assert_plan(plan, KEY_INDEX, max_keys=2 * 2 + 1, max_docs=2, what="purge_finished (delete)")
 
 
 async def test_limit_reads_and_writes_touch_one_limit_document(backlog: Backlog) -> None:

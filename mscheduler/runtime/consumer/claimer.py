@@ -9,7 +9,6 @@ due while it knows them all: each slot asked for and not filled is a wasted comm
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 from collections import OrderedDict
 from datetime import datetime, timedelta
@@ -22,17 +21,10 @@ from mscheduler.drivers.base import ClaimedTask, ClaimParams, Driver, ExpirePara
 from mscheduler.observability.tracing import TaskTracer
 from mscheduler.runtime.consumer.discovery import CLAIM, LEASE, Discovery
 from mscheduler.runtime.consumer.handlers import Registered
-from mscheduler.runtime.consumer.limiter import Limiter
+from mscheduler.runtime.consumer.limiter import Limiter, attempt_tokens
 from mscheduler.runtime.consumer.runner import Listener, _Running
 from mscheduler.services.children import ChildSync
 from mscheduler.services.events import EventKind, EventRecorder
-
-
-def attempt_tokens(n: int) -> list[str]:
-    """``n`` fresh attempt tokens, 16 hex digits each (``secrets.token_hex(8)``'s, from one read
-    of the OS's randomness for the whole claim instead of one per attempt)."""
-    random_hex = os.urandom(8 * n).hex()
-    return [random_hex[i : i + 16] for i in range(0, 16 * n, 16)]
 
 
 class ConsumerClaimer:

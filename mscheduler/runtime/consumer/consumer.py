@@ -321,6 +321,23 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
     def running_count(self) -> int:
         return len(self._running)
 
+    def structure_sizes(self) -> dict[str, int]:
+        """The entries of each in-memory structure of this consumer, by name (docs/design.md,
+        "Steady state", says what each holds and its bound): what the steady-state benchmark and
+        its test watch. Its store's own are ``MemoryDriver.structure_sizes``."""
+        sizes = {
+            "running": len(self._running),
+            "ran_fanout": len(self._ran_fanout),
+            "finishes_pending": len(self._pending),
+            "listeners": len(self._listeners),
+            "event_buffer": len(self.events) if self.events is not None else 0,
+            "children_requested": self.child_sync.requested if self.child_sync is not None else 0,
+        }
+        if self.discovery is not None:
+            sizes.update(self.discovery.structure_sizes())
+        sizes.update(self.limiter.structure_sizes())
+        return sizes
+
     @property
     def state(self) -> str:
         """``"created"`` (not started), ``"running"``, ``"stopping"`` or ``"stopped"``; see

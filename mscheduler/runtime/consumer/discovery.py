@@ -63,6 +63,11 @@ class WakeupQueue:
     def discard(self, key: str, kind: str) -> None:
         self._times.pop((key, kind), None)
 
+    @property
+    def heap_size(self) -> int:
+        """Heap entries, stale ones included (at most 4 x ``max_size`` + 1)."""
+        return len(self._heap)
+
     def _compact(self) -> None:
         self._heap = [(t, k, kind) for (k, kind), t in self._times.items()]
         heapq.heapify(self._heap)
@@ -153,6 +158,9 @@ class Discovery:
         if key not in self._deadline_of and len(self._deadline_of) >= self.queue.max_size:
             return  # bounded like the queue: the next poll runs the pass anyway
         self._deadline_of[key] = when
+        if len(self.deadlines) > 2 * self.queue.max_size:  # stale entries of replaced deadlines
+            self.deadlines = [(t, k) for k, t in self._deadline_of.items()]
+            heapq.heapify(self.deadlines)
         heapq.heappush(self.deadlines, (when, key))
         self._rearm.set()  # the poller re-arms its sleep for it
 
@@ -207,6 +215,17 @@ class Discovery:
             self.queue.discard(event.key, LEASE)
         if event.deadline is not None:
             self.note_deadline(event.key, event.deadline)
+
+    def structure_sizes(self) -> dict[str, int]:
+        """Entries of the wake-up queue and the deadline heap (each bounded by the queue's
+        ``max_size``; docs/design.md, "Steady state")."""
+        return {
+            "wakeup_queue": len(self.queue),
+            "wakeup_heap": self.queue.heap_size,
+            "deadline_heap": len(self.deadlines),
+            "deadlines_known": len(self._deadline_of),
+            "claimer_tokens": len(self._mine),
+        }
 
     def request_poll(self) -> None:
         self._poll_now.set()
