@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 
+import hypothesis.core
 import pytest
 
 from mscheduler.drivers.base import Driver
@@ -15,18 +17,35 @@ from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.observability.logs import configure_logging
 from mscheduler.testing.clock import FakeClock
 from mscheduler.testing.mongomock import mongomock_database
+from tests.layouts import PROFILE, SEED_VARIABLE
 
 REAL_URI = os.environ.get("MSCHEDULER_TEST_MONGODB_URI")
 DRIVER_KINDS = ["memory", "mongomock", "real"]
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_configure(config: pytest.Config) -> None:
+    """One Hypothesis seed for the whole run, new each run unless given: ``--hypothesis-seed``,
+    else ``MSCHEDULER_TEST_SEED``, else a random one. It is printed in the report header, and
+    passed to pytest-xdist's workers (they inherit the environment), so one seed replays a run."""
+    seed = config.getoption("hypothesis_seed") or os.environ.get(SEED_VARIABLE) or str(random.getrandbits(32))
+    os.environ[SEED_VARIABLE] = str(seed)
+    hypothesis.core.global_force_seed = int(seed) if str(seed).isdigit() else seed
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    seed = os.environ[SEED_VARIABLE]
+    lines = [
+        f"mscheduler: hypothesis seed {seed} (replay: --hypothesis-seed={seed}), "
+        f"profile {PROFILE} (MSCHEDULER_TEST_PROFILE)"
+    ]
     if REAL_URI:
-        return "mscheduler: real MongoDB tests ON (MSCHEDULER_TEST_MONGODB_URI is set)"
-    return (
-        "mscheduler: real MongoDB tests SKIPPED "
-        "(set MSCHEDULER_TEST_MONGODB_URI to a replica set to run them)"
-    )
+        lines.append("mscheduler: real MongoDB tests ON (MSCHEDULER_TEST_MONGODB_URI is set)")
+    else:
+        lines.append(
+            "mscheduler: real MongoDB tests SKIPPED "
+            "(set MSCHEDULER_TEST_MONGODB_URI to a replica set to run them)"
+        )
+    return lines
 
 
 @pytest.fixture(autouse=True)
