@@ -106,19 +106,15 @@ def search(
     rounds: int = 4,
 ) -> Counter[str]:
     """Run the state machine ``machine(reached)`` on ``layout`` for the profile's examples of
-    ``search``; each example adds the paths it took to ``reached``. While one of ``paths`` has
-    not been reached, search again, from another seed derived from the run's (replayable), up to
-    ``rounds`` searches in all; then fail, naming the paths never reached: a generator that
-    drifted away from a path leaves it unchecked, and this says so."""
+    ``search``; each example adds the paths it took to ``reached``. See ``until_reached``."""
     reached: Counter[str] = Counter()
-    for attempt in range(rounds):
 
+    def one_search(seed: int | None) -> None:
         def factory() -> RuleBasedStateMachine:
             return machine(reached)
 
-        if attempt:  # the first search runs on the run's seed itself
-            derived = zlib.crc32(f"{run_seed()}/{search}/{layout}/{attempt}".encode())
-            factory._hypothesis_internal_use_seed = derived  # type: ignore[attr-defined]
+        if seed is not None:
+            factory._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
         run_state_machine_as_test(
             factory,
             settings=settings(
@@ -128,10 +124,26 @@ def search(
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
             ),
         )
+
+    until_reached(f"{search}/{layout}", one_search, reached, paths, rounds)
+    return reached
+
+
+def until_reached(
+    name: str,
+    one_search: Callable[[int | None], None],
+    reached: Counter[str],
+    paths: Sequence[str],
+    rounds: int = 4,
+) -> None:
+    """Call ``one_search(seed)`` (a Hypothesis search that counts the paths its examples took in
+    ``reached``) with the run's seed (None), and while one of ``paths`` has not been reached,
+    again from a seed derived from the run's (replayable), up to ``rounds`` searches in all;
+    then fail, naming the paths never reached: a generator that drifted away from a path leaves
+    it unchecked, and this says so."""
+    for attempt in range(rounds):
+        one_search(zlib.crc32(f"{run_seed()}/{name}/{attempt}".encode()) if attempt else None)
         if all(reached[path] for path in paths):
-            return reached
+            return
     missed = [path for path in paths if not reached[path]]
-    raise AssertionError(
-        f"{rounds} searches of {examples(search, layout)} examples on {layout} never reached {missed} "
-        f"(reached: {dict(reached)})"
-    )
+    raise AssertionError(f"{rounds} searches of {name} never reached {missed} (reached: {dict(reached)})")
