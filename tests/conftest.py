@@ -7,6 +7,7 @@ import os
 import random
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import hypothesis.core
 import pytest
@@ -29,7 +30,7 @@ def pytest_configure(config: pytest.Config) -> None:
     passed to pytest-xdist's workers (they inherit the environment), so one seed replays a run."""
     seed = config.getoption("hypothesis_seed") or os.environ.get(SEED_VARIABLE) or str(random.getrandbits(32))
     os.environ[SEED_VARIABLE] = str(seed)
-    hypothesis.core.global_force_seed = int(seed) if str(seed).isdigit() else seed
+    hypothesis.core.global_force_seed = int(seed) if str(seed).isdigit() else seed  # type: ignore[assignment]
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -86,8 +87,8 @@ async def driver_factory(kind: str) -> AsyncIterator[DriverFactory]:
     if kind == "real" and not REAL_URI:
         pytest.skip("MSCHEDULER_TEST_MONGODB_URI is not set")
     memory: MemoryDriver | None = None
-    client = None
-    database = None
+    client: Any = None
+    database: Any = None
     if kind == "mongomock":
         database = mongomock_database()
     elif kind == "real":

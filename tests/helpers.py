@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
 from mscheduler import Consumer
+from mscheduler.drivers.base import Driver
+
+
+def as_driver(wrapper: object) -> Driver:
+    """A wrapper of a driver (``FaultyDriver``, the consumer tests' ``WrappedDriver``) as the
+    ``Driver`` it stands for: it passes the operations it does not wrap on through
+    ``__getattr__``, which a type checker cannot see."""
+    return cast(Driver, wrapper)
 
 
 class Recorder:

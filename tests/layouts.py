@@ -116,7 +116,7 @@ def search(
         if seed is not None:
             factory._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
         run_state_machine_as_test(
-            factory,
+            factory,  # type: ignore[arg-type]  # (a factory is documented: a class or a callable)
             settings=settings(
                 max_examples=examples(search, layout),
                 stateful_step_count=steps,

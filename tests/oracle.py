@@ -74,7 +74,8 @@ def latest_retry_at(entries: Sequence[Entry]) -> datetime | None:
     ]
     if not times:
         return None
-    return max(times)
+    latest: datetime = max(times)
+    return latest
 
 
 def parent_status(children: Sequence[str]) -> str:
@@ -117,7 +118,7 @@ def task_status(doc: Mapping[str, Any]) -> str:
 def free_slots(doc: Mapping[str, Any]) -> int:
     entries = doc["state"]["worker_states"]
     free = doc["option"]["concurrent_worker_cnt"] - count(entries, "running") - count(entries, "succeeded")
-    return max(free, 0)
+    return max(int(free), 0)
 
 
 def claim_at(doc: Mapping[str, Any]) -> datetime | None:

@@ -188,11 +188,11 @@ class Lockstep:
             self.paths["claimed" if claimed else "claim found nothing"] += 1
         elif kind == "ping":
             _, worker, lease = op
-            attempts = dict(self.held[worker])  # the latest attempt per key
-            if attempts:
-                params = PingParams(worker, now, {now + timedelta(seconds=lease): attempts})
-                result = await self.both(lambda d: _ping_answer(d, params))
-                assert set(result[0]) | set(result[1]) | set(result[2]) == set(attempts)
+            latest = dict(self.held[worker])  # the latest attempt per key
+            if latest:
+                ping = PingParams(worker, now, {now + timedelta(seconds=lease): latest})
+                result = await self.both(lambda d: _ping_answer(d, ping))
+                assert set(result[0]) | set(result[1]) | set(result[2]) == set(latest)
                 for answer, keys in zip(("alive", "lost", "revoked"), result, strict=True):
                     self.paths[f"ping: {answer}"] += bool(keys)
         elif kind == "finish":
@@ -222,8 +222,8 @@ class Lockstep:
             doc = await self.drivers[0].get_task(key)
             option = _changed(doc["option"], CHANGES[change], key, self.clock) if doc else {}
             if doc is not None:
-                params = UpdateOptionParams(key, option, now)
-                assert await self.both(lambda d: d.update_option(params)) is True
+                update = UpdateOptionParams(key, option, now)
+                assert await self.both(lambda d: d.update_option(update)) is True
                 self.paths["option changed"] += 1
         await self.compare_stores()
 

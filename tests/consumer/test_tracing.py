@@ -3,6 +3,8 @@ is a child of the send's span (the trace context travels in the task document), 
 that took the task, carries the outcome; nothing of it changes a task's uniqueness; with tracing
 off no span is made and no context stored."""
 
+# mypy: disable-error-code="index"
+# (a span's attributes are Optional in opentelemetry's types; these spans were made with them)
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -456,6 +456,7 @@ class LeaseMachine(RuleBasedStateMachine):
             assert accepted == (fresh or repeat), f"finish {params} accepted={accepted}; entry was {before}"
         if fresh:
             assert after is not None and after["status"] == params.outcome and after["end_time"] == params.now
+            assert before is not None
             if params.now < self.clock.now() and before["ping_expire_time"] <= self.clock.now():
                 # Accepted on the request's time although the lease has expired since: only an
                 # entry nobody marked lost can be written, so no other worker holds its slot.

@@ -56,6 +56,7 @@ from mscheduler.drivers.base import (
 from mscheduler.runtime.consumer.limiter import Limiter
 from mscheduler.testing.clock import FakeClock
 from mscheduler.testing.faults import FaultyDriver
+from tests.helpers import as_driver
 from tests.layouts import LAYOUTS, MEMORY, Layout, layout_params, search
 
 WORKERS = ("w0", "w1", "w2", "w3")
@@ -124,7 +125,7 @@ class LimitMachine(RuleBasedStateMachine):
 
     def new_limiter(self, w: str) -> Limiter:
         return Limiter(
-            self.drivers[w],
+            as_driver(self.drivers[w]),
             refresh=0.001,
             backoff=0.5,
             slot_lease=SLOT_LEASE,

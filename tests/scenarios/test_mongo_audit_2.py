@@ -268,7 +268,7 @@ class _ProbeAdding:
 async def test_a_tz_aware_client_passes_the_date_arithmetic_probe() -> None:
     """``AsyncMongoClient(tz_aware=True)`` reads aware datetimes: the probe compared them with a
     naive one, concluded "no date arithmetic" and doubled every claim's writes (a fix-up each)."""
-    inner = AsyncMongoMockClient(tz_aware=True)["tz"]
+    inner: Any = AsyncMongoMockClient(tz_aware=True)["tz"]
     database = Database(inner, {"mscheduler_probe": _ProbeAdding(inner["mscheduler_probe"])})
     driver = MongoDriver(database, majority=False)
     await driver.setup()
@@ -282,7 +282,7 @@ async def test_a_lost_plan_insert_reply_is_recognised_on_a_tz_aware_client() -> 
     driver = MongoDriver(AsyncMongoMockClient(tz_aware=True)["tz"], backoff=0.0005, max_backoff=0.002)
     await driver.setup()
     flaky = FlakyCollection(driver.plans)
-    flaky.COROUTINES = (*FlakyCollection.COROUTINES, "insert_one")
+    flaky.COROUTINES = (*FlakyCollection.COROUTINES, "insert_one")  # type: ignore[assignment]
     driver.plans = flaky
     flaky.fail("insert_one", AutoReconnect("connection reset"), after_apply=True)
     timing = PlanTiming(schedule=EverySchedule(interval=timedelta(minutes=1), start=NOW))

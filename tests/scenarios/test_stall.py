@@ -13,7 +13,7 @@ from typing import Any
 
 from mscheduler import Consumer, FakeClock, Publisher, Task, TaskContext, TaskOption, TaskStatus
 from mscheduler.testing.faults import FaultyDriver
-from tests.helpers import Recorder
+from tests.helpers import Recorder, as_driver
 from tests.scenarios.harness import advance, advance_until, running_entries, settle
 
 WORKER_TIMEOUT = timedelta(seconds=5)
@@ -167,7 +167,9 @@ async def test_a_late_write_lands_only_if_nobody_marked_the_lease_lost(
     store = make_driver(fake_clock)
     publisher = Publisher(store, clock=fake_clock)
     a_driver = FaultyDriver(store)
-    a = Consumer(a_driver, worker_id="A", clock=fake_clock, poll_interval=POLL, claim_lease=WORKER_TIMEOUT)
+    a = Consumer(
+        as_driver(a_driver), worker_id="A", clock=fake_clock, poll_interval=POLL, claim_lease=WORKER_TIMEOUT
+    )
     release = asyncio.Event()
 
     async def work(params: Any) -> str:

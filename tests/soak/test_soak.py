@@ -45,6 +45,7 @@ import pytest
 from mscheduler import Consumer, FakeClock, MemoryDriver, Publisher, Task, TaskContext, TaskOption
 from mscheduler.domain.state import DERIVED_FIELDS
 from mscheduler.testing.faults import AFTER_APPLY, FaultyDriver, crash_consumer
+from tests.helpers import as_driver
 from tests.oracle import expected_derived
 
 N_CONSUMERS = 50
@@ -101,7 +102,7 @@ async def test_soak_50_consumers_20000_tasks_with_faults() -> None:
         for (op, after_apply), probability in FAULT_RATES.items():
             driver.fail_randomly(op, probability, after_apply=after_apply, seed=rng.randrange(2**32))
         consumer = Consumer(
-            driver,
+            as_driver(driver),
             worker_id=worker_id,
             concurrency=CONCURRENCY,
             clock=clock,

@@ -109,6 +109,6 @@ async def test_a_claim_sends_the_same_bytes_with_raw_stages() -> None:
         async def find_one_and_update(filter_: Any, update: Any, **kwargs: Any) -> None:
             sent[flag] = wire(update) + bson.encode({"f": filter_, "sort": dict(kwargs["sort"])})  # noqa: B023
 
-        driver.tasks.find_one_and_update = find_one_and_update  # type: ignore[method-assign]
+        driver.tasks.find_one_and_update = find_one_and_update
         assert await driver._claim_one(params, "a1") is None
     assert sent[True] == sent[False]

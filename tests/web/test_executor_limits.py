@@ -284,8 +284,8 @@ async def test_shutdown_waits_for_the_outcomes_in_flight_and_their_slot_releases
     """The app's lifespan ends with ``RemoteExecutors.aclose()``: a stopping API server first
     writes the outcomes it accepted and gives their slots back (not left to run out at their
     expiry)."""
-    stalled = FreezableDriver(driver)  # type: ignore[arg-type]
-    service = RemoteExecutors(stalled, clock=operations.clock, limit_backoff=0.2)  # type: ignore[arg-type]
+    stalled = FreezableDriver(driver)
+    service = RemoteExecutors(stalled, clock=operations.clock, limit_backoff=0.2)
     app = create_app(operations=operations, tokens=TOKENS, executors=service)
     await operations.set_limit("k", names=["job"], max_running=2)
     await publisher(driver).send_many([Task("a", "job"), Task("b", "job")])
