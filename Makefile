@@ -19,7 +19,8 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest
 
-# Debian's chromium for the dashboard's browser tests (tests/browser skip without it). Playwright
+# Debian's chromium for the dashboard's browser tests (tests/browser skip without it, and fail if it is
+# installed but cannot be launched). Playwright
 # drives it; `playwright install` is never used (its browser downloads need the internet).
 CHROMIUM ?= /usr/bin/chromium
 browser:
