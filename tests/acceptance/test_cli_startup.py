@@ -9,7 +9,6 @@ nothing listens.
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 
@@ -17,13 +16,6 @@ from tests.acceptance.support import command, run
 
 APP = "tests.acceptance.worker_app"
 MALFORMED = "mongodb://127.0.0.1:99999/"
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound once by us, then released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _error_lines(err: str) -> list[str]:
@@ -77,8 +69,10 @@ def test_a_malformed_uri_in_the_workers_factory_is_a_usage_error() -> None:
 
 
 @pytest.mark.parametrize("subcommand", ["check", "demo"])
-def test_an_unreachable_server_fails_fast_in_one_line_that_says_how_to_wait_longer(subcommand: str) -> None:
-    port = closed_port()
+def test_an_unreachable_server_fails_fast_in_one_line_that_says_how_to_wait_longer(
+    subcommand: str, refused_port: int
+) -> None:
+    port = refused_port
     uri = f"mongodb://127.0.0.1:{port}/"
     code, out, err, seconds = run(
         [*command(), subcommand, "--mongodb-uri", uri, "--server-selection-timeout-ms", "300"]
@@ -91,18 +85,20 @@ def test_an_unreachable_server_fails_fast_in_one_line_that_says_how_to_wait_long
     assert seconds < 8, f"took {seconds:.1f}s"
 
 
-def test_the_default_start_up_timeout_is_short() -> None:
-    uri = f"mongodb://127.0.0.1:{closed_port()}/"
+def test_the_default_start_up_timeout_is_short(refused_port: int) -> None:
+    uri = f"mongodb://127.0.0.1:{refused_port}/"
     code, out, err, seconds = run([*command(), "check", "--mongodb-uri", uri])
     assert code == 1, err
     assert "within 2000 ms" in _assert_one_clear_line(err, out)
     assert seconds < 10, f"took {seconds:.1f}s"
 
 
-def test_a_worker_whose_server_is_unreachable_fails_fast_instead_of_retrying_for_minutes() -> None:
+def test_a_worker_whose_server_is_unreachable_fails_fast_instead_of_retrying_for_minutes(
+    refused_port: int,
+) -> None:
     # The factory's client has PyMongo's default 30 s server selection, and the driver retries a
     # transient error 5 times: about 3 minutes before this change. The worker pings first.
-    port = closed_port()
+    port = refused_port
     code, out, err, seconds = run(
         [*command(), "worker", f"{APP}:mongo_factory", "--server-selection-timeout-ms", "400"],
         ACC_MONGODB_URI=f"mongodb://127.0.0.1:{port}/",
@@ -116,7 +112,7 @@ def test_a_worker_whose_server_is_unreachable_fails_fast_instead_of_retrying_for
     assert seconds < 10, f"took {seconds:.1f}s"
 
 
-def test_a_worker_start_up_failure_in_json_is_one_json_record() -> None:
+def test_a_worker_start_up_failure_in_json_is_one_json_record(refused_port: int) -> None:
     code, out, err, _ = run(
         [
             *command(),
@@ -127,7 +123,7 @@ def test_a_worker_start_up_failure_in_json_is_one_json_record() -> None:
             "--log-format",
             "json",
         ],
-        ACC_MONGODB_URI=f"mongodb://127.0.0.1:{closed_port()}/",
+        ACC_MONGODB_URI=f"mongodb://127.0.0.1:{refused_port}/",
         timeout=40,
     )
     assert code == 1, f"exit {code}\n{out}\n{err}"
