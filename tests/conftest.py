@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -62,6 +63,16 @@ def _root_logging_as_it_was() -> Iterator[None]:
     for handler in ours:  # (pytest's own capture handlers come and go with each phase)
         root.removeHandler(handler)
     root.setLevel(level)
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A loopback port that refuses connections for the whole test: bound here and never listened
+    on. (A port bound, released and handed on could be taken meanwhile by another test, or by
+    another pytest-xdist worker, and answer.)"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])
 
 
 @pytest.fixture
