@@ -25,13 +25,30 @@ REAL_URI = os.environ.get("MSCHEDULER_TEST_MONGODB_URI")
 DRIVER_KINDS = ["memory", "mongomock", "real"]
 
 
+TERMINAL_SIZE = ("COLUMNS", "LINES")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """One Hypothesis seed for the whole run, new each run unless given: ``--hypothesis-seed``,
     else ``MSCHEDULER_TEST_SEED``, else a random one. It is printed in the report header, and
     passed to pytest-xdist's workers (they inherit the environment), so one seed replays a run."""
-    seed = config.getoption("hypothesis_seed") or os.environ.get(SEED_VARIABLE) or str(random.getrandbits(32))
+    given = config.getoption("hypothesis_seed", None)
+    seed = given or os.environ.get(SEED_VARIABLE) or str(random.getrandbits(32))
     os.environ[SEED_VARIABLE] = str(seed)
     hypothesis.core.global_force_seed = int(seed) if str(seed).isdigit() else seed  # type: ignore[assignment]
+    # A pytest-xdist worker starts with COLUMNS and LINES set (80 x 24: readline exports them),
+    # which a plain run does not have; the CLI's consoles would then print 80 columns wide
+    # whatever a test asks for. The workers get the terminal size the run was started with.
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        for name in TERMINAL_SIZE:
+            os.environ[f"MSCHEDULER_TEST_{name}"] = os.environ.get(name, "")
+    else:
+        for name in TERMINAL_SIZE:
+            value = os.environ.get(f"MSCHEDULER_TEST_{name}", "")
+            if value:
+                os.environ[name] = value
+            else:
+                os.environ.pop(name, None)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
