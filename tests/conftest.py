@@ -51,6 +51,34 @@ def pytest_configure(config: pytest.Config) -> None:
                 os.environ.pop(name, None)
 
 
+# The files that take a minute or more, longest first: they run first, so that on several workers
+# (``make test``: pytest-xdist hands out whole files in collection order) none of them starts
+# last while the other workers have run out of work. Every other file keeps its place.
+SLOW_FILES = (
+    "tests/scenarios/test_model_based.py",
+    "tests/soak/test_soak.py",
+    "tests/soak/test_soak_everything.py",
+    "tests/scenarios/test_model_based_limits.py",
+    "tests/web/test_api_schemathesis.py",
+    "tests/scenarios/test_planner.py",
+    "tests/acceptance/test_package.py",
+    "tests/scenarios/test_mixed_fleet_limits.py",
+    "tests/conformance/test_conformance_lockstep.py",
+    "tests/unit/test_testing_kit.py",
+    "tests/unit/test_bench_compare.py",
+    "tests/browser/test_dashboard.py",
+    "tests/browser/test_dashboard_operator.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return SLOW_FILES.index(path) if path in SLOW_FILES else len(SLOW_FILES)
+
+    items.sort(key=rank)  # stable: each file's tests keep their order
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     seed = os.environ[SEED_VARIABLE]
     lines = [

@@ -19,7 +19,8 @@ from mscheduler import (
     TaskStatus,
     TransitionRefused,
 )
-from tests.consumer.support import FreezableDriver, Gate, Harness, NoStreamDriver, settle
+from tests.consumer.support import FreezableDriver, Gate, Harness, NoStreamDriver
+from tests.helpers import wait_until
 
 OPTION = TaskOption(ping_interval=timedelta(seconds=2), worker_timeout=timedelta(seconds=20))
 
@@ -91,8 +92,7 @@ async def test_cancel_first_wins_over_a_finish_in_flight(harness: Harness) -> No
     ops = await _running(harness, gate, cancelled, driver=driver)
     driver.freeze("finish")
     gate.open()  # the handler returns; its finish hangs on the way to the store
-    await settle()
-    assert driver.blocked == ["finish"]
+    await wait_until(lambda: driver.blocked == ["finish"], what="the finish to hang")
     await ops.cancel("t", "too late")
     driver.thaw("finish")
     await harness.recorder.wait("finished", 1)

@@ -35,7 +35,7 @@ from mscheduler.domain.model import AttemptStatus, encoded_size
 from mscheduler.operations import Operations
 from mscheduler.testing.faults import FaultyDriver, crash_consumer
 from tests.consumer.support import FailingDriver, Gate, Harness, settle
-from tests.helpers import as_driver
+from tests.helpers import as_driver, wait_until
 
 CONSUMER_LOG = "mscheduler.consumer"
 PUBLISHER_LOG = "mscheduler.publisher"
@@ -438,8 +438,8 @@ async def test_consumer_state_goes_created_running_stopping_stopped(harness: Har
     await harness.discover()
     await harness.recorder.wait("claimed", 1)
     stopping = asyncio.create_task(consumer.stop(grace=30.0))
-    await settle()
-    assert (consumer.state, consumer.stop_reason) == ("stopping", "requested")
+    await wait_until(lambda: consumer.state == "stopping", what="the consumer to be stopping")
+    assert consumer.stop_reason == "requested"
     gate.open()
     await asyncio.wait_for(stopping, 5)
     assert (consumer.state, consumer.stop_reason, consumer.error) == ("stopped", "requested", None)

@@ -24,6 +24,7 @@ from mscheduler import (
 from mscheduler.drivers.base import ChangeEvent, PingParams, PingResult
 from mscheduler.drivers.mongo.driver import MongoDriver
 from tests.consumer.support import Gate, Harness, NoStreamDriver, ScriptedStreamDriver, WrappedDriver, settle
+from tests.helpers import wait_until
 from tests.scenarios.harness import is_mongomock
 
 OPTION = TaskOption(
@@ -216,8 +217,8 @@ async def test_checkpoints_of_many_handlers_cost_one_storage_command(harness: Ha
         assert await harness.publisher.send(Task(f"t{i}", "work", {}, option=OPTION))
     await harness.discover()
     await harness.recorder.wait("claimed", n)
-    await settle()
-    assert gate.waiting == n and counting.pings == []
+    await wait_until(lambda: gate.waiting == n, what=f"{n} handlers to wait at the gate")
+    assert counting.pings == []
     gate.open()  # every handler saves at once
     for _ in range(200):
         if len(saved) == n:

@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from mscheduler import Fail, Publisher, Task
 from mscheduler.observability import tracing as tracing_module
-from tests.consumer.support import Harness, settle
+from tests.consumer.support import Harness
 
 _EXPORTER = InMemorySpanExporter()
 
@@ -118,7 +118,7 @@ async def test_with_tracing_off_no_span_is_made(harness: Harness, spans: InMemor
     await harness.start(consumer)
     await publisher.send(Task("t1", "greet", {}))
     await harness.discover(consumer)
-    await settle()
+    await harness.recorder.wait("finished", 1)
     assert (await harness.get("t1")).status.value == "succeeded"
     assert spans.get_finished_spans() == ()
     doc = await harness.driver.get_task("t1")
