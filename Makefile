@@ -41,11 +41,14 @@ dist: $(VENV)/.installed
 	$(BIN)/python -m build --no-isolation --outdir dist .
 	$(BIN)/twine check --strict dist/*
 
+# On every core (pytest-xdist): a test file's tests stay together on one worker (--dist loadfile),
+# as the module fixtures (a browser, a built package, a served API) ask.
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist loadfile
 
-# Debian's chromium for the dashboard's browser tests (tests/browser skip without it). Playwright
-# drives it; `playwright install` is never used (its browser downloads need the internet).
+# Debian's chromium for the dashboard's browser tests (tests/browser skip without it, and fail if
+# it is installed but cannot be launched). Playwright drives it; `playwright install` is never
+# used (its browser downloads need the internet).
 CHROMIUM ?= /usr/bin/chromium
 browser:
 	test -x $(CHROMIUM) || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }

@@ -24,7 +24,6 @@ from tests.acceptance.api_server import (
     READ_TOKEN,
     ApiServer,
     NotTheApi,
-    free_port,
 )
 from tests.acceptance.support import cli
 
@@ -225,8 +224,8 @@ def test_refusals_come_back_as_the_store_words_them(
 # -- what only the API way meets --------------------------------------------------------------------
 
 
-def test_nothing_answering_is_exit_3(monkeypatch: pytest.MonkeyPatch) -> None:
-    url = f"http://127.0.0.1:{free_port()}"
+def test_nothing_answering_is_exit_3(refused_port: int) -> None:
+    url = f"http://127.0.0.1:{refused_port}"
     code, _out, err = cli("tasks", "ls", "--api-url", url, "--token", ADMIN_TOKEN)
     assert code == 3, err
     assert err.startswith(f"error: cannot reach the mscheduler API at {url}") and err.count("\n") == 1

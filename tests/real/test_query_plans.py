@@ -44,23 +44,21 @@ from mscheduler.drivers.base import (
     WakeupParams,
 )
 from mscheduler.drivers.mongo.common import (
-    ATTEMPTS_INDEX,
-    FINISHED_INDEX,
-    GROUP_INDEX,
-    UPDATED_INDEX,
-    WORKER_INDEX,
-)
-from mscheduler.drivers.mongo.driver import (
     ALL_STATUSES,
     ATTEMPT_INDEX,
+    ATTEMPTS_INDEX,
     CLAIM_INDEX,
     CREATED_INDEX,
+    FINISHED_INDEX,
+    GROUP_INDEX,
     KEY_INDEX,
     LEASES_HISTORY_INDEX,
     LEASES_INDEX,
     NAME_INDEX,
     STATUS_INDEX,
+    UPDATED_INDEX,
     WAKEUP_INDEX,
+    WORKER_INDEX,
 )
 from tests.conftest import REAL_URI
 
@@ -510,7 +508,11 @@ async def test_a_finish_and_its_settlements_read_one_task(backlog: Backlog) -> N
     key, attempt = sorted(backlog.running.items())[0]
     for outcome in ("succeeded", "released", "cancelled"):
         params = FinishParams(key, WORKER, attempt, NOW, outcome)
-        command = await backlog.command_of("update", lambda d, p=params: d.finish([p]))
+
+        async def finish(driver: MongoDriver, p: FinishParams = params) -> list[bool]:
+            return await driver.finish([p])
+
+        command = await backlog.command_of("update", finish)
         plan = await backlog.explain(command)
         assert_one_task(plan, {KEY_INDEX, ATTEMPT_INDEX}, f"finish {outcome}")
 

@@ -166,11 +166,6 @@ async def test_a_changed_retention_period_without_collmod_rights_rebuilds_the_tt
     tasks.database = database
     driver = MongoDriver(database, majority=False)
     await driver.setup()
-
-    async def honours_partial_ttl() -> bool:  # a real server's TTL monitor does; mongomock's not
-        return True
-
-    driver._probe_partial_ttl = honours_partial_ttl  # type: ignore[method-assign]
     assert await driver.ensure_retention(RetentionParams({"succeeded": timedelta(days=10)}))
     assert await driver.ensure_retention(RetentionParams({"succeeded": timedelta(days=5)}))
     assert database.commands == ["collMod"]
@@ -256,7 +251,7 @@ async def test_a_lost_plan_insert_reply_is_recognised_on_a_tz_aware_client() -> 
     )
     await driver.setup()
     flaky = FlakyCollection(driver.plans)
-    flaky.COROUTINES = (*FlakyCollection.COROUTINES, "insert_one")
+    flaky.COROUTINES = (*FlakyCollection.COROUTINES, "insert_one")  # type: ignore[assignment]
     driver.plans = flaky
     flaky.fail("insert_one", AutoReconnect("connection reset"), after_apply=True)
     timing = PlanTiming(schedule=EverySchedule(interval=timedelta(minutes=1), start=NOW))

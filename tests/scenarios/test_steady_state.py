@@ -76,7 +76,8 @@ async def test_structure_sizes_stay_bounded_while_traffic_runs(fake_clock: FakeC
             await publisher.send_many(
                 [Task(f"t{i}", "limited" if i % 10 == 0 else "noop") for i in range(start, start + PER_ROUND)]
             )
-            await advance_until(fake_clock, lambda n=start + PER_ROUND: finished["count"] >= n, limit=60)
+            target = start + PER_ROUND
+            await advance_until(fake_clock, lambda: finished["count"] >= target, limit=60)  # noqa: B023
             await advance(fake_clock, 1.0)
             now = sizes()
             if round_no < WARMUP_ROUNDS:

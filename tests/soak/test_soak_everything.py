@@ -74,6 +74,7 @@ from mscheduler.remote.executors import RemoteExecutors
 from mscheduler.services.events import EventRecorder
 from mscheduler.testing.faults import AFTER_APPLY, FaultyDriver, crash_consumer
 from mscheduler.web import ApiTokens, create_app
+from tests.helpers import as_driver
 
 SCALE = float(os.environ.get("MSCHEDULER_SOAK_SCALE", "1"))
 N_CONSUMERS = 50
@@ -172,7 +173,7 @@ async def test_soak_every_feature_at_once() -> None:
         for (op, after), probability in FAULT_RATES.items():
             driver.fail_randomly(op, probability, after_apply=after, seed=rng.randrange(2**32))
         consumer = Consumer(
-            driver,
+            as_driver(driver),
             worker_id=worker_id,
             concurrency=5,
             clock=clock,
@@ -495,7 +496,7 @@ async def test_soak_every_feature_at_once() -> None:
             last_seq[writer] = event["seq"]
             token = event["id"].split("|")[1] if event["kind"] != "sent" else None
             if event["kind"] == "claimed":
-                claimed_at[token] = position
+                claimed_at[str(token)] = position
             elif event["kind"] in ("succeeded", "retried", "failed", "rejected", "snoozed", "released"):
                 if token in claimed_at or event["writer"] == store_writer:
                     continue
@@ -553,4 +554,5 @@ def unfinished(docs: dict[str, dict[str, Any]]) -> list[str]:
 
 def killed_writers(consumers: dict[str, Consumer], killed: set[str]) -> set[str]:
     """The event writers of the killed consumers (their buffered events die with them)."""
-    return {consumers[w].events.writer.id for w in killed if consumers[w].events is not None}
+    recorders = [consumers[w].events for w in killed]
+    return {recorder.writer.id for recorder in recorders if recorder is not None}

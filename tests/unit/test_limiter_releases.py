@@ -21,6 +21,7 @@ from mscheduler.drivers.base import ClaimParams
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.runtime.consumer.limiter import RELEASE_HOLD, Limiter
 from mscheduler.testing.faults import FaultyDriver
+from tests.helpers import as_driver
 from tests.scenarios.harness import advance, advance_until
 
 SLOT_LEASE = timedelta(seconds=30)
@@ -32,7 +33,12 @@ class Setup:
         self.store = MemoryDriver(clock=clock)
         self.driver = FaultyDriver(self.store)
         self.limiter = Limiter(
-            self.driver, refresh=60, backoff=1, slot_lease=SLOT_LEASE, rng=random.Random(0), reserve=reserve
+            as_driver(self.driver),
+            refresh=60,
+            backoff=1,
+            slot_lease=SLOT_LEASE,
+            rng=random.Random(0),
+            reserve=reserve,
         )
         self.max_running = max_running
         self.n = 0
@@ -149,7 +155,7 @@ async def test_a_consumer_under_a_limit_never_reached_writes_no_release_of_its_o
     store = MemoryDriver(clock=fake_clock)
     await Operations(store, clock=fake_clock).set_limit("job", max_running=1000)
     driver = FaultyDriver(store)
-    consumer = Consumer(driver, worker_id="c1", clock=fake_clock, concurrency=10, planner=False)
+    consumer = Consumer(as_driver(driver), worker_id="c1", clock=fake_clock, concurrency=10, planner=False)
     done: list[str] = []
 
     async def handler(params: dict[str, int]) -> None:

@@ -33,7 +33,7 @@ def test_sorted_chunks_keep_the_order_of_a_sorted_list(
     chunk = sortedlist.CHUNK
     sortedlist.CHUNK = 4  # small chunks: splits and emptied chunks on every example
     try:
-        chunks, reference = SortedChunks(), []
+        chunks, reference = SortedChunks(), list[int]()
         for add, value in ops:
             if add:
                 chunks.add(value)

@@ -96,7 +96,7 @@ async def test_a_claim_sends_the_derive_stages_as_bson_with_the_bytes_of_the_dic
     async def find_one_and_update(filter_: Any, update: Any, **kwargs: Any) -> None:
         sent.append(update)
 
-    driver.tasks.find_one_and_update = find_one_and_update  # type: ignore[method-assign]
+    driver.tasks.find_one_and_update = find_one_and_update
     assert await driver._claim_one(params, "a1") is None
     (update,) = sent
     append, trim, *derive = update
