@@ -221,7 +221,7 @@ class Operations:
         self.max_params_bytes = checked_max_params_bytes(max_params_bytes)
         self._synced = False
         self._plans_set_up = False
-        self._tasks_set_up = False
+        self._tasks_checked = False
 
     async def _now(self) -> datetime:
         if not self._synced:
@@ -400,9 +400,9 @@ class Operations:
         families = prepared_families(
             tasks, now=now, reset_finished=reset_finished, max_params_bytes=self.max_params_bytes
         )
-        if not self._tasks_set_up:  # the unique key index before the first insert (SPEC F1)
-            await self.driver.setup()
-            self._tasks_set_up = True
+        if not self._tasks_checked:  # the unique key index before the first insert (SPEC F1)
+            await self.driver.prepare()  # checked, never built here: `mscheduler setup` builds
+            self._tasks_checked = True
         return await insert_families(self.driver, families, self.clock.now, reset_finished=reset_finished)
 
     # -- task control -------------------------------------------------------------------------

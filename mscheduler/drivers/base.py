@@ -600,8 +600,11 @@ class ResumeTokenLost(Exception):
 class Driver(Protocol):
     """Named domain operations over the task store."""
 
-    # the store's number of partitions (``mscheduler.domain.partitions``; 1: unpartitioned)
-    partitions: int
+    @property
+    def partitions(self) -> int:
+        """The store's number of partitions (``mscheduler.domain.partitions``; 1: unpartitioned),
+        as the store recorded it: a driver reads it before acting on a task."""
+        ...
 
     async def setup(self) -> None:
         """Make the store ready (an administrator's step: ``mscheduler setup``): create the

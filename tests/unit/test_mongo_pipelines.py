@@ -80,8 +80,10 @@ def test_raw_stages_go_to_pymongo_and_dicts_to_mongomock_and_other_fakes() -> No
 
 
 @pytest.mark.parametrize("outcome", ["succeeded", "failed", "cancelled", "released"])
-def test_a_finish_sends_the_same_bytes_with_raw_stages(outcome: str) -> None:
+async def test_a_finish_sends_the_same_bytes_with_raw_stages(outcome: str) -> None:
     raw, plain = MongoDriver(_Database()), MongoDriver(_Database())
+    await raw.known_layout()
+    await plain.known_layout()  # (a store without a layout: one partition)
     raw.raw_stages, plain.raw_stages = True, False
     item = FinishParams(
         "k1",
@@ -105,6 +107,7 @@ async def test_a_claim_sends_the_same_bytes_with_raw_stages() -> None:
         driver = MongoDriver(_Database())
         driver.raw_stages = flag
         driver._probed = True
+        await driver.known_layout()
 
         async def find_one_and_update(filter_: Any, update: Any, **kwargs: Any) -> None:
             sent[flag] = wire(update) + bson.encode({"f": filter_, "sort": dict(kwargs["sort"])})  # noqa: B023

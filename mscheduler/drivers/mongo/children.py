@@ -43,9 +43,11 @@ class MongoChildren:
 
     tasks: Any
     tasks_primary: Any
-    partitions: int
 
     if TYPE_CHECKING:
+
+        @property
+        def partitions(self) -> int: ...
 
         async def _call(
             self,

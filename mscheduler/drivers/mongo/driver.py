@@ -22,13 +22,14 @@ Query design:
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import random
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from bson.errors import InvalidDocument
 from bson.min_key import MinKey
@@ -52,6 +53,7 @@ from mscheduler.drivers.base import (
     ClaimedTask,
     ClaimParams,
     DerivedByOption,
+    Driver,
     ExpireParams,
     FinishParams,
     InsertParams,
@@ -143,6 +145,54 @@ from mscheduler.drivers.mongo.workers import MongoWorkers, worker_indexes
 from mscheduler.drivers.streams import Subscription, shared, wanted_by
 
 
+def _layout_unread() -> StorageError:
+    return StorageError(
+        "the store's layout (its partitions) has not been read by this driver: every method of "
+        "the Driver protocol reads it first; code reading MongoDriver.partitions directly awaits "
+        "driver.known_layout() (or prepare()) before",
+        config=True,
+    )
+
+
+@dataclass(slots=True, frozen=True)
+class StoreLayout:
+    """What ``mscheduler setup`` recorded of a store: its partitions, whether it is sharded
+    (``recorded`` False: nothing, the store was never set up)."""
+
+    partitions: int
+    sharded: bool
+    recorded: bool
+
+
+D = TypeVar("D", bound="MongoDriver")
+_READS_NO_LAYOUT = frozenset({"setup", "prepare", "server_time"})
+
+
+def _layout_first(cls: type[D]) -> type[D]:
+    """Every coroutine of the ``Driver`` protocol reads the store's layout (``known_layout``:
+    its partitions, whether it is sharded) before it runs, once per driver object, whoever calls
+    it — a consumer, a publisher, ``Operations`` under the CLI or the API, a service, a remote
+    executor's server — so that no path can act as if the store had one partition because
+    nothing prepared the driver. ``setup`` and ``prepare`` read it themselves; ``server_time``
+    needs none. Reading ``partitions`` before it is known raises instead of guessing."""
+    for name, member in vars(Driver).items():
+        if name in _READS_NO_LAYOUT or not inspect.iscoroutinefunction(member):
+            continue
+        setattr(cls, name, _after_layout(getattr(cls, name)))
+    return cls
+
+
+def _after_layout(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    @functools.wraps(method)
+    async def call(self: MongoDriver, *args: Any, **kwargs: Any) -> Any:
+        if self._partitions is None:
+            await self.known_layout()
+        return await method(self, *args, **kwargs)
+
+    return call
+
+
+@_layout_first
 class MongoDriver(
     MongoEvents,
     MongoPing,
@@ -233,8 +283,12 @@ class MongoDriver(
         # the store's layout (its partitions: fixed by setup, read by prepare)
         self.meta = database[f"{prefix}{META}"]
         self._asked_partitions = checked_partitions(partitions) if partitions is not None else None
-        self.partitions = self._asked_partitions or 1
-        self.sharded = sharded
+        self._asked_sharded = sharded
+        # the store's layout once read (``known_layout``: every method of the Driver protocol
+        # reads it before its first call, see ``_layout_first``); None until then
+        self._partitions: int | None = None
+        self._sharded = sharded
+        self._layout_recorded = False
         majority_concern = WriteConcern(w="majority", wtimeout=majority_timeout_ms) if majority else None
         self._init_events(database, prefix, majority_concern, events, event_retention)
         self.retries = retries
@@ -259,6 +313,27 @@ class MongoDriver(
         # collections (its async API, or Motor's over it), whose encoder copies them as they are;
         # mongomock and other fakes read dicts.
         self.raw_stages = not mongomock and pymongo_encodes(tasks)
+
+    @property
+    def partitions(self) -> int:
+        """The store's number of partitions, as recorded by ``setup`` (``known_layout``)."""
+        if self._partitions is None:
+            raise _layout_unread()
+        return self._partitions
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the store is set up for a sharded cluster (read with the partitions)."""
+        if self._partitions is None:
+            raise _layout_unread()
+        return self._sharded
+
+    async def known_layout(self) -> StoreLayout:
+        """The store's layout, read from the store on the first call (a store never set up: as
+        asked, else 1 partition, not sharded, ``recorded`` False; nothing is written)."""
+        if self._partitions is None:
+            await self._layout(record=False)
+        return StoreLayout(self.partitions, self._sharded, self._layout_recorded)
 
     def _part(self, key: str) -> int:
         """The partition of task ``key`` (every write about one task names it)."""
@@ -379,12 +454,14 @@ class MongoDriver(
 
         layout = await self._call("read the store's layout", read)
         if layout is None:
+            partitions, sharded = self._asked_partitions or 1, self._asked_sharded
             if record:
-                stored = {"_id": "layout", "partitions": self.partitions, "sharded": self.sharded}
+                stored = {"_id": "layout", "partitions": partitions, "sharded": sharded}
                 await self._call(
                     "record the store's layout",
                     lambda: self.meta.replace_one({"_id": "layout"}, stored, upsert=True),
                 )
+            self._partitions, self._sharded, self._layout_recorded = partitions, sharded, record
             return
         partitions = int(layout.get("partitions") or 1)
         if self._asked_partitions is not None and self._asked_partitions != partitions:
@@ -393,9 +470,10 @@ class MongoDriver(
                 "partitions are fixed (docs/scaling.md, growing P)",
                 config=True,
             )
-        self.partitions = partitions
-        self.sharded = self.sharded or bool(layout.get("sharded"))
-        if record and self.sharded and not layout.get("sharded"):
+        self._partitions = partitions
+        self._sharded = self._asked_sharded or bool(layout.get("sharded"))
+        self._layout_recorded = True
+        if record and self._sharded and not layout.get("sharded"):
             await self._call(
                 "record the store's layout",
                 lambda: self.meta.update_one({"_id": "layout"}, {"$set": {"sharded": True}}),

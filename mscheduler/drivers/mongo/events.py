@@ -173,11 +173,13 @@ class MongoEvents:
     tasks: Any
     tasks_primary: Any
     record_events: bool
-    partitions: int
     event_writer: EventWriter
     event_retention: timedelta
 
     if TYPE_CHECKING:
+
+        @property
+        def partitions(self) -> int: ...
 
         async def _call(
             self,

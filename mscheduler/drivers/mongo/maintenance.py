@@ -67,7 +67,6 @@ class MongoMaintenance:
 
     tasks: Any
     database: Any
-    partitions: int
     probe: Any
     fixups: int
     update_hints: bool
@@ -76,6 +75,9 @@ class MongoMaintenance:
     _retention_indexes: frozenset[str] = frozenset()  # the TTL indexes known to exist
 
     if TYPE_CHECKING:
+
+        @property
+        def partitions(self) -> int: ...
 
         async def _call(
             self,
@@ -87,6 +89,8 @@ class MongoMaintenance:
         ) -> T: ...
 
         def _hint(self, name: str) -> dict[str, Any]: ...
+
+        async def _capabilities(self) -> None: ...
 
     # -- the entry cap --------------------------------------------------------------------------
 
@@ -229,6 +233,7 @@ class MongoMaintenance:
             await self._create_ttl(name, status, seconds)
 
     async def purge_finished(self, params: PurgeParams) -> int:
+        await self._capabilities()  # the deletes' hint
         # children are never removed alone (they go with their parent, below)
         filter_ = {
             "state.status": params.status,

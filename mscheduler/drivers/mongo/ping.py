@@ -46,9 +46,11 @@ class MongoPing:
 
     tasks: Any
     tasks_primary: Any
-    partitions: int
 
     if TYPE_CHECKING:
+
+        @property
+        def partitions(self) -> int: ...
 
         async def _call(
             self,
