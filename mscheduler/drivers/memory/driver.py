@@ -90,6 +90,11 @@ from mscheduler.drivers.streams import Fanout, Subscription, wanted_by
 _SCALARS = (str, int, float, bool, type(None), datetime)
 
 
+def _past_deadline(doc: dict[str, Any], now: datetime) -> bool:
+    deadline = doc["option"].get("deadline")
+    return deadline is not None and deadline <= now
+
+
 def _copy(value: Any) -> Any:
     return value if isinstance(value, _SCALARS) else copy_doc(value)
 
@@ -555,7 +560,12 @@ class MemoryDriver(
                     later[key] = claim_at
         for key, claim_at in sorted(later.items(), key=lambda kv: kv[1])[: max(room, 0)]:
             found[key] = claim_at
-        wakeups = [Wakeup(key, when, "claim") for key, when in found.items()]
+        # a task past its deadline is never claimed (the claim's rule): no claim wake-up for it
+        wakeups = [
+            Wakeup(key, when, "claim")
+            for key, when in found.items()
+            if not _past_deadline(self._tasks[key], params.now)
+        ]
         if self._leases:
             wakeups.append(Wakeup(self._leases[0][2], self._leases[0][0], "lease"))
         wakeups += [Wakeup(key, when, "deadline") for when, key in self._earliest_deadlines(params.limit)]

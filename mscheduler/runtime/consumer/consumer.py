@@ -360,6 +360,7 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
             on_event=self._emit,
             on_stop=self._stop_requested,
             groups=self.groups,
+            excluded=self._excluded_from_claims,
         )
         try:
             await self.discovery.poll_once()
