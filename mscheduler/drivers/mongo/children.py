@@ -24,6 +24,8 @@ from mscheduler.drivers.mongo.common import (
     _derive_stages,
     _in,
     _lit,
+    by_keys,
+    one_task,
     write_concern_only,
 )
 
@@ -62,7 +64,7 @@ class MongoChildren:
         self, what: str, keys: list[str], projection: dict[str, Any]
     ) -> list[dict[str, Any]]:
         async def read() -> list[dict[str, Any]]:
-            cursor = self.tasks_primary.find({"key": {"$in": keys}}, projection).hint(KEY_INDEX)
+            cursor = self.tasks_primary.find(by_keys(keys, self.partitions), projection).hint(KEY_INDEX)
             return [_in(doc) async for doc in cursor]
 
         return await self._call(what, read)
@@ -107,8 +109,7 @@ class MongoChildren:
                         part_of(doc["key"], self.partitions),
                         UpdateOne(
                             {
-                                "key": doc["key"],
-                                "part": part_of(doc["key"], self.partitions),
+                                **one_task(doc["key"], part_of(doc["key"], self.partitions)),
                                 "state.children_rev": rev,
                             },
                             [{"$set": change}, *_derive_stages(params.now)],
@@ -171,8 +172,7 @@ class MongoChildren:
 
     async def mark_task(self, params: MarkParams) -> bool:
         filter_ = {
-            "key": params.key,
-            "part": part_of(params.key, self.partitions),
+            **one_task(params.key, part_of(params.key, self.partitions)),
             "state.status": {"$in": list(params.statuses)},
             "state.running_cnt": 0,
             "children": {"$exists": False},

@@ -25,6 +25,7 @@ import asyncio
 import functools
 import inspect
 import random
+import re
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -104,10 +105,12 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     TRANSIENT_CODES,
     TRANSIENT_ERRORS,
     UNIQUE_LIVE_INDEX,
+    WAKE,
     WAKEUP_INDEX,
     WORKERS,
     WS,
     T,
+    WriteMayRollBack,
     _async_with_options,
     _claimers,
     _count,
@@ -121,11 +124,14 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     _resolve,
     _translate,
     _write_concern_codes,
+    by_keys,
     change_event,
     expired_entries_stage,
     expired_history_stage,
     live_hash,
     log,
+    may_roll_back,
+    one_task,
     pymongo_encodes,
     read_page,
     task_indexes,
@@ -163,6 +169,12 @@ class StoreLayout:
     sharded: bool
     recorded: bool
 
+
+# mongos releases routing a findAndModify by a shard-key prefix to one shard (SERVER-44422):
+# every release from 7.1, and the patch releases of these that carry the backport
+PREFIX_ROUTING_RELEASE = (7, 1)
+PREFIX_ROUTING_BACKPORTS = frozenset({(5, 0), (6, 0), (7, 0)})
+SHARD_KEY_NOT_FOUND = 61
 
 D = TypeVar("D", bound="MongoDriver")
 _READS_NO_LAYOUT = frozenset({"setup", "prepare", "server_time"})
@@ -277,8 +289,15 @@ class MongoDriver(
         self.tasks_recovery = _async_with_options(
             tasks, read_preference=ReadPreference.PRIMARY, read_concern=ReadConcern("local")
         )
-        # Limit reads that decide (which limit holds a slot, an acquire's recovery) likewise.
+        # What a majority has (a publish whose majority write timed out is confirmed by it
+        # before it is reported created: one the primary alone holds may roll back).
+        self.tasks_majority = _async_with_options(
+            tasks, read_preference=ReadPreference.PRIMARY, read_concern=ReadConcern("majority")
+        )
+        # Limit reads that decide (which limit holds a slot, an acquire's recovery) likewise, and
+        # the planner's (which plans are due, a lost compare-and-set's recovery).
         self.limits_primary = _async_with_options(self.limits, read_preference=ReadPreference.PRIMARY)
+        self.plans_primary = _async_with_options(self.plans, read_preference=ReadPreference.PRIMARY)
         self.probe = database[f"{prefix}{PROBE}"]
         # the store's layout (its partitions: fixed by setup, read by prepare)
         self.meta = database[f"{prefix}{META}"]
@@ -431,8 +450,10 @@ class MongoDriver(
         if self.create_indexes:
             if not self._set_up:
                 await self.setup()
+            await self._check_claim_routing()
             return
         await self._layout(record=False)
+        await self._check_claim_routing()
         missing = await self.missing_indexes()
         if missing:
             where = f"{self.database.name}.{self.tasks.name}"
@@ -442,6 +463,37 @@ class MongoDriver(
                 config=True,
             )
         await self._capabilities()
+
+    async def _check_claim_routing(self) -> None:
+        """On a sharded store: can the mongos route a claim to its partition's one shard? A claim
+        is the one write that cannot name its task (its ``_id``), only its partition, a prefix of
+        the shard key; a mongos routes such a ``findAndModify`` from 7.1 on, and in the 5.0, 6.0
+        and 7.0 patch releases that carry SERVER-44422 (from the second half of 2023), which
+        this asks the mongos itself (an explain of a claim); earlier ones refuse every claim
+        ("Query for sharded findAndModify must contain the shard key"). A configuration
+        ``StorageError`` names the releases to upgrade to."""
+        if not self.sharded:
+            return
+        version = str((await self.server_info()).get("version") or "")
+        numbers = tuple(int(n) for n in re.findall(r"\d+", version)[:2])
+        if numbers >= PREFIX_ROUTING_RELEASE:
+            return
+        if numbers in PREFIX_ROUTING_BACKPORTS:
+            probe = {"part": 0, "state.claimers": "-"}  # a claim's shape: the partition only
+            command = {"findAndModify": self.tasks.name, "query": probe, "update": {"$set": {"x": 1}}}
+            try:
+                await self.database.command({"explain": command, "verbosity": "queryPlanner"})
+                return
+            except OperationFailure as exc:
+                if exc.code != SHARD_KEY_NOT_FOUND:
+                    raise _translate("check claim routing", exc) from exc
+        raise StorageError(
+            f"the mongos ({version or 'version unknown'}) cannot route a claim (a findAndModify "
+            "naming a task's partition, a prefix of the shard key) to one shard: upgrade the "
+            "cluster to a 5.0, 6.0 or 7.0 patch release from the second half of 2023 on "
+            "(SERVER-44422), or to 7.1 or later",
+            config=True,
+        )
 
     async def _layout(self, *, record: bool) -> None:
         """Read the store's layout (``<prefix>mscheduler_meta``, ``_id: "layout"``): its number of
@@ -482,27 +534,29 @@ class MongoDriver(
     async def _place_unplaced(self) -> int:
         """Give a partition to the tasks that have none (inserted by a build before partitions):
         ``part`` 0 in an unpartitioned store (one update), else each by its key, a batch at a
-        time. Returns how many were placed."""
-        if self.partitions == 1:
+        time. Returns how many were placed.
+
+        On a sharded store ``part`` is a shard-key field: a document that lacks it is set one at a
+        time, each write a single-document update naming the whole shard key (``_id``, and
+        ``part: null``, as a missing field counts) in a retryable write (a bulk write of single
+        updates is one), as MongoDB requires to set a missing shard-key field."""
+        if self.partitions == 1 and not self.sharded:
             result = await self._call(
                 "place unplaced tasks",
-                lambda: self.tasks.update_many({"part": {"$exists": False}}, {"$set": {"part": 0}}),
+                lambda: self.tasks.update_many({"part": None}, {"$set": {"part": 0}}),
             )
             return int(result.modified_count)
         placed = 0
         while True:
 
             async def read() -> list[str]:
-                cursor = self.tasks.find({"part": {"$exists": False}}, {"key": 1}).limit(1000)
-                return [doc["key"] async for doc in cursor]
+                cursor = self.tasks.find({"part": None}, {"_id": 1}).limit(1000)
+                return [doc["_id"] async for doc in cursor]
 
             keys = await self._call("find unplaced tasks", read)
             if not keys:
                 return placed
-            ops = [
-                UpdateOne({"key": k, "part": {"$exists": False}}, {"$set": {"part": self._part(k)}})
-                for k in keys
-            ]
+            ops = [UpdateOne(one_task(k, None), {"$set": {"part": self._part(k)}}) for k in keys]
 
             async def place(ops: list[UpdateOne] = ops) -> Any:
                 return await self.tasks.bulk_write(ops, ordered=False)
@@ -517,7 +571,12 @@ class MongoDriver(
         in contiguous ranges, one zone per shard, so that each partition lives on one shard and a
         claim naming it reaches that shard (a findAndModify with a shard-key prefix that targets
         one shard: SERVER-44422). Returns the commands sent. The other collections (plans,
-        limits, workers, events, the layout) stay unsharded, on the database's primary shard."""
+        limits, workers, events, the layout) stay unsharded, on the database's primary shard.
+
+        Run again after shards were added or removed, it moves the zones: the ranges of the
+        earlier spread that the new one does not keep are removed first (a new range may not
+        overlap an old one), then the new ones are added, then shards are taken out of the
+        zones they no longer hold; the balancer moves the partitions' chunks."""
         if not self.sharded:
             raise InvalidInput("shard() needs a store set up with MongoDriver(..., sharded=True)")
         admin = self.database.client.admin
@@ -535,23 +594,41 @@ class MongoDriver(
             except OperationFailure as exc:
                 log.info("split at partition %d: %s (a boundary already there?)", part, exc)
         if zones:
-            shards = [s["_id"] for s in (await admin.command({"listShards": 1}))["shards"]]
-            for i, shard in enumerate(shards):
-                low = i * self.partitions // len(shards)
-                high = (i + 1) * self.partitions // len(shards)
-                if low == high:
-                    continue  # more shards than partitions: this one holds none
-                zone = f"{self.tasks.name}-{low}-{high - 1}"
-                await run({"addShardToZone": shard, "zone": zone})
-                await run(
-                    {
-                        "updateZoneKeyRange": namespace,
-                        "min": {"part": low, "_id": MinKey()},
-                        "max": {"part": high, "_id": MinKey()},
-                        "zone": zone,
-                    }
-                )
+            await self._spread_zones(admin, namespace, run)
         return sent
+
+    async def _spread_zones(
+        self, admin: Any, namespace: str, run: Callable[[dict[str, Any]], Awaitable[Any]]
+    ) -> None:
+        """The partitions over the shards in contiguous ranges, one zone per shard (``shard``)."""
+        listed = (await admin.command({"listShards": 1}))["shards"]
+        shards = [s["_id"] for s in listed]
+        wanted: dict[str, tuple[str, int, int]] = {}  # zone -> (shard, low, high)
+        for i, shard in enumerate(shards):
+            low = i * self.partitions // len(shards)
+            high = (i + 1) * self.partitions // len(shards)
+            if low < high:  # (more shards than partitions: this one holds none)
+                wanted[f"{self.tasks.name}-{low}-{high - 1}"] = (shard, low, high)
+        ours = f"{self.tasks.name}-"
+        existing = [doc async for doc in self.database.client["config"]["tags"].find({"ns": namespace})]
+        kept: set[str] = set()
+        for doc in existing:
+            zone, low, high = doc.get("tag"), doc["min"].get("part"), doc["max"].get("part")
+            if zone in wanted and wanted[zone][1:] == (low, high):
+                kept.add(zone)
+            elif str(zone).startswith(ours):
+                await run(
+                    {"updateZoneKeyRange": namespace, "min": doc["min"], "max": doc["max"], "zone": None}
+                )
+        for zone, (shard, low, high) in wanted.items():
+            await run({"addShardToZone": shard, "zone": zone})
+            if zone not in kept:
+                bounds = {"min": {"part": low, "_id": MinKey()}, "max": {"part": high, "_id": MinKey()}}
+                await run({"updateZoneKeyRange": namespace, **bounds, "zone": zone})
+        for shard in listed:
+            for zone in shard.get("tags") or ():
+                if str(zone).startswith(ours) and wanted.get(zone, ("",))[0] != shard["_id"]:
+                    await run({"removeShardFromZone": shard["_id"], "zone": zone})
 
     async def missing_indexes(self) -> list[str]:
         """The indexes this build's queries need that the store lacks or has with another spec
@@ -747,6 +824,20 @@ class MongoDriver(
         return inserted
 
     async def _insert_part(self, docs: list[dict[str, Any]]) -> set[int]:
+        """One ``insert_many``: the positions it created. A duplicate key is a task that exists.
+        An insert the primary applied and could not confirm is made sure of first, since a task
+        reported created must not be lost:
+
+        * the primary stepped down or shut down (``may_roll_back``): the write may be rolled
+          back, so it is sent again (``_call``'s retry); a duplicate key then is an earlier try's
+          insert that survived, still created by this call;
+        * any other write-concern error (64, a majority not reached in time): applied on the
+          primary, read back at majority read concern (``_confirmed``) until a majority has it;
+          what no majority confirms raises a transient ``StorageError`` (send again: by key,
+          nothing is created twice)."""
+        earlier: set[int] = set()  # inserted by a try whose primary then stepped down
+        unconfirmed: set[int] = set()
+
         async def insert() -> set[int]:
             # Handled here, inside the operation: BulkWriteError is a PyMongoError, so ``_call``
             # would otherwise turn it into a StorageError.
@@ -756,15 +847,50 @@ class MongoDriver(
                 errors = exc.details.get("writeErrors", [])
                 if any(err.get("code") != 11000 for err in errors):
                     raise
+                existing = {err["index"] for err in errors}
+                applied = set(range(len(docs))) - existing
                 if exc.details.get("writeConcernErrors"):
                     if _write_concern_codes(exc) & CONFIG_CODES:
                         raise
-                    # Applied on the primary, not yet confirmed by a majority: not a failure.
+                    if may_roll_back(exc):
+                        earlier.update(applied)
+                        raise WriteMayRollBack(f"insert tasks: {exc.details['writeConcernErrors']}") from exc
                     log.warning("insert tasks: write concern not satisfied yet: %s", exc.details)
-                return set(range(len(docs))) - {err["index"] for err in errors}
+                    unconfirmed.update(applied)
+                return applied | (earlier & existing)
             return set(range(len(docs)))
 
-        return await self._call("insert tasks", insert)
+        created = await self._call("insert tasks", insert)
+        if unconfirmed:
+            missing = unconfirmed - await self._confirmed(docs, unconfirmed)
+            if missing:
+                raise StorageError(
+                    f"insert tasks: {len(missing)} tasks applied on the primary, not confirmed by "
+                    "a majority: outcome unknown, send them again",
+                    transient=True,
+                )
+        return created
+
+    async def _confirmed(self, docs: list[dict[str, Any]], positions: set[int]) -> set[int]:
+        """Which of ``positions`` (documents the primary took, all of one partition) a majority
+        has: read at majority read concern, again with backoff while some are missing."""
+        keys = {docs[i]["_id"]: i for i in positions}
+        part = docs[next(iter(positions))]["part"]
+        found: set[int] = set()
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            wanted = [k for k, i in keys.items() if i not in found]
+
+            async def read(wanted: list[str] = wanted) -> list[str]:
+                filter_ = {"_id": {"$in": wanted}, "part": part}
+                return [doc["_id"] async for doc in self.tasks_majority.find(filter_, {"_id": 1})]
+
+            found |= {keys[k] for k in await self._call("insert tasks (majority read)", read)}
+            if len(found) == len(keys) or attempt == self.retries:
+                break
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, self.max_backoff)
+        return found
 
     async def _upsert_in_transaction(self, docs: list[dict[str, Any]], session: Any) -> set[int]:
         """Inside the caller's transaction: an existing key must not abort it, as a duplicate key
@@ -776,10 +902,17 @@ class MongoDriver(
         # would scan the collection, per task, inside the caller's transaction).
         ops = [
             UpdateOne(
-                {"$or": [{"key": doc["key"]}, {"state.unique_live": live_hash(doc["unique_hash"])}]}
-                if doc.get("unique_hash")
-                else {"key": doc["key"], "part": doc["part"]},
+                {"$or": [{"key": doc["key"]}, {"state.unique_live": live_hash(doc["unique_hash"])}]},
                 {"$setOnInsert": doc},
+                upsert=True,
+            )
+            if doc.get("unique_hash")
+            # The whole shard key, as an upsert on a sharded collection needs: the inserted
+            # document takes _id and part from the filter's equalities (not from $setOnInsert,
+            # which may not set the _id a filter names).
+            else UpdateOne(
+                one_task(doc["_id"], doc["part"]),
+                {"$setOnInsert": {k: v for k, v in doc.items() if k not in ("_id", "part")}},
                 upsert=True,
             )
             for doc in docs
@@ -818,22 +951,28 @@ class MongoDriver(
                     "state.checkpoint": "",
                     "state.progress": "",
                 },
-                # a new generation: its events come after the earlier ones (no history is kept)
-                "$inc": {"state.generation": 1},
+                # a new generation: its events come after the earlier ones (no history is kept);
+                # claimable again: the change stream passes it (``wake``)
+                "$inc": {"state.generation": 1, WAKE: 1},
             }
             # never while an attempt holds a live lease (a succeeded task may still run one whose
             # slot an edit of concurrent_worker_cnt took away): dropping it would let the reset
             # task be claimed beside it
             live = {"status": "running", "ping_expire_time": {"$gt": _out(params.now)}}
             filter_ = {
-                "key": task.key,
-                "part": self._part(task.key),
+                **one_task(task.key, self._part(task.key)),
                 "state.status": {"$in": list(FINISHED)},
                 "$nor": [{WS: {"$elemMatch": live}}],
             }
             ops.append(UpdateOne(filter_, update))
         if not ops:
             return {}
+
+        # A write-concern error: the primary stepped down (the resets may roll back: written
+        # again, the read below finds them by their mark either way), or a majority not reached
+        # in time (read back at majority read concern before they are reported reset).
+        rolled: list[bool] = []
+        unconfirmed: list[bool] = []
 
         async def write() -> int:
             try:
@@ -845,22 +984,37 @@ class MongoDriver(
                     e.get("code") != 11000 for e in exc.details.get("writeErrors", [])
                 ):
                     raise
+                if exc.details.get("writeConcernErrors"):
+                    if _write_concern_codes(exc) & CONFIG_CODES:
+                        raise
+                    if may_roll_back(exc):
+                        rolled.append(True)
+                        raise WriteMayRollBack(f"reset tasks: {exc.details['writeConcernErrors']}") from exc
+                    unconfirmed.append(True)
                 return int(exc.details.get("nModified", 0))
             return int(result.modified_count)
 
-        if not await self._call("reset tasks", write, session=params.session):
+        written = await self._call("reset tasks", write, session=params.session)
+        if not written and not rolled:
             return {}
         keys = [task.key for task in params.tasks]
+        source = self.tasks_majority if unconfirmed else self.tasks_primary
 
         async def read() -> dict[str, int]:
-            cursor = self.tasks_primary.find(
-                {"key": {"$in": keys}, "state.reset_mark": mark},
+            cursor = source.find(
+                {**by_keys(keys, self.partitions), "state.reset_mark": mark},
                 {"key": 1, "state.generation": 1},
                 session=params.session,
             )
             return {doc["key"]: int(doc["state"].get("generation") or 0) async for doc in cursor}
 
         reset = await self._call("reset tasks (read back)", read, session=params.session)
+        if unconfirmed and len(reset) < written:
+            raise StorageError(
+                "reset tasks: applied on the primary, not confirmed by a majority: outcome "
+                "unknown, send them again",
+                transient=True,
+            )
 
         for part, keys_of_part in by_part(sorted(reset), self.partitions).items():
 
@@ -967,7 +1121,7 @@ class MongoDriver(
         async def claim() -> dict[str, Any] | None:
             if key is not None:
                 pinned: dict[str, Any] | None = await self.tasks.find_one_and_update(
-                    {"$and": [filter_, {"key": key}]},
+                    {"$and": [filter_, {"key": key, "_id": key}]},
                     pipeline,
                     return_document=ReturnDocument.AFTER,
                     hint=KEY_INDEX,
@@ -981,7 +1135,8 @@ class MongoDriver(
         async def recover() -> dict[str, Any] | None:
             # The reply was lost, or the majority did not confirm it in time: if our attempt
             # token is stored on the primary (local read concern), the claim was applied.
-            doc: dict[str, Any] | None = await self.tasks_recovery.find_one({f"{WS}.attempt": attempt})
+            found = {f"{WS}.attempt": attempt, "part": part}  # the claim's one partition (shard)
+            doc: dict[str, Any] | None = await self.tasks_recovery.find_one(found)
             return doc
 
         try:
@@ -1031,8 +1186,7 @@ class MongoDriver(
             ]
         }
         filter_ = {
-            "key": doc["key"],
-            "part": self._part(doc["key"]),
+            **one_task(doc["key"], self._part(doc["key"])),
             WS: {"$elemMatch": {"attempt": attempt, "status": "running"}},
         }
         update = [_rebuild_entries(match, {"ping_expire_time": expire})]
@@ -1063,7 +1217,7 @@ class MongoDriver(
         head = await self._call("claim (find the task that failed)", find)
         if head is None:
             return None
-        pinned = {"$and": [filter_, {"key": head["key"]}]}
+        pinned = {"$and": [filter_, {"key": head["key"], "_id": head["key"]}]}
 
         async def claim_head() -> dict[str, Any] | None:
             doc: dict[str, Any] | None = await self.tasks.find_one_and_update(
@@ -1084,7 +1238,7 @@ class MongoDriver(
         log.warning("task %s failed for good: %s", key, message, extra={"key": key})
         broken = {"type": error_type, "message": message[:2000], "traceback": None}
         pipeline = [{"$set": {"state.broken": _lit(broken)}}, *_derive_stages(now)]
-        by_key = {"key": key, "part": self._part(key)}
+        by_key = one_task(key, self._part(key))
         await self._call("mark task broken", lambda: self.tasks.update_one(by_key, pipeline))
 
     async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
@@ -1165,8 +1319,7 @@ class MongoDriver(
     def _finish_op(self, item: FinishParams) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         now = _out(item.now)
         filter_: dict[str, Any] = {
-            "key": item.key,
-            "part": self._part(item.key),
+            **one_task(item.key, self._part(item.key)),
             WS: {
                 "$elemMatch": {
                     "worker_id": item.worker_id,
@@ -1245,7 +1398,7 @@ class MongoDriver(
 
         async def read() -> list[dict[str, Any]]:
             projection = {"key": 1, WS: 1, "state.cancelled": 1, "state.stop": 1}
-            cursor = self.tasks_primary.find({"key": {"$in": keys}}, projection)
+            cursor = self.tasks_primary.find(by_keys(keys, self.partitions), projection)
             return [doc async for doc in cursor]
 
         docs = {doc["key"]: doc for doc in await self._call("finish read-back", read)}
@@ -1382,7 +1535,7 @@ class MongoDriver(
         for doc in await self._call("expire leases (read)", read):
             retry_at = lost_retry_at(doc.get("option", {}), doc["state"]["fail_cnt"], params.now)
             pipeline = [expired_entries_stage(params.now, _lit(retry_at)), *_derive_stages(params.now)]
-            one = {"key": doc["key"], **filter_}  # (the filter names the partition)
+            one = {"_id": doc["key"], **filter_}  # (the filter names the partition)
 
             async def update(one: dict[str, Any] = one, pipeline: list[dict[str, Any]] = pipeline) -> Any:
                 return await self.tasks.update_one(one, pipeline)
@@ -1438,11 +1591,14 @@ class MongoDriver(
         wakeups = []
         for doc in docs:
             claim_at = doc.get("state", {}).get("claim_at")
-            if isinstance(claim_at, datetime):  # a document edited by hand must not stop polling
-                wakeups.append(Wakeup(doc["key"], _in(claim_at), "claim"))
             deadline = doc.get("option", {}).get("deadline")
-            if isinstance(deadline, datetime):  # when the deadline pass should look at it
-                wakeups.append(Wakeup(doc["key"], _in(deadline), "deadline"))
+            deadline = _in(deadline) if isinstance(deadline, datetime) else None
+            # a document edited by hand must not stop polling; a task past its deadline is never
+            # claimed (the claim's rule): no claim wake-up for it
+            if isinstance(claim_at, datetime) and (deadline is None or deadline > params.now):
+                wakeups.append(Wakeup(doc["key"], _in(claim_at), "claim"))
+            if deadline is not None:  # when the deadline pass should look at it
+                wakeups.append(Wakeup(doc["key"], deadline, "deadline"))
         return wakeups
 
     def _watch_pipeline(self) -> list[dict[str, Any]]:

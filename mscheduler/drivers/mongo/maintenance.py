@@ -48,6 +48,7 @@ from mscheduler.drivers.mongo.common import (
     _out,
     _resolve,
     log,
+    one_task,
 )
 
 RETENTION_INDEX_PREFIX = "retention_"
@@ -132,7 +133,7 @@ class MongoMaintenance:
 
         async def trim() -> dict[str, Any] | None:
             found: dict[str, Any] | None = await self.tasks.find_one_and_update(
-                {"key": doc["key"], "part": part_of(doc["key"], self.partitions)},
+                one_task(doc["key"], part_of(doc["key"], self.partitions)),
                 pipeline,
                 return_document=ReturnDocument.AFTER,
             )

@@ -55,8 +55,10 @@ from mscheduler.drivers.mongo.common import (
     _out,
     _resolve,
     admin_read,
+    by_keys,
     expired_entries_stage,
     live_hash,
+    one_task,
     read_page,
     stop_expression,
     wake_if_stopping,
@@ -208,6 +210,9 @@ class MongoTaskQueries:
 
     if TYPE_CHECKING:
 
+        @property
+        def partitions(self) -> int: ...
+
         def _part(self, key: str) -> int: ...
 
         async def _call(
@@ -225,12 +230,13 @@ class MongoTaskQueries:
     # with the task as it was.
 
     async def get_task(self, key: str) -> dict[str, Any] | None:
-        doc = await self._call("get task", lambda: self.tasks_primary.find_one({"key": key}, TASK_FIELDS))
+        one = {"key": key, "part": self._part(key)}
+        doc = await self._call("get task", lambda: self.tasks_primary.find_one(one, TASK_FIELDS))
         return _in(doc) if doc is not None else None
 
     async def get_tasks(self, keys: Sequence[str]) -> list[dict[str, Any]]:
         async def read() -> list[dict[str, Any]]:
-            filter_ = {"key": {"$in": list(dict.fromkeys(keys))}}
+            filter_ = by_keys(list(dict.fromkeys(keys)), self.partitions)
             cursor = self.tasks_primary.find(filter_, TASK_FIELDS).hint(KEY_INDEX)
             return [_in(doc) async for doc in cursor]
 
@@ -249,9 +255,11 @@ class MongoTaskQueries:
         filter_, _, index = list_query(unpaged)
 
         async def count() -> int:
-            return int(await self.tasks.count_documents(filter_, limit=cap, hint=index))
+            return int(
+                await self.tasks.count_documents(filter_, limit=cap, hint=index, maxTimeMS=ADMIN_READ_MS)
+            )
 
-        return await self._call("count tasks", count)
+        return await self._call("count tasks", lambda: admin_read("count tasks", count))
 
     async def count_by_status(self) -> dict[str, int]:
         # Covered by the status index: keys only, no document is fetched.
@@ -272,7 +280,7 @@ class MongoTaskQueries:
         pipeline = [{"$set": {"option": _lit(params.option)}}, *_derive_stages(params.now)]
 
         async def update() -> Any:
-            return await self.tasks.update_one({"key": params.key, "part": self._part(params.key)}, pipeline)
+            return await self.tasks.update_one(one_task(params.key, self._part(params.key)), pipeline)
 
         try:
             result = await self._call("update option", update)
@@ -283,8 +291,7 @@ class MongoTaskQueries:
     async def control_task(self, params: ControlParams) -> dict[str, Any] | None:
         # The filter is the compare-and-set: the key in one of the allowed statuses.
         filter_: dict[str, Any] = {
-            "key": params.key,
-            "part": self._part(params.key),
+            **one_task(params.key, self._part(params.key)),
             "state.status": {"$in": list(params.statuses)},
         }
         if params.action == "remove":
@@ -370,7 +377,7 @@ class MongoTaskQueries:
         """The key of the live task holding the params hash of task ``key`` (None: none now)."""
 
         async def read() -> str | None:
-            doc = await self.tasks.find_one({"key": key}, {"unique_hash": 1})
+            doc = await self.tasks.find_one({"key": key, "part": self._part(key)}, {"unique_hash": 1})
             if doc is None or not doc.get("unique_hash"):
                 return None
             holder = await self.tasks_primary.find_one(
