@@ -285,6 +285,8 @@ class ControlParams:
     stop_running: bool = False
     # who did it (an API token's ``api:<name>``): in the event's detail and ``state.cancelled``
     by: str | None = None
+    # restart only: the new generation's deadline (None: the old one, dropped if already past)
+    deadline: datetime | None = None
 
 
 CONTROL_ACTIONS = ("cancel", "pause", "resume", "remove", "restart")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from pymongo import UpdateOne
-from pymongo.errors import BulkWriteError, OperationFailure
+from pymongo.errors import AutoReconnect, BulkWriteError, OperationFailure, WriteConcernError
 
 from mscheduler import (
     EverySchedule,
@@ -564,3 +564,118 @@ async def test_a_reset_bumps_wake_so_the_stream_passes_it() -> None:
     assert await publisher.send(Task("t", "job"), reset_finished=True)
     after = await driver.tasks.find_one({"_id": "t"})
     assert after[WAKE] > before and after["state"]["claimers"] == ["job|*"]
+
+
+# -- M5: a claim after an error: no second claimant, no second task for one attempt token ----------
+
+
+async def test_a_claim_no_majority_confirms_is_released_not_run() -> None:
+    """The claim is applied on the primary, its majority write times out (64) and the majority
+    never has it (it may be rolled back, and another worker then claims the task): it is not run;
+    its attempt is released at once (not counted), so the task is claimable again."""
+    driver, rs = await replicated_driver()
+    await Publisher(driver, clock=FakeClock(NOW)).send(Task("t1", "job"))
+    await rs.replicate()
+    rs.collection().after["find_one_and_update"] = lambda: (_ for _ in ()).throw(
+        WriteConcernError("waiting for replication timed out", code=64, details={})
+    )
+    with pytest.raises(StorageError):
+        await driver.claim(ClaimParams("w1", ["job"], NOW, ["a1"], LEASE))
+    doc = await rs.primary.find_one({"key": "t1"})
+    assert doc is not None and [(e["attempt"], e["status"]) for e in doc["state"]["worker_states"]] == [
+        ("a1", "released")
+    ]
+    assert doc["state"]["fail_cnt"] == 0 and doc["state"]["status"] == "pending"
+    again = await driver.claim(ClaimParams("w2", ["job"], NOW, ["b1"], LEASE))
+    assert [c.key for c in again] == ["t1"], "claimable again at once"
+
+
+class LandsLate:
+    """The tasks collection, whose first ``find_one_and_update`` loses its connection and is
+    applied only after the driver's recovery read looked (a write still in flight)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.pending: list[tuple[Any, Any, Any]] = []
+        self.claims = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def find_one_and_update(self, *args: Any, **kwargs: Any) -> Any:
+        self.claims += 1
+        if self.claims == 1:
+            self.pending.append((args, kwargs, None))
+            raise AutoReconnect("connection reset by peer")
+        return await self._inner.find_one_and_update(*args, **kwargs)
+
+    async def land(self) -> None:
+        for args, kwargs, _ in self.pending:
+            await self._inner.find_one_and_update(*args, **kwargs)
+
+
+async def test_a_claim_whose_reply_was_lost_is_not_sent_again_with_its_token() -> None:
+    driver = MongoDriver(mongomock_database(), backoff=0.0005, max_backoff=0.002)
+    await driver.setup()
+    await Publisher(driver, clock=FakeClock(NOW)).send_many([Task("t1", "job"), Task("t2", "job")])
+    late = LandsLate(driver.tasks)
+    driver.tasks = late
+    with pytest.raises(StorageError):
+        await driver.claim(ClaimParams("w1", ["job"], NOW, ["a1"], LEASE))
+    await late.land()
+    holders = [doc["key"] async for doc in late._inner.find({"state.worker_states.attempt": "a1"})]
+    assert holders == ["t1"], "one task holds the token: none taken by a second try"
+    assert late.claims == 1
+
+
+# -- L9: a control whose reply was lost is reported as done, not refused ---------------------------
+
+
+class LosesReply:
+    """The tasks collection: the next ``method`` is applied and its reply lost (a reset
+    connection), as many times as asked."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.lose: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if name not in ("find_one_and_update", "find_one_and_delete"):
+            return attr
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            result = await attr(*args, **kwargs)
+            if self.lose.get(name):
+                self.lose[name] -= 1
+                raise AutoReconnect("connection reset by peer")
+            return result
+
+        return call
+
+
+@pytest.mark.parametrize("action", ["cancel", "pause", "resume", "restart", "remove"])
+async def test_a_control_whose_reply_was_lost_is_reported_done(action: str) -> None:
+    driver = MongoDriver(mongomock_database(), backoff=0.0005, max_backoff=0.002)
+    await driver.setup()
+    clock = FakeClock(NOW)
+    ops = Operations(driver, clock=clock)
+    await ops.send(Task("t", "job", option=TaskOption(max_unexpected_retries=0)))
+    if action == "resume":
+        await ops.pause("t")
+    if action == "restart":
+        await ops.cancel("t")
+    clock.advance(timedelta(seconds=1))
+    losing = LosesReply(driver.tasks)
+    driver.tasks = losing
+    losing.lose = {"find_one_and_update": 1, "find_one_and_delete": 1}
+    done = await getattr(ops, action)("t")
+    if action == "remove":
+        assert await driver.get_task("t") is None
+        return
+    assert {
+        "cancel": done.status.value == "cancelled",
+        "pause": done.paused,
+        "resume": not done.paused,
+        "restart": done.status.value == "pending",
+    }[action]

@@ -708,7 +708,9 @@ class MemoryDriver(
                 progress=None,
             )
             deadline = doc["option"].get("deadline")
-            if deadline is not None and deadline <= params.now:
+            if params.deadline is not None:  # the operator's; else a past one is dropped
+                doc["option"] = doc["option"] | {"deadline": params.deadline}
+            elif deadline is not None and deadline <= params.now:
                 doc["option"] = doc["option"] | {"deadline": None}
         else:
             raise InvalidInput(f"unknown control action {params.action!r}")

@@ -367,12 +367,14 @@ class MongoDriver(
         *,
         recover: Callable[[], Awaitable[T | None]] | None = None,
         session: Any = None,
+        retries: int | None = None,
     ) -> T:
-        """Run one command, retrying transient errors with backoff; translate the rest.
+        """Run one command, retrying transient errors with backoff (``retries``: how many times,
+        by default the driver's); translate the rest.
 
         ``recover`` is asked after an error whose outcome is unknown (the write may have been
         applied before the reply was lost, or applied on the primary while the majority write
-        concern timed out); if it finds the effect, that is the answer.
+        concern timed out), the last try's included; if it finds the effect, that is the answer.
 
         Inside the caller's transaction (``session``) nothing is retried here and PyMongo's
         errors are re-raised as they are, labels (``TransientTransactionError``) intact, so that
@@ -385,7 +387,8 @@ class MongoDriver(
             except InvalidDocument as exc:
                 raise _translate(what, exc) from exc
         delay = self.backoff
-        for attempt in range(self.retries + 1):
+        tries = (self.retries if retries is None else retries) + 1
+        for attempt in range(tries):
             try:
                 self.commands += 1
                 return await operation()
@@ -407,17 +410,21 @@ class MongoDriver(
                     if error.config:
                         log.error("%s: configuration error: %s", what, exc)
                     raise error from exc
-                if attempt == self.retries:
-                    raise StorageError(
-                        f"{what} failed after {attempt + 1} tries: {exc}", transient=True
-                    ) from exc
-                log.warning("%s: transient error (%s), retrying in %.2fs", what, exc, delay)
+                if attempt == tries - 1 and recover is None:
+                    raise StorageError(f"{what} failed after {tries} tries: {exc}", transient=True) from exc
+                log.warning("%s: transient error (%s), looking again in %.2fs", what, exc, delay)
                 await asyncio.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, self.max_backoff)
                 if recover is not None:
                     found = await self._call(f"{what} (recovery read)", recover)
                     if found is not None:
                         return found
+                    if attempt == tries - 1:
+                        raise StorageError(
+                            f"{what} failed after {tries} tries (not applied, as far as a read "
+                            f"can tell): {exc}",
+                            transient=True,
+                        ) from exc
         raise AssertionError("unreachable")
 
     async def setup(self) -> None:
@@ -1133,14 +1140,13 @@ class MongoDriver(
             return doc
 
         async def recover() -> dict[str, Any] | None:
-            # The reply was lost, or the majority did not confirm it in time: if our attempt
-            # token is stored on the primary (local read concern), the claim was applied.
-            found = {f"{WS}.attempt": attempt, "part": part}  # the claim's one partition (shard)
-            doc: dict[str, Any] | None = await self.tasks_recovery.find_one(found)
-            return doc
+            return await self._recover_claim(params, attempt, part)
 
         try:
-            doc = await self._call("claim", claim, recover=recover)
+            # Not sent again after an error (the claimer claims again, with new tokens): a claim
+            # still in flight that the recovery read missed could land after a second one with
+            # the same token, and that second task would sit unused until its lease ran out.
+            doc = await self._call("claim", claim, recover=recover, retries=0)
         except StorageError as exc:
             if not exc.document:
                 raise
@@ -1173,6 +1179,37 @@ class MongoDriver(
             trace=doc.get("trace"),
             generation=int(doc["state"].get("generation") or 0),
         )
+
+    async def _recover_claim(self, params: ClaimParams, attempt: str, part: int) -> dict[str, Any] | None:
+        """After a claim's error of unknown outcome (its reply lost, or the majority write timed
+        out): the task our attempt token is stored on, if the claim was applied and a majority
+        has it. Found on the primary (local read concern: a claim not majority-committed yet is
+        there) but not confirmed by a majority read, even after a few (a primary that may roll
+        it back, another worker claiming the task meanwhile): the attempt is released at once
+        (not counted) and the claim is given up."""
+        found = {f"{WS}.attempt": attempt, "part": part}  # the claim's one partition (shard)
+        doc: dict[str, Any] | None = await self.tasks_recovery.find_one(found)
+        if doc is None:
+            return None
+        delay = self.backoff
+        for _ in range(self.retries + 1):
+            if await self.tasks_majority.find_one(found, {"_id": 1}) is not None:
+                return doc
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, self.max_backoff)
+        log.warning("claim of %s: not confirmed by a majority; releasing it", doc["key"])
+        error = {"type": "ClaimUnconfirmed", "message": "no majority confirmed the claim", "traceback": None}
+        release = FinishParams(doc["key"], params.worker_id, attempt, params.now, "released", None, error)
+        filter_, update = self._finish_op(release)
+        try:
+            await self._call(
+                "claim (release the unconfirmed)", lambda: self.tasks.update_one(filter_, update)
+            )
+        except StorageError as exc:
+            log.warning(
+                "could not release the unconfirmed claim of %s (%s): its lease runs out", doc["key"], exc
+            )
+        return None
 
     async def _fix_first_lease(self, params: ClaimParams, doc: dict[str, Any], attempt: str) -> datetime:
         """Where the backend cannot add a duration to a date inside the claim (mongomock), set the
@@ -1226,7 +1263,7 @@ class MongoDriver(
             return doc
 
         try:
-            return await self._call("claim (the head alone)", claim_head, recover=recover)
+            return await self._call("claim (the head alone)", claim_head, recover=recover, retries=0)
         except StorageError as again:
             if not again.document:
                 raise

@@ -295,8 +295,7 @@ class MongoTaskQueries:
             "state.status": {"$in": list(params.statuses)},
         }
         if params.action == "remove":
-            deleted = await self._call("remove task", lambda: self.tasks.find_one_and_delete(filter_))
-            return _without_id(deleted)
+            return await self._remove_task(params, filter_)
         now = _lit(params.now)
         now_out = _out(params.now)
         change: dict[str, Any]
@@ -353,8 +352,11 @@ class MongoTaskQueries:
                 # a fresh generation starts from scratch
                 "state.checkpoint": None,
                 "state.progress": None,
-                # a deadline already past would expire the new generation at once
-                "option.deadline": {"$cond": [{"$lte": ["$option.deadline", now]}, None, "$option.deadline"]},
+                # the deadline the operator gave, else the old one unless already past (it would
+                # expire the new generation at once)
+                "option.deadline": _lit(params.deadline)
+                if params.deadline is not None
+                else {"$cond": [{"$lte": ["$option.deadline", now]}, None, "$option.deadline"]},
             }
         else:
             raise InvalidInput(f"unknown control action {params.action!r}")
@@ -367,11 +369,37 @@ class MongoTaskQueries:
                 filter_, pipeline, return_document=ReturnDocument.AFTER
             )
 
+        async def recover() -> dict[str, Any] | None:
+            # the reply was lost: applied if the task holds this write's time and its change
+            doc: dict[str, Any] | None = await self.tasks_primary.find_one(
+                one_task(params.key, filter_["part"])
+            )
+            return doc if doc is not None and _applied(params, _in(doc)) else None
+
         try:
-            result = await self._call(f"{params.action} task", update)
+            result = await self._call(f"{params.action} task", update, recover=recover)
         except DuplicateKeyError as exc:  # the unique index unique_live: a restart's params are taken
             raise UniqueParamsTaken(params.key, await self._unique_holder_of(params.key)) from exc
         return _without_id(result)
+
+    async def _remove_task(self, params: ControlParams, filter_: dict[str, Any]) -> dict[str, Any] | None:
+        """Delete the task while its status allows; the task as it was deleted. Read first, so
+        that a delete whose reply was lost (gone when looked for) still answers it."""
+        one = one_task(params.key, filter_["part"])
+        before: dict[str, Any] | None = await self._call(
+            "read task", lambda: self.tasks_primary.find_one(one)
+        )
+        if before is None:
+            return None
+
+        async def recover() -> dict[str, Any] | None:
+            gone = await self.tasks_primary.find_one(one, {"_id": 1}) is None
+            return before if gone else None
+
+        deleted = await self._call(
+            "remove task", lambda: self.tasks.find_one_and_delete(filter_), recover=recover
+        )
+        return _without_id(deleted)
 
     async def _unique_holder_of(self, key: str) -> str | None:
         """The key of the live task holding the params hash of task ``key`` (None: none now)."""
@@ -386,6 +414,19 @@ class MongoTaskQueries:
             return str(holder["key"]) if holder is not None else None
 
         return await self._call("find the holder of a params hash", read)
+
+
+def _applied(params: ControlParams, doc: dict[str, Any]) -> bool:
+    """Does the task hold the control ``params`` wrote (its time, and the action's change)?"""
+    state = doc.get("state", {})
+    if state.get("update_time") != params.now:
+        return False
+    if params.action == "cancel":
+        return (state.get("cancelled") or {}).get("time") == params.now
+    if params.action == "restart":
+        history = state.get("history") or [{}]
+        return bool(history[-1].get("restart_time") == params.now)
+    return state.get("paused") is (params.action == "pause")
 
 
 def _without_id(doc: dict[str, Any] | None) -> dict[str, Any] | None:
