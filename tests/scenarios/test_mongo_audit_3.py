@@ -679,3 +679,35 @@ async def test_a_control_whose_reply_was_lost_is_reported_done(action: str) -> N
         "resume": not done.paused,
         "restart": done.status.value == "pending",
     }[action]
+
+
+# -- L3: a store of more than 200 partitions reads its wake-ups in bounded index ranges ----------------
+
+
+async def test_wakeup_reads_stay_within_the_servers_merge_limit_past_200_partitions() -> None:
+    """One index range per (partition, claimer token): a read of more than MAX_SCANS of them is
+    sorted in memory by the server (``internalQueryMaxScansToExplode``), every poll."""
+    from mscheduler.drivers.base import WakeupParams
+    from mscheduler.drivers.mongo.common import MAX_SCANS
+
+    driver = MongoDriver(mongomock_database(), partitions=300)
+    await driver.setup()
+    clock = FakeClock(NOW)
+    keys = [f"t-{i}" for i in range(60)]
+    await Publisher(driver, clock=clock).send_many(
+        [Task(k, "job", option=TaskOption(run_at=NOW + timedelta(seconds=i))) for i, k in enumerate(keys)]
+    )
+    filters: list[dict[str, Any]] = []
+    find = driver.tasks.find
+
+    def recording(filter_: Any, *args: Any, **kwargs: Any) -> Any:
+        filters.append(filter_)
+        return find(filter_, *args, **kwargs)
+
+    driver.tasks.find = recording  # type: ignore[method-assign]
+    wakeups = await driver.find_wakeups(WakeupParams("w1", ["job", "other"], NOW, 10))
+    assert [w.key for w in wakeups if w.kind == "claim"] == keys[:10], "the earliest, merged"
+    assert filters and all(
+        len(f["part"]["$in"]) * len(f["state.claimers"]["$in"]) <= MAX_SCANS for f in filters
+    )
+    assert sorted(p for f in filters for p in f["part"]["$in"]) == list(range(300)), "each partition once"

@@ -1188,9 +1188,10 @@ class MongoDriver(
         it back, another worker claiming the task meanwhile): the attempt is released at once
         (not counted) and the claim is given up."""
         found = {f"{WS}.attempt": attempt, "part": part}  # the claim's one partition (shard)
-        doc: dict[str, Any] | None = await self.tasks_recovery.find_one(found)
-        if doc is None:
+        docs = [d async for d in self.tasks_recovery.find(found).hint(ATTEMPT_INDEX).limit(1)]
+        if not docs:
             return None
+        doc: dict[str, Any] = docs[0]
         delay = self.backoff
         for _ in range(self.retries + 1):
             if await self.tasks_majority.find_one(found, {"_id": 1}) is not None:
@@ -1604,12 +1605,18 @@ class MongoDriver(
         # not read. More tokens than a query merges (MAX_SCANS): one read per chunk, merged here.
         tokens = claimer_tokens(list(params.names), params.worker_id, params.groups)
         # every partition (a read may reach every shard): one index range per partition and
-        # token, so a chunk holds at most MAX_SCANS of those
-        parts = list(range(self.partitions))
-        chunk = max(1, MAX_SCANS // len(parts))
+        # token, so a read covers at most MAX_SCANS of those (more tokens, or more partitions,
+        # than that: several reads, merged here)
+        per_read = min(len(tokens), MAX_SCANS)
+        parts_per_read = max(1, MAX_SCANS // per_read)
+        reads = [
+            (list(range(p, min(p + parts_per_read, self.partitions))), tokens[t : t + per_read])
+            for p in range(0, self.partitions, parts_per_read)
+            for t in range(0, len(tokens), per_read)
+        ]
         docs: list[dict[str, Any]] = []
-        for start in range(0, len(tokens), chunk):
-            filter_ = {"part": {"$in": parts}, "state.claimers": {"$in": tokens[start : start + chunk]}}
+        for parts, some in reads:
+            filter_ = {"part": {"$in": parts}, "state.claimers": {"$in": some}}
 
             async def read(filter_: dict[str, Any] = filter_) -> list[dict[str, Any]]:
                 projection = {"_id": 0, "key": 1, "state.claim_at": 1, "option.deadline": 1}
@@ -1622,7 +1629,7 @@ class MongoDriver(
                 return [doc async for doc in cursor]
 
             docs += await self._call("find wake-ups", read)
-        if len(tokens) > chunk:  # the chunks' earliest, merged
+        if len(reads) > 1:  # the reads' earliest, merged
             by_key = {doc["key"]: doc for doc in docs}
             docs = sorted(by_key.values(), key=_wakeup_order)[: params.limit]
         wakeups = []
