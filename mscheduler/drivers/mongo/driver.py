@@ -279,25 +279,7 @@ class MongoDriver(
         self.limits = limits_collection(
             database, prefix, WriteConcern(w="majority", wtimeout=majority_timeout_ms) if majority else None
         )
-        # Scheduler read-backs (claim recovery, ping and finish outcomes) go to the primary
-        # whatever the client's read preference. The claim recovery reads at local read concern:
-        # a claim whose majority write timed out (64) is applied on the primary but not majority-
-        # committed, so a majority read would miss it and the task would never run (in a PSA set
-        # with a data node down, every claim). Found there, the claim is used; should the primary
-        # roll it back later, its lease simply is not there for the pings (lost, as after a crash).
-        self.tasks_primary = _async_with_options(tasks, read_preference=ReadPreference.PRIMARY)
-        self.tasks_recovery = _async_with_options(
-            tasks, read_preference=ReadPreference.PRIMARY, read_concern=ReadConcern("local")
-        )
-        # What a majority has (a publish whose majority write timed out is confirmed by it
-        # before it is reported created: one the primary alone holds may roll back).
-        self.tasks_majority = _async_with_options(
-            tasks, read_preference=ReadPreference.PRIMARY, read_concern=ReadConcern("majority")
-        )
-        # Limit reads that decide (which limit holds a slot, an acquire's recovery) likewise, and
-        # the planner's (which plans are due, a lost compare-and-set's recovery).
-        self.limits_primary = _async_with_options(self.limits, read_preference=ReadPreference.PRIMARY)
-        self.plans_primary = _async_with_options(self.plans, read_preference=ReadPreference.PRIMARY)
+        self._init_read_views(tasks)
         self.probe = database[f"{prefix}{PROBE}"]
         # the store's layout (its partitions: fixed by setup, read by prepare)
         self.meta = database[f"{prefix}{META}"]
@@ -332,6 +314,26 @@ class MongoDriver(
         # collections (its async API, or Motor's over it), whose encoder copies them as they are;
         # mongomock and other fakes read dicts.
         self.raw_stages = not mongomock and pymongo_encodes(tasks)
+
+    def _init_read_views(self, tasks: Any) -> None:
+        """The views reads that decide go through. Scheduler read-backs (claim recovery, ping and
+        finish outcomes) go to the primary whatever the client's read preference. The claim
+        recovery looks at local read concern first (a claim whose majority write timed out, 64,
+        is applied on the primary but not majority-committed: a majority read alone misses it),
+        then waits for a majority to have it (``_recover_claim``); a publish whose majority write
+        timed out is confirmed at majority too before it is reported created. Limit reads that
+        decide (which limit holds a slot, an acquire's recovery) and the planner's (which plans
+        are due, a lost compare-and-set's recovery) read the primary as well."""
+        primary = ReadPreference.PRIMARY
+        self.tasks_primary = _async_with_options(tasks, read_preference=primary)
+        self.tasks_recovery = _async_with_options(
+            tasks, read_preference=primary, read_concern=ReadConcern("local")
+        )
+        self.tasks_majority = _async_with_options(
+            tasks, read_preference=primary, read_concern=ReadConcern("majority")
+        )
+        self.limits_primary = _async_with_options(self.limits, read_preference=primary)
+        self.plans_primary = _async_with_options(self.plans, read_preference=primary)
 
     @property
     def partitions(self) -> int:
@@ -975,33 +977,7 @@ class MongoDriver(
         if not ops:
             return {}
 
-        # A write-concern error: the primary stepped down (the resets may roll back: written
-        # again, the read below finds them by their mark either way), or a majority not reached
-        # in time (read back at majority read concern before they are reported reset).
-        rolled: list[bool] = []
-        unconfirmed: list[bool] = []
-
-        async def write() -> int:
-            try:
-                result = await self.tasks.bulk_write(ops, ordered=False, session=params.session)
-            except BulkWriteError as exc:
-                # a reset whose params hash a live task holds is refused by the unique index
-                # ``unique_live``: that task stays as it is (reported not created)
-                if params.session is not None or any(
-                    e.get("code") != 11000 for e in exc.details.get("writeErrors", [])
-                ):
-                    raise
-                if exc.details.get("writeConcernErrors"):
-                    if _write_concern_codes(exc) & CONFIG_CODES:
-                        raise
-                    if may_roll_back(exc):
-                        rolled.append(True)
-                        raise WriteMayRollBack(f"reset tasks: {exc.details['writeConcernErrors']}") from exc
-                    unconfirmed.append(True)
-                return int(exc.details.get("nModified", 0))
-            return int(result.modified_count)
-
-        written = await self._call("reset tasks", write, session=params.session)
+        written, rolled, unconfirmed = await self._write_resets(ops, params)
         if not written and not rolled:
             return {}
         keys = [task.key for task in params.tasks]
@@ -1034,6 +1010,38 @@ class MongoDriver(
 
             await self._call("reset tasks (unmark)", unmark, session=params.session)
         return reset
+
+    async def _write_resets(self, ops: list[UpdateOne], params: InsertParams) -> tuple[int, bool, bool]:
+        """The resets' bulk write: (how many it changed, whether a try met a primary that stepped
+        down, whether a majority did not confirm it in time). A stepped-down primary's writes may
+        roll back: written again (those that stayed no longer match; the read-back finds them by
+        their mark either way); a majority not reached in time: the caller reads back at
+        majority read concern before it reports them reset."""
+        rolled: list[bool] = []
+        unconfirmed: list[bool] = []
+
+        async def write() -> int:
+            try:
+                result = await self.tasks.bulk_write(ops, ordered=False, session=params.session)
+            except BulkWriteError as exc:
+                # a reset whose params hash a live task holds is refused by the unique index
+                # ``unique_live``: that task stays as it is (reported not created)
+                if params.session is not None or any(
+                    e.get("code") != 11000 for e in exc.details.get("writeErrors", [])
+                ):
+                    raise
+                if exc.details.get("writeConcernErrors"):
+                    if _write_concern_codes(exc) & CONFIG_CODES:
+                        raise
+                    if may_roll_back(exc):
+                        rolled.append(True)
+                        raise WriteMayRollBack(f"reset tasks: {exc.details['writeConcernErrors']}") from exc
+                    unconfirmed.append(True)
+                return int(exc.details.get("nModified", 0))
+            return int(result.modified_count)
+
+        written = await self._call("reset tasks", write, session=params.session)
+        return written, bool(rolled), bool(unconfirmed)
 
     async def _taken_hashes(self, params: InsertParams) -> set[str]:
         """Inside the caller's transaction, the params hashes of ``params.tasks`` that would make a

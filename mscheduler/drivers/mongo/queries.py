@@ -361,6 +361,13 @@ class MongoTaskQueries:
         else:
             raise InvalidInput(f"unknown control action {params.action!r}")
         pipeline = [*stages, {"$set": change}, *_derive_stages(params.now)]
+        return await self._control_write(params, filter_, pipeline)
+
+    async def _control_write(
+        self, params: ControlParams, filter_: dict[str, Any], pipeline: list[dict[str, Any]]
+    ) -> dict[str, Any] | None:
+        """The control's findAndModify; a lost reply is answered from the task when it holds
+        this write's time and change (``_applied``)."""
 
         async def update() -> Any:
             # no projection of _id: mongomock finds the document AFTER the change by its _id (or
@@ -370,10 +377,8 @@ class MongoTaskQueries:
             )
 
         async def recover() -> dict[str, Any] | None:
-            # the reply was lost: applied if the task holds this write's time and its change
-            doc: dict[str, Any] | None = await self.tasks_primary.find_one(
-                one_task(params.key, filter_["part"])
-            )
+            one = one_task(params.key, filter_["part"])
+            doc: dict[str, Any] | None = await self.tasks_primary.find_one(one)
             return doc if doc is not None and _applied(params, _in(doc)) else None
 
         try:
