@@ -16,13 +16,13 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
 from typing_extensions import Unpack
 
-from mscheduler.domain.clock import Clock, ServerClock
+from mscheduler.domain.clock import Clock, ServerClock, truncate_ms
 from mscheduler.domain.exceptions import (
     InvalidInput,
     MSchedulerError,
@@ -251,7 +251,7 @@ class Operations:
         self.max_params_bytes = checked_max_params_bytes(max_params_bytes)
         self._synced = False
         self._plans_set_up = False
-        self._tasks_set_up = False
+        self._tasks_checked = False
         self._handlers_read: tuple[float, dict[str, HandlerInfo]] | None = None
 
     async def _now(self) -> datetime:
@@ -462,9 +462,9 @@ class Operations:
         families = prepared_families(
             tasks, now=now, reset_finished=reset_finished, max_params_bytes=self.max_params_bytes
         )
-        if not self._tasks_set_up:  # the unique key index before the first insert (SPEC F1)
-            await self.driver.setup()  # (and the workers' indexes the door's read is hinted to)
-            self._tasks_set_up = True
+        if not self._tasks_checked:  # the unique key index before the first insert (SPEC F1)
+            await self.driver.prepare()  # checked, never built here: `mscheduler setup` builds
+            self._tasks_checked = True
         await self._check_at_the_door(families, allow_unknown, single=len(tasks) == 1)
         return await insert_families(self.driver, families, self.clock.now, reset_finished=reset_finished)
 
@@ -549,36 +549,61 @@ class Operations:
         rule = "a running task is removed only with force=True (it is cancelled first)"
         await self._control(key, "remove", _NOT_RUNNING, rule, by=by)
 
-    async def restart(self, key: str, *, force: bool = False, by: str | None = None) -> TaskInfo:
+    async def restart(
+        self, key: str, *, force: bool = False, by: str | None = None, deadline: datetime | None = None
+    ) -> TaskInfo:
         """Run a failed, cancelled or expired task again (a succeeded one only with
         ``force=True``; a pending or running one never): its attempts are kept in
-        ``state.history`` as an earlier generation and the retry budget starts afresh. A
-        deadline already past is dropped (it would expire the task again at once). Refused
-        (``TransitionRefused`` naming it) while an attempt still holds a live lease — a cancelled
-        task's handler is stopped and its attempt settled within a ping interval of the cancel —
-        so the task never runs twice at once across generations."""
+        ``state.history`` as an earlier generation and the retry budget starts afresh. Its
+        deadline: ``deadline`` when given (a time to come, not before the task's ``run_at``),
+        else the old one, dropped if already past (an expired task restarts without one: it
+        would expire again at once). Refused (``TransitionRefused`` naming it) while an attempt
+        still holds a live lease — a cancelled task's handler is stopped and its attempt settled
+        within a ping interval of the cancel — so the task never runs twice at once across
+        generations."""
         statuses = (_FAILED, _CANCELLED, _EXPIRED, *((_SUCCEEDED,) if force else ()))
         rule = "only a failed, cancelled or expired task can be restarted" + (
             "" if force else " (a succeeded one with force=True)"
         )
+        if deadline is not None:
+            deadline = await self._new_deadline(key, deadline)
         if force and (info := await self.get_task(key)).children is not None:
             rule = "a task with children is not restarted with force: restart_child(..., force=True)"
             raise TransitionRefused(key, "restart", info.status.value, rule)
         try:
-            return await self._change(key, "restart", statuses, rule, by=_checked_by(by))
+            return await self._change(key, "restart", statuses, rule, by=_checked_by(by), deadline=deadline)
         except UniqueParamsTaken as exc:  # unique_by="params": one live task per params hash
             held = f"live task {exc.holder!r}" if exc.holder else "a live task"
             status = (await self.get_task(key)).status.value
             raise TransitionRefused(key, "restart", status, f"{held} has the same params") from None
 
-    async def restart_many(self, keys: Sequence[str], *, force: bool = False) -> dict[str, RestartOutcome]:
+    async def _new_deadline(self, key: str, deadline: object) -> datetime:
+        """A restart's new deadline, checked: an aware time to come, not before ``run_at``."""
+        if not isinstance(deadline, datetime) or deadline.tzinfo is None:
+            raise InvalidInput("deadline: a timezone-aware datetime (e.g. datetime.now(UTC) + ...)")
+        deadline = truncate_ms(deadline.astimezone(UTC))
+        if deadline <= await self._now():
+            raise InvalidInput(f"deadline: {deadline.isoformat()} has passed (a restart needs one to come)")
+        run_at = (await self.get_task(key)).option.run_at
+        if run_at is not None and run_at > deadline:
+            raise InvalidInput(
+                f"deadline: {deadline.isoformat()} is before the task's run_at ({run_at.isoformat()}): "
+                "it could never start"
+            )
+        return deadline
+
+    async def restart_many(
+        self, keys: Sequence[str], *, force: bool = False, deadline: datetime | None = None
+    ) -> dict[str, RestartOutcome]:
         """``restart`` of each key (SPEC F18: re-run many lost or failed tasks), each its own
         compare-and-set under the same rules, a few at a time; the outcome per key, in the order
         given: restarted, refused (with the status and the rule) or unknown. Keys are validated
         first: bad input (``InvalidInput``) restarts nothing. ``Publisher.send_many(...,
         reset_finished=True)`` is the other way to run tasks again: it re-creates missing keys and
         resets succeeded / failed ones with new params, keeping no history."""
-        return await restart_each(_checked_keys(keys), lambda key: self.restart(key, force=force))
+        return await restart_each(
+            _checked_keys(keys), lambda key: self.restart(key, force=force, deadline=deadline)
+        )
 
     async def control_many(
         self,
@@ -896,10 +921,11 @@ class Operations:
         reason: str = "",
         stop_running: bool = False,
         by: str | None = None,
+        deadline: datetime | None = None,
     ) -> TaskInfo:
         """``_control`` of an action that keeps the task: the task as it is after the change."""
         info = await self._control(
-            key, action, statuses, rule, reason=reason, stop_running=stop_running, by=by
+            key, action, statuses, rule, reason=reason, stop_running=stop_running, by=by, deadline=deadline
         )
         assert info is not None
         return await self._follow_family(info, action, reason=reason, stop_running=stop_running, by=by)
@@ -914,13 +940,14 @@ class Operations:
         reason: str = "",
         stop_running: bool = False,
         by: str | None = None,
+        deadline: datetime | None = None,
     ) -> TaskInfo | None:
         """One compare-and-set of ``action`` while the task's status is one of ``statuses``;
         ``UnknownTask`` / ``TransitionRefused`` (with ``rule``) when it does not apply."""
         key = _checked(validate_key, key, "key")
         for _ in range(CONTROL_TRIES):
             now = await self._now()
-            params = ControlParams(key, action, statuses, now, reason, stop_running, by)
+            params = ControlParams(key, action, statuses, now, reason, stop_running, by, deadline)
             after = await self.driver.control_task(params)
             if after is not None:
                 # the task as this change left it (a later change may have moved it on since)

@@ -292,6 +292,8 @@ class ControlParams:
     stop_running: bool = False
     # who did it (an API token's ``api:<name>``): in the event's detail and ``state.cancelled``
     by: str | None = None
+    # restart only: the new generation's deadline (None: the old one, dropped if already past)
+    deadline: datetime | None = None
 
 
 CONTROL_ACTIONS = ("cancel", "pause", "resume", "remove", "restart")
@@ -654,8 +656,11 @@ class ResumeTokenLost(Exception):
 class Driver(Protocol):
     """Named domain operations over the task store."""
 
-    # the store's number of partitions (``mscheduler.domain.partitions``; 1: unpartitioned)
-    partitions: int
+    @property
+    def partitions(self) -> int:
+        """The store's number of partitions (``mscheduler.domain.partitions``; 1: unpartitioned),
+        as the store recorded it: a driver reads it before acting on a task."""
+        ...
 
     async def setup(self) -> None:
         """Make the store ready (an administrator's step: ``mscheduler setup``): create the

@@ -850,14 +850,22 @@ class RemoteOperations:
     async def remove(self, key: str, *, force: bool = False) -> None:
         await self._task_call("DELETE", key, "remove", params={"force": "true" if force else "false"})
 
-    async def restart(self, key: str, *, force: bool = False) -> TaskInfo:
+    async def restart(self, key: str, *, force: bool = False, deadline: datetime | None = None) -> TaskInfo:
         query = {"force": "true" if force else "false"}
+        if deadline is not None:
+            if not isinstance(deadline, datetime) or deadline.tzinfo is None:
+                raise InvalidInput("deadline: a timezone-aware datetime (e.g. datetime.now(UTC) + ...)")
+            query["deadline"] = deadline.isoformat()
         return TaskInfo.model_validate(await self._task_call("POST", key, "restart", params=query))
 
-    async def restart_many(self, keys: Sequence[str], *, force: bool = False) -> dict[str, RestartOutcome]:
+    async def restart_many(
+        self, keys: Sequence[str], *, force: bool = False, deadline: datetime | None = None
+    ) -> dict[str, RestartOutcome]:
         """``restart`` of each key, a few at a time (one request each), under ``Operations``'s
         rules; the outcome per key, in the order given."""
-        return await restart_each(checked_keys(keys), lambda key: self.restart(key, force=force))
+        return await restart_each(
+            checked_keys(keys), lambda key: self.restart(key, force=force, deadline=deadline)
+        )
 
     async def edit(self, key: str, change: OptionChange, *, by: str | None = None) -> TaskOption:
         """``Operations.edit`` (the API records ``by`` as its own)."""

@@ -103,6 +103,7 @@ GENERIC_ARGUMENTS = frozenset(
 )
 SCAN_STAGES = frozenset({"IXSCAN", "EXPRESS_IXSCAN", "COUNT_SCAN", "DISTINCT_SCAN"})
 IN_MEMORY_SORTS = frozenset({"SORT"})  # SORT_MERGE (a merge of sorted index ranges) is fine
+ID_INDEX = "_id_"
 
 
 # -- recording the driver's commands -------------------------------------------------------------
@@ -514,7 +515,8 @@ async def test_a_finish_and_its_settlements_read_one_task(backlog: Backlog) -> N
 
         command = await backlog.command_of("update", finish)
         plan = await backlog.explain(command)
-        assert_one_task(plan, {KEY_INDEX, ATTEMPT_INDEX}, f"finish {outcome}")
+        # (its filter names the task's _id, the whole shard key with part: _id_ may serve it)
+        assert_one_task(plan, {KEY_INDEX, ATTEMPT_INDEX, ID_INDEX}, f"finish {outcome}")
 
 
 async def test_a_restart_and_a_reset_read_one_task(backlog: Backlog) -> None:
@@ -523,13 +525,15 @@ async def test_a_restart_and_a_reset_read_one_task(backlog: Backlog) -> None:
     restart = ControlParams("dead-0000", "restart", ("failed", "cancelled", "expired"), NOW)
     command = await backlog.command_of("findAndModify", lambda d: d.control_task(restart))
     assert "$nor" in command["query"]
-    assert_one_task(await backlog.explain(command), {KEY_INDEX}, "restart")
+    assert command["query"]["_id"] == "dead-0000"
+    assert_one_task(await backlog.explain(command), {KEY_INDEX, ID_INDEX}, "restart")
 
     task = NewTask("done-ok-0000", "alpha", None, TaskOption().to_storage(NOW))
     reset = InsertParams([task], NOW, reset_finished=True)
     command = await backlog.command_of("update", lambda d: d.insert_tasks(reset))
     assert "$nor" in command["updates"][0]["q"]
-    assert_one_task(await backlog.explain(command), {KEY_INDEX}, "reset")
+    assert command["updates"][0]["q"]["_id"] == "done-ok-0000"
+    assert_one_task(await backlog.explain(command), {KEY_INDEX, ID_INDEX}, "reset")
 
 
 async def test_the_ping_reads_only_the_pinged_tasks(backlog: Backlog) -> None:
@@ -1113,3 +1117,43 @@ async def test_event_listings_read_one_range_in_index_order() -> None:
     finally:
         await client.drop_database(database.name)
         await client.close()
+
+
+async def test_reads_by_key_and_the_plain_transactional_upsert_read_one_task(backlog: Backlog) -> None:
+    """Issue 24: a task read by key names its partition (a sharded store's one shard), on the
+    key index; a claim's recovery read (its attempt token and partition) reads the attempts
+    index; a finish's read-back reads the finished keys; the transactional upsert of a task not
+    unique by params names the whole shard key {_id, part}: one document each."""
+    key, attempt = sorted(backlog.running.items())[0]
+    command = await backlog.command_of("find", lambda d: d.get_task(key))
+    assert command["filter"] == {"key": key, "part": 0}
+    assert_one_task(await backlog.explain(command), {KEY_INDEX}, "get task")
+
+    async def recover(driver: MongoDriver) -> None:
+        await driver._recover_claim(ClaimParams(WORKER, list(NAMES), NOW, [attempt]), attempt, 0)
+
+    command = await backlog.command_of("find", recover)
+    assert command["filter"] == {"state.worker_states.attempt": attempt, "part": 0}
+    assert_one_task(await backlog.explain(command), {ATTEMPT_INDEX}, "claim recovery")
+
+    async def read_back(driver: MongoDriver) -> None:
+        await driver._finish_outcomes([FinishParams(key, WORKER, "not-this-attempt", NOW, "succeeded")])
+
+    command = await backlog.command_of("find", read_back)
+    assert_one_task(await backlog.explain(command), {KEY_INDEX}, "finish read-back")
+
+    async def send_in_a_transaction(driver: MongoDriver) -> None:
+        publisher = Publisher(driver, clock=FakeClock(T0))
+        async with driver.database.client.start_session() as session:
+
+            async def work(s: Any) -> None:
+                await publisher.send(Task("plain-new", "alpha"), session=s)
+
+            await session.with_transaction(work)
+
+    command = await backlog.command_of("update", send_in_a_transaction)
+    (update,) = command["updates"]
+    assert update["q"] == {"_id": "plain-new", "part": 0} and update.get("upsert") is True
+    assert_indexes_only(
+        await backlog.explain(command), {ID_INDEX}, max_keys=1, max_docs=1, what="plain upsert"
+    )

@@ -214,14 +214,7 @@ async def unblock_the_next_child(store: Store) -> Write:
 SCENARIOS: list[Any] = [
     insert_new,
     insert_an_existing_key,
-    pytest.param(
-        reset_a_finished_task,
-        marks=pytest.mark.xfail(
-            strict=True,
-            raises=AssertionError,
-            reason="M4: reset_finished does not bump wake on MongoDB (the engine helper fixes it)",
-        ),
-    ),
+    reset_a_finished_task,
     claim,
     claim_a_slot_of_a_fan_out,
     ping,

@@ -95,6 +95,7 @@ INTERNAL_EXCEPTIONS = {
     "mscheduler.drivers.base.ResumeTokenLost": "driver to consumer: reopen the stream and poll once",
     "mscheduler.drivers.base.UniqueParamsTaken": "driver to Operations: raised as TransitionRefused",
     "mscheduler.drivers.base.LimitNameTaken": "driver to Operations: raised as InvalidInput",
+    "mscheduler.drivers.mongo.common.WriteMayRollBack": "inside the Mongo driver: a write sent again",
     "mscheduler.testing.faults.DriverKilled": "fault injection in tests: simulates a killed process",
     "mscheduler.testing.mongos.MisplacedTask": "the mongos stand-in refusing a write, as a server WriteError",
     "mscheduler.runtime.consumer.runner.RunTimedOut": "an attempt's error type, never raised to users",

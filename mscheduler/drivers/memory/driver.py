@@ -96,6 +96,11 @@ PASS_CHUNK = 500  # heap entries a pass over many tasks (leases, deadlines) read
 HEAP_SLACK = 4096  # entries a heap may hold beyond twice the stored tasks before it is rebuilt
 
 
+def _past_deadline(doc: dict[str, Any], now: datetime) -> bool:
+    deadline = doc["option"].get("deadline")
+    return deadline is not None and deadline <= now
+
+
 def _copy(value: Any) -> Any:
     return value if isinstance(value, _SCALARS) else copy_doc(value)
 
@@ -676,7 +681,12 @@ class MemoryDriver(
                     later[key] = claim_at
         for key, claim_at in sorted(later.items(), key=lambda kv: kv[1])[: max(room, 0)]:
             found[key] = claim_at
-        wakeups = [Wakeup(key, when, "claim") for key, when in found.items()]
+        # a task past its deadline is never claimed (the claim's rule): no claim wake-up for it
+        wakeups = [
+            Wakeup(key, when, "claim")
+            for key, when in found.items()
+            if not _past_deadline(self._tasks[key], params.now)
+        ]
         if self._leases:
             wakeups.append(Wakeup(self._leases[0][2], self._leases[0][0], "lease"))
         wakeups += [Wakeup(key, when, "deadline") for when, key in self._earliest_deadlines(params.limit)]
@@ -819,7 +829,9 @@ class MemoryDriver(
                 progress=None,
             )
             deadline = doc["option"].get("deadline")
-            if deadline is not None and deadline <= params.now:
+            if params.deadline is not None:  # the operator's; else a past one is dropped
+                doc["option"] = doc["option"] | {"deadline": params.deadline}
+            elif deadline is not None and deadline <= params.now:
                 doc["option"] = doc["option"] | {"deadline": None}
         else:
             raise InvalidInput(f"unknown control action {params.action!r}")

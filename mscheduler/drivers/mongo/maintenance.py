@@ -61,10 +61,12 @@ class MongoMaintenance:
 
     tasks: Any
     database: Any
-    partitions: int
     _retention_indexes: frozenset[str] = frozenset()  # the TTL indexes known to exist
 
     if TYPE_CHECKING:
+
+        @property
+        def partitions(self) -> int: ...
 
         async def _call(
             self,

@@ -70,6 +70,11 @@ class ConsumerClaimer:
 
         async def _storage_trouble(self, what: str, exc: StorageError, *, back_off: bool = True) -> None: ...
 
+    def _excluded_from_claims(self, key: str) -> bool:
+        """A key this consumer's claims leave out (``exclude_keys``): running here, or a fan-out
+        task it already ran. Its wake-up would only start a claim that takes nothing."""
+        return key in self._running or key in self._ran_fanout
+
     def _parts_to_visit(self, known: set[str] | None) -> list[int] | None:
         partitions = getattr(self.driver, "partitions", 1)
         if partitions == 1:

@@ -25,7 +25,7 @@ import secrets
 import socket
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from mscheduler.domain.clock import Clock, ServerClock, check_same_time
@@ -47,7 +47,9 @@ from mscheduler.drivers.base import (
     ClaimedTask,
     Driver,
     FinishParams,
+    NewTask,
     WorkerInfo,
+    allowed,
 )
 from mscheduler.observability.tracing import tracer_for
 from mscheduler.runtime.consumer.claimer import ConsumerClaimer
@@ -385,6 +387,7 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
             on_event=self._emit,
             on_stop=self._stop_requested,
             groups=self.groups,
+            excluded=self._excluded_from_claims,
         )
         try:
             await self.discovery.poll_once()
@@ -612,8 +615,24 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
     # -- planner --------------------------------------------------------------------------------
 
     async def _run_planner(self) -> None:
-        self.planner = Planner(self.driver, clock=self.clock, interval=self.planner_interval)
+        self.planner = Planner(
+            self.driver, clock=self.clock, interval=self.planner_interval, on_created=self._planned
+        )
         await self.planner.run()
+
+    def _planned(self, tasks: Sequence[NewTask]) -> None:
+        """Runs this consumer's planner created: their due times are queued here, as a retry's
+        are (a store without change streams would only tell the next poll)."""
+        if self.discovery is None:
+            return
+        for task in tasks:
+            run_at = task.option.get("run_at")
+            if (
+                task.name in self._handlers
+                and isinstance(run_at, datetime)
+                and allowed(task.option, self.worker_id, self.groups)
+            ):
+                self.discovery.due_at(task.key, run_at)
 
     async def _run_retention(self) -> None:
         self.retention_service = RetentionService(

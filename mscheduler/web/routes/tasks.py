@@ -160,9 +160,17 @@ async def resume_task(key: str, operations: Ops, who: Who) -> TaskInfo:
 
 
 @tasks.post("/{key:path}/restart", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
-async def restart_task(key: str, operations: Ops, who: Who, force: bool = False) -> TaskInfo:
-    """Run a failed, cancelled or expired task again (a succeeded one with ``force=true``)."""
-    return await operations.restart(key, force=force, by=who.by)
+async def restart_task(
+    key: str,
+    operations: Ops,
+    who: Who,
+    force: bool = False,
+    deadline: Annotated[IsoTime | None, Query(description="the new deadline (with offset)")] = None,
+) -> TaskInfo:
+    """Run a failed, cancelled or expired task again (a succeeded one with ``force=true``), with
+    ``deadline`` (ISO-8601 with its offset) as its new deadline; without one, a deadline already
+    past is dropped."""
+    return await operations.restart(key, force=force, by=who.by, deadline=deadline)
 
 
 @tasks.post("/{key:path}/status", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
