@@ -63,7 +63,7 @@ def test_make_demo_installs_only_the_packages_dependencies(tmp_path: Path) -> No
 def test_make_test_installs_the_development_set(tmp_path: Path) -> None:
     lines = would_run("test", tmp_path)
     assert installs(lines) == ["--quiet -e '.[dev]'"]
-    assert lines[-1] == ".venv/bin/python -m pytest"
+    assert lines[-1] == ".venv/bin/python -m pytest -n auto --dist loadfile"
 
 
 def test_make_dev_adds_the_web_extra_and_dist_checks_the_package(tmp_path: Path) -> None:

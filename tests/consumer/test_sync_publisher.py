@@ -66,7 +66,7 @@ def test_it_refuses_what_cannot_work() -> None:
 
 def test_mongo_drivers_queries_run_on_its_loop() -> None:
     """The Mongo driver (here on mongomock) is used only from the SyncPublisher's own loop."""
-    with SyncPublisher(MongoDriver(mongomock_database())) as sync:
+    with SyncPublisher(MongoDriver(mongomock_database(), create_indexes=True)) as sync:
         assert sync.send_many([Task("m-1", "job", {"n": 1}), Task("m-2", "job")]) == [True, True]
         assert sync.send(Task("m-1", "job")) is False
         assert sync.get("m-1").params == {"n": 1}
