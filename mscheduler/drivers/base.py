@@ -872,6 +872,18 @@ class Driver(Protocol):
         ...
 
 
+def is_driver(candidate: object) -> bool:
+    """Whether ``candidate`` has every operation of ``Driver`` (its methods only):
+    ``isinstance(x, Driver)`` reads every member, attributes too, and one may need the store
+    (``MongoDriver.partitions`` before its layout is read refuses with a ``StorageError``)."""
+    return all(callable(getattr(candidate, name, None)) for name in _DRIVER_OPERATIONS)
+
+
+_DRIVER_OPERATIONS = tuple(
+    name for name in dir(Driver) if not name.startswith("_") and callable(getattr(Driver, name))
+)
+
+
 async def claim_over_parts(
     params: ClaimParams,
     partitions: int,

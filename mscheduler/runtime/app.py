@@ -28,7 +28,7 @@ from mscheduler.domain.clock import Clock
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.model import validate_name
 from mscheduler.domain.plans import Plan
-from mscheduler.drivers.base import Driver
+from mscheduler.drivers.base import Driver, is_driver
 from mscheduler.operations import Operations
 from mscheduler.runtime.consumer.consumer import Consumer
 from mscheduler.runtime.consumer.handlers import Handler, HandlerPools, RunIn, inspect_handler
@@ -149,7 +149,7 @@ class App:
         starts the app's consumers, whose planners then turn due occurrences into tasks."""
         if isinstance(store, Operations):
             operations = store
-        elif isinstance(store, Driver):
+        elif is_driver(store):
             operations = Operations(store)
         else:
             raise InvalidInput(

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.model import OptionChange, Task, TaskInfo, TaskOption
-from mscheduler.drivers.base import Driver
+from mscheduler.drivers.base import Driver, is_driver
 from mscheduler.runtime.publisher import Publisher
 
 T = TypeVar("T")
@@ -63,7 +63,7 @@ class SyncPublisher:
                     f"SyncPublisher: {', '.join(sorted(publisher_settings))} belong to the Publisher given"
                 )
             self.publisher = target
-        elif isinstance(target, Driver):
+        elif is_driver(target):
             self.publisher = Publisher(target, **publisher_settings)
         else:
             raise InvalidInput(f"SyncPublisher() takes a driver or a Publisher, got {type(target).__name__}")
