@@ -37,7 +37,7 @@ async def test_an_expired_task_restarts_without_its_passed_deadline_or_with_a_ne
     start = fake_clock.now()
     option = TaskOption(run_at=start + timedelta(seconds=5), deadline=start + timedelta(seconds=10))
     for key in ("a", "b"):
-        await ops.send(Task(key, "nobody", option=option))
+        await ops.send(Task(key, "nobody", option=option), allow_unknown=True)
     fake_clock.advance(timedelta(seconds=20))
     assert await driver.expire_deadlines(ExpireParams(fake_clock.now())) == 2
     restarted = await ops.restart("a")
@@ -60,7 +60,7 @@ async def test_a_restart_deadline_before_the_tasks_run_at_is_refused(
 ) -> None:
     _, ops = await store_of(make_driver, fake_clock)
     later = fake_clock.now() + timedelta(hours=2)
-    await ops.send(Task("t", "nobody", option=TaskOption(run_at=later)))
+    await ops.send(Task("t", "nobody", option=TaskOption(run_at=later)), allow_unknown=True)
     await ops.cancel("t")
     with pytest.raises(InvalidInput, match="before the task's run_at"):
         await ops.restart("t", deadline=later - timedelta(hours=1))
@@ -113,7 +113,7 @@ async def test_the_cli_restarts_with_a_new_deadline(monkeypatch: pytest.MonkeyPa
     deadline = clock.now() + timedelta(seconds=5)
 
     async def seed() -> Any:
-        await ops.send(Task("t", "nobody", option=TaskOption(deadline=deadline)))
+        await ops.send(Task("t", "nobody", option=TaskOption(deadline=deadline)), allow_unknown=True)
         clock.advance(timedelta(seconds=10))
         await driver.expire_deadlines(ExpireParams(clock.now()))
 
