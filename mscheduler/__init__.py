@@ -1,78 +1,12 @@
 """mscheduler: a durable asyncio task scheduler on MongoDB."""
 
 import importlib
-import importlib.abc
-import importlib.util
 import sys
 import types
 import warnings
-from importlib.machinery import ModuleSpec
 from typing import TYPE_CHECKING
 
-from mscheduler.domain.exceptions import (
-    ConsumerStopped,
-    Fail,
-    HandlerSignal,
-    InvalidInput,
-    LeaseLost,
-    MSchedulerError,
-    Retry,
-    Snooze,
-    StorageError,
-    TaskCancelled,
-    TaskExpired,
-    TaskFailed,
-    TransitionRefused,
-    UnknownLimit,
-    UnknownPlan,
-    UnknownTask,
-)
-from mscheduler.domain.limits import LimitInfo, Rate
-from mscheduler.domain.listing import ListParams
-from mscheduler.domain.model import (
-    AttemptStatus,
-    Child,
-    ErrorInfo,
-    OptionChange,
-    StepInfo,
-    Task,
-    TaskInfo,
-    TaskOption,
-    TaskStatus,
-    WorkerState,
-    WorkflowInfo,
-)
-from mscheduler.domain.plans import Plan, PlanInfo, PlanState
-from mscheduler.domain.retry import (
-    ExponentialRetry,
-    FixedRetry,
-    FixedThenExponentialRetry,
-    Jitter,
-    PerDayRetry,
-    RetryPolicy,
-)
-from mscheduler.domain.schedule import (
-    AtSchedule,
-    CatchUp,
-    CronSchedule,
-    EverySchedule,
-    MonthlySchedule,
-    PlanTiming,
-    Schedule,
-    WeeklySchedule,
-)
 from mscheduler.domain.version import __version__ as __version__
-from mscheduler.drivers import Driver, MemoryDriver, MongoDriver
-from mscheduler.operations import Operations, WorkerView
-from mscheduler.remote.executors import RemoteExecutors
-from mscheduler.runtime.app import App
-from mscheduler.runtime.consumer import Consumer, SyncTaskContext, TaskContext
-from mscheduler.runtime.publisher import Publisher
-from mscheduler.services.events import Event, EventKind, Events
-from mscheduler.services.expiry import ExpiryService
-from mscheduler.services.planner import Planner
-from mscheduler.services.retention import Retention, RetentionService
-from mscheduler.testing.clock import FakeClock
 
 __all__ = [
     "ApiError",
@@ -131,6 +65,7 @@ __all__ = [
     "Snooze",
     "StepInfo",
     "StorageError",
+    "SyncPublisher",
     "SyncTaskContext",
     "Task",
     "TaskCancelled",
@@ -152,6 +87,62 @@ __all__ = [
 
 
 if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
+
+    from mscheduler.domain.exceptions import (
+        ConsumerStopped,
+        Fail,
+        HandlerSignal,
+        InvalidInput,
+        LeaseLost,
+        MSchedulerError,
+        Retry,
+        Snooze,
+        StorageError,
+        TaskCancelled,
+        TaskExpired,
+        TaskFailed,
+        TransitionRefused,
+        UnknownLimit,
+        UnknownPlan,
+        UnknownTask,
+    )
+    from mscheduler.domain.limits import LimitInfo, Rate
+    from mscheduler.domain.listing import ListParams
+    from mscheduler.domain.model import (
+        AttemptStatus,
+        Child,
+        ErrorInfo,
+        OptionChange,
+        StepInfo,
+        Task,
+        TaskInfo,
+        TaskOption,
+        TaskStatus,
+        WorkerState,
+        WorkflowInfo,
+    )
+    from mscheduler.domain.plans import Plan, PlanInfo, PlanState
+    from mscheduler.domain.retry import (
+        ExponentialRetry,
+        FixedRetry,
+        FixedThenExponentialRetry,
+        Jitter,
+        PerDayRetry,
+        RetryPolicy,
+    )
+    from mscheduler.domain.schedule import (
+        AtSchedule,
+        CatchUp,
+        CronSchedule,
+        EverySchedule,
+        MonthlySchedule,
+        PlanTiming,
+        Schedule,
+        WeeklySchedule,
+    )
+    from mscheduler.drivers import Driver, MemoryDriver, MongoDriver
+    from mscheduler.operations import Operations, WorkerView
     from mscheduler.remote.client import (
         ApiError,
         ApiRefused,
@@ -161,19 +152,109 @@ if TYPE_CHECKING:
         RemoteOperations,
         RemoteTask,
     )
+    from mscheduler.remote.executors import RemoteExecutors
+    from mscheduler.runtime.app import App
+    from mscheduler.runtime.consumer import Consumer, SyncTaskContext, TaskContext
+    from mscheduler.runtime.publisher import Publisher
+    from mscheduler.runtime.sync_publisher import SyncPublisher
+    from mscheduler.services.events import Event, EventKind, Events
+    from mscheduler.services.expiry import ExpiryService
+    from mscheduler.services.planner import Planner
+    from mscheduler.services.retention import Retention, RetentionService
+    from mscheduler.testing.clock import FakeClock
 
-# imported when first asked for (httpx is not needed by a process that runs no API client)
+# Every public name is imported when first asked for (``from mscheduler import Task`` works as
+# ever): ``import mscheduler`` alone, as the command line's ``--version`` and ``--help`` do, loads
+# none of PyMongo, pydantic or httpx.
 _LAZY = {
-    name: "mscheduler.remote.client"
-    for name in (
-        "ApiError",
-        "ApiRefused",
-        "ApiUnreachable",
-        "ExecutorClient",
-        "NotAnApi",
-        "RemoteOperations",
-        "RemoteTask",
-    )
+    **dict.fromkeys(
+        (
+            "ConsumerStopped",
+            "Fail",
+            "HandlerSignal",
+            "InvalidInput",
+            "LeaseLost",
+            "MSchedulerError",
+            "Retry",
+            "Snooze",
+            "StorageError",
+            "TaskCancelled",
+            "TaskExpired",
+            "TaskFailed",
+            "TransitionRefused",
+            "UnknownLimit",
+            "UnknownPlan",
+            "UnknownTask",
+        ),
+        "mscheduler.domain.exceptions",
+    ),
+    **dict.fromkeys(("LimitInfo", "Rate"), "mscheduler.domain.limits"),
+    **dict.fromkeys(("ListParams",), "mscheduler.domain.listing"),
+    **dict.fromkeys(
+        (
+            "AttemptStatus",
+            "Child",
+            "ErrorInfo",
+            "OptionChange",
+            "StepInfo",
+            "Task",
+            "TaskInfo",
+            "TaskOption",
+            "TaskStatus",
+            "WorkerState",
+            "WorkflowInfo",
+        ),
+        "mscheduler.domain.model",
+    ),
+    **dict.fromkeys(("Plan", "PlanInfo", "PlanState"), "mscheduler.domain.plans"),
+    **dict.fromkeys(
+        (
+            "ExponentialRetry",
+            "FixedRetry",
+            "FixedThenExponentialRetry",
+            "Jitter",
+            "PerDayRetry",
+            "RetryPolicy",
+        ),
+        "mscheduler.domain.retry",
+    ),
+    **dict.fromkeys(
+        (
+            "AtSchedule",
+            "CatchUp",
+            "CronSchedule",
+            "EverySchedule",
+            "MonthlySchedule",
+            "PlanTiming",
+            "Schedule",
+            "WeeklySchedule",
+        ),
+        "mscheduler.domain.schedule",
+    ),
+    **dict.fromkeys(("Driver", "MemoryDriver", "MongoDriver"), "mscheduler.drivers"),
+    **dict.fromkeys(("Operations", "WorkerView"), "mscheduler.operations"),
+    **dict.fromkeys(("RemoteExecutors",), "mscheduler.remote.executors"),
+    **dict.fromkeys(("App",), "mscheduler.runtime.app"),
+    **dict.fromkeys(("Consumer", "SyncTaskContext", "TaskContext"), "mscheduler.runtime.consumer"),
+    **dict.fromkeys(("Publisher",), "mscheduler.runtime.publisher"),
+    **dict.fromkeys(("SyncPublisher",), "mscheduler.runtime.sync_publisher"),
+    **dict.fromkeys(("Event", "EventKind", "Events"), "mscheduler.services.events"),
+    **dict.fromkeys(("ExpiryService",), "mscheduler.services.expiry"),
+    **dict.fromkeys(("Planner",), "mscheduler.services.planner"),
+    **dict.fromkeys(("Retention", "RetentionService"), "mscheduler.services.retention"),
+    **dict.fromkeys(("FakeClock",), "mscheduler.testing.clock"),
+    **dict.fromkeys(
+        (
+            "ApiError",
+            "ApiRefused",
+            "ApiUnreachable",
+            "ExecutorClient",
+            "NotAnApi",
+            "RemoteOperations",
+            "RemoteTask",
+        ),
+        "mscheduler.remote.client",
+    ),
 }
 
 
@@ -183,6 +264,10 @@ def __getattr__(name: str) -> object:
         globals()[name] = value
         return value
     raise AttributeError(f"module 'mscheduler' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 # -- modules that moved when the package was split into layers (2026-11) ------------------------
@@ -248,15 +333,18 @@ _MOVED = {
 }
 
 
-class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds an old module path and hands out the module at its new one (see ``_MOVED``)."""
+class _MovedModules:
+    """Finds an old module path and hands out the module at its new one (see ``_MOVED``): a
+    meta path finder and loader (``importlib.abc``'s protocols, without importing them)."""
 
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> "ModuleSpec | None":
         if fullname not in _MOVED:
             return None
-        return importlib.util.spec_from_loader(fullname, self)
+        import importlib.util
 
-    def create_module(self, spec: ModuleSpec) -> types.ModuleType:
+        return importlib.util.spec_from_loader(fullname, self)  # type: ignore[arg-type]
+
+    def create_module(self, spec: "ModuleSpec") -> types.ModuleType:
         return types.ModuleType(spec.name)  # a stand-in: exec_module puts the real one in its place
 
     def exec_module(self, module: types.ModuleType) -> None:

@@ -16,13 +16,13 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
 from typing_extensions import Unpack
 
-from mscheduler.domain.clock import Clock, ServerClock
+from mscheduler.domain.clock import Clock, ServerClock, truncate_ms
 from mscheduler.domain.exceptions import (
     InvalidInput,
     MSchedulerError,
@@ -55,6 +55,7 @@ from mscheduler.domain.model import (
     validate_name,
     validate_worker_id,
 )
+from mscheduler.domain.params_schema import schema_problems
 from mscheduler.domain.plans import (
     Plan,
     PlanInfo,
@@ -78,6 +79,7 @@ from mscheduler.drivers.base import (
     InsertPlanParams,
     LimitNameTaken,
     MarkParams,
+    NewTask,
     PlanListParams,
     PutLimitParams,
     ResetStepsParams,
@@ -129,6 +131,23 @@ FAMILY_ACTIONS = {
 }
 # A worker whose last heartbeat is older than this is reported as not live.
 WORKER_LIVENESS = timedelta(seconds=30)
+# How long ``send`` trusts its last read of the live handlers (a name it does not know, or params
+# its schemas refuse, are always checked against a fresh read before the send is refused).
+HANDLERS_FRESH = 1.0
+KNOWN_NAMES_SHOWN = 20
+
+
+@dataclass(slots=True, frozen=True)
+class HandlerInfo:
+    """A task name that live workers handle: how many, and the JSON schema of its params as the
+    most recently started of them publishes it (None: that worker publishes none — a handler
+    without a pydantic params model, or a remote executor). ``schemas``: every distinct schema
+    the live workers publish, newest first (None among them: some worker checks nothing)."""
+
+    name: str
+    workers: int
+    params_schema: dict[str, Any] | None
+    schemas: tuple[dict[str, Any] | None, ...] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -232,7 +251,8 @@ class Operations:
         self.max_params_bytes = checked_max_params_bytes(max_params_bytes)
         self._synced = False
         self._plans_set_up = False
-        self._tasks_set_up = False
+        self._tasks_checked = False
+        self._handlers_read: tuple[float, dict[str, HandlerInfo]] | None = None
 
     async def _now(self) -> datetime:
         if not self._synced:
@@ -392,29 +412,87 @@ class Operations:
 
     # -- publishing -----------------------------------------------------------------------------
 
-    async def send(self, task: Task, *, reset_finished: bool = False) -> bool:
+    async def list_handlers(self) -> list[HandlerInfo]:
+        """The task names live workers handle (consumers and executors registered and heard from
+        within 30 s), by name, with their params' JSON schemas: what ``send`` checks against."""
+        now = await self._now()
+        params = WorkerListParams(now, live_since=now - WORKER_LIVENESS, schemas=True)
+        live = [
+            w
+            for w in await self.driver.list_workers(params)
+            if w.get("stop_time") is None and w["last_seen"] >= now - WORKER_LIVENESS
+        ]
+        live.sort(key=lambda w: (w["start_time"], w["worker_id"]), reverse=True)  # newest first
+        found: dict[str, list[dict[str, Any] | None]] = {}
+        for worker in live:
+            published = {s["name"]: s["schema"] for s in worker.get("schemas") or ()}
+            for name in worker["names"]:
+                found.setdefault(name, []).append(_schema_of(published.get(name)))
+        return [
+            HandlerInfo(name, len(schemas), schemas[0], tuple(_distinct(schemas)))
+            for name, schemas in sorted(found.items())
+        ]
+
+    async def send(self, task: Task, *, reset_finished: bool = False, allow_unknown: bool = False) -> bool:
         """Publish ``task`` unless its key exists (SPEC F1); True if this call created (or reset)
-        it. The rules are ``Publisher.send``'s, from the same code (``mscheduler.publishing``):
-        the REST API's ``POST /api/v1/tasks`` is this call."""
+        it. The rules are ``Publisher.send``'s, from the same code (``mscheduler.publishing``),
+        and the task is checked at the door (``send_many``): the REST API's ``POST
+        /api/v1/tasks`` and ``mscheduler tasks send`` are this call."""
         if not isinstance(task, Task):
             raise InvalidInput(f"send() takes a Task, got {type(task).__name__}")
-        return (await self.send_many([task], reset_finished=reset_finished))[0]
+        return (await self.send_many([task], reset_finished=reset_finished, allow_unknown=allow_unknown))[0]
 
-    async def send_many(self, tasks: Sequence[Task], *, reset_finished: bool = False) -> list[bool]:
+    async def send_many(
+        self, tasks: Sequence[Task], *, reset_finished: bool = False, allow_unknown: bool = False
+    ) -> list[bool]:
         """Publish many tasks (``Publisher.send_many``'s rules): every task is checked before
-        anything is written; a bool per task, in order, True where it was created (or reset)."""
+        anything is written; a bool per task, in order, True where it was created (or reset).
+
+        Checked at the door, unlike a ``Publisher`` (which warns): a task whose name no live
+        worker handles is refused, naming the names that are handled (``allow_unknown=True``: a
+        worker that is not running yet will take it), and params are validated against the
+        JSON schema the live workers publish for the name (``InvalidInput`` with ``field``, the
+        path of the first field at fault)."""
         if isinstance(tasks, (str, bytes, Task)) or not isinstance(tasks, Sequence):
             raise InvalidInput(f"tasks: a list of Tasks, got {type(tasks).__name__}")
-        if not isinstance(reset_finished, bool):
-            raise InvalidInput("reset_finished: must be True or False")
+        for flag, value in (("reset_finished", reset_finished), ("allow_unknown", allow_unknown)):
+            if not isinstance(value, bool):
+                raise InvalidInput(f"{flag}: must be True or False")
         now = await self._now()
         families = prepared_families(
             tasks, now=now, reset_finished=reset_finished, max_params_bytes=self.max_params_bytes
         )
-        if not self._tasks_set_up:  # the unique key index before the first insert (SPEC F1)
-            await self.driver.setup()
-            self._tasks_set_up = True
+        if not self._tasks_checked:  # the unique key index before the first insert (SPEC F1)
+            await self.driver.prepare()  # checked, never built here: `mscheduler setup` builds
+            self._tasks_checked = True
+        await self._check_at_the_door(families, allow_unknown, single=len(tasks) == 1)
         return await insert_families(self.driver, families, self.clock.now, reset_finished=reset_finished)
+
+    async def _handlers(self, fresh: bool) -> dict[str, HandlerInfo]:
+        """The live handlers by name, read again when ``fresh`` or older than ``HANDLERS_FRESH``."""
+        held = self._handlers_read
+        if fresh or held is None or self.clock.monotonic() - held[0] > HANDLERS_FRESH:
+            handlers = {h.name: h for h in await self.list_handlers()}
+            held = self._handlers_read = (self.clock.monotonic(), handlers)
+        return held[1]
+
+    async def _check_at_the_door(
+        self, families: list[list[NewTask]], allow_unknown: bool, single: bool
+    ) -> None:
+        """Refuse a task no live worker handles (unless ``allow_unknown``) or whose params the
+        handler's published schema refuses. A refusal is confirmed on a fresh read first."""
+        docs = [doc for family in families for doc in family if doc.children is None]
+        fresh = False
+        while True:
+            handlers = await self._handlers(fresh)
+            try:
+                for doc in docs:
+                    check_handled(doc, handlers.get(doc.name), handlers, allow_unknown, single)
+                return
+            except InvalidInput:
+                if fresh:
+                    raise
+                fresh = True
 
     # -- task control -------------------------------------------------------------------------
 
@@ -471,36 +549,61 @@ class Operations:
         rule = "a running task is removed only with force=True (it is cancelled first)"
         await self._control(key, "remove", _NOT_RUNNING, rule, by=by)
 
-    async def restart(self, key: str, *, force: bool = False, by: str | None = None) -> TaskInfo:
+    async def restart(
+        self, key: str, *, force: bool = False, by: str | None = None, deadline: datetime | None = None
+    ) -> TaskInfo:
         """Run a failed, cancelled or expired task again (a succeeded one only with
         ``force=True``; a pending or running one never): its attempts are kept in
-        ``state.history`` as an earlier generation and the retry budget starts afresh. A
-        deadline already past is dropped (it would expire the task again at once). Refused
-        (``TransitionRefused`` naming it) while an attempt still holds a live lease — a cancelled
-        task's handler is stopped and its attempt settled within a ping interval of the cancel —
-        so the task never runs twice at once across generations."""
+        ``state.history`` as an earlier generation and the retry budget starts afresh. Its
+        deadline: ``deadline`` when given (a time to come, not before the task's ``run_at``),
+        else the old one, dropped if already past (an expired task restarts without one: it
+        would expire again at once). Refused (``TransitionRefused`` naming it) while an attempt
+        still holds a live lease — a cancelled task's handler is stopped and its attempt settled
+        within a ping interval of the cancel — so the task never runs twice at once across
+        generations."""
         statuses = (_FAILED, _CANCELLED, _EXPIRED, *((_SUCCEEDED,) if force else ()))
         rule = "only a failed, cancelled or expired task can be restarted" + (
             "" if force else " (a succeeded one with force=True)"
         )
+        if deadline is not None:
+            deadline = await self._new_deadline(key, deadline)
         if force and (info := await self.get_task(key)).children is not None:
             rule = "a task with children is not restarted with force: restart_child(..., force=True)"
             raise TransitionRefused(key, "restart", info.status.value, rule)
         try:
-            return await self._change(key, "restart", statuses, rule, by=_checked_by(by))
+            return await self._change(key, "restart", statuses, rule, by=_checked_by(by), deadline=deadline)
         except UniqueParamsTaken as exc:  # unique_by="params": one live task per params hash
             held = f"live task {exc.holder!r}" if exc.holder else "a live task"
             status = (await self.get_task(key)).status.value
             raise TransitionRefused(key, "restart", status, f"{held} has the same params") from None
 
-    async def restart_many(self, keys: Sequence[str], *, force: bool = False) -> dict[str, RestartOutcome]:
+    async def _new_deadline(self, key: str, deadline: object) -> datetime:
+        """A restart's new deadline, checked: an aware time to come, not before ``run_at``."""
+        if not isinstance(deadline, datetime) or deadline.tzinfo is None:
+            raise InvalidInput("deadline: a timezone-aware datetime (e.g. datetime.now(UTC) + ...)")
+        deadline = truncate_ms(deadline.astimezone(UTC))
+        if deadline <= await self._now():
+            raise InvalidInput(f"deadline: {deadline.isoformat()} has passed (a restart needs one to come)")
+        run_at = (await self.get_task(key)).option.run_at
+        if run_at is not None and run_at > deadline:
+            raise InvalidInput(
+                f"deadline: {deadline.isoformat()} is before the task's run_at ({run_at.isoformat()}): "
+                "it could never start"
+            )
+        return deadline
+
+    async def restart_many(
+        self, keys: Sequence[str], *, force: bool = False, deadline: datetime | None = None
+    ) -> dict[str, RestartOutcome]:
         """``restart`` of each key (SPEC F18: re-run many lost or failed tasks), each its own
         compare-and-set under the same rules, a few at a time; the outcome per key, in the order
         given: restarted, refused (with the status and the rule) or unknown. Keys are validated
         first: bad input (``InvalidInput``) restarts nothing. ``Publisher.send_many(...,
         reset_finished=True)`` is the other way to run tasks again: it re-creates missing keys and
         resets succeeded / failed ones with new params, keeping no history."""
-        return await restart_each(_checked_keys(keys), lambda key: self.restart(key, force=force))
+        return await restart_each(
+            _checked_keys(keys), lambda key: self.restart(key, force=force, deadline=deadline)
+        )
 
     async def control_many(
         self,
@@ -818,10 +921,11 @@ class Operations:
         reason: str = "",
         stop_running: bool = False,
         by: str | None = None,
+        deadline: datetime | None = None,
     ) -> TaskInfo:
         """``_control`` of an action that keeps the task: the task as it is after the change."""
         info = await self._control(
-            key, action, statuses, rule, reason=reason, stop_running=stop_running, by=by
+            key, action, statuses, rule, reason=reason, stop_running=stop_running, by=by, deadline=deadline
         )
         assert info is not None
         return await self._follow_family(info, action, reason=reason, stop_running=stop_running, by=by)
@@ -836,13 +940,14 @@ class Operations:
         reason: str = "",
         stop_running: bool = False,
         by: str | None = None,
+        deadline: datetime | None = None,
     ) -> TaskInfo | None:
         """One compare-and-set of ``action`` while the task's status is one of ``statuses``;
         ``UnknownTask`` / ``TransitionRefused`` (with ``rule``) when it does not apply."""
         key = _checked(validate_key, key, "key")
         for _ in range(CONTROL_TRIES):
             now = await self._now()
-            params = ControlParams(key, action, statuses, now, reason, stop_running, by)
+            params = ControlParams(key, action, statuses, now, reason, stop_running, by, deadline)
             after = await self.driver.control_task(params)
             if after is not None:
                 # the task as this change left it (a later change may have moved it on since)
@@ -1037,6 +1142,59 @@ def _still_running(entry: Mapping[str, Any]) -> str:
         f"(until {entry['ping_expire_time'].isoformat()}): it is settled once its handler stops, "
         "within a ping interval of a cancel, or at that lease's end; restart it then"
     )
+
+
+def check_handled(
+    doc: NewTask,
+    handler: HandlerInfo | None,
+    handlers: Mapping[str, HandlerInfo],
+    allow_unknown: bool,
+    single: bool,
+) -> None:
+    """The door's rule for one task: a live worker handles its name (unless ``allow_unknown``),
+    and its params conform to one of the schemas published for the name (any live worker that
+    publishes none accepts anything)."""
+    where = "" if single else f"task {doc.key!r}: "
+    if handler is None:
+        if allow_unknown:
+            return
+        known = sorted(handlers)
+        shown = ", ".join(known[:KNOWN_NAMES_SHOWN]) + (
+            f" and {len(known) - KNOWN_NAMES_SHOWN} more" if len(known) > KNOWN_NAMES_SHOWN else ""
+        )
+        raise InvalidInput(
+            f"{where}no live worker handles tasks named {doc.name!r} "
+            + (f"(names handled now: {shown})" if known else "(no worker is running)")
+            + "; if a worker for it is on its way, send it with allow_unknown=True",
+            field="name",
+        )
+    if not handler.schemas or any(schema is None for schema in handler.schemas):
+        return
+    problems = []
+    for schema in handler.schemas:
+        assert schema is not None
+        problems = schema_problems(schema, doc.params)
+        if not problems:
+            return
+    field, why = problems[0]
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    raise InvalidInput(f"{where}invalid params for {doc.name!r}: {field}: {why}{more}", field=field)
+
+
+def _schema_of(text: str | None) -> dict[str, Any] | None:
+    try:
+        schema = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return schema if isinstance(schema, dict) else None
+
+
+def _distinct(schemas: list[dict[str, Any] | None]) -> list[dict[str, Any] | None]:
+    seen: list[dict[str, Any] | None] = []
+    for schema in schemas:
+        if schema not in seen:
+            seen.append(schema)
+    return seen
 
 
 async def live_handlers(driver: Driver, now: datetime) -> set[str]:

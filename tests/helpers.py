@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections import Counter
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 from mscheduler import Consumer
+from mscheduler.drivers.base import Driver
+
+
+def as_driver(wrapper: object) -> Driver:
+    """A wrapper of a driver (``FaultyDriver``, the consumer tests' ``WrappedDriver``) as the
+    ``Driver`` it stands for: it passes the operations it does not wrap on through
+    ``__getattr__``, which a type checker cannot see."""
+    return cast(Driver, wrapper)
 
 
 class Recorder:
@@ -44,3 +54,25 @@ class Recorder:
             raise AssertionError(
                 f"waited {timeout}s for {count} {event!r} events, saw {self.counts[event]}: {self.counts}"
             ) from None
+
+
+async def wait_until(
+    condition: Callable[[], bool | Awaitable[bool]], timeout: float = 10.0, what: str = ""
+) -> None:
+    """Wait until ``condition()`` holds: checked at each turn of the event loop for the first
+    hundred turns (the memory driver and mongomock never wait), then every 5 ms (a real server's
+    replies take wall time), for at most ``timeout`` real seconds; then fail, saying what was
+    waited for. Use it instead of a fixed number of loop turns or a nap."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    turns = 0
+    while True:
+        held = condition()
+        if inspect.isawaitable(held):
+            held = await held
+        if held:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"waited {timeout}s for {what or condition}")
+        turns += 1
+        await asyncio.sleep(0 if turns < 100 else 0.005)

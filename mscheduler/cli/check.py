@@ -74,6 +74,18 @@ async def probe_change_stream(
     return None
 
 
+async def layout_line(driver: MongoDriver) -> CheckLine:
+    """The store's layout as ``mscheduler setup`` recorded it (what every process reads)."""
+    try:
+        layout = await driver.known_layout()
+    except MSchedulerError as exc:
+        return CheckLine("layout", FAIL, f"could not read the store's layout: {exc}")
+    if not layout.recorded:
+        return CheckLine("layout", WARN, "none recorded: run `mscheduler setup` (1 partition until then)")
+    shown = f"{layout.partitions} partition" + ("s" if layout.partitions != 1 else "")
+    return CheckLine("layout", OK, shown + (", sharded" if layout.sharded else ""))
+
+
 async def check_server(database: Any, *, prefix: str = "", create_indexes: bool = False) -> list[CheckLine]:
     """What ``mscheduler check`` reports after connecting: version, replica set, streams, indexes."""
     driver = MongoDriver(database, prefix=prefix)
@@ -122,6 +134,7 @@ async def check_server(database: Any, *, prefix: str = "", create_indexes: bool 
             )
         )
 
+    lines.append(await layout_line(driver))
     reason = await probe_change_stream(driver)
     if reason is None:
         lines.append(CheckLine("change streams", OK, "supported: consumers are told about new tasks at once"))

@@ -91,6 +91,49 @@ class TerminalConsole(Console):
             renderable.plain = plain_text(renderable.plain)  # same length: the styles stay put
         return super().render(renderable, options)
 
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        """Tables never cut a value: in a terminal a long key folds onto a second line rather
+        than ending in an ellipsis; in a pipe or a file a table is plain text — a line per row,
+        columns padded to their widest value, no borders, nothing wrapped or cut — for
+        ``grep``, ``awk`` and narrow screens alike."""
+        from rich.table import Table
+
+        if not any(isinstance(o, Table) for o in objects):
+            super().print(*objects, **kwargs)
+            return
+        for obj in objects:
+            if not isinstance(obj, Table):
+                super().print(obj, **kwargs)
+            elif self.is_terminal:
+                for column in obj.columns:
+                    column.overflow = "fold"
+                super().print(obj, **kwargs)
+            else:
+                for line in plain_table(obj):
+                    super().print(Text(line), soft_wrap=True, crop=False)
+
+
+def plain_table(table: Any) -> list[str]:
+    """A Rich ``Table`` as plain lines: its title, its header (if shown) and its rows, columns
+    padded to their widest cell and two spaces apart; a cell's line breaks become spaces."""
+    from rich.cells import cell_len
+
+    def text(cell: Any) -> str:
+        return " ".join(str(cell.plain if isinstance(cell, Text) else cell).split())
+
+    columns = [[text(c.header), *(text(cell) for cell in c.cells)] for c in table.columns]
+    if not columns:
+        return []
+    rows = list(zip(*columns, strict=True))
+    if not table.show_header:
+        rows = rows[1:]
+    widths = [max((cell_len(row[i]) for row in rows), default=0) for i in range(len(columns))]
+    lines = [text(table.title)] if table.title else []
+    for row in rows:
+        cells = [cell + " " * (widths[i] - cell_len(cell)) for i, cell in enumerate(row)]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
 
 out = TerminalConsole(soft_wrap=True, markup=False, highlight=False, emoji=False)
 
@@ -442,9 +485,34 @@ async def connect(conn: Connection) -> AsyncIterator[Ops]:
         await client.close()
 
 
+# Keyword arguments that ``Operations``' (and the API's) messages name, as the CLI's flags.
+CLI_FLAGS = {
+    "force": "--force",
+    "allow_unknown": "--allow-unknown",
+    "stop_running": "--stop-running",
+    "reset_finished": "--reset-finished",
+}
+_KEYWORD_TRUE = re.compile(r"\b(" + "|".join(CLI_FLAGS) + r")\s*=\s*(?:True|true)\b")
+
+
+_PYTHON_CALLS = {
+    "restart_child(..., force=True)": "restart the child by its key (tasks restart KEY/NAME --force)",
+    "Operations.restart": "tasks restart",
+}
+
+
+def in_cli_words(message: str) -> str:
+    """A refusal's text with the keyword arguments and calls it names as the command line's
+    flags and commands (``force=True`` reads ``--force``)."""
+    for call, command in _PYTHON_CALLS.items():
+        message = message.replace(call, command)
+    return _KEYWORD_TRUE.sub(lambda m: CLI_FLAGS[m.group(1)], message)
+
+
 def refusal(exc: MSchedulerError) -> CliError:
-    """The one-line error and exit code of a refusal from ``Operations``."""
-    message = _one_line(str(exc), limit=300)
+    """The one-line error and exit code of a refusal from ``Operations`` (in the command
+    line's words: ``--force``, not ``force=True``)."""
+    message = in_cli_words(_one_line(str(exc), limit=300))
     if isinstance(exc, ApiUnreachable):
         return CliError(message, exit_code=EXIT_STORAGE)
     if isinstance(exc, ApiRefused):
@@ -630,6 +698,21 @@ def invalid(exc: ValidationError | InvalidInput, what: str) -> typer.Exit:
     message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
     more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
     return usage(f"{what}: {loc + ': ' if loc else ''}{message}{more}")
+
+
+def read_text(value: str | None, option: str) -> str | None:
+    """An option's text as given, or read from a file (``@FILE``) or from stdin (``-``): large
+    params do not fit on a command line."""
+    if value is None or not (value == "-" or value.startswith("@")):
+        return value
+    if value == "-":
+        return sys.stdin.read()
+    path = Path(value[1:]).expanduser()
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise usage(f"{option}: cannot read {str(path)!r}: {reason}") from None
 
 
 def json_value(text: str | None, option: str) -> Any:

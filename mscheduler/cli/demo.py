@@ -14,6 +14,7 @@ the whole run takes a few seconds and every path is exercised.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import secrets
 import time
@@ -566,6 +567,17 @@ def report_renderables(report: DemoReport) -> list[RenderableType]:
     return [states, kinds, workers, throughput, checks, verdict]
 
 
+class _FailsOnPurpose(logging.Filter):
+    """The demo's doomed task fails for good on purpose: the consumer's warning about it in one
+    line, saying so, without the traceback a real failure is logged with."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "error_type", None) == DemoFailure.__name__ and record.levelno >= logging.WARNING:
+            record.msg = "task %s (%s) failed for good on attempt %d, as the demo intends: %s: %s"
+            record.args = tuple(record.args or ())[:5]
+        return True
+
+
 def demo_prefix() -> str:
     """A fresh collection prefix, so a demo on a shared database never meets another run."""
     return f"demo_{secrets.token_hex(4)}_"
@@ -653,12 +665,17 @@ def demo(
         with progress:
             return await run_demo(MemoryDriver(), config=config, on_progress=on_progress)
 
+    consumer_log = logging.getLogger("mscheduler.consumer")
+    on_purpose = _FailsOnPurpose()
+    consumer_log.addFilter(on_purpose)
     try:
         report = asyncio.run(in_memory() if mongodb_uri is None else on_mongo(mongodb_uri))
     except CliError as exc:
         raise _fail(exc) from None
     except MSchedulerError as exc:
         raise _fail(CliError(f"the demo could not run: {_one_line(str(exc), limit=300)}")) from None
+    finally:
+        consumer_log.removeFilter(on_purpose)
     for renderable in report_renderables(report):
         out.print(renderable)
     raise typer.Exit(0 if report.ok else 1)

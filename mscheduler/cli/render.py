@@ -25,7 +25,7 @@ def task_rows(tasks: list[TaskInfo], *, finished: bool = False) -> Table:
         table.add_column(column)
     for t in tasks:
         error = t.last_error
-        cells = [t.key, t.name, t.status.value, str(t.attempts), "yes" if t.paused else ""]
+        cells = [t.key, t.name, t.status.value, str(len(t.worker_states)), "yes" if t.paused else ""]
         if finished:
             cells.append(_when(t.finish_time))
         cells += [_when(t.update_time), f"{error.type}: {error.message}" if error else ""]
@@ -33,20 +33,45 @@ def task_rows(tasks: list[TaskInfo], *, finished: bool = False) -> Table:
     return table
 
 
+def attempt_counts(t: TaskInfo) -> str:
+    """How many attempts the table below lists, by status, and how many of them count against
+    the retry budget (released, revoked, snoozed and cancelled ones do not)."""
+    by_status: dict[str, int] = {}
+    for entry in t.worker_states:
+        by_status[entry.status.value] = by_status.get(entry.status.value, 0) + 1
+    shown = ", ".join(f"{n} {status}" for status, n in by_status.items())
+    budget = "" if t.max_attempts is None else f" of at most {t.max_attempts}"
+    counted = f"{t.attempts}{budget} counted against its retries"
+    return f"{len(t.worker_states)}" + (f" ({shown}; {counted})" if shown else f" ({counted})")
+
+
+def one_line_json(value: Any, limit: int = 200) -> str:
+    return _one_line(json.dumps(value, default=str), limit=limit)
+
+
 def task_detail(t: TaskInfo) -> list[Table]:
     head = Table(title=f"task {t.key}", show_header=False)
     head.add_column("field")
     head.add_column("value")
-    for field, value in (
+    rows = [
         ("name", t.name),
         ("status", t.status.value + (" (paused)" if t.paused else "")),
         ("created", _when(t.create_time)),
         ("updated", _when(t.update_time)),
         ("next due", _when(t.next_due)),
-        ("attempts", f"{t.attempts} (succeeded {t.success_cnt}, failed {t.fail_cnt})"),
+        ("attempts", attempt_counts(t)),
         ("running", str(t.running_cnt)),
-        ("cancelled", (t.cancelled or {}).get("reason", "") if t.cancelled else ""),
-    ):
+    ]
+    if t.progress is not None:
+        text = f"{t.progress.fraction:.0%}" + (f" {t.progress.message}" if t.progress.message else "")
+        rows.append(("progress", f"{text} (at {_when(t.progress.time)})"))
+    if t.results:  # every worker's with concurrent_worker_cnt > 1 (as publisher.wait returns)
+        rows.append(
+            ("result", one_line_json(t.results if t.option.concurrent_worker_cnt > 1 else t.results[0]))
+        )
+    if t.cancelled:
+        rows.append(("cancelled", str(t.cancelled.get("reason") or "")))
+    for field, value in rows:
         head.add_row(field, value)
     timeline = Table(title="attempts")
     for column in ("#", "worker", "status", "start", "end", "error"):
@@ -128,17 +153,12 @@ async def last_events(ops: Ops, key: str) -> list[Event]:
 
 
 def task_extras(info: Any, events: list[Event]) -> list[Table]:
-    """``tasks show`` beyond the attempts: checkpoint, progress, children, the last events."""
+    """``tasks show`` beyond the attempts: checkpoint, parent, children, the last events."""
     shown: list[Table] = []
     rows = []
     if info.checkpoint is not None:
-        data = _one_line(json.dumps(info.checkpoint.data, default=str), limit=200)
+        data = one_line_json(info.checkpoint.data)
         rows.append(("checkpoint", f"{data} (at {_when(info.checkpoint.time)}, {info.checkpoint.worker_id})"))
-    if info.progress is not None:
-        text = f"{info.progress.fraction:.0%}" + (
-            f" {info.progress.message}" if info.progress.message else ""
-        )
-        rows.append(("progress", f"{text} (at {_when(info.progress.time)})"))
     if info.parent is not None:
         rows.append(("parent", info.parent))
     if rows:

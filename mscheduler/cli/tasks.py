@@ -9,6 +9,7 @@ with the exit codes of ``mscheduler.cli.common``.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 import typer
@@ -43,6 +44,7 @@ from mscheduler.cli.common import (
     json_value,
     out,
     print_json,
+    read_text,
     run,
     usage,
 )
@@ -278,23 +280,29 @@ def tasks_restart(
     ] = None,
     name: Annotated[str | None, typer.Option(metavar="NAME", help="With --status: of this name.")] = None,
     force: ForceOpt = False,
+    deadline: Annotated[
+        str | None,
+        typer.Option(metavar="TIME", help="The new deadline (ISO-8601); else a past one is dropped."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run tasks KEY... again if failed, cancelled or expired (succeeded: with --force), or
-    every task of --status (and --name). Many tasks: a progress bar on stderr, a line per task
-    not restarted, exit 1 if any was not."""
+    every task of --status (and --name); --deadline gives them a new deadline (an expired task
+    restarts without one otherwise). Many tasks: a progress bar on stderr, a line per task not
+    restarted, exit 1 if any was not."""
     if bool(keys) == (status is not None) or (name is not None and status is None):
         message = "give KEY... or --status STATUS [--name NAME], not both"
         raise _fail(CliError(message, exit_code=EXIT_USAGE))
+    new_deadline = _instant(deadline, "--deadline")
     if keys and len(keys) == 1 and not as_json:
-        info = run(conn, lambda ops: ops.restart(keys[0], force=force))
+        info = run(conn, lambda ops: ops.restart(keys[0], force=force, deadline=new_deadline))
         _done(f"restarted task {info.key!r} (now {info.status.value})")
         return
     show_progress = not as_json and err.is_terminal
 
     async def restart(ops: Ops) -> list[Any]:
         chosen = list(keys or ()) or await select_keys(ops, str(status), name)
-        return await restart_keys(ops, chosen, force, show_progress)
+        return await restart_keys(ops, chosen, force, show_progress, new_deadline)
 
     if not print_restarts(run(conn, restart), as_json):
         raise typer.Exit(EXIT_REFUSED)
@@ -318,7 +326,10 @@ def tasks_send(
     conn: Connection,
     name: Annotated[str, typer.Argument(metavar="NAME", hidden=True)],
     key: Annotated[str, typer.Option(metavar="KEY", help="The task's unique key.")],
-    params: Annotated[str | None, typer.Option(metavar="JSON", help="The params, as JSON.")] = None,
+    params: Annotated[
+        str | None,
+        typer.Option(metavar="JSON", help="The params, as JSON; @FILE reads them from FILE, - from stdin."),
+    ] = None,
     priority: PriorityOpt = None,
     run_at: RunAtOpt = None,
     deadline: DeadlineOpt = None,
@@ -331,17 +342,25 @@ def tasks_send(
     reset_finished: Annotated[
         bool, typer.Option("--reset-finished", help="Reset a finished task with this key.")
     ] = False,
+    allow_unknown: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unknown", help="Send it even if no live worker handles NAME (one is on its way)."
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Send task NAME with --key and --params (JSON). A key that exists is left alone (exit 0,
-    "exists"); --reset-finished resets a succeeded or failed one. With --api-url it goes through
-    POST /api/v1/tasks (an admin or publish token)."""
+    """Send task NAME with --key and --params (JSON, @FILE or - for stdin). A key that exists is
+    left alone (exit 0, "exists"); --reset-finished resets a succeeded or failed one. NAME must
+    be handled by a live worker (exit 2 naming the handled ones; --allow-unknown sends it
+    anyway) and the params must fit the JSON schema its workers publish (exit 2 naming the
+    field). With --api-url it goes through POST /api/v1/tasks (an admin or publish token)."""
     fields = _option_fields(priority, run_at, deadline, max_retries, retry_delay, specific_worker)
     try:
         task = Task(
             key,
             name,
-            json_value(params, "--params"),
+            json_value(read_text(params, "--params"), "--params"),
             option=TaskOption(**fields),
             unique_by="params" if unique_by_params else "key",
         )
@@ -349,7 +368,7 @@ def tasks_send(
         raise invalid(exc, "task") from None
 
     async def send(ops: Ops) -> bool:
-        return await ops.send(task, reset_finished=reset_finished)
+        return await ops.send(task, reset_finished=reset_finished, allow_unknown=allow_unknown)
 
     created = run(conn, send)
     if as_json:
@@ -408,7 +427,9 @@ async def select_keys(ops: Ops, status: str, name: str | None) -> list[str]:
         cursor = page.next_cursor
 
 
-async def restart_keys(ops: Ops, keys: list[str], force: bool, show_progress: bool) -> list[Any]:
+async def restart_keys(
+    ops: Ops, keys: list[str], force: bool, show_progress: bool, deadline: datetime | None = None
+) -> list[Any]:
     """``restart_many`` in batches, with a progress bar on stderr when asked."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -418,7 +439,7 @@ async def restart_keys(ops: Ops, keys: list[str], force: bool, show_progress: bo
         bar = progress.add_task("restart", total=len(keys))
         for start in range(0, len(keys), RESTART_BATCH):
             batch = keys[start : start + RESTART_BATCH]
-            outcomes.extend((await ops.restart_many(batch, force=force)).values())
+            outcomes.extend((await ops.restart_many(batch, force=force, deadline=deadline)).values())
             progress.advance(bar, len(batch))
     return outcomes
 

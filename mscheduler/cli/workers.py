@@ -1,11 +1,12 @@
-"""``mscheduler workers``: list registered workers; ask one to stop (at its next heartbeat).
+"""``mscheduler workers``: list registered workers and the task names live ones handle (with
+their params' fields); ask one to stop (at its next heartbeat).
 Same options and exit codes as the other operator commands (``mscheduler.cli.common``).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -27,7 +28,9 @@ from mscheduler.cli.common import (
     run,
 )
 
-workers_app = _typer("workers", f"List registered workers; ask one to stop. {EXITS}")
+workers_app = _typer(
+    "workers", f"List registered workers and the task names they handle; ask one to stop. {EXITS}"
+)
 
 
 @workers_app.command("ls", short_help="List registered workers.")
@@ -59,6 +62,42 @@ def workers_ls(
             _when(w.last_seen),
         )
     out.print(table)
+
+
+@workers_app.command("handlers", short_help="The task names live workers handle, with their params.")
+@connected
+def workers_handlers(
+    conn: Connection,
+    as_json: JsonOpt = False,
+) -> None:
+    """The task names live workers handle: how many workers handle each, and the fields of its
+    params as the workers' JSON schema has them (required ones marked *); --json: the schemas
+    themselves. What tasks send checks a send against."""
+    handlers = run(conn, lambda ops: ops.list_handlers())
+    if as_json:
+        print_json(
+            [{"name": h.name, "workers": h.workers, "params_schema": h.params_schema} for h in handlers]
+        )
+        return
+    table = Table(title=f"handlers ({len(handlers)})")
+    for column in ("name", "workers", "params"):
+        table.add_column(column)
+    for h in handlers:
+        table.add_row(h.name, str(h.workers), params_summary(h.params_schema))
+    out.print(table)
+
+
+def params_summary(schema: dict[str, Any] | None) -> str:
+    """``order_id* integer, email* string, note string|null`` from a params schema ("" for none)."""
+    if not schema:
+        return "(not checked)"
+    shown = []
+    required = set(schema.get("required") or ())
+    for name, prop in (schema.get("properties") or {}).items():
+        kinds = [prop.get("type")] if "type" in prop else [o.get("type") for o in prop.get("anyOf") or ()]
+        kind = "|".join(str(k) for k in kinds if k) or ("object" if "$ref" in prop else "any")
+        shown.append(f"{name}{'*' if name in required else ''} {kind}")
+    return ", ".join(shown) or "(an object)"
 
 
 @workers_app.command("stop", short_help="Ask a running worker to stop gracefully.")

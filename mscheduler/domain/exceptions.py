@@ -11,7 +11,12 @@ class MSchedulerError(Exception):
 
 
 class InvalidInput(MSchedulerError, ValueError):
-    """Bad input (key, name, option, params, filter): nothing was written."""
+    """Bad input (key, name, option, params, filter): nothing was written. ``field``, where
+    known: the path of the field at fault (``params.order_id``)."""
+
+    def __init__(self, *args: object, field: str | None = None) -> None:
+        super().__init__(*args)
+        self.field = field
 
 
 class UnknownTask(MSchedulerError, LookupError):

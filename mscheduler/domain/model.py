@@ -12,10 +12,12 @@ Storage shape (both drivers keep it; the Mongo driver is the only place that que
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -27,7 +29,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    ValidationInfo,
+    ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
 )
@@ -138,6 +140,21 @@ class _UserInput(BaseModel):
         return cls.__name__
 
 
+# Set while a stored option is read (``TaskOption.from_storage``): rules for new options only are
+# not applied (a ContextVar: the model's own __init__ runs its validation, without a context).
+_READING_STORED: contextvars.ContextVar[bool] = contextvars.ContextVar("reading_stored", default=False)
+
+
+@contextlib.contextmanager
+def reading_stored() -> Iterator[None]:
+    """Within it, models are read from storage: rules for new input only are not applied."""
+    reading = _READING_STORED.set(True)
+    try:
+        yield
+    finally:
+        _READING_STORED.reset(reading)
+
+
 # ``TaskOption.to_storage``'s run-independent part per option object (most tasks share one, the
 # default), by id; each entry holds its option, so that id is not reused while it is kept
 _STORED_OPTIONS: dict[int, tuple[TaskOption, dict[str, Any]]] = {}
@@ -223,21 +240,21 @@ class TaskOption(_UserInput):
     @field_validator("specific_worker_ids")
     @classmethod
     def _check_worker_ids(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for worker_id in value:
+        for worker_id in () if _READING_STORED.get() else value:
             validate_worker_id(worker_id)
         return tuple(dict.fromkeys(value))
 
     @field_validator("specific_groups")
     @classmethod
     def _check_groups(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for group in value:
+        for group in () if _READING_STORED.get() else value:
             validate_group(group)
         return tuple(dict.fromkeys(value))
 
     @field_validator("ping_interval", "worker_timeout", "retry_delay")
     @classmethod
     def _check_duration(cls, value: timedelta) -> timedelta:
-        if value < timedelta(0) or value > timedelta(days=366):
+        if not _READING_STORED.get() and (value < timedelta(0) or value > timedelta(days=366)):
             raise ValueError("must be between 0 and 366 days")
         return value
 
@@ -267,6 +284,8 @@ class TaskOption(_UserInput):
     @field_validator("run_timeout")
     @classmethod
     def _check_run_timeout(cls, value: timedelta | None) -> timedelta | None:
+        if _READING_STORED.get():
+            return value
         if value is not None and not timedelta(milliseconds=1) <= value <= timedelta(days=366):
             raise ValueError("run_timeout must be between 1 ms and 366 days")
         return value
@@ -280,6 +299,8 @@ class TaskOption(_UserInput):
 
     @model_validator(mode="after")
     def _check_lease(self) -> TaskOption:
+        if _READING_STORED.get():
+            return self
         if self.ping_interval <= timedelta(0):
             raise ValueError("ping_interval must be positive")
         if self.worker_timeout <= self.ping_interval:
@@ -352,12 +373,11 @@ class TaskOption(_UserInput):
         return out
 
     @model_validator(mode="after")
-    def _check_run_at_before_deadline(self, info: ValidationInfo) -> TaskOption:
+    def _check_run_at_before_deadline(self) -> TaskOption:
         """A task to run at ``run_at`` that must start by ``deadline`` could never run if the
         one is after the other: refused when given (stored options are read as they are)."""
-        stored = isinstance(info.context, Mapping) and info.context.get("stored") is True
         if (
-            not stored
+            not _READING_STORED.get()
             and self.run_at is not None
             and self.deadline is not None
             and self.run_at > self.deadline
@@ -389,10 +409,15 @@ class TaskOption(_UserInput):
             debounce=Debounce.from_storage(doc["debounce"]) if doc.get("debounce") else None,
             throttle=Throttle.from_storage(doc["throttle"]) if doc.get("throttle") else None,
         )
-        try:
-            return cls.model_validate(fields, context={"stored": True})
-        except ValidationError as exc:
-            raise InvalidInput(_refusal("stored TaskOption", cls.model_fields, exc)) from exc
+        # A stored option is read as it is: today's rules for new options (run_at before
+        # deadline, say) are not applied to it, and one that breaks any other rule (written by an
+        # earlier build, or by hand) is taken as stored, so that its task can still be listed,
+        # shown, cancelled, restarted and removed.
+        with reading_stored():
+            try:
+                return cls(**fields)
+            except InvalidInput:
+                return cls.model_construct(**fields)
 
 
 class OptionChange(_UserInput):
@@ -929,8 +954,21 @@ class TaskInfo(BaseModel):
                 return w.error
         return None
 
+    @field_validator("option", mode="wrap")
+    @classmethod
+    def _option_as_stored(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """A task's option is read as stored wherever a TaskInfo is read (the API's answers, the
+        client's reading of them): rules for new options do not make a task unreadable."""
+        with reading_stored():
+            return handler(value)
+
     @classmethod
     def from_storage(cls, doc: Mapping[str, Any]) -> TaskInfo:
+        with reading_stored():  # its option as stored (TaskOption.from_storage)
+            return cls._from_storage(doc)
+
+    @classmethod
+    def _from_storage(cls, doc: Mapping[str, Any]) -> TaskInfo:
         state = doc["state"]
         definition: Mapping[str, Any] = doc.get("children") or {}
         is_map = definition.get("mode") == "map"

@@ -320,6 +320,8 @@ class ControlParams:
     stop_running: bool = False
     # who did it (an API token's ``api:<name>``): in the event's detail and ``state.cancelled``
     by: str | None = None
+    # restart only: the new generation's deadline (None: the old one, dropped if already past)
+    deadline: datetime | None = None
 
 
 CONTROL_ACTIONS = ("cancel", "pause", "resume", "remove", "restart")
@@ -462,6 +464,9 @@ class WorkerInfo:
     concurrency: int
     start_time: datetime
     groups: Sequence[str] = ()  # the worker groups it serves (F31), shown by ``workers ls``
+    # (name, JSON schema of its params as JSON text) for each handler with a params model: what
+    # a send over the API or the CLI is checked against (``mscheduler.domain.params_schema``)
+    schemas: Sequence[tuple[str, str]] = ()
 
 
 DEFAULT_WORKER_RETENTION = timedelta(days=1)
@@ -477,12 +482,15 @@ class WorkerListParams:
 
     ``live_since``: only workers not stopped and seen since then (any order; the metrics' and the
     publisher's read, on the index ``workers_live``). Otherwise a page in ``(start_time,
-    worker_id)`` order after ``after`` (index ``workers_list``), at most ``limit``."""
+    worker_id)`` order after ``after`` (index ``workers_list``), at most ``limit``. ``schemas``:
+    with each worker's published params schemas (``schemas``: a list of ``{name, schema}``);
+    otherwise left out of what is read."""
 
     now: datetime | None = None
     live_since: datetime | None = None
     after: tuple[datetime, str] | None = None
     limit: int = WORKERS_PAGE_MAX
+    schemas: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -676,8 +684,11 @@ class ResumeTokenLost(Exception):
 class Driver(Protocol):
     """Named domain operations over the task store."""
 
-    # the store's number of partitions (``mscheduler.domain.partitions``; 1: unpartitioned)
-    partitions: int
+    @property
+    def partitions(self) -> int:
+        """The store's number of partitions (``mscheduler.domain.partitions``; 1: unpartitioned),
+        as the store recorded it: a driver reads it before acting on a task."""
+        ...
 
     async def setup(self) -> None:
         """Make the store ready (an administrator's step: ``mscheduler setup``): create the
@@ -891,6 +902,18 @@ class Driver(Protocol):
         """Apply ``params`` (one atomic write); returns the attempts of ``extend`` whose slot is
         live afterwards (all of them when the limit no longer exists)."""
         ...
+
+
+def is_driver(candidate: object) -> bool:
+    """Whether ``candidate`` has every operation of ``Driver`` (its methods only):
+    ``isinstance(x, Driver)`` reads every member, attributes too, and one may need the store
+    (``MongoDriver.partitions`` before its layout is read refuses with a ``StorageError``)."""
+    return all(callable(getattr(candidate, name, None)) for name in _DRIVER_OPERATIONS)
+
+
+_DRIVER_OPERATIONS = tuple(
+    name for name in dir(Driver) if not name.startswith("_") and callable(getattr(Driver, name))
+)
 
 
 # one claim of a claim round: (attempt token, partition, lane)

@@ -10,6 +10,10 @@ Needs the ``metrics`` extra (``pip install 'mscheduler[metrics]'``, prometheus-c
   (``Operations.stats(window=None)``, a covered index scan of the pending and running tasks) and
   one read of the workers — at most once per ``cache_seconds``, whoever scrapes.
 
+Label sets are bounded: at most ``MAX_NAMES`` task names get series of their own; events and
+store gauges of further names are counted under the name ``OTHER_NAME`` (a process whose
+publishers send ever new names keeps a bounded registry and a bounded scrape).
+
 Each ``Metrics`` has its own ``CollectorRegistry`` (not prometheus_client's global one), so two
 in one process, or in tests, do not collide. Serve it with ``metrics.serve(port)`` (prometheus
 client's HTTP server, what ``mscheduler worker --metrics-port`` does), mount ``metrics.asgi_app()``
@@ -42,6 +46,8 @@ DEFAULT_CACHE_SECONDS = 5.0
 # how long a scrape on prometheus_client's server thread waits for the store's numbers
 DEFAULT_REFRESH_TIMEOUT = 10.0
 GAUGE_STATUSES = ("pending", "running")
+MAX_NAMES = 1000  # task names with series of their own
+OTHER_NAME = "_other"  # the label of every name past MAX_NAMES (a task name never starts with "_")
 # seconds: handlers from a few milliseconds to an hour
 DURATION_BUCKETS = (
     0.005,
@@ -161,7 +167,7 @@ class Metrics:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._server: Any = None
-        self._known_names: set[str] = set()
+        self._known_names: set[str] = set()  # every name with series of its own (at most MAX_NAMES)
         if operations is not None:
             r.register(_StoreCollector(self))
 
@@ -174,6 +180,17 @@ class Metrics:
                 raise TypeError(f"watch() takes consumers and publishers, got {type(source).__name__}")
         for source in sources:
             source.add_listener(self.on_event)
+
+    def label(self, name: str) -> str:
+        """The ``name`` label of a task name: itself while fewer than ``MAX_NAMES`` names have
+        series, ``OTHER_NAME`` for the names after that."""
+        known = self._known_names
+        if name in known:
+            return name
+        if len(known) < MAX_NAMES:
+            known.add(name)
+            return name
+        return OTHER_NAME
 
     def on_event(self, event: str, data: dict[str, Any]) -> None:
         """A listener of consumers and publishers alike: their events do not overlap (a
@@ -188,7 +205,7 @@ class Metrics:
         name = data.get("name")
         if name is None:
             return
-        self._known_names.add(name)
+        name = self.label(name)
         if event == "claimed":
             self.claimed.labels(name).inc()
             self.running.labels(name).inc()
@@ -203,7 +220,7 @@ class Metrics:
     def on_publisher_event(self, event: str, data: dict[str, Any]) -> None:
         """A publisher listener (``publisher.add_listener``): tasks sent."""
         if event == "sent":
-            self.sent.labels(data["name"], "created" if data["created"] else "exists").inc()
+            self.sent.labels(self.label(data["name"]), "created" if data["created"] else "exists").inc()
 
     # -- the store's gauges ----------------------------------------------------------------------
 
@@ -266,14 +283,20 @@ class Metrics:
             "Seconds since the oldest due pending task of a name became due (0: none waiting).",
             labels=["name"],
         )
-        # names seen before (in the store or in events) stay, at 0, rather than vanishing
-        by_name = {named.name: named for named in snapshot.stats.names}
-        self._known_names.update(by_name)
-        for name in sorted(self._known_names):
-            named = by_name.get(name)
+        # names seen before (in the store or in events) stay, at 0, rather than vanishing; names
+        # past MAX_NAMES are summed under OTHER_NAME (their oldest age: the greatest)
+        counts: dict[str, dict[str, int]] = {name: {} for name in self._known_names}
+        ages: dict[str, float] = {}
+        for named in snapshot.stats.names:
+            name = self.label(named.name)
+            into = counts.setdefault(name, {})
             for status in GAUGE_STATUSES:
-                tasks.add_metric([name, status], named.counts.get(status, 0) if named else 0)
-            oldest.add_metric([name], (named.oldest_pending_age or 0.0) if named else 0.0)
+                into[status] = into.get(status, 0) + named.counts.get(status, 0)
+            ages[name] = max(ages.get(name, 0.0), named.oldest_pending_age or 0.0)
+        for name in sorted(counts):
+            for status in GAUGE_STATUSES:
+                tasks.add_metric([name, status], counts[name].get(status, 0))
+            oldest.add_metric([name], ages.get(name, 0.0))
         workers = GaugeMetricFamily("mscheduler_workers_live", "Registered workers with a recent heartbeat.")
         workers.add_metric([], snapshot.live_workers)
         return [*families, tasks, oldest, workers]

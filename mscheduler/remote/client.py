@@ -66,6 +66,7 @@ from mscheduler.domain.stats import DEFAULT_WINDOW as DEFAULT_STATS_WINDOW
 from mscheduler.domain.stats import StatsStep, TaskStats
 from mscheduler.domain.stats import checked_input as checked_stats_input
 from mscheduler.operations import (
+    HandlerInfo,
     RestartOutcome,
     WorkerView,
     checked_keys,
@@ -653,7 +654,8 @@ class RemoteOperations:
                 f"the API at {self.base_url} has no {method} {API_ROOT}{path} (an older mscheduler?)"
             )
         if status in (413, 422):
-            return InvalidInput(detail)
+            field = response.json().get("field") if _is_json(response) else None
+            return InvalidInput(detail, field=field if isinstance(field, str) else None)
         if status in (429, 503):
             return StorageError(detail, transient=True)
         return StorageError(detail) if status >= 500 else None
@@ -751,25 +753,36 @@ class RemoteOperations:
 
     # -- tasks -----------------------------------------------------------------------------------------
 
-    async def send(self, task: Task, *, reset_finished: bool = False) -> bool:
+    async def list_handlers(self) -> list[HandlerInfo]:
+        return [
+            HandlerInfo(h["name"], h["workers"], h["params_schema"])
+            for h in await self._call("GET", "/handlers")
+        ]
+
+    async def send(self, task: Task, *, reset_finished: bool = False, allow_unknown: bool = False) -> bool:
         if not isinstance(task, Task):
             raise InvalidInput(f"send() takes a Task, got {type(task).__name__}")
-        return (await self.send_many([task], reset_finished=reset_finished))[0]
+        return (await self.send_many([task], reset_finished=reset_finished, allow_unknown=allow_unknown))[0]
 
-    async def send_many(self, tasks: Sequence[Task], *, reset_finished: bool = False) -> list[bool]:
-        """``POST /api/v1/tasks`` in batches of ``SEND_BATCH`` (each checked whole by the API)."""
+    async def send_many(
+        self, tasks: Sequence[Task], *, reset_finished: bool = False, allow_unknown: bool = False
+    ) -> list[bool]:
+        """``POST /api/v1/tasks`` in batches of ``SEND_BATCH`` (each checked whole by the API, at
+        the door as ``Operations.send_many``)."""
         if isinstance(tasks, (str, bytes, Task)) or not isinstance(tasks, Sequence):
             raise InvalidInput(f"tasks: a list of Tasks, got {type(tasks).__name__}")
         for i, task in enumerate(tasks):
             if not isinstance(task, Task):
                 raise InvalidInput(f"send_many() takes Tasks, got {type(task).__name__} at index {i}")
         created: list[bool] = []
-        params = {"reset_finished": "true"} if reset_finished else None
+        params = {"reset_finished": "true"} if reset_finished else {}
+        if allow_unknown:
+            params["allow_unknown"] = "true"
         for start in range(0, len(tasks), SEND_BATCH):
             batch = [
                 t.model_dump(mode="json", exclude_defaults=True) for t in tasks[start : start + SEND_BATCH]
             ]
-            answer = await self._call("POST", "/tasks", params=params, body={"tasks": batch})
+            answer = await self._call("POST", "/tasks", params=params or None, body={"tasks": batch})
             created.extend(bool(item["created"]) for item in answer["tasks"])
         return created
 
@@ -837,14 +850,22 @@ class RemoteOperations:
     async def remove(self, key: str, *, force: bool = False) -> None:
         await self._task_call("DELETE", key, "remove", params={"force": "true" if force else "false"})
 
-    async def restart(self, key: str, *, force: bool = False) -> TaskInfo:
+    async def restart(self, key: str, *, force: bool = False, deadline: datetime | None = None) -> TaskInfo:
         query = {"force": "true" if force else "false"}
+        if deadline is not None:
+            if not isinstance(deadline, datetime) or deadline.tzinfo is None:
+                raise InvalidInput("deadline: a timezone-aware datetime (e.g. datetime.now(UTC) + ...)")
+            query["deadline"] = deadline.isoformat()
         return TaskInfo.model_validate(await self._task_call("POST", key, "restart", params=query))
 
-    async def restart_many(self, keys: Sequence[str], *, force: bool = False) -> dict[str, RestartOutcome]:
+    async def restart_many(
+        self, keys: Sequence[str], *, force: bool = False, deadline: datetime | None = None
+    ) -> dict[str, RestartOutcome]:
         """``restart`` of each key, a few at a time (one request each), under ``Operations``'s
         rules; the outcome per key, in the order given."""
-        return await restart_each(checked_keys(keys), lambda key: self.restart(key, force=force))
+        return await restart_each(
+            checked_keys(keys), lambda key: self.restart(key, force=force, deadline=deadline)
+        )
 
     async def edit(self, key: str, change: OptionChange, *, by: str | None = None) -> TaskOption:
         """``Operations.edit`` (the API records ``by`` as its own)."""

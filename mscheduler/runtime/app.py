@@ -28,7 +28,7 @@ from mscheduler.domain.clock import Clock
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.model import validate_name
 from mscheduler.domain.plans import Plan
-from mscheduler.drivers.base import Driver
+from mscheduler.drivers.base import Driver, is_driver
 from mscheduler.operations import Operations
 from mscheduler.runtime.consumer.consumer import Consumer
 from mscheduler.runtime.consumer.handlers import Handler, HandlerPools, RunIn, inspect_handler
@@ -142,8 +142,20 @@ class App:
             built.append(consumer)
         return built
 
-    async def add_plans(self, operations: Operations) -> list[str]:
-        """Create the app's plans that do not exist yet; the ids of those created."""
+    async def add_plans(self, store: Driver | Operations) -> list[str]:
+        """Create the app's plans that do not exist yet on ``store`` (a driver, or the
+        ``Operations`` over one); the ids of those created. ``mscheduler dev``, ``mscheduler
+        worker`` and the testing kit call it at start; a plain script calls it once before it
+        starts the app's consumers, whose planners then turn due occurrences into tasks."""
+        if isinstance(store, Operations):
+            operations = store
+        elif is_driver(store):
+            operations = Operations(store)
+        else:
+            raise InvalidInput(
+                f"app.add_plans() takes the store: a driver (app.add_plans(driver)) or "
+                f"Operations(driver), got {type(store).__name__}"
+            )
         created = []
         for plan in self._plans.values():
             try:

@@ -77,6 +77,11 @@ class ChildSync:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
 
+    @property
+    def requested(self) -> int:
+        """Parents waiting for their requested sync (cleared by each ``flush``)."""
+        return len(self._requested)
+
     def request(self, keys: Iterable[str]) -> None:
         """Sync these parents soon (``run`` does it at once)."""
         new = set(keys) - self._requested
@@ -106,10 +111,12 @@ class ChildSync:
         return min(self._later.values(), default=None)
 
     async def sync(self, keys: Sequence[str], now: datetime | None = None) -> int:
-        """Sync these parents now; returns how many changed."""
+        """Sync these parents now, ``batch`` at a time; returns how many changed."""
         changed = 0
         now = now if now is not None else self.clock.now()
         for start in range(0, len(keys), self.batch):
+            if start:
+                await asyncio.sleep(0)  # a long list: hand the loop back between batches
             changed += await sync_families(self.driver, keys[start : start + self.batch], now)
         return changed
 
@@ -138,6 +145,7 @@ class ChildSync:
             if len(keys) < self.batch:
                 break
             after = keys[-1]
+            await asyncio.sleep(0)  # a page at a time: the in-memory store answers without awaiting
         self.passes += 1
         self.repaired += repaired
         if repaired:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -172,6 +172,8 @@ class Planner(PeriodicService):
     :param batch: plans read per batch (one read, one insert, one bulk compare-and-set each).
     :param interval: seconds between passes of ``run``.
     :param recheck: seconds between looks at a plan waiting for its previous run to end.
+    :param on_created: told of the tasks each pass created (a consumer hosting the planner queues
+        their due times itself: on a store without change streams they would wait for a poll).
     """
 
     what = "planner"
@@ -185,6 +187,7 @@ class Planner(PeriodicService):
         interval: float = DEFAULT_INTERVAL,
         recheck: float = DEFAULT_RECHECK,
         max_rounds: int = MAX_ROUNDS,
+        on_created: Callable[[Sequence[NewTask]], None] | None = None,
     ) -> None:
         if not isinstance(batch, int) or not 1 <= batch <= 10_000:
             raise InvalidInput("batch: must be an integer from 1 to 10,000")
@@ -200,6 +203,7 @@ class Planner(PeriodicService):
         self.interval = interval
         self.recheck = timedelta(seconds=recheck)
         self.max_rounds = max_rounds
+        self.on_created = on_created
         self.materialised = 0  # occurrence tasks this planner created (inserts that were new)
         self.conflicts = 0  # compare-and-sets lost to another planner or a user's edit
         self.passes = 0
@@ -233,10 +237,12 @@ class Planner(PeriodicService):
         if tasks:
             # First the tasks (idempotent by key), then the plans: a planner that dies in
             # between leaves the plans due, and the next pass inserts the same keys again.
-            made = await self.driver.insert_tasks(InsertParams(tasks, now))
-            created = sum(
-                ok for ok, task in zip(made, tasks, strict=True) if task.parent is None
-            )  # runs, not steps
+            inserted = await self.driver.insert_tasks(InsertParams(tasks, now))
+            created = sum(  # runs, not steps
+                new for new, task in zip(inserted, tasks, strict=True) if task.parent is None
+            )
+            if self.on_created is not None and any(inserted):
+                self.on_created([task for task, new in zip(tasks, inserted, strict=True) if new])
         applied = await self.driver.advance_plans(AdvancePlansParams([d.advance for d in decisions], now))
         self.conflicts += len(decisions) - applied
         return created

@@ -8,9 +8,10 @@ write that made the task terminal; a restart clears it).
   status on ``state.finish_time`` (partial on the status), changed with ``collMod`` when a period
   changes; the TTL monitor deletes about once a minute.
 * ``RetentionService.run_once`` deletes what is due, in bounded batches (one read of the oldest
-  keys through the ``finished`` index and one delete per batch). On a real server a backstop for
-  tasks of no family and the mechanism for families (child tasks); with the memory driver and on
-  mongomock (no TTL monitor) the mechanism.
+  keys through the ``finished`` index and one delete per batch), handing the event loop back
+  between batches: a pass that finds a backlog never stalls the consumers on the same loop.
+  On a real server a backstop for tasks of no family and the mechanism for families (child
+  tasks); with the memory driver and on mongomock (no TTL monitor) the mechanism.
 
 Run it as a consumer's side task (``Consumer(retention=Retention(...))``) or yourself
 (``await RetentionService(driver).run_once()``). Any
@@ -132,6 +133,7 @@ class RetentionService(PeriodicService):
                 removed += n
                 if n < self.batch:
                     break
+                await asyncio.sleep(0)  # the in-memory store removes a batch without awaiting
         self.passes += 1
         self.removed += removed
         if removed:

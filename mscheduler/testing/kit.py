@@ -38,6 +38,7 @@ from mscheduler.operations import Operations
 from mscheduler.runtime.app import App
 from mscheduler.runtime.consumer.consumer import Consumer
 from mscheduler.runtime.publisher import Publisher
+from mscheduler.runtime.sync_publisher import SyncPublisher
 from mscheduler.testing.clock import FakeClock
 
 Store = Literal["memory", "mongomock"]
@@ -105,6 +106,13 @@ class SchedulerKit:
         if self._started:
             await asyncio.gather(*(c.stop(grace=0) for c in self.consumers))
             self._started = False
+
+    def sync_publisher(self) -> SyncPublisher:
+        """A ``SyncPublisher`` over the kit's publisher, on the kit's loop, for the synchronous
+        code under test (a Flask or Django view): call that code in another thread
+        (``await asyncio.to_thread(view, ...)``) while the test awaits; its ``wait`` drives the
+        fake clock as ``kit.publisher.wait`` does, and ``eager`` applies to its sends."""
+        return SyncPublisher(self.publisher, loop=asyncio.get_running_loop())
 
     @property
     def names(self) -> set[str]:

@@ -363,6 +363,9 @@ def _command(self: Any, command: Any, **unused: Any) -> dict[str, Any]:
     if isinstance(command, str):
         command = {command: 1}
     name = next(iter(command))
+    handler = ADMIN_COMMANDS.get("buildInfo" if name.lower() == "buildinfo" else name)
+    if handler is not None:
+        return handler(self, command)
     if name == "ping":
         return {"ok": 1.0}
     if name.lower() == "buildinfo":
@@ -371,9 +374,6 @@ def _command(self: Any, command: Any, **unused: Any) -> dict[str, Any]:
         return {"ok": 1.0, "version": SERVER_VERSION, "versionArray": _version_array(SERVER_VERSION)}
     if name == "collMod":
         return _coll_mod(self, command)
-    handler = ADMIN_COMMANDS.get(name)
-    if handler is not None:
-        return handler(self, command)
     raise OperationFailure(f"no such command: '{name}'", code=COMMAND_NOT_FOUND)
 
 

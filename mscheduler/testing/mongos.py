@@ -27,6 +27,10 @@ is an older server (5.0 / 6.0 / 7.0 patch releases before mid-2023): a ``findAnd
 single-document ``update`` / ``delete`` need the full shard key (or, for the latter two, ``_id``)
 by equality, whatever the chunks.
 
+``buildInfo`` reports the release each stands for (``8.0.4``; ``6.0.8`` without prefix targeting),
+and ``explain`` of a ``findAndModify`` applies the same routing rule without writing, as the
+driver's check of a sharded store's mongos asks it.
+
 And one rule of mscheduler's own store, which no mongos can know: in a store whose layout
 (``<prefix>mscheduler_meta``) records P partitions, a task document's ``part`` is its key's
 partition (``part_of(_id, P)``); a document placed elsewhere is refused (``MisplacedTask``).
@@ -122,6 +126,7 @@ class Cluster:
 
     shards: list[str]
     prefix_targeting: bool = True
+    version: str = "8.0.4"
     zone_shards: dict[str, list[str]] = field(default_factory=dict)
     collections: dict[str, ShardedCollection] = field(default_factory=dict)
 
@@ -137,7 +142,8 @@ def mongos_database(name: str = "mscheduler_test", *, shards: int = 2, prefix_ta
     mongomock_patches.apply()
     apply()
     client: Any = AsyncMongoMockClient()
-    client._store.mongos = Cluster([f"shard-{i}" for i in range(shards)], prefix_targeting)
+    version = "8.0.4" if prefix_targeting else "6.0.8"  # a release with / without SERVER-44422
+    client._store.mongos = Cluster([f"shard-{i}" for i in range(shards)], prefix_targeting, version)
     return client[name]
 
 
@@ -400,6 +406,8 @@ def apply() -> None:
             "listShards": _list_shards,
             "addShardToZone": _add_shard_to_zone,
             "updateZoneKeyRange": _update_zone_key_range,
+            "buildInfo": _build_info,
+            "explain": _explain,
         }
     )
 
@@ -609,3 +617,33 @@ def _update_zone_key_range(db: Any, command: dict[str, Any]) -> dict[str, Any]:
             raise OperationFailure(f"zone range overlaps [{other_low}, {other_high})", code=ILLEGAL_OPERATION)
     sharded.zones.append((low, high, zone))
     return {"ok": 1.0}
+
+
+def _build_info(db: Any, command: dict[str, Any]) -> dict[str, Any]:
+    """The release the stand-in stands for (a plain patched mongomock: mongomock's own)."""
+    cluster: Cluster | None = getattr(db.client._store, "mongos", None)
+    if cluster is None:
+        from mongomock import SERVER_VERSION
+
+        version = SERVER_VERSION
+    else:
+        version = cluster.version
+    numbers = [int(part) for part in version.split(".")[:3]]
+    return {"ok": 1.0, "version": version, "versionArray": [*numbers, 0]}
+
+
+def _explain(db: Any, command: dict[str, Any]) -> dict[str, Any]:
+    """``explain`` of a ``findAndModify``: refused as the write would be (routing), else a plan
+    that names the shards reached; nothing is written."""
+    explained = command.get("explain") or {}
+    collection = db.get_collection(explained.get("findAndModify", ""))
+    sharding = _sharding(collection) if "findAndModify" in explained else None
+    if sharding is None:
+        raise OperationFailure(
+            "explain: only a findAndModify of a sharded collection", code=mongomock_patches.COMMAND_NOT_FOUND
+        )
+    cluster, sharded = sharding
+    query = explained.get("query") or {}
+    check_find_and_modify(cluster, sharded, query, upsert=bool(explained.get("upsert")))
+    shards = sorted(_shards_reached(cluster, sharded, query))
+    return {"ok": 1.0, "queryPlanner": {"winningPlan": {"stage": "SINGLE_SHARD", "shards": shards}}}

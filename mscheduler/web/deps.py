@@ -149,8 +149,9 @@ def _scope_path(scope: Scope) -> str:
 EXECUTOR_PATHS = frozenset(f"{API}/executors/{action}" for action in ("lease", "ping", "report"))
 
 
-# What a publish token may do: send tasks, and ask its role (the CLI's first request).
-PUBLISH_REQUESTS = frozenset({("POST", f"{API}/tasks"), ("GET", f"{API}/whoami")})
+# What a publish token may do: send tasks, ask its role (the CLI's first request) and which
+# task names are handled, with their params' schemas.
+PUBLISH_REQUESTS = frozenset({("POST", f"{API}/tasks"), ("GET", f"{API}/whoami"), ("GET", f"{API}/handlers")})
 
 
 # Declares the scheme in the OpenAPI schema; ``TokenAuth`` enforces it.
@@ -237,6 +238,8 @@ _common = [Depends(_bearer), Depends(known_query)]
 def domain_error(exc: Exception) -> _ApiError:
     """The HTTP answer of an error from ``Operations``."""
     if isinstance(exc, InvalidInput):
+        if exc.field:
+            return _ApiError(422, "invalid_input", str(exc), field=exc.field)
         return _ApiError(422, "invalid_input", str(exc))
     if isinstance(exc, (UnknownTask, UnknownPlan, UnknownLimit)):
         return _ApiError(404, "not_found", str(exc))

@@ -66,6 +66,17 @@ SendIn = Annotated[
 ]
 
 
+class HandlerOut(BaseModel):
+    """A task name live workers handle, with the JSON schema of its params (what a send is
+    checked against; null: not checked)."""
+
+    name: str
+    workers: int = Field(description="live workers (consumers and executors) that handle it")
+    params_schema: dict[str, Any] | None = Field(
+        description="the JSON schema of its params, as the most recently started worker publishes it"
+    )
+
+
 class SentOut(BaseModel):
     key: str
     created: bool = Field(description="false: a task with this key existed and was left as it is")
@@ -222,6 +233,9 @@ class ErrorOut(BaseModel):
     detail: str
     status: str | None = Field(None, description="transition_refused: the task's status")
     rule: str | None = Field(None, description="transition_refused: the rule that refused it")
+    field: str | None = Field(
+        None, description="invalid_input, where known: the path of the field at fault (params.order_id)"
+    )
 
 
 # -- bulk actions ----------------------------------------------------------------------------------

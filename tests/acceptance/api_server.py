@@ -19,12 +19,6 @@ PUBLISH_TOKEN = "cli-publish-token-0123456789"
 TOKENS = ApiTokens(admin=[ADMIN_TOKEN], read=[READ_TOKEN], publish=[PUBLISH_TOKEN])
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class ApiServer:
     """``create_app`` under uvicorn in a background thread; ``serve(ops)`` points it at a store."""
 

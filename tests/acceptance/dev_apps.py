@@ -5,4 +5,4 @@ from __future__ import annotations
 from mscheduler import App
 
 empty = App("empty")  # no handler: no consumer
-not_an_app = {"handlers": []}
+not_an_app: dict[str, list[str]] = {"handlers": []}

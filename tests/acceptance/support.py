@@ -13,6 +13,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# The longest a CLI run that must not wait on anything may take (it fails fast, refuses its input,
+# or stops at once): far above what a loaded machine makes of a Python start and a quick command
+# (a few seconds), and below what the slow path each test guards against waits for (PyMongo's
+# default 30 s server selection, retries for minutes, a 60 s handler): what tells them apart is
+# the order of magnitude, not the machine's speed today.
+QUICK_RUN = 25.0
 
 
 def command() -> list[str]:
@@ -121,7 +127,9 @@ def cli(*args: str) -> tuple[int, str, str]:
     """``mscheduler ARGS`` in this process: (exit code, stdout, stderr); a crash is raised."""
     from typer.testing import CliRunner
 
-    from mscheduler.cli.common import app
+    from mscheduler.cli.main import full_app
+
+    app = full_app()
 
     result = CliRunner(env={**URI, "COLUMNS": "200", "NO_COLOR": "1"}).invoke(app, list(args))
     if result.exception is not None and not isinstance(result.exception, SystemExit):

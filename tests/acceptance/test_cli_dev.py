@@ -16,8 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.acceptance.api_server import free_port
-from tests.acceptance.support import Running, command, run
+from tests.acceptance.support import QUICK_RUN, Running, command, run
 
 APP = "examples.shop:app"
 TOKEN = "dev-test-token-0123456789"
@@ -190,13 +189,13 @@ def test_worker_asks_for_a_store_for_an_app() -> None:
     assert "examples.shop:app is an App: give its store with --mongodb-uri URI" in err
 
 
-def test_worker_runs_an_app_against_mongodb_and_fails_fast_without_one() -> None:
-    uri = f"mongodb://127.0.0.1:{free_port()}/"
+def test_worker_runs_an_app_against_mongodb_and_fails_fast_without_one(refused_port: int) -> None:
+    uri = f"mongodb://127.0.0.1:{refused_port}/"
     code, _, err, seconds = run(
         [*command(), "worker", APP, "--mongodb-uri", uri, "--server-selection-timeout-ms", "300"]
     )
     assert code == 1, err
-    assert f"cannot reach MongoDB at {uri}" in err and seconds < 20
+    assert f"cannot reach MongoDB at {uri}" in err and seconds < QUICK_RUN
 
 
 def test_worker_refuses_a_store_for_a_target_that_builds_its_own() -> None:

@@ -87,7 +87,7 @@ def test_refusals_naming_stored_text_are_plain_too(store: MemoryDriver) -> None:
 
 
 def test_plain_text_keeps_lengths_tabs_and_new_lines() -> None:
-    from mscheduler.cli.common import plain_text
+    from mscheduler.observability.logs import plain_text
 
     text = "a\tb\nc\x1b[2J\r\x7f\x9b\u202e"
     shown = plain_text(text)

@@ -14,8 +14,8 @@ import pytest
 from mscheduler import FakeClock, MemoryDriver, Operations
 from mscheduler.cli import common as cli_ops
 from mscheduler.cli import maintenance as cli_maintenance
-from mscheduler.domain.plans import Plan, PlanTiming
-from mscheduler.domain.schedule import EverySchedule
+from mscheduler.domain.plans import Plan
+from mscheduler.domain.schedule import EverySchedule, PlanTiming
 from mscheduler.services.expiry import ExpiryService
 from mscheduler.services.retention import Retention
 from tests.acceptance.support import cli

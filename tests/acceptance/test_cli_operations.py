@@ -23,11 +23,13 @@ from mscheduler import (
     TaskStatus,
 )
 from mscheduler.cli import common as cli_ops
-from mscheduler.cli.common import app
+from mscheduler.cli.main import full_app
 from mscheduler.domain.plans import Plan
 from mscheduler.domain.schedule import EverySchedule, PlanTiming
 from mscheduler.drivers.base import WorkerInfo
-from tests.acceptance.support import cli, command, run
+from tests.acceptance.support import QUICK_RUN, cli, command, run
+
+app = full_app()
 
 
 async def _seed(driver: MemoryDriver) -> None:
@@ -98,7 +100,7 @@ def test_tasks_ls_by_finish_time_and_group(store: MemoryDriver) -> None:
     assert code == 0, err
     assert [r["key"] for r in json.loads(out)] == ["boom-1", "a-2"]
     code, out, err = cli("tasks", "ls", "--finished-from", started)
-    assert code == 0 and "finished" in out.splitlines()[2] and "a-2" in out and "a-1" not in out, out
+    assert code == 0 and "finished" in out.splitlines()[1] and "a-2" in out and "a-1" not in out, out
     code, out, err = cli("tasks", "ls", "--finished-from", started, "--limit", "1", "--json")
     assert [r["key"] for r in json.loads(out)] == ["boom-1"] and err.startswith("next_cursor: ")
     cursor = err.split()[1]
@@ -364,7 +366,7 @@ def test_an_unreachable_server_exits_3_in_one_line() -> None:
     assert code == 3, (out, err)
     assert err.startswith("error: cannot reach MongoDB at mongodb://127.0.0.1:1/"), err
     assert err.count("\n") == 1 and "Traceback" not in out + err
-    assert seconds < 8
+    assert seconds < QUICK_RUN
     code, _, err, _ = run([*command(), "stats"], MSCHEDULER_MONGODB_URI="http://x")
     assert code == 2 and "invalid MongoDB URI" in err
 

@@ -24,7 +24,6 @@ from tests.acceptance.api_server import (
     READ_TOKEN,
     ApiServer,
     NotTheApi,
-    free_port,
 )
 from tests.acceptance.support import cli
 
@@ -35,6 +34,9 @@ async def _seed(driver: MemoryDriver) -> None:
     clock = driver.clock
     assert isinstance(clock, FakeClock)
     ops = Operations(driver, clock=clock)
+    names = ("job.a", "job.run", "job.boom", "job.done", "step.one", "step.two", "job.x", "job.typed")
+    schemas = [("job.typed", '{"properties":{"n":{"type":"integer"}},"required":["n"],"type":"object"}')]
+    await driver.register_worker(WorkerInfo("w-live", "host-1", 42, names, 4, clock.now(), ("gpu",), schemas))
     for key in ("a-1", "a-2", "a-3"):
         await ops.send(Task(key, "job.a", {"n": key}, option=TaskOption(priority=1)))
         clock.advance(0.001)
@@ -53,7 +55,6 @@ async def _seed(driver: MemoryDriver) -> None:
         elif key == "done-1":
             await driver.finish([FinishParams(key, "w1", claimed.attempt, now, "succeeded", {"ok": 1})])
     now = clock.now()
-    await driver.register_worker(WorkerInfo("w-live", "host-1", 42, ("job.a",), 4, now, ("gpu",)))
     timing = PlanTiming(schedule=EverySchedule(interval=3600, start=now))
     await ops.add_plan(Plan(plan_id="nightly", name="job.a", timing=timing))
     await ops.set_limit("job.a", max_running=2, rate="10/s")
@@ -122,6 +123,9 @@ COMMANDS = [
     # tasks: changes
     ["tasks", "send", "job.new", "--key", "new-1", "--params", '{"a": 1}', "--priority", "3"],
     ["tasks", "send", "job.a", "--key", "a-1", "--json"],
+    ["tasks", "send", "job.new", "--key", "new-2", "--allow-unknown"],
+    ["tasks", "send", "job.typed", "--key", "t-1", "--params", '{"n": "x"}'],
+    ["tasks", "send", "job.typed", "--key", "t-2", "--params", '{"n": 2}'],
     ["tasks", "send", "job.a", "--key", "big", "--params", '{"x": "' + "y" * 600_000 + '"}'],
     ["tasks", "cancel", "a-1", "--reason", "not needed"],
     ["tasks", "cancel", "done-1"],
@@ -163,6 +167,8 @@ COMMANDS = [
     ["plans", "add", "nightly", "job.a", "--cron", "0 3 * * *"],
     # workers
     ["workers", "ls"],
+    ["workers", "handlers"],
+    ["workers", "handlers", "--json"],
     ["workers", "ls", "--json"],
     ["workers", "stop", "w-live"],
     ["workers", "stop", "nope"],
@@ -218,8 +224,8 @@ def test_refusals_come_back_as_the_store_words_them(
 # -- what only the API way meets --------------------------------------------------------------------
 
 
-def test_nothing_answering_is_exit_3(monkeypatch: pytest.MonkeyPatch) -> None:
-    url = f"http://127.0.0.1:{free_port()}"
+def test_nothing_answering_is_exit_3(refused_port: int) -> None:
+    url = f"http://127.0.0.1:{refused_port}"
     code, _out, err = cli("tasks", "ls", "--api-url", url, "--token", ADMIN_TOKEN)
     assert code == 3, err
     assert err.startswith(f"error: cannot reach the mscheduler API at {url}") and err.count("\n") == 1
@@ -281,7 +287,9 @@ def test_usage_errors_are_exit_2(args: list[str], says: str) -> None:
 def test_the_environment_gives_the_api_and_the_token(server: ApiServer) -> None:
     from typer.testing import CliRunner
 
-    from mscheduler.cli.common import app
+    from mscheduler.cli.main import full_app
+
+    app = full_app()
 
     server.serve(make_store())
     env = {"MSCHEDULER_API_URL": server.url, "MSCHEDULER_TOKEN": READ_TOKEN, "COLUMNS": "200"}
@@ -293,7 +301,9 @@ def test_the_environment_gives_the_api_and_the_token(server: ApiServer) -> None:
 def test_no_store_at_all_is_exit_2() -> None:
     from typer.testing import CliRunner
 
-    from mscheduler.cli.common import app
+    from mscheduler.cli.main import full_app
+
+    app = full_app()
 
     result = CliRunner(env={"MSCHEDULER_MONGODB_URI": None, "MSCHEDULER_API_URL": None}).invoke(
         app, ["tasks", "ls"]

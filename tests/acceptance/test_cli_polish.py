@@ -9,7 +9,7 @@ import signal
 import pytest
 
 import mscheduler
-from tests.acceptance.support import Running, command, run
+from tests.acceptance.support import QUICK_RUN, Running, command, run
 
 APP = "tests.acceptance.worker_app"
 
@@ -57,7 +57,7 @@ def test_demo_refuses_options_that_need_a_server(args: list[str], message: str) 
     assert code == 2, f"exit {code}\n{out}\n{err}"
     assert err.strip() == f"error: {message} (the demo runs in memory without it)"
     assert "demo OK" not in out  # refused before running anything
-    assert seconds < 10
+    assert seconds < QUICK_RUN
 
 
 def test_an_unknown_log_format_is_a_usage_error() -> None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from mscheduler import Consumer, MongoDriver, Publisher, Task
@@ -76,7 +78,15 @@ async def test_setup_with_shards_shards_the_tasks_by_partition_with_a_zone_per_s
     inner = mongomock_database()
     admin = _Admin(shards=3)
     database = Database(inner, {})
-    database.client = type("Client", (), {"admin": admin})()  # type: ignore[attr-defined]
+    config = {"config": mongomock_database("config")}  # no zone ranges yet (config.tags)
+
+    async def command(command: Any, *args: Any, **kwargs: Any) -> Any:  # a mongos of today
+        return (
+            {"version": "8.0.4"} if command == "buildInfo" else await inner.command(command, *args, **kwargs)
+        )
+
+    database.command = command  # type: ignore[attr-defined]
+    database.client = type("Client", (), {"admin": admin, "__getitem__": lambda _, n: config[n]})()  # type: ignore[attr-defined]
     _, notes = await setup_store(database, partitions=8, shards=True, majority=False)
     names = [next(iter(c)) for c in admin.sent]
     assert names[0] == "shardCollection" and admin.sent[0]["key"] == {"part": 1, "_id": 1}

@@ -9,21 +9,13 @@ nothing listens.
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 
-from tests.acceptance.support import command, run
+from tests.acceptance.support import QUICK_RUN, command, run
 
 APP = "tests.acceptance.worker_app"
 MALFORMED = "mongodb://127.0.0.1:99999/"
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound once by us, then released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _error_lines(err: str) -> list[str]:
@@ -62,7 +54,7 @@ def test_a_malformed_uri_is_a_usage_error(args: list[str], message: str) -> None
     code, out, err, seconds = run([*command(), *args])
     assert code == 2, f"exit {code}\n{out}\n{err}"
     assert message in _assert_one_clear_line(err, out)
-    assert seconds < 10
+    assert seconds < QUICK_RUN
 
 
 def test_a_malformed_uri_in_the_workers_factory_is_a_usage_error() -> None:
@@ -73,12 +65,14 @@ def test_a_malformed_uri_in_the_workers_factory_is_a_usage_error() -> None:
     line = _assert_one_clear_line(err, out)
     assert "calling tests.acceptance.worker_app:mongo_factory() failed: invalid MongoDB URI" in line
     assert "Port must be an integer between 0 and 65535" in line
-    assert seconds < 10
+    assert seconds < QUICK_RUN
 
 
 @pytest.mark.parametrize("subcommand", ["check", "demo"])
-def test_an_unreachable_server_fails_fast_in_one_line_that_says_how_to_wait_longer(subcommand: str) -> None:
-    port = closed_port()
+def test_an_unreachable_server_fails_fast_in_one_line_that_says_how_to_wait_longer(
+    subcommand: str, refused_port: int
+) -> None:
+    port = refused_port
     uri = f"mongodb://127.0.0.1:{port}/"
     code, out, err, seconds = run(
         [*command(), subcommand, "--mongodb-uri", uri, "--server-selection-timeout-ms", "300"]
@@ -88,21 +82,23 @@ def test_an_unreachable_server_fails_fast_in_one_line_that_says_how_to_wait_long
     assert f"cannot reach MongoDB at {uri}: no server answered within 300 ms" in line
     assert f"127.0.0.1:{port}" in line  # the server's own reason, e.g. connection refused
     assert "--server-selection-timeout-ms or set serverSelectionTimeoutMS in the URI" in line
-    assert seconds < 8, f"took {seconds:.1f}s"
+    assert seconds < QUICK_RUN, f"took {seconds:.1f}s"
 
 
-def test_the_default_start_up_timeout_is_short() -> None:
-    uri = f"mongodb://127.0.0.1:{closed_port()}/"
+def test_the_default_start_up_timeout_is_short(refused_port: int) -> None:
+    uri = f"mongodb://127.0.0.1:{refused_port}/"
     code, out, err, seconds = run([*command(), "check", "--mongodb-uri", uri])
     assert code == 1, err
     assert "within 2000 ms" in _assert_one_clear_line(err, out)
-    assert seconds < 10, f"took {seconds:.1f}s"
+    assert seconds < QUICK_RUN, f"took {seconds:.1f}s"
 
 
-def test_a_worker_whose_server_is_unreachable_fails_fast_instead_of_retrying_for_minutes() -> None:
+def test_a_worker_whose_server_is_unreachable_fails_fast_instead_of_retrying_for_minutes(
+    refused_port: int,
+) -> None:
     # The factory's client has PyMongo's default 30 s server selection, and the driver retries a
     # transient error 5 times: about 3 minutes before this change. The worker pings first.
-    port = closed_port()
+    port = refused_port
     code, out, err, seconds = run(
         [*command(), "worker", f"{APP}:mongo_factory", "--server-selection-timeout-ms", "400"],
         ACC_MONGODB_URI=f"mongodb://127.0.0.1:{port}/",
@@ -113,10 +109,10 @@ def test_a_worker_whose_server_is_unreachable_fails_fast_instead_of_retrying_for
     assert f"cannot reach MongoDB at 127.0.0.1:{port} (consumer acc-mongo)" in line
     assert "no server answered within 400 ms" in line
     assert "to wait longer, pass --server-selection-timeout-ms" in line
-    assert seconds < 10, f"took {seconds:.1f}s"
+    assert seconds < QUICK_RUN, f"took {seconds:.1f}s"
 
 
-def test_a_worker_start_up_failure_in_json_is_one_json_record() -> None:
+def test_a_worker_start_up_failure_in_json_is_one_json_record(refused_port: int) -> None:
     code, out, err, _ = run(
         [
             *command(),
@@ -127,7 +123,7 @@ def test_a_worker_start_up_failure_in_json_is_one_json_record() -> None:
             "--log-format",
             "json",
         ],
-        ACC_MONGODB_URI=f"mongodb://127.0.0.1:{closed_port()}/",
+        ACC_MONGODB_URI=f"mongodb://127.0.0.1:{refused_port}/",
         timeout=40,
     )
     assert code == 1, f"exit {code}\n{out}\n{err}"

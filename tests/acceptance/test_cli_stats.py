@@ -8,6 +8,7 @@ import io
 import json
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -65,6 +66,7 @@ def test_bad_stats_input_exits_2(store: MemoryDriver, args: list[str]) -> None:
 
 async def test_operations_stats_validates_its_input() -> None:
     ops = Operations(MemoryDriver())
+    bad: dict[str, Any]
     for bad in (
         {"window": 0},
         {"window": timedelta(days=8)},
@@ -76,7 +78,7 @@ async def test_operations_stats_validates_its_input() -> None:
         {"statuses": ["done"]},
     ):
         with pytest.raises(InvalidInput):
-            await ops.stats(**bad)  # type: ignore[arg-type]
+            await ops.stats(**bad)
     stats = await ops.stats(window=120, statuses=["running"])
     assert stats.window_seconds == 120 and stats.counts == {"running": 0}
 

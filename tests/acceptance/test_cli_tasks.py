@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,12 @@ from typer.testing import CliRunner
 
 from mscheduler import Consumer, Fail, MemoryDriver, Operations, Publisher, Task, TaskStatus
 from mscheduler.cli import common as cli_ops
-from mscheduler.cli.common import app
+from mscheduler.cli.main import full_app
+from mscheduler.drivers.base import ClaimParams, WorkerInfo
 from tests.acceptance.support import cli
 from tests.acceptance.test_cli_operations import COMMANDS
+
+app = full_app()
 
 
 async def _fail_all(driver: MemoryDriver, keys: list[str], name: str = "job.boom") -> None:
@@ -44,6 +48,7 @@ def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[MemoryDriver]:
     driver = MemoryDriver(events=True)
     asyncio.run(_fail_all(driver, ["boom-1", "boom-2", "boom-3"]))
     asyncio.run(_fail_all(driver, ["other-1"], name="job.other"))
+    asyncio.run(driver.register_worker(WorkerInfo("w-live", "h", 1, ["job.a"], 1, datetime.now(UTC))))
     monkeypatch.setattr(cli_ops, "operations_override", lambda: Operations(driver))
     yield driver
 
@@ -97,6 +102,51 @@ def test_tasks_send_refuses_bad_input_in_one_line(store: MemoryDriver, args: lis
 def test_tasks_send_of_a_bad_name_is_one_line(store: MemoryDriver) -> None:
     code, _, err = cli("tasks", "send", "bad name!", "--key", "x")
     assert code == 2 and err.startswith("error: invalid task 'x': invalid task name") and err.count("\n") == 1
+
+
+def test_tasks_send_is_checked_at_the_door(store: MemoryDriver) -> None:
+    """A name no live worker handles is refused with the handled names (exit 2, nothing
+    written) unless --allow-unknown says it is expected; the refusal names the CLI's flag."""
+    before = keys(store)
+    code, out, err = cli("tasks", "send", "job.aa", "--key", "typo-1")
+    assert code == 2 and out == "", err
+    assert err == (
+        "error: no live worker handles tasks named 'job.aa' (names handled now: job.a); if a worker "
+        "for it is on its way, send it with --allow-unknown\n"
+    )
+    assert keys(store) == before
+    assert cli("tasks", "send", "job.aa", "--key", "typo-1", "--allow-unknown")[:2] == (
+        0,
+        "sent task 'typo-1' (job.aa)\n",
+    )
+
+
+def test_tasks_send_reads_params_from_a_file_or_stdin(
+    store: MemoryDriver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    big = {"rows": ["x" * 100] * 2000}  # about 200 KB: more than a command line takes
+    path = tmp_path / "params.json"
+    path.write_text(json.dumps(big))
+    assert cli("tasks", "send", "job.a", "--key", "f-1", "--params", f"@{path}")[0] == 0
+    assert info(store, "f-1").params == big
+    result = CliRunner().invoke(
+        app, ["tasks", "send", "job.a", "--key", "f-2", "--params", "-"], input='{"n": 2}'
+    )
+    assert result.exit_code == 0, result.stderr
+    assert info(store, "f-2").params == {"n": 2}
+    code, _, err = cli("tasks", "send", "job.a", "--key", "f-3", "--params", f"@{tmp_path / 'missing.json'}")
+    assert code == 2 and err.startswith("error: --params: cannot read ") and "No such file" in err
+    path.write_text("{not json")
+    code, _, err = cli("tasks", "send", "job.a", "--key", "f-3", "--params", f"@{path}")
+    assert code == 2 and err.startswith("error: --params: not JSON")
+
+
+def test_refusals_name_the_command_lines_flags(store: MemoryDriver) -> None:
+    """A rule that ``Operations`` words with a keyword argument reads as the CLI's flag."""
+    asyncio.run(Publisher(store).send(Task("r-1", "job.a", {})))
+    asyncio.run(store.claim(ClaimParams("w-9", ["job.a"], datetime.now(UTC), ["att-1"])))
+    code, _, err = cli("tasks", "remove", "r-1")
+    assert code == 1 and "--force" in err and "force=True" not in err, err
 
 
 def test_tasks_edit(store: MemoryDriver) -> None:

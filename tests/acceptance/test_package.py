@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from mscheduler.domain.version import __version__
 from tests.acceptance.support import REPO, environment
 
 USER_APP = """
@@ -119,7 +120,7 @@ def test_the_built_package_installs_and_runs(dist: Path, tmp_path: Path, kind: s
 
     script = tmp_path / "venv" / "bin" / "mscheduler"
     version = _run([str(script), "--version"], elsewhere)
-    assert version.returncode == 0 and version.stdout.strip() == "mscheduler 0.1.0", version
+    assert version.returncode == 0 and version.stdout.strip() == f"mscheduler {__version__}", version
     helped = _run([str(python), "-m", "mscheduler", "--help"], elsewhere)
     assert helped.returncode == 0 and "worker" in helped.stdout and "tasks" in helped.stdout, helped
 

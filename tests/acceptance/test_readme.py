@@ -229,3 +229,30 @@ def test_flow_limits_example_runs() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["4 0"]
+
+
+def test_the_flask_example_runs() -> None:
+    block = _block_with("SyncPublisher(MemoryDriver())")
+    done = subprocess.run(
+        [sys.executable, "-c", block], cwd=REPO, env=environment(), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["{'created': True} {'created': False}"]
+    assert "It prints `{'created': True} {'created': False}`" in README
+
+
+INTERNAL = re.compile(
+    r"\bSPEC\b|\bseed(?:'s)? ?\d{3}|\b[Ii]ssues? #?\d+|\b[FG]\d{1,2}\b(?![-.\w])|\bSTYLE \d+"
+)
+
+
+def test_the_readme_and_docs_speak_a_users_words() -> None:
+    """No reference to the project's internal papers (the specification's feature ids, the
+    design seeds, issue numbers): a user has none of them."""
+    found = [
+        f"{page.relative_to(REPO)}:{n}: {line.strip()}"
+        for page in [*_documentation(), REPO / "CHANGELOG.md", REPO / "benchmarks" / "README.md"]
+        for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+        if INTERNAL.search(line)
+    ]
+    assert not found, "\n".join(found)

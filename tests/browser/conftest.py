@@ -3,8 +3,10 @@
 The app runs under uvicorn on a free localhost port, in a thread with its own event loop, over a
 MemoryDriver that ``seed`` filled (tasks of every status, plans, workers, a live consumer).
 Playwright launches the system's chromium (``make browser`` installs it; Playwright's own browser
-downloads are never used: the machines are offline). Without chromium or Playwright the tests
-skip and say why. Screenshots of every page go to ``tests/browser/screenshots/`` (git-ignored).
+downloads are never used: the machines are offline). Without chromium the tests skip and say why;
+with chromium installed, a chromium that cannot be launched (or a missing Playwright) fails them
+all: a broken browser must not pass for a machine without one. Screenshots of every page go to
+``tests/browser/screenshots/`` (git-ignored).
 """
 
 from __future__ import annotations
@@ -106,21 +108,27 @@ class DashboardServer:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
 
 
+def launch_chromium(playwright: Any, executable: str) -> Any:
+    """The installed chromium at ``executable``, launched; fails the test if it cannot be."""
+    try:
+        return playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+    except Exception as exc:
+        pytest.fail(f"chromium is installed at {executable} but could not be launched: {exc}", pytrace=False)
+
+
 # Module scope, not session: while a sync Playwright is open the thread counts as running an
 # event loop, which would break every asyncio test that came after it in the session.
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip(
-        "playwright.sync_api", reason="Playwright is not installed: pip install -e '.[dev]'"
-    )
     executable = chromium_path()
     if executable is None:
         pytest.skip("no chromium found (/usr/bin/chromium): run `make browser` (apt-get install chromium)")
+    try:
+        from playwright import sync_api
+    except ImportError:
+        pytest.fail(f"chromium is installed at {executable} but Playwright is not: pip install -e '.[dev]'")
     with sync_api.sync_playwright() as playwright:
-        try:
-            browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        except Exception as exc:
-            pytest.skip(f"chromium at {executable} could not be launched: {str(exc).splitlines()[0]}")
+        browser = launch_chromium(playwright, executable)
         yield browser
         browser.close()
 

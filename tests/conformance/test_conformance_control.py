@@ -313,7 +313,7 @@ class Linearized:
             await asyncio.sleep(0)
         async with self._lock:
             doc = await self.inner.get_task(params.key)
-            after = await self.inner.control_task(params)
+            after: dict[str, Any] | None = await self.inner.control_task(params)
         before = doc["state"]["status"] if doc is not None else None
         # a restart also waits for every attempt holding a live lease (never twice at once)
         if doc is not None and params.action == "restart" and _live(doc, params.now):

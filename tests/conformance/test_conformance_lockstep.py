@@ -1,17 +1,24 @@
-"""The Mongo update pipelines equal the Python ``derive``: random operations, two drivers, one clock.
+"""The Mongo update pipelines equal the memory driver: random operations, two drivers, one clock.
 
 Hypothesis draws a sequence of operations (insert, claim, ping, finish, expire, option change,
-time steps). The same sequence is applied to a ``MemoryDriver`` and to a ``MongoDriver`` on
-mongomock with the same fake times and attempt tokens; after every step both must answer the same
-and hold identical task documents, whose derived fields equal ``mscheduler.domain.state.derive``.
+time steps). The same sequence is applied to a ``MemoryDriver`` and to a ``MongoDriver`` of each
+Mongo layout (``tests/layouts.py``: mongomock with one partition and with four), the memory
+driver with as many partitions, with the same fake times and attempt tokens; after every step
+both must answer the same and hold identical task documents, whose derived fields equal the
+design's table (``tests/oracle.py``). Each run draws new sequences (the run's seed, printed in the
+report header, replays them), and fails if they never reached one of ``PATHS``.
 
 Each task has its own priority, so the claim order is fully determined: the order among equal
-tasks is not part of the contract, and a tie would make the stores diverge for no fault.
+tasks is not part of the contract, and a tie would make the stores diverge for no fault. On a
+store of several partitions each claim names the order it visits them in (``ClaimParams.parts``,
+drawn), which a claimer otherwise starts at a random one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
+from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -20,6 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mscheduler.domain.listing import ListParams
+from mscheduler.domain.partitions import visit_order
 from mscheduler.drivers.base import (
     ClaimParams,
     Driver,
@@ -32,10 +40,9 @@ from mscheduler.drivers.base import (
     WakeupParams,
 )
 from mscheduler.drivers.memory.driver import MemoryDriver
-from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.testing.clock import FakeClock
-from mscheduler.testing.mongomock import mongomock_database
 from tests.conformance.support import assert_derived, stored_option
+from tests.layouts import MONGO_LAYOUTS, Layout, examples, layout_params, set_up, until_reached
 
 KEYS = ("k0", "k1", "k2", "k3")
 NAMES = {"k0": "job", "k1": "job", "k2": "other", "k3": "job"}
@@ -64,7 +71,11 @@ _BUILDERS: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
         st.just("insert"), st.sampled_from(KEYS), st.integers(0, len(OPTION_VARIANTS) - 1), st.booleans()
     ),
     "claim": st.tuples(
-        st.just("claim"), st.sampled_from(WORKERS), st.integers(1, 3), st.integers(0, len(NAME_SETS) - 1)
+        st.just("claim"),
+        st.sampled_from(WORKERS),
+        st.integers(1, 3),
+        st.integers(0, len(NAME_SETS) - 1),
+        st.randoms(use_true_random=False),  # the order it visits the partitions in
     ),
     "ping": st.tuples(st.just("ping"), st.sampled_from(WORKERS), st.sampled_from([5, 30])),
     "finish": st.tuples(
@@ -107,9 +118,28 @@ def _changed(option: dict[str, Any], change: dict[str, Any], key: str, clock: Fa
     return new
 
 
+# The paths each run's sequences must reach (counted in ``Lockstep.paths``); the rarer ones (a few
+# per hundred sequences) are in the known busy sequence below, which runs every time.
+PATHS = (
+    "claimed",
+    "claim found nothing",
+    *(f"finish accepted: {outcome}" for outcome in OUTCOMES),
+    "finish refused",
+    "ping: alive",
+    "ping: lost",
+    "leases expired",
+    "option changed",
+)
+RARE_PATHS = ("ping: revoked", "reset a finished task")
+
+
 class Lockstep:
-    def __init__(self, memory: Driver, mongo: Driver, clock: FakeClock) -> None:
+    def __init__(
+        self, memory: Driver, mongo: Driver, clock: FakeClock, partitions: int, paths: Counter[str]
+    ) -> None:
         self.drivers = (memory, mongo)
+        self.partitions = partitions
+        self.paths = paths
         self.clock = clock
         self.held: dict[str, list[tuple[str, str]]] = {w: [] for w in WORKERS}
         self.tokens = 0
@@ -143,21 +173,28 @@ class Lockstep:
             _, key, variant, reset = op
             self.generation += 1
             task = _new_task(key, variant, self.clock, self.generation)
-            await self.both(lambda d: d.insert_tasks(InsertParams([task], now, reset)))
+            before = await self.drivers[0].get_task(key)
+            (created,) = await self.both(lambda d: d.insert_tasks(InsertParams([task], now, reset)))
+            if created and before is not None:
+                self.paths["reset a finished task"] += 1
         elif kind == "claim":
-            _, worker, n, names = op
+            _, worker, n, names, rng = op
             attempts = [f"{worker}#{self.tokens + i}" for i in range(n)]
             self.tokens += n
-            params = ClaimParams(worker, NAME_SETS[names], now, attempts, timedelta(seconds=30))
+            parts = visit_order(self.partitions, rng=rng)
+            params = ClaimParams(worker, NAME_SETS[names], now, attempts, timedelta(seconds=30), parts=parts)
             claimed = await self.both(lambda d: d.claim(params))
             self.held[worker].extend((c.key, c.attempt) for c in claimed)
+            self.paths["claimed" if claimed else "claim found nothing"] += 1
         elif kind == "ping":
             _, worker, lease = op
-            attempts = dict(self.held[worker])  # the latest attempt per key
-            if attempts:
-                params = PingParams(worker, now, {now + timedelta(seconds=lease): attempts})
-                result = await self.both(lambda d: _ping_answer(d, params))
-                assert set(result[0]) | set(result[1]) | set(result[2]) == set(attempts)
+            latest = dict(self.held[worker])  # the latest attempt per key
+            if latest:
+                ping = PingParams(worker, now, {now + timedelta(seconds=lease): latest})
+                result = await self.both(lambda d: _ping_answer(d, ping))
+                assert set(result[0]) | set(result[1]) | set(result[2]) == set(latest)
+                for answer, keys in zip(("alive", "lost", "revoked"), result, strict=True):
+                    self.paths[f"ping: {answer}"] += bool(keys)
         elif kind == "finish":
             _, worker, pick, outcome, retry_in, forged = op
             held = self.held[worker]
@@ -172,10 +209,12 @@ class Lockstep:
                 item = FinishParams(key, worker, token, now, outcome, result, error, retry_at)
                 (accepted,) = await self.both(lambda d: d.finish([item]))
                 assert not (forged and accepted)
+                self.paths[f"finish accepted: {outcome}" if accepted else "finish refused"] += 1
                 # finished attempts stay in ``held``: finishing them again must be refused the
                 # same way (or, repeated identically in the same millisecond, accepted as a retry)
         elif kind == "expire":
-            await self.both(lambda d: d.expire_leases(ExpireParams(now)))
+            expired = await self.both(lambda d: d.expire_leases(ExpireParams(now)))
+            self.paths["leases expired"] += bool(expired)
         elif kind == "advance":
             self.clock.advance(timedelta(seconds=op[1]))
         elif kind == "option":
@@ -183,8 +222,9 @@ class Lockstep:
             doc = await self.drivers[0].get_task(key)
             option = _changed(doc["option"], CHANGES[change], key, self.clock) if doc else {}
             if doc is not None:
-                params = UpdateOptionParams(key, option, now)
-                assert await self.both(lambda d: d.update_option(params)) is True
+                update = UpdateOptionParams(key, option, now)
+                assert await self.both(lambda d: d.update_option(update)) is True
+                self.paths["option changed"] += 1
         await self.compare_stores()
 
 
@@ -193,12 +233,12 @@ async def _ping_answer(driver: Driver, params: PingParams) -> tuple[list[str], l
     return sorted(result.alive), sorted(result.lost), sorted(result.revoked)
 
 
-async def _run(ops: list[tuple[Any, ...]]) -> None:
+async def _run(ops: list[tuple[Any, ...]], layout: Layout, paths: Counter[str]) -> None:
     clock = FakeClock()
-    memory = MemoryDriver(clock=clock)
-    mongo = MongoDriver(mongomock_database(), create_indexes=True)
-    await mongo.setup()
-    lockstep = Lockstep(memory, mongo, clock)
+    memory = MemoryDriver(clock=clock, partitions=layout.partitions)
+    mongo = layout.make(clock)
+    await set_up(mongo)
+    lockstep = Lockstep(memory, mongo, clock, layout.partitions, paths)
     # every run starts with each task present, so most operations have something to act on
     for i, key in enumerate(KEYS):
         await lockstep.apply(("insert", key, i % len(OPTION_VARIANTS), False))
@@ -206,24 +246,35 @@ async def _run(ops: list[tuple[Any, ...]]) -> None:
         await lockstep.apply(op)
 
 
-@pytest.mark.timeout(400)  # only a failure takes long: Hypothesis shrinks it (up to 5 minutes)
-@settings(
-    max_examples=80,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-@given(st.lists(operation, min_size=10, max_size=40))
-def test_memory_and_mongo_stores_stay_identical(ops: list[tuple[Any, ...]]) -> None:
-    asyncio.run(_run(ops))
+@pytest.mark.timeout(600)  # only a failure takes long: Hypothesis shrinks it (up to 5 minutes)
+@pytest.mark.parametrize("layout", layout_params(MONGO_LAYOUTS))
+def test_memory_and_mongo_stores_stay_identical(layout: Layout) -> None:
+    reached: Counter[str] = Counter()
+
+    @settings(
+        max_examples=examples("lockstep", layout),
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(st.lists(operation, min_size=10, max_size=40))
+    def lockstep(ops: list[tuple[Any, ...]]) -> None:
+        asyncio.run(_run(ops, layout, reached))
+
+    def one_search(seed: int | None) -> None:
+        lockstep._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
+        lockstep()
+
+    until_reached(f"lockstep/{layout}", one_search, reached, PATHS)
 
 
-def test_a_known_busy_sequence_stays_identical() -> None:
-    """A fixed sequence through every outcome, so the check runs even if Hypothesis is tuned down."""
+@pytest.mark.parametrize("layout", layout_params(MONGO_LAYOUTS))
+def test_a_known_busy_sequence_stays_identical(layout: Layout) -> None:
+    """Fixed sequences through every path, so the check runs even if Hypothesis is tuned down."""
+    rng = random.Random(0)
     ops: list[tuple[Any, ...]] = [
-        ("claim", "w0", 3, 1),
-        ("claim", "w1", 2, 0),
+        ("claim", "w0", 3, 1, rng),
+        ("claim", "w1", 2, 0, rng),
         ("ping", "w0", 30),
         ("advance", 12),
         ("finish", "w0", 0, "failed", 5, False),
@@ -231,19 +282,34 @@ def test_a_known_busy_sequence_stays_identical() -> None:
         ("option", "k2", 1),
         ("ping", "w0", 5),
         ("advance", 4),
-        ("claim", "w2", 3, 1),
+        ("claim", "w2", 3, 1, rng),
         ("finish", "w0", 1, "revoked", None, False),
         ("advance", 31),
         ("expire",),
-        ("claim", "w1", 3, 1),
+        ("claim", "w1", 3, 1, rng),
         ("finish", "w1", 1, "rejected", None, False),
         ("finish", "w1", 0, "released", 20, False),
         ("insert", "k1", 0, True),
         ("insert", "k3", 1, True),
         ("option", "k3", 4),
-        ("claim", "w0", 3, 1),
+        ("claim", "w0", 3, 1, rng),
         ("finish", "w0", 2, "succeeded", None, True),
         ("advance", 31),
         ("expire",),
     ]
-    asyncio.run(_run(ops))
+    # and the rarer paths: a worker taken off a task it runs (revoked at its ping) releases it; a
+    # claim that finds nothing; a finished task sent again with reset_finished
+    rare: list[tuple[Any, ...]] = [
+        ("claim", "w0", 1, 0, rng),
+        *(("option", key, 1) for key in ("k0", "k1", "k3")),  # for w1 only
+        ("ping", "w0", 30),
+        ("finish", "w0", 0, "released", None, False),
+        ("claim", "w0", 3, 0, rng),
+        ("claim", "w1", 3, 0, rng),
+        *(("finish", "w1", i, "succeeded", None, False) for i in range(3)),
+        *(("insert", key, 0, True) for key in ("k0", "k1", "k3")),
+    ]
+    reached: Counter[str] = Counter()
+    asyncio.run(_run(ops, layout, reached))
+    asyncio.run(_run(rare, layout, reached))
+    assert not [path for path in (*PATHS, *RARE_PATHS) if not reached[path]], reached

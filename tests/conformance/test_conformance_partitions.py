@@ -15,7 +15,8 @@ from tests.conformance.support import NAME, Store
 
 def keys_in(part: int, n: int, partitions: int, prefix: str = "k") -> list[str]:
     """``n`` keys whose partition is ``part``."""
-    found, i = [], 0
+    found: list[str] = []
+    i = 0
     while len(found) < n:
         key = f"{prefix}{i}"
         if part_of(key, partitions) == part:

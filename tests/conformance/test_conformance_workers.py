@@ -42,3 +42,21 @@ async def test_the_registry_is_read_a_page_at_a_time_in_start_order(store: Store
             break
         after = (page[-1]["start_time"], page[-1]["worker_id"])
     assert seen == ["w0", "w1", "w2", "w3", "w4", "w5", "w-tie", "w6"]
+
+
+async def test_a_registration_keeps_its_params_schemas_and_lists_them_when_asked(store: Store) -> None:
+    """Workers publish their handlers' params schemas with their registration: a live listing
+    that asks for them gets them (``schemas``), any other listing leaves them out; registering
+    again replaces them."""
+    schema = '{"properties":{"order_id":{"type":"integer"}},"required":["order_id"],"type":"object"}'
+    info = WorkerInfo("w-s", "h", 1, [NAME, "other"], 1, store.at(-10), schemas=[(NAME, schema)])
+    await store.driver.register_worker(info)
+    live = WorkerListParams(store.now, live_since=store.at(-30), schemas=True)
+    [worker] = await store.driver.list_workers(live)
+    assert worker["schemas"] == [{"name": NAME, "schema": schema}]
+    for params in (WorkerListParams(store.now), WorkerListParams(store.now, live_since=store.at(-30))):
+        [plain] = await store.driver.list_workers(params)
+        assert "schemas" not in plain and plain["names"] == [NAME, "other"]
+    await store.driver.register_worker(WorkerInfo("w-s", "h", 1, [NAME], 1, store.at(-5)))
+    [worker] = await store.driver.list_workers(live)
+    assert worker["schemas"] == []

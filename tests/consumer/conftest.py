@@ -11,7 +11,7 @@ from tests.consumer.support import Harness
 
 
 @pytest.fixture
-async def harness(make_driver, fake_clock: FakeClock) -> AsyncIterator[Harness]:  # type: ignore[no-untyped-def]
+async def harness(make_driver, fake_clock: FakeClock) -> AsyncIterator[Harness]:
     h = Harness(make_driver, fake_clock)
     yield h
     await h.close()

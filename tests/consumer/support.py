@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -73,7 +73,7 @@ class Harness:
     def consumer(
         self,
         worker_id: str,
-        handlers: dict[str, Callable[..., Awaitable[Any]]],
+        handlers: dict[str, Callable[..., Any]],
         *,
         driver: Driver | None = None,
         **kwargs: Any,

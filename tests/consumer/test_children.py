@@ -29,6 +29,7 @@ from mscheduler.drivers.base import ClaimParams, FinishParams
 from mscheduler.services.children import ChildSync
 from mscheduler.testing.faults import FaultyDriver, crash_consumer
 from tests.consumer.support import FreezableDriver, Gate, Harness, settle
+from tests.helpers import as_driver
 
 OPTION = TaskOption(
     ping_interval=timedelta(seconds=1),
@@ -157,7 +158,9 @@ async def test_a_child_failing_for_good_fails_the_parent_and_the_rest_never_runs
 async def test_a_crash_mid_child_reruns_that_child_only(harness: Harness) -> None:
     steps = Steps()
     gate = steps.hold("transform")
-    a = harness.consumer("A", steps.handlers(), driver=FaultyDriver(harness.new_driver()), concurrency=3)
+    a = harness.consumer(
+        "A", steps.handlers(), driver=as_driver(FaultyDriver(harness.new_driver())), concurrency=3
+    )
     b_driver = FreezableDriver(harness.new_driver())
     b_driver.freeze("claim")  # B is up, but claims nothing until A has crashed
     b = harness.consumer("B", steps.handlers(), driver=b_driver, concurrency=3)

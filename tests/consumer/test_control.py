@@ -19,7 +19,8 @@ from mscheduler import (
     TaskStatus,
     TransitionRefused,
 )
-from tests.consumer.support import FreezableDriver, Gate, Harness, NoStreamDriver, settle
+from tests.consumer.support import FreezableDriver, Gate, Harness, NoStreamDriver
+from tests.helpers import wait_until
 
 OPTION = TaskOption(ping_interval=timedelta(seconds=2), worker_timeout=timedelta(seconds=20))
 
@@ -47,7 +48,7 @@ async def _running(harness: Harness, gate: Gate, cancelled: list[str], driver: A
 
 async def test_cancel_reaches_the_handler_at_its_next_ping(harness: Harness) -> None:
     """Without a change stream (see test_stop_and_checkpoints for the stream)."""
-    gate, cancelled = Gate(), []
+    gate, cancelled = Gate(), list[str]()
     ops = await _running(harness, gate, cancelled, driver=NoStreamDriver(harness.new_driver()))
     info = await ops.cancel("t", "operator said so")
     assert info.status is TaskStatus.CANCELLED
@@ -74,7 +75,7 @@ async def test_cancel_reaches_the_handler_at_its_next_ping(harness: Harness) -> 
 
 
 async def test_finish_first_wins_over_cancel(harness: Harness) -> None:
-    gate, cancelled = Gate(), []
+    gate, cancelled = Gate(), list[str]()
     ops = await _running(harness, gate, cancelled)
     gate.open()
     await harness.recorder.wait("finished", 1)
@@ -86,13 +87,12 @@ async def test_finish_first_wins_over_cancel(harness: Harness) -> None:
 
 
 async def test_cancel_first_wins_over_a_finish_in_flight(harness: Harness) -> None:
-    gate, cancelled = Gate(), []
+    gate, cancelled = Gate(), list[str]()
     driver = FreezableDriver(harness.new_driver())
     ops = await _running(harness, gate, cancelled, driver=driver)
     driver.freeze("finish")
     gate.open()  # the handler returns; its finish hangs on the way to the store
-    await settle()
-    assert driver.blocked == ["finish"]
+    await wait_until(lambda: driver.blocked == ["finish"], what="the finish to hang")
     await ops.cancel("t", "too late")
     driver.thaw("finish")
     await harness.recorder.wait("finished", 1)
@@ -104,7 +104,7 @@ async def test_cancel_first_wins_over_a_finish_in_flight(harness: Harness) -> No
 
 
 async def test_pause_stops_claims_and_resume_restores_them(harness: Harness) -> None:
-    gate, cancelled = Gate(), []
+    gate, cancelled = Gate(), list[str]()
     gate.open()
     ops = Operations(harness.driver, clock=harness.clock)
     assert await harness.publisher.send(Task("t", "work", {}, option=OPTION))

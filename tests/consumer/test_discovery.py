@@ -10,7 +10,7 @@ from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import ChangeStreamUnsupported
 from mscheduler.testing.mongomock import mongomock_database
 from tests.consumer.support import Harness, ScriptedStreamDriver, settle
-from tests.helpers import Recorder
+from tests.helpers import Recorder, wait_until
 
 
 async def _work(params: Any) -> str:
@@ -116,8 +116,9 @@ async def test_a_poll_requested_while_a_poll_runs_is_not_lost(harness: Harness) 
     stream.freeze("find_wakeups_reply")
     assert consumer.discovery is not None
     consumer.discovery.request_poll()
-    await settle()
-    assert stream.blocked == ["find_wakeups_reply"], "the poller should be in the middle of a poll"
+    await wait_until(
+        lambda: stream.blocked == ["find_wakeups_reply"], what="the poller in the middle of a poll"
+    )
     await harness.publisher.send(Task("t", "work", {}))  # the poll's read did not see it ...
     stream.break_stream(StorageError("cursor killed", transient=True))  # ... nor the stream
     await harness.recorder.wait("stream_broken", 1)
@@ -178,8 +179,8 @@ async def test_the_post_batch_position_is_kept_and_used_to_reopen(harness: Harne
     stream.break_stream(StorageError("connection reset by peer", transient=True))
     await harness.recorder.wait("stream_broken", 1)
     await harness.advance(0.1)
-    await settle()
-    assert stream.resume_tokens == [None, {"_data": "after-unrelated-writes"}]
+    resumed = [None, {"_data": "after-unrelated-writes"}]
+    await wait_until(lambda: stream.resume_tokens == resumed, what=f"the stream resumed: {resumed}")
 
 
 async def test_a_lost_resume_token_reopens_from_now_and_polls(harness: Harness) -> None:

@@ -29,6 +29,7 @@ from mscheduler.services.events import EventRecorder
 from mscheduler.testing.faults import FaultyDriver, crash_consumer
 from mscheduler.testing.mongomock import mongomock_database
 from tests.consumer.support import Harness, settle
+from tests.helpers import as_driver
 
 
 def events_on(harness: Harness) -> None:
@@ -128,7 +129,7 @@ async def test_a_lost_lease_is_recorded_once_by_the_pass_and_the_worker(harness:
         await gate.wait()
 
     stalled = FaultyDriver(harness.new_driver())
-    a = harness.consumer("a", {"job": slow}, driver=stalled)
+    a = harness.consumer("a", {"job": slow}, driver=as_driver(stalled))
     b = harness.consumer("b", {"job": slow})
     await harness.start(a)
     option = TaskOption(
@@ -229,7 +230,7 @@ async def test_a_crashed_consumer_loses_only_its_buffered_events(harness: Harnes
     events_on(harness)
     faulty = FaultyDriver(harness.new_driver())
     # Built by hand, not through the harness: a crashed consumer must not be stopped again.
-    consumer = Consumer(faulty, worker_id="w1", clock=harness.clock, poll_interval=1.0)
+    consumer = Consumer(as_driver(faulty), worker_id="w1", clock=harness.clock, poll_interval=1.0)
     consumer.register("job", flaky(0))
     harness.recorder.attach(consumer)
     await harness.start(consumer)
@@ -249,7 +250,7 @@ async def test_the_recorder_keeps_the_newest_while_the_store_refuses(
 
     clock = FakeClock()
     store = FaultyDriver(MemoryDriver(clock=clock, events=True))
-    recorder = EventRecorder(store, clock, flush_size=2, max_buffer=3)
+    recorder = EventRecorder(as_driver(store), clock, flush_size=2, max_buffer=3)
     for i in range(5):
         recorder.attempt_event(EventKind.CLAIMED, f"k{i}", "job", f"a{i}", 1, "w")
     assert len(recorder) == 3 and recorder.dropped == 2

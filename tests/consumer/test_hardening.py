@@ -35,6 +35,7 @@ from mscheduler.domain.model import AttemptStatus, encoded_size
 from mscheduler.operations import Operations
 from mscheduler.testing.faults import FaultyDriver, crash_consumer
 from tests.consumer.support import FailingDriver, Gate, Harness, settle
+from tests.helpers import as_driver, wait_until
 
 CONSUMER_LOG = "mscheduler.consumer"
 PUBLISHER_LOG = "mscheduler.publisher"
@@ -217,7 +218,7 @@ async def test_a_configuration_error_in_the_heartbeat_stops_the_consumer_loudly(
 ) -> None:
     caplog.set_level(logging.ERROR, logger=CONSUMER_LOG)
     faulty = FaultyDriver(harness.new_driver())
-    consumer = harness.consumer("A", {"work": _ok}, driver=faulty, heartbeat_interval=5.0)
+    consumer = harness.consumer("A", {"work": _ok}, driver=as_driver(faulty), heartbeat_interval=5.0)
     await harness.start(consumer)
     run = asyncio.create_task(consumer.run())
     error = StorageError("heartbeat failed (configuration): not authorized", config=True)
@@ -238,9 +239,9 @@ async def test_a_configuration_error_in_the_heartbeat_stops_the_consumer_loudly(
 async def test_a_configuration_error_in_the_pinger_stops_the_consumer_and_releases_its_handlers(
     harness: Harness,
 ) -> None:
-    gate, cancelled = Gate(), []
+    gate, cancelled = Gate(), list[str]()
     faulty = FaultyDriver(harness.new_driver())
-    consumer = harness.consumer("A", {"work": _blocking(gate, cancelled)}, driver=faulty)
+    consumer = harness.consumer("A", {"work": _blocking(gate, cancelled)}, driver=as_driver(faulty))
     await harness.start(consumer)
     await harness.publisher.send(Task("t", "work", {}, option=LONG_LEASE))
     await harness.discover()
@@ -263,10 +264,10 @@ async def test_permanent_errors_in_the_pinger_and_heartbeat_do_not_stop_the_cons
     harness: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR, logger=CONSUMER_LOG)
-    gate, cancelled = Gate(), []
+    gate, cancelled = Gate(), list[str]()
     faulty = FaultyDriver(harness.new_driver())
     consumer = harness.consumer(
-        "A", {"work": _blocking(gate, cancelled)}, driver=faulty, heartbeat_interval=5.0
+        "A", {"work": _blocking(gate, cancelled)}, driver=as_driver(faulty), heartbeat_interval=5.0
     )
     await harness.start(consumer)
     await harness.publisher.send(Task("t", "work", {}, option=LONG_LEASE))
@@ -291,7 +292,7 @@ async def test_permanent_errors_in_the_pinger_and_heartbeat_do_not_stop_the_cons
     assert await Operations(harness.driver, clock=harness.clock).request_worker_stop("A")
     await harness.advance(5.0)
     await harness.recorder.wait("stopped", 1)
-    assert (consumer.state, consumer.stop_reason) == ("stopped", "remote")
+    assert (consumer.state, consumer.stop_reason) == ("stopped", "remote")  # type: ignore[comparison-overlap]
 
 
 # -- B1: failures are logged ----------------------------------------------------------------------
@@ -332,7 +333,7 @@ async def test_failed_attempts_are_logged_with_structured_fields(
 
 async def test_a_lost_lease_is_logged_at_warning(harness: Harness, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=CONSUMER_LOG)
-    gate, cancelled = Gate(), []
+    gate, cancelled = Gate(), list[str]()
     failing = FailingDriver(harness.new_driver())
     consumer = harness.consumer("w1", {"work": _blocking(gate, cancelled)}, driver=failing)
     await harness.start(consumer)
@@ -428,7 +429,7 @@ async def test_wait_timeout_says_when_no_live_worker_handles_the_name(harness: H
 
 
 async def test_consumer_state_goes_created_running_stopping_stopped(harness: Harness) -> None:
-    gate, cancelled = Gate(), []
+    gate, cancelled = Gate(), list[str]()
     consumer = harness.consumer("w1", {"work": _blocking(gate, cancelled)})
     assert (consumer.state, consumer.stop_reason) == ("created", None)
     await harness.start(consumer)
@@ -437,8 +438,8 @@ async def test_consumer_state_goes_created_running_stopping_stopped(harness: Har
     await harness.discover()
     await harness.recorder.wait("claimed", 1)
     stopping = asyncio.create_task(consumer.stop(grace=30.0))
-    await settle()
-    assert (consumer.state, consumer.stop_reason) == ("stopping", "requested")
+    await wait_until(lambda: consumer.state == "stopping", what="the consumer to be stopping")
+    assert consumer.stop_reason == "requested"
     gate.open()
     await asyncio.wait_for(stopping, 5)
     assert (consumer.state, consumer.stop_reason, consumer.error) == ("stopped", "requested", None)
@@ -495,7 +496,7 @@ async def test_operations_list_and_count_tasks(harness: Harness) -> None:
         await operations.list_tasks(status="nope")
     for bad in ({"limit": 0}, {"skip": -1}, {"name": "bad name!"}):
         with pytest.raises(InvalidInput):
-            await operations.list_tasks(**bad)  # type: ignore[arg-type]
+            await operations.list_tasks(**bad)
     assert [t.key for t in await operations.list_tasks(name="x", status="pending")] == ["x1", "x2"]
     assert [t.key for t in await operations.list_tasks(name="x", status="succeeded")] == []
     assert [t.key for t in await operations.list_tasks(status="succeeded")] == ["y1"]
@@ -556,10 +557,10 @@ async def test_a_consumer_killed_mid_ping_leaves_no_unretrieved_exception(
 
 
 async def _kill_mid_ping(harness: Harness, how: str) -> None:
-    gate, cancelled = Gate(), []
+    gate, cancelled = Gate(), list[str]()
     faulty = FaultyDriver(harness.new_driver())
     # Built by hand, not through the harness: a crashed consumer must not be stopped again.
-    consumer = Consumer(faulty, worker_id="A", clock=harness.clock, poll_interval=1.0)
+    consumer = Consumer(as_driver(faulty), worker_id="A", clock=harness.clock, poll_interval=1.0)
     consumer.register("work", _blocking(gate, cancelled))
     harness.recorder.attach(consumer)
     await consumer.start()

@@ -8,7 +8,8 @@ from typing import Any
 
 from mscheduler import Consumer, Task, TaskContext, TaskOption, TaskStatus
 from mscheduler.domain.model import AttemptStatus
-from tests.consumer.support import FreezableDriver, Gate, Harness, settle
+from tests.consumer.support import FreezableDriver, Gate, Harness
+from tests.helpers import wait_until
 
 OPTION = TaskOption(
     ping_interval=timedelta(seconds=1),
@@ -42,8 +43,7 @@ async def _stalled_a_then_b_takes_over(
     frozen.freeze("claim")  # A is stalled for everything from now on
     if a_returns_in_time:
         gate_a.open()  # A's handler returns; its finish hangs in the stall
-        await settle()
-        assert "finish" in frozen.blocked
+        await wait_until(lambda: "finish" in frozen.blocked, what="A's finish to hang")
     b = harness.consumer("B", {"work": work}, claim_lease=timedelta(seconds=3))
     await harness.start(b)
     assert harness.claims("t") == ["A"], "B must not claim a task whose lease is alive"
@@ -113,9 +113,9 @@ async def test_stalled_worker_stops_its_handler_at_the_lease_end(harness: Harnes
     a, frozen, gate_a = await _stalled_a_then_b_takes_over(harness, a_returns_in_time=False)
     gate_a.open()  # too late: the handler was cancelled
     frozen.thaw("ping", "finish")
-    await settle()
+    ended = lambda: a.stats["lost"] + a.stats["succeeded"] >= 1 and a.running_count == 0  # noqa: E731
+    await wait_until(ended, what="A to settle its attempt")
     assert a.stats["succeeded"] == 0 and a.stats["lost"] == 1
-    assert a.running_count == 0
     assert "finish" not in frozen.blocked, "a lost attempt writes no outcome"
     await _assert_b_intact(harness)
 

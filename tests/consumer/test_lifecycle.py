@@ -12,6 +12,7 @@ from mscheduler import Consumer, Task, TaskContext, TaskOption, TaskStatus
 from mscheduler.domain.exceptions import ConsumerStopped, StorageError
 from mscheduler.domain.model import AttemptStatus
 from tests.consumer.support import FailingDriver, Gate, Harness, settle
+from tests.helpers import as_driver
 
 LONG_LEASE = TaskOption(
     ping_interval=timedelta(seconds=10),
@@ -44,7 +45,7 @@ async def _a_runs_t(harness: Harness, work: Any, **kwargs: Any) -> Consumer:
 async def test_graceful_stop_releases_after_the_grace_and_another_consumer_takes_over(
     harness: Harness,
 ) -> None:
-    gate, cancelled = Gate(), []
+    gate, cancelled = Gate(), list[str]()
     a = await _a_runs_t(harness, _blocking(gate, cancelled))
     b = harness.consumer("B", {"work": _blocking(gate, cancelled)})
     await harness.start(b)
@@ -82,7 +83,7 @@ async def test_graceful_stop_releases_after_the_grace_and_another_consumer_takes
 
 
 async def test_handler_that_finishes_within_the_grace_is_recorded_succeeded(harness: Harness) -> None:
-    gate, cancelled = Gate(), []
+    gate, cancelled = Gate(), list[str]()
     a = await _a_runs_t(harness, _blocking(gate, cancelled))
     stopping = asyncio.create_task(a.stop(grace=30.0))
     await harness.advance(10.0)
@@ -101,7 +102,7 @@ async def test_handler_that_finishes_within_the_grace_is_recorded_succeeded(harn
 
 
 async def test_second_stop_with_zero_grace_cancels_at_once(harness: Harness) -> None:
-    gate, cancelled = Gate(), []
+    gate, cancelled = Gate(), list[str]()
     a = await _a_runs_t(harness, _blocking(gate, cancelled))
     graceful = asyncio.create_task(a.stop(grace=1000.0))
     await settle()
@@ -143,7 +144,7 @@ async def test_remote_stop_through_the_database(harness: Harness) -> None:
 
 
 async def test_a_dying_side_task_stops_the_consumer_and_releases_its_handlers(harness: Harness) -> None:
-    gate, cancelled = Gate(), []
+    gate, cancelled = Gate(), list[str]()
     failing = FailingDriver(harness.new_driver())
     a = await _a_runs_t(harness, _blocking(gate, cancelled), driver=failing, concurrency=2)
     run = asyncio.create_task(a.run())
@@ -201,7 +202,7 @@ async def test_consumer_stops_loudly_even_when_the_finisher_dies(harness: Harnes
     Their outcomes cannot be written any more (the leases then expire and others take over);
     what matters is that the consumer does not hang half-alive waiting for a dead finisher.
     """
-    gate, cancelled = Gate(), []
+    gate, cancelled = Gate(), list[str]()
     failing = FailingDriver(harness.new_driver())
     quick_done: list[str] = []
 
@@ -246,7 +247,7 @@ async def test_stop_before_start_and_context_manager(harness: Harness) -> None:
 
 async def test_a_stop_whose_caller_is_cancelled_still_completes(harness: Harness) -> None:
     """Cancelling the caller of stop() (an outer timeout) must not leave the consumer half stopped."""
-    gate, cancelled = Gate(), []
+    gate, cancelled = Gate(), list[str]()
     a = await _a_runs_t(harness, _blocking(gate, cancelled))
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(a.stop(grace=30.0), 0.05)  # real-time timeout; grace is fake time
@@ -310,7 +311,7 @@ async def test_a_transient_error_in_the_first_poll_does_not_stop_the_start(harne
     async def work(params: Any) -> None:
         done.append("ran")
 
-    a = harness.consumer("A", {"work": work}, driver=faulty)
+    a = harness.consumer("A", {"work": work}, driver=as_driver(faulty))
     await harness.start(a)
     await harness.publisher.send(Task("t", "work", {}))
     await harness.discover(a)

@@ -44,7 +44,7 @@ async def test_failing_handler_uses_its_budget_then_fails_for_good(harness: Harn
     assert attempts == [1]
     info = await harness.get("t")
     assert info.status is TaskStatus.PENDING and info.fail_cnt == 1
-    assert info.worker_states[0].retry_at == info.worker_states[0].end_time + timedelta(seconds=5)
+    assert info.worker_states[0].retry_at == info.worker_states[0].end_time + timedelta(seconds=5)  # type: ignore[operator]
 
     for n in (2, 3):
         await harness.advance(4.0)  # polls run, nothing is due yet
@@ -151,7 +151,7 @@ async def _handler(params: Any) -> None:
         pytest.param(lambda d: Consumer(d, claim_lease=timedelta(0)), id="claim-lease-0"),
         pytest.param(lambda d: Consumer(d, worker_id="$where"), id="worker-id-operator"),
         pytest.param(lambda d: Consumer(d).register("bad name!", _handler), id="bad-task-name"),
-        pytest.param(lambda d: Consumer(d).register("job", 42), id="not-a-callable"),
+        pytest.param(lambda d: Consumer(d).register("job", 42), id="not-a-callable"),  # type: ignore[arg-type]
         pytest.param(
             lambda d: Consumer(d).register("lam", lambda p: None, run_in="process"), id="lambda-in-a-process"
         ),

@@ -24,6 +24,7 @@ from mscheduler import (
 from mscheduler.drivers.base import ChangeEvent, PingParams, PingResult
 from mscheduler.drivers.mongo.driver import MongoDriver
 from tests.consumer.support import Gate, Harness, NoStreamDriver, ScriptedStreamDriver, WrappedDriver, settle
+from tests.helpers import wait_until
 from tests.scenarios.harness import is_mongomock
 
 OPTION = TaskOption(
@@ -79,7 +80,7 @@ async def _one_running(harness: Harness, handler: Any, *, driver: Any = None) ->
 
 async def test_cancel_reaches_the_handler_through_the_stream_without_a_ping(harness: Harness) -> None:
     _needs_stream(harness)
-    gate, seen = Gate(), []
+    gate, seen = Gate(), list[Any]()
     ops = await _one_running(harness, _blocking(gate, seen))
     pings = harness.recorder.counts["ping"]
     await ops.cancel("t", "stop now")
@@ -93,7 +94,7 @@ async def test_cancel_reaches_the_handler_through_the_stream_without_a_ping(harn
 
 
 async def test_without_a_stream_the_cancel_arrives_with_the_next_ping(harness: Harness) -> None:
-    gate, seen = Gate(), []
+    gate, seen = Gate(), list[Any]()
     ops = await _one_running(harness, _blocking(gate, seen), driver=NoStreamDriver(harness.new_driver()))
     await ops.cancel("t")
     await settle()
@@ -109,7 +110,7 @@ async def test_pause_stop_releases_the_attempt_and_resume_runs_it_again(
 ) -> None:
     if stream:
         _needs_stream(harness)
-    gate, seen = Gate(), []
+    gate, seen = Gate(), list[Any]()
     driver = harness.new_driver() if stream else NoStreamDriver(harness.new_driver())
     ops = await _one_running(harness, _blocking(gate, seen), driver=driver)
     w1 = harness.consumers[0]
@@ -198,6 +199,41 @@ async def test_checkpoint_and_progress_are_stored_and_shown(harness: Harness) ->
     await harness.recorder.wait("finished", 1)
 
 
+async def test_changing_progress_is_written_about_once_a_second_not_only_with_the_next_ping(
+    harness: Harness,
+) -> None:
+    """Progress reported many times is written within a second of the last ping (well before
+    the next lease renewal, 2 s here), and at most once a second however often it changes."""
+    reported = asyncio.Event()
+    go_on = Gate()
+    gate = Gate()
+
+    async def long(params: Any, ctx: TaskContext) -> str:
+        for step in range(1, 101):  # a hundred reports at once: one write
+            ctx.progress(step / 200, f"row {step}")
+        reported.set()
+        await go_on.wait()
+        ctx.progress(0.9, "almost")
+        await gate.wait()
+        return "done"
+
+    counting = CountingPings(harness.new_driver())
+    await _one_running(harness, long, driver=counting)
+    await asyncio.wait_for(reported.wait(), 5)
+    await settle()  # no clock moved: the first progress is written at once, the newest of them
+    assert len(counting.pings) == 1 and counting.pings[0].reports
+    info = await harness.get("t")
+    assert info.progress is not None and (info.progress.fraction, info.progress.message) == (0.5, "row 100")
+    go_on.open()
+    await settle()
+    await harness.advance(0.5)  # within a second of the last write: waits
+    assert len(counting.pings) == 1
+    await harness.advance(0.6)
+    assert len(counting.pings) == 2 and (await harness.get("t")).progress.fraction == 0.9  # type: ignore[union-attr]
+    gate.open()
+    await harness.recorder.wait("finished", 1)
+
+
 async def test_checkpoints_of_many_handlers_cost_one_storage_command(harness: Harness) -> None:
     n = 6
     gate = Gate()
@@ -216,8 +252,8 @@ async def test_checkpoints_of_many_handlers_cost_one_storage_command(harness: Ha
         assert await harness.publisher.send(Task(f"t{i}", "work", {}, option=OPTION))
     await harness.discover()
     await harness.recorder.wait("claimed", n)
-    await settle()
-    assert gate.waiting == n and counting.pings == []
+    await wait_until(lambda: gate.waiting == n, what=f"{n} handlers to wait at the gate")
+    assert counting.pings == []
     gate.open()  # every handler saves at once
     for _ in range(200):
         if len(saved) == n:
@@ -315,7 +351,7 @@ async def test_resume_after_a_pause_starts_from_the_checkpoint(harness: Harness)
 
 
 async def test_two_cancels_at_once_one_wins(harness: Harness) -> None:
-    gate, seen = Gate(), []
+    gate, seen = Gate(), list[Any]()
     ops = await _one_running(harness, _blocking(gate, seen))
     other = Operations(harness.new_driver(), clock=harness.clock)
     first, second = await asyncio.gather(ops.cancel("t", "a"), other.cancel("t", "b"), return_exceptions=True)
@@ -325,7 +361,7 @@ async def test_two_cancels_at_once_one_wins(harness: Harness) -> None:
     assert isinstance(losers[0], TransitionRefused) and losers[0].status == "cancelled"
     info = await harness.get("t")
     assert info.status is TaskStatus.CANCELLED and info.cancelled is not None
-    assert info.cancelled["reason"] == winners[0].cancelled["reason"]
+    assert info.cancelled["reason"] == winners[0].cancelled["reason"]  # type: ignore[index]
     await harness.advance(2.0)  # the stream or the next ping stops the handler
     await harness.recorder.wait("cancelled", 1)
 
@@ -337,7 +373,7 @@ def _stop_event(stop: str, attempts: tuple[str, ...] | None) -> ChangeEvent:
 async def test_a_stop_event_is_checked_against_the_running_attempt(harness: Harness) -> None:
     """Events are hints: one about another attempt of the task is ignored; one that does not say
     whose attempts (a server's field-by-field report) makes the consumer ask the store at once."""
-    gate, seen = Gate(), []
+    gate, seen = Gate(), list[Any]()
     scripted = ScriptedStreamDriver(harness.new_driver())
     ops = await _one_running(harness, _blocking(gate, seen), driver=scripted)
     pings = harness.recorder.counts["ping"]

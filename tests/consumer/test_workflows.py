@@ -28,6 +28,7 @@ from mscheduler.domain.family import MapExpansion
 from mscheduler.publishing import fan_out
 from mscheduler.testing.faults import FaultyDriver, crash_consumer
 from tests.consumer.support import Gate, Harness
+from tests.helpers import as_driver
 
 OPTION = TaskOption(
     ping_interval=timedelta(seconds=1),
@@ -365,7 +366,7 @@ async def test_a_crash_mid_item_reruns_that_item_only_and_the_join_still_runs(ha
     steps = Steps()
     steps.gates["square"] = Gate()
     a = harness.consumer(
-        "A", map_handlers(steps, [1, 2]), driver=FaultyDriver(harness.new_driver()), concurrency=1
+        "A", map_handlers(steps, [1, 2]), driver=as_driver(FaultyDriver(harness.new_driver())), concurrency=1
     )
     await harness.start(a)
     await harness.publisher.send(map_join("crash"))
@@ -395,7 +396,7 @@ async def test_a_step_whose_need_is_restarted_under_it_is_put_back_not_run(harne
     consumer = harness.consumers[0]
     claimed = type("C", (), {"needs": [{"name": "a", "key": "race/a"}], "key": "race/b"})()
     await Operations(harness.driver, clock=harness.clock).restart_step("race", "a")
-    results = asyncio.ensure_future(consumer._step_results(claimed))  # type: ignore[arg-type]
+    results = asyncio.ensure_future(consumer._step_results(claimed))
     with pytest.raises(Exception, match=r"step .a. it needs is (pending|running), not succeeded"):
         await results
 

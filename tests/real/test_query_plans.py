@@ -27,7 +27,7 @@ import pytest
 import pytest_asyncio
 from pymongo import AsyncMongoClient, monitoring
 
-from mscheduler import FakeClock, MongoDriver, Publisher, Task, TaskOption
+from mscheduler import Child, FakeClock, MongoDriver, Publisher, Task, TaskOption
 from mscheduler.domain.listing import ListParams, encode_cursor, list_params
 from mscheduler.domain.model import TaskInfo
 from mscheduler.domain.state import TERMINAL, claimer_tokens
@@ -39,26 +39,26 @@ from mscheduler.drivers.base import (
     InsertParams,
     NewTask,
     PingParams,
+    PurgeParams,
+    SyncParentsParams,
     WakeupParams,
 )
 from mscheduler.drivers.mongo.common import (
-    ATTEMPTS_INDEX,
-    FINISHED_INDEX,
-    GROUP_INDEX,
-    UPDATED_INDEX,
-    WORKER_INDEX,
-)
-from mscheduler.drivers.mongo.driver import (
     ALL_STATUSES,
     ATTEMPT_INDEX,
+    ATTEMPTS_INDEX,
     CLAIM_INDEX,
     CREATED_INDEX,
+    FINISHED_INDEX,
+    GROUP_INDEX,
     KEY_INDEX,
     LEASES_HISTORY_INDEX,
     LEASES_INDEX,
     NAME_INDEX,
     STATUS_INDEX,
+    UPDATED_INDEX,
     WAKEUP_INDEX,
+    WORKER_INDEX,
 )
 from tests.conftest import REAL_URI
 
@@ -103,6 +103,7 @@ GENERIC_ARGUMENTS = frozenset(
 )
 SCAN_STAGES = frozenset({"IXSCAN", "EXPRESS_IXSCAN", "COUNT_SCAN", "DISTINCT_SCAN"})
 IN_MEMORY_SORTS = frozenset({"SORT"})  # SORT_MERGE (a merge of sorted index ranges) is fine
+ID_INDEX = "_id_"
 
 
 # -- recording the driver's commands -------------------------------------------------------------
@@ -508,9 +509,14 @@ async def test_a_finish_and_its_settlements_read_one_task(backlog: Backlog) -> N
     key, attempt = sorted(backlog.running.items())[0]
     for outcome in ("succeeded", "released", "cancelled"):
         params = FinishParams(key, WORKER, attempt, NOW, outcome)
-        command = await backlog.command_of("update", lambda d, p=params: d.finish([p]))
+
+        async def finish(driver: MongoDriver, p: FinishParams = params) -> list[bool]:
+            return await driver.finish([p])
+
+        command = await backlog.command_of("update", finish)
         plan = await backlog.explain(command)
-        assert_one_task(plan, {KEY_INDEX, ATTEMPT_INDEX}, f"finish {outcome}")
+        # (its filter names the task's _id, the whole shard key with part: _id_ may serve it)
+        assert_one_task(plan, {KEY_INDEX, ATTEMPT_INDEX, ID_INDEX}, f"finish {outcome}")
 
 
 async def test_a_restart_and_a_reset_read_one_task(backlog: Backlog) -> None:
@@ -519,13 +525,15 @@ async def test_a_restart_and_a_reset_read_one_task(backlog: Backlog) -> None:
     restart = ControlParams("dead-0000", "restart", ("failed", "cancelled", "expired"), NOW)
     command = await backlog.command_of("findAndModify", lambda d: d.control_task(restart))
     assert "$nor" in command["query"]
-    assert_one_task(await backlog.explain(command), {KEY_INDEX}, "restart")
+    assert command["query"]["_id"] == "dead-0000"
+    assert_one_task(await backlog.explain(command), {KEY_INDEX, ID_INDEX}, "restart")
 
     task = NewTask("done-ok-0000", "alpha", None, TaskOption().to_storage(NOW))
     reset = InsertParams([task], NOW, reset_finished=True)
     command = await backlog.command_of("update", lambda d: d.insert_tasks(reset))
     assert "$nor" in command["updates"][0]["q"]
-    assert_one_task(await backlog.explain(command), {KEY_INDEX}, "reset")
+    assert command["updates"][0]["q"]["_id"] == "done-ok-0000"
+    assert_one_task(await backlog.explain(command), {KEY_INDEX, ID_INDEX}, "reset")
 
 
 async def test_the_ping_reads_only_the_pinged_tasks(backlog: Backlog) -> None:
@@ -845,6 +853,45 @@ async def test_the_deadline_pass_reads_only_pending_tasks_past_their_deadline(ba
     assert_plan(plan, DEADLINE_INDEX, max_keys=5 + 2, max_docs=5, what="expire_deadlines (read for events)")
 
 
+async def test_the_retention_pass_reads_its_batch_and_deletes_by_key_in_bounded_chunks(
+    backlog: Backlog,
+) -> None:
+    """The retention pass (``purge_finished``): the oldest finished keys of one status through the
+    finished index, a batch at a time, then deletes by key: a family's children in chunks of at
+    most the batch size, then the parents. The backlog's 300 succeeded tasks are read no further
+    than the batch."""
+    await backlog.scratch.tasks.delete_many({})  # what earlier tests left there
+    publisher = Publisher(backlog.scratch, clock=FakeClock(T0))
+    children = tuple(Child(name=name) for name in ("alpha", "beta", "gamma"))
+    await publisher.send(Task("purge-family", "alpha", children=children, children_mode="parallel"))
+    await publisher.send_many([Task(f"done-ok-{i:04}", "alpha") for i in range(3)])
+    done = await claim_all(backlog.scratch, FINISHER, ["alpha", "beta", "gamma"], T0)
+    # the family finishes first, so the first batch of two holds it and done-ok-0000
+    later = T0 + timedelta(seconds=1)
+    finished = [
+        FinishParams(k, FINISHER, a, later if k.startswith("done-") else T0, "succeeded")
+        for k, a in done.items()
+    ]
+    assert all(await backlog.scratch.finish(finished))
+    await backlog.scratch.sync_parents(SyncParentsParams(["purge-family"], T0))
+
+    batch = PurgeParams("succeeded", NOW, limit=2)
+    deletes = await backlog.commands_of("delete", lambda d: d.purge_finished(batch))
+    (find,) = [c for c in backlog.recorder.commands if next(iter(c)) == "find"]
+    assert find.get("hint") == FINISHED_INDEX
+    plan = await backlog.explain(find)
+    assert_plan(plan, FINISHED_INDEX, max_keys=2 + 1, max_docs=2, what="purge_finished (read)")
+    # the family's three children in chunks of at most the batch, then the two parents
+    of_children = [c for c in deletes if "state.status" not in c["deletes"][0]["q"]]
+    assert [len(c["deletes"][0]["q"]["key"]["$in"]) for c in of_children] == [2, 1]
+    assert len(deletes) == 3
+    for command in deletes:
+        (delete,) = command["deletes"]
+        assert delete.get("hint") == KEY_INDEX
+        plan = await backlog.explain(command)
+        assert_plan(plan, KEY_INDEX, max_keys=2 * 2 + 1, max_docs=2, what="purge_finished (delete)")
+
+
 async def test_limit_reads_and_writes_touch_one_limit_document(backlog: Backlog) -> None:
     """18.2: an acquire and a slot update are one findAndModify by ``_id`` (one document);
     ``held_slots`` reads the wildcard index ``limits_slots`` (``slots.<attempt>.w``): the limits
@@ -1009,6 +1056,12 @@ async def test_the_worker_registry_listings_read_their_page_or_the_live_workers(
     live = await workers_command(lambda d: d.list_workers(WorkerListParams(NOW, live_since=NOW - LEASE)))
     assert live.get("hint") == WORKERS_LIVE_INDEX
     assert_plan(await explain(live), WORKERS_LIVE_INDEX, max_keys=5 + 2, max_docs=5, what="live workers")
+    assert live.get("projection") == {"schemas": 0}  # the published params schemas: only when asked
+    handlers = await workers_command(
+        lambda d: d.list_workers(WorkerListParams(NOW, live_since=NOW - LEASE, schemas=True))
+    )
+    assert handlers.get("hint") == WORKERS_LIVE_INDEX and "projection" not in handlers
+    assert_plan(await explain(handlers), WORKERS_LIVE_INDEX, max_keys=5 + 2, max_docs=5, what="live handlers")
     page = await workers_command(lambda d: d.list_workers(WorkerListParams(NOW, limit=50)))
     assert page.get("hint") == WORKERS_LIST_INDEX
     plan = await explain(page)
@@ -1064,3 +1117,43 @@ async def test_event_listings_read_one_range_in_index_order() -> None:
     finally:
         await client.drop_database(database.name)
         await client.close()
+
+
+async def test_reads_by_key_and_the_plain_transactional_upsert_read_one_task(backlog: Backlog) -> None:
+    """Issue 24: a task read by key names its partition (a sharded store's one shard), on the
+    key index; a claim's recovery read (its attempt token and partition) reads the attempts
+    index; a finish's read-back reads the finished keys; the transactional upsert of a task not
+    unique by params names the whole shard key {_id, part}: one document each."""
+    key, attempt = sorted(backlog.running.items())[0]
+    command = await backlog.command_of("find", lambda d: d.get_task(key))
+    assert command["filter"] == {"key": key, "part": 0}
+    assert_one_task(await backlog.explain(command), {KEY_INDEX}, "get task")
+
+    async def recover(driver: MongoDriver) -> None:
+        await driver._recover_claim(ClaimParams(WORKER, list(NAMES), NOW, [attempt]), attempt, 0)
+
+    command = await backlog.command_of("find", recover)
+    assert command["filter"] == {"state.worker_states.attempt": attempt, "part": 0}
+    assert_one_task(await backlog.explain(command), {ATTEMPT_INDEX}, "claim recovery")
+
+    async def read_back(driver: MongoDriver) -> None:
+        await driver._finish_outcomes([FinishParams(key, WORKER, "not-this-attempt", NOW, "succeeded")])
+
+    command = await backlog.command_of("find", read_back)
+    assert_one_task(await backlog.explain(command), {KEY_INDEX}, "finish read-back")
+
+    async def send_in_a_transaction(driver: MongoDriver) -> None:
+        publisher = Publisher(driver, clock=FakeClock(T0))
+        async with driver.database.client.start_session() as session:
+
+            async def work(s: Any) -> None:
+                await publisher.send(Task("plain-new", "alpha"), session=s)
+
+            await session.with_transaction(work)
+
+    command = await backlog.command_of("update", send_in_a_transaction)
+    (update,) = command["updates"]
+    assert update["q"] == {"_id": "plain-new", "part": 0} and update.get("upsert") is True
+    assert_indexes_only(
+        await backlog.explain(command), {ID_INDEX}, max_keys=1, max_docs=1, what="plain upsert"
+    )

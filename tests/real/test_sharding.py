@@ -34,7 +34,7 @@ def shards_of(plan: dict[str, Any]) -> set[str]:
 
 async def _is_mongos(database: Any) -> bool:
     hello = await database.command("hello")
-    return hello.get("msg") == "isdbgrid"
+    return bool(hello.get("msg") == "isdbgrid")
 
 
 async def test_a_claim_on_a_sharded_store_reaches_one_shard(real_database: Any) -> None:

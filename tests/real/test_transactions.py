@@ -18,7 +18,7 @@ pytestmark = [
 async def test_send_joins_the_callers_transaction() -> None:
     from pymongo import AsyncMongoClient
 
-    client: AsyncMongoClient = AsyncMongoClient(REAL_URI)
+    client: AsyncMongoClient[dict[str, object]] = AsyncMongoClient(REAL_URI)
     database = client[f"mscheduler_tx_{uuid.uuid4().hex[:8]}"]
     try:
         driver = MongoDriver(database)

@@ -13,7 +13,7 @@ from typing import Any
 
 from mscheduler import Consumer, FakeClock, Publisher, Task, TaskContext, TaskOption, TaskStatus
 from mscheduler.testing.faults import FaultyDriver, crash_consumer
-from tests.helpers import Recorder
+from tests.helpers import Recorder, as_driver
 from tests.scenarios.harness import advance, advance_until, running_entries
 
 WORKER_TIMEOUT = timedelta(seconds=5)
@@ -93,7 +93,7 @@ async def test_a_crash_right_after_the_claim_holds_the_task_only_for_its_own_wor
         worker_timeout=timedelta(milliseconds=500),
         retry_delay=timedelta(0),  # the lost lease's retry is at once: only the lease is measured
     )
-    a = Consumer(a_driver, worker_id="A", clock=fake_clock, poll_interval=POLL)
+    a = Consumer(as_driver(a_driver), worker_id="A", clock=fake_clock, poll_interval=POLL)
     b = Consumer(make_driver(fake_clock), worker_id="B", clock=fake_clock, poll_interval=POLL)
     assert a.claim_lease is None
     runs: list[str] = []
@@ -146,6 +146,7 @@ async def test_crash_before_the_first_ping_is_rescued_after_the_claim_lease(
     assert a_driver.calls["ping"] == 0
     await b.start()
     took = await advance_until(fake_clock, lambda: claimed_by(recorder, "B", "t1"), step=STEP, limit=60)
+    assert a.claim_lease is not None
     assert took <= a.claim_lease.total_seconds() + POLL + STEP
     await recorder.wait("finished")
     await b.stop()
@@ -172,7 +173,7 @@ async def test_crashes_use_the_retry_budget_then_the_task_fails_with_the_reason(
         victim.register("job", hang)
         recorder = Recorder(victim)
         await victim.start()
-        await advance_until(fake_clock, lambda r=recorder: r.counts["claimed"] >= 1, step=STEP, limit=60)
+        await advance_until(fake_clock, lambda r=recorder: r.counts["claimed"] >= 1, step=STEP, limit=60)  # type: ignore[misc]
         await crash_consumer(victim)
 
     survivor = consumer(make_driver(fake_clock), "survivor", fake_clock)

@@ -19,6 +19,7 @@ from mscheduler.domain.listing import ListParams
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.testing.faults import FaultyDriver, crash_consumer
 from mscheduler.testing.mongomock import mongomock_database
+from tests.helpers import as_driver
 from tests.scenarios.harness import advance, advance_until
 
 OPTION = TaskOption(
@@ -31,7 +32,7 @@ def consumers(store: Any, n: int, clock: FakeClock, **kwargs: Any) -> list[Consu
     for i in range(n):
         made.append(
             Consumer(
-                FaultyDriver(store),
+                as_driver(FaultyDriver(store)),
                 worker_id=f"c{i:02d}",
                 clock=clock,
                 poll_interval=1.0,

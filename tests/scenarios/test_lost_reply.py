@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from mscheduler import Consumer, FakeClock, Publisher, Task, TaskContext, TaskOption, TaskStatus
 from mscheduler.testing.faults import FaultyDriver
-from tests.helpers import Recorder
+from tests.helpers import Recorder, as_driver
 from tests.scenarios.harness import Overlap, advance, advance_until, running_entries
 
 WORKER_TIMEOUT = timedelta(seconds=5)
@@ -224,7 +224,7 @@ async def test_transient_storage_errors_never_stop_a_consumer_or_lose_work(
     for worker_id in ("A", "B"):
         driver = FaultyDriver(make_driver(fake_clock))
         c = Consumer(
-            driver,
+            as_driver(driver),
             worker_id=worker_id,
             clock=fake_clock,
             poll_interval=POLL,
@@ -255,7 +255,7 @@ async def test_transient_storage_errors_never_stop_a_consumer_or_lose_work(
                 ("heartbeat_worker", False),
             )
         ):
-            c.driver.fail_randomly(op, 0.3, after_apply=after_apply, seed=100 * n + k)
+            cast(FaultyDriver, c.driver).fail_randomly(op, 0.3, after_apply=after_apply, seed=100 * n + k)
 
     async def all_done() -> bool:
         counts = await store.count_by_status()
@@ -265,7 +265,7 @@ async def test_transient_storage_errors_never_stop_a_consumer_or_lose_work(
     for c in consumers:
         assert c.error is None, c.error
         await c.stop(grace=0)
-    injected = sum(len(c.driver.faults) for c in consumers)
+    injected = sum(len(cast(FaultyDriver, c.driver).faults) for c in consumers)
     assert injected >= 20, f"only {injected} faults were injected"
     assert max(overlap.peak.values()) == 1, "no task ran twice at once"
     for i in range(30):

@@ -19,6 +19,11 @@ Checked after every step, on the store:
 * **rate** — the tasks' stored start times: no window of the rate's period (that starts after the
   rate was last edited) holds more than ``n`` starts;
 * **nothing lost** (teardown) — faults off, the limit lifted, every task ends succeeded.
+
+Runs on every layout of ``tests/layouts.py`` (and with the reserve of grants on the memory
+driver), with the examples of the run's profile, and fails if a run never reached one of the
+paths it exists to check (``PATHS``: a refusal by ``max_running`` or by the rate, a slot given up,
+a storage error on a claim, and on a ping or a finish ...).
 """
 
 from __future__ import annotations
@@ -27,12 +32,12 @@ import asyncio
 import itertools
 import random
 from bisect import bisect_left
+from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
 
-from hypothesis import HealthCheck, event, settings
+import pytest
 from hypothesis import strategies as st
-from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from mscheduler.domain.exceptions import StorageError
@@ -48,12 +53,11 @@ from mscheduler.drivers.base import (
     PingParams,
     PutLimitParams,
 )
-from mscheduler.drivers.memory.driver import MemoryDriver
-from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.runtime.consumer.limiter import Limiter
 from mscheduler.testing.clock import FakeClock
 from mscheduler.testing.faults import FaultyDriver
-from mscheduler.testing.mongomock import mongomock_database
+from tests.helpers import as_driver
+from tests.layouts import LAYOUTS, MEMORY, Layout, layout_params, search, set_up
 
 WORKERS = ("w0", "w1", "w2", "w3")
 NAME = "job"
@@ -63,20 +67,38 @@ LEASE = timedelta(seconds=5)  # the tasks' worker_timeout
 SLOT_LEASE = timedelta(seconds=8)  # the consumers' claim_lease (a slot's first lease)
 FAULT_OPS = ("claim", "acquire_slots", "update_slots", "ping", "finish")
 _worker = st.sampled_from(WORKERS)
+# The arguments of each kind of step.
+STEP_ARGS: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
+    "claim": st.tuples(_worker, st.integers(1, 3)),
+    "ping": st.tuples(_worker),
+    "finish": st.tuples(_worker, st.integers(0, 5)),
+    "crash": st.tuples(_worker),
+    "time_passes": st.tuples(st.sampled_from([0.5, 1, 3, 5, 9]), st.booleans()),  # seconds, expire
+    "fault": st.tuples(_worker, st.sampled_from(FAULT_OPS), st.booleans()),  # after_apply
+    "edit": st.tuples(
+        st.sampled_from([None, 0, 1, 2, 3, 40]),  # max_running (40: room for reserves)
+        st.sampled_from([None, (2, 10), (3, 10), (5, 10)]),  # rate
+    ),
+}
+# How often each kind comes up: claims, pings, finishes and time passing are the common events.
+STEP_KINDS = (*("claim", "ping", "finish", "time_passes", "fault") * 3, "crash", "edit")
 
 
 class LimitMachine(RuleBasedStateMachine):
-    reserve = False  # Consumer(limit_reserve=...): spare grants kept for the next claims
+    """``reserve``: Consumer(limit_reserve=...), spare grants kept for the next claims.
+    ``paths``: the run's count of the paths each example reached (``PATHS``), added at teardown."""
 
-    def make_store(self, clock: FakeClock) -> Driver:
-        raise NotImplementedError
-
-    def __init__(self) -> None:
+    def __init__(
+        self, layout: Layout = MEMORY, paths: Counter[str] | None = None, reserve: bool = False
+    ) -> None:
         super().__init__()
+        self.reserve = reserve
+        self.paths = paths
+        self.stats: Counter[str] = Counter()
         self.loop = asyncio.new_event_loop()
         self.clock = FakeClock()
-        self.store = self.make_store(self.clock)
-        self.run(self.store.setup())
+        self.store: Driver = layout.make(self.clock)
+        self.run(set_up(self.store))
         self.drivers = {w: FaultyDriver(self.store) for w in WORKERS}
         self.limiters = {w: self.new_limiter(w) for w in WORKERS}
         self.held: dict[str, dict[str, tuple[str, str | None]]] = {w: {} for w in WORKERS}
@@ -103,7 +125,7 @@ class LimitMachine(RuleBasedStateMachine):
 
     def new_limiter(self, w: str) -> Limiter:
         return Limiter(
-            self.drivers[w],
+            as_driver(self.drivers[w]),
             refresh=0.001,
             backoff=0.5,
             slot_lease=SLOT_LEASE,
@@ -125,7 +147,13 @@ class LimitMachine(RuleBasedStateMachine):
 
     # -- steps ------------------------------------------------------------------------------------
 
-    @rule(w=_worker, n=st.integers(1, 3))
+    @rule(kind=st.sampled_from(STEP_KINDS), data=st.data())
+    def step(self, kind: str, data: st.DataObject) -> None:
+        """Every step goes through this one rule, as in the lease machine: Hypothesis's swarm
+        testing turns whole rules off for an example, and a run whose workers never ping, or
+        whose faults never land, reaches little. ``STEP_KINDS`` weighs the choices instead."""
+        getattr(self, kind)(*data.draw(STEP_ARGS[kind], label=kind))
+
     def claim(self, w: str, n: int) -> None:
         limiter = self.limiters[w]
         now = self.clock.now()
@@ -139,16 +167,27 @@ class LimitMachine(RuleBasedStateMachine):
             max_lease=SLOT_LEASE,
             exclude_keys=list(self.held[w]),
         )
+        refused = limiter.commands["refused"]
         try:
             claimed = self.run(limiter.claim(params, self.drivers[w].claim))
         except StorageError:
+            self.stats["claim: storage error"] += 1
             return
+        finally:
+            if limiter.commands["refused"] > refused:
+                self.stats[self.refused_by()] += 1
         for task in claimed:
             self.held[w][task.key] = (task.attempt, task.slot)
-        if limiter.reserve and currently_in_test_context():
-            event("a worker holds reserved grants")
+        self.stats["claims"] += len(claimed)
+        if limiter.reserve:
+            self.stats["a worker holds reserved grants"] += 1
 
-    @rule(w=_worker)
+    def refused_by(self) -> str:
+        """What bound when a claim was refused: ``max_running`` if the live slots reach it."""
+        if self.max_running is not None and len(self.live_slots()) >= self.max_running:
+            return "refused by max_running"
+        return "refused by the rate"
+
     def ping(self, w: str) -> None:
         if not self.held[w]:
             return
@@ -159,6 +198,7 @@ class LimitMachine(RuleBasedStateMachine):
             if slot is not None:
                 slots.setdefault(slot, {})[attempt] = expire
         gone, unknown = self.run(self.limiters[w].extend(now, w, slots))
+        self.stats["slot gone: attempt given up"] += bool(gone)
         renew = {k: a for k, (a, _) in self.held[w].items() if a not in gone | unknown}
         for key in [k for k, (a, _) in self.held[w].items() if a in gone]:
             del self.held[w][key]  # given up, like a lost lease
@@ -167,13 +207,14 @@ class LimitMachine(RuleBasedStateMachine):
         try:
             result = self.run(self.drivers[w].ping(PingParams(w, now, {expire: renew})))
         except StorageError:
+            self.stats["ping or finish: storage error"] += 1
             return
+        self.stats["lease lost"] += bool(result.lost)
         for key in result.lost:
             attempt, slot = self.held[w].pop(key)
             if slot is not None:
                 self.limiters[w].release(slot, w, attempt)
 
-    @rule(w=_worker, i=st.integers(0, 5))
     def finish(self, w: str, i: int) -> None:
         if not self.held[w]:
             return
@@ -186,30 +227,24 @@ class LimitMachine(RuleBasedStateMachine):
             # outcome unknown: kept and written again later, as the consumer's finisher does (a
             # slot is released only once the outcome is known: written, or refused)
             self.held[w][key] = (attempt, slot)
+            self.stats["ping or finish: storage error"] += 1
             return
         if slot is not None:
             self.limiters[w].release(slot, w, attempt)
         self.run(self.limiters[w].flush(now))
 
-    @rule(w=_worker)
     def crash(self, w: str) -> None:
         self.held[w].clear()
         self.limiters[w] = self.new_limiter(w)
 
-    @rule(seconds=st.sampled_from([0.5, 1, 3, 5, 9]), expire=st.booleans())
     def time_passes(self, seconds: float, expire: bool) -> None:
         self.clock.advance(timedelta(seconds=seconds))
         if expire:
             self.run(self.store.expire_leases(ExpireParams(self.clock.now())))
 
-    @rule(w=_worker, op=st.sampled_from(FAULT_OPS), after_apply=st.booleans())
     def fault(self, w: str, op: str, after_apply: bool) -> None:
         self.drivers[w].fail_next(op, after_apply=after_apply)
 
-    @rule(
-        max_running=st.sampled_from([None, 0, 1, 2, 3, 40]),  # 40: room for reserves
-        rate=st.sampled_from([None, (2, 10), (3, 10), (5, 10)]),
-    )
     def edit(self, max_running: int | None, rate: tuple[int, int] | None) -> None:
         new_rate = Rate(n=rate[0], period=timedelta(seconds=rate[1])) if rate else None
         if max_running is None and new_rate is None:
@@ -217,6 +252,8 @@ class LimitMachine(RuleBasedStateMachine):
         # an edit at its own instant: starts stamped before it are told apart from those after
         self.clock.advance(timedelta(milliseconds=1))
         live = len(self.live_slots())
+        if max_running is not None and live > max_running:
+            self.stats["limit lowered below the live slots"] += 1
         self.put_limit(max_running, new_rate)
         self.max_running = max_running
         self.cap = max(max_running, live) if max_running is not None else 10**9
@@ -255,6 +292,8 @@ class LimitMachine(RuleBasedStateMachine):
             assert most <= self.rate.n, f"{most} starts in one window, rate {self.rate}"
 
     def teardown(self) -> None:
+        if self.paths is not None:  # the paths the steps reached (not the liveness check below)
+            self.paths.update(+self.stats)
         try:
             self.quiesce()
         finally:
@@ -281,40 +320,35 @@ class LimitMachine(RuleBasedStateMachine):
         assert not stuck, f"tasks never finished: {stuck}"
 
 
-class MemoryLimitMachine(LimitMachine):
-    def make_store(self, clock: FakeClock) -> Driver:
-        return MemoryDriver(clock=clock)
+# The paths each run's search must reach (``LimitMachine.stats``): a generator that drifted away
+# from one would leave it unchecked unnoticed.
+PATHS = (
+    "claims",
+    "refused by max_running",
+    "refused by the rate",
+    "limit lowered below the live slots",
+    "slot gone: attempt given up",  # (a lease runs out with its slot: a ping seldom finds it lost)
+    "claim: storage error",
+    "ping or finish: storage error",
+)
 
 
-class MongomockLimitMachine(LimitMachine):
-    def make_store(self, clock: FakeClock) -> Driver:
-        return MongoDriver(mongomock_database(), create_indexes=True)
+@pytest.mark.parametrize("layout", layout_params(LAYOUTS))
+def test_limit_model(layout: Layout) -> None:
+    """The limit machine on ``layout``, until every path in ``PATHS`` has been reached."""
+    search("limit", layout, lambda paths: LimitMachine(layout, paths), PATHS, steps=40)
 
 
-class MemoryReserveLimitMachine(MemoryLimitMachine):
-    reserve = True
-
-
-_common = {
-    "deadline": None,
-    "stateful_step_count": 40,
-    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much],
-}
-
-TestMemoryLimitModel = MemoryLimitMachine.TestCase
-TestMemoryLimitModel.settings = settings(max_examples=100, **_common)  # type: ignore[arg-type]
-
-TestMongomockLimitModel = MongomockLimitMachine.TestCase
-TestMongomockLimitModel.settings = settings(max_examples=15, **_common)  # type: ignore[arg-type]
-
-TestMemoryReserveLimitModel = MemoryReserveLimitMachine.TestCase
-TestMemoryReserveLimitModel.settings = settings(max_examples=200, **_common)  # type: ignore[arg-type]
+def test_limit_model_with_reserved_grants() -> None:
+    """The same with the consumer's reserve of grants (the limiter alone: the memory driver)."""
+    paths = (*PATHS, "a worker holds reserved grants")
+    search("reserve", MEMORY, lambda reached: LimitMachine(MEMORY, reached, reserve=True), paths, steps=40)
 
 
 def test_a_reserved_grant_bounds_the_first_lease() -> None:
     """Pinned: a claim from grants reserved a while ago gives its task a first lease that ends by
     the oldest reserved slot's expiry (not a full slot lease from now)."""
-    m = MemoryReserveLimitMachine()
+    m = LimitMachine(reserve=True)
     try:
         m.claim("w0", 1)  # learns that the limit has room
         m.claim("w0", 1)  # acquires 4 grants: uses 1, keeps 3
@@ -338,7 +372,7 @@ def test_a_rate_added_after_grants_were_reserved_counts_them() -> None:
     """Pinned: grants reserved while the limit had no rate are used later without a write; a rate
     set meanwhile counts them (as starts while their slots are held, and when they leave), so
     the starts of one window never exceed it (before issue 18 the reserve's documented gap)."""
-    m = MemoryReserveLimitMachine()
+    m = LimitMachine(reserve=True)
     try:
         m.claim("w0", 1)  # learns that the limit has room
         m.claim("w0", 1)  # acquires 4 grants: uses 1, keeps 3
@@ -367,7 +401,7 @@ def test_a_rate_added_while_grants_are_reserved_gives_them_back() -> None:
     the rate and gives the reserve back, so its next claim acquires (and is counted) instead of
     starting three tasks from the reserve (was: 3 starts in one window of a 2/10 s rate)."""
     for max_running in (40, None):
-        m = MemoryReserveLimitMachine()
+        m = LimitMachine(reserve=True)
         try:
             m.claim("w0", 1)  # learns that the limit has room
             m.claim("w0", 1)  # acquires 4 grants: uses 1, keeps 3

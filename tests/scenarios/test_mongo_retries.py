@@ -141,8 +141,12 @@ async def test_transient_error_before_applying_is_retried(error: Any) -> None:
     driver, flaky = await flaky_driver()
     flaky.fail("insert_many", error())
     await publish(driver, "t1")
+    # a claim is not sent again with its token (issue 24 M5): the consumer claims again
     flaky.fail("find_one_and_update", error())
-    (claimed,) = await driver.claim(claim_params())
+    with pytest.raises(StorageError) as failed:
+        await driver.claim(claim_params())
+    assert failed.value.transient
+    (claimed,) = await driver.claim(claim_params(n=1, worker_id="w1"))
     flaky.fail("update_many", error())
     ping = await driver.ping(PingParams("w1", NOW, {NOW + LEASE * 2: {"t1": claimed.attempt}}))
     assert list(ping.alive) == ["t1"]
@@ -167,19 +171,24 @@ async def test_lost_claim_reply_is_recovered_by_the_attempt_token_not_duplicated
     claimed = await driver.claim(claim_params())
     assert [c.key for c in claimed] == ["t1"]
     assert flaky.calls["find_one_and_update"] == 1, "not sent again: the recovery read found it"
-    assert flaky.calls["find_one"] == 1
+    assert flaky.calls["find"] == 1, "one recovery read, by the attempt token"
     (entry,) = await entries(driver, "t1")
     assert (entry["worker_id"], entry["attempt"], entry["status"]) == ("w1", claimed[0].attempt, "running")
     assert await entries(driver, "t2") == [], "no orphan claim on another task"
 
 
-async def test_claim_failing_before_applying_is_sent_again_after_an_empty_recovery_read() -> None:
+async def test_claim_failing_before_applying_is_not_sent_again_with_its_token() -> None:
+    """An empty recovery read does not prove the claim will never land (it may be in flight):
+    sent again with the same token, it could take a second task. The claimer claims again, with
+    a new token (issue 24 M5)."""
     driver, flaky = await flaky_driver()
     await publish(driver, "t1")
     flaky.fail("find_one_and_update", AutoReconnect("reset"))
-    assert len(await driver.claim(claim_params())) == 1
-    assert flaky.calls["find_one_and_update"] == 2 and flaky.calls["find_one"] == 1
-    assert len(await entries(driver, "t1")) == 1
+    with pytest.raises(StorageError):
+        await driver.claim(claim_params())
+    assert flaky.calls["find_one_and_update"] == 1 and flaky.calls["find"] == 1
+    assert await entries(driver, "t1") == []
+    assert len(await driver.claim(claim_params(worker_id="w2"))) == 1
 
 
 @transient
@@ -275,17 +284,19 @@ async def test_after_the_retries_a_transient_error_surfaces_as_transient(
 
     fake = SimpleNamespace(sleep=record_sleep, gather=asyncio.gather, Semaphore=asyncio.Semaphore)
     monkeypatch.setattr(mongo_module, "asyncio", fake)
-    flaky.fail("find_one_and_update", AutoReconnect("primary stepped down"), times=10)
+    (claimed,) = await driver.claim(claim_params())
+    flaky.fail("update_many", AutoReconnect("primary stepped down"), times=10)
     with pytest.raises(StorageError) as info:
-        await driver.claim(claim_params())
+        await driver.ping(PingParams("w1", NOW, {NOW + LEASE * 2: {"t1": claimed.attempt}}))
     assert info.value.transient
-    assert "claim failed after 5 tries" in str(info.value) and "primary stepped down" in str(info.value)
+    assert "ping failed after 5 tries" in str(info.value) and "primary stepped down" in str(info.value)
     assert isinstance(info.value.__cause__, AutoReconnect)
-    assert flaky.calls["find_one_and_update"] == 5
+    assert flaky.calls["update_many"] == 5
     assert len(sleeps) == 4, "one backoff between tries"
     assert all(0.005 <= s <= 0.045 for s in sleeps), sleeps  # base 0.01, doubled, capped at 0.03, +-50 %
     assert sleeps[-1] <= 1.5 * driver.max_backoff
-    assert await entries(driver, "t1") == []
+    (entry,) = await entries(driver, "t1")
+    assert entry["ping_expire_time"] == claimed.ping_expire_time, "not renewed"
 
 
 @pytest.mark.parametrize(

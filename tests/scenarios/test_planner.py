@@ -67,8 +67,7 @@ class World:
         self.driver = drivers[0]
         self.clock = clock
         self.planners = [
-            Planner(Yielding(drivers[i % len(drivers)]), clock=clock, batch=64)  # type: ignore[arg-type]
-            for i in range(planners)
+            Planner(Yielding(drivers[i % len(drivers)]), clock=clock, batch=64) for i in range(planners)
         ]
         self.ops = Operations(self.driver, clock=clock)
         self._tokens = itertools.count()
@@ -331,7 +330,7 @@ async def test_planner_run_loops_on_the_clock_until_stopped(world: World) -> Non
         await asyncio.sleep(0)
     assert planner.passes == 1 and await world.keys_of("p") == []
     for _ in range(4):
-        world.advance(10)
+        world.advance(timedelta(seconds=10))
         for _ in range(20):
             await asyncio.sleep(0)
     assert planner.passes == 5 and await world.keys_of("p") == [

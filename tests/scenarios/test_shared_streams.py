@@ -233,4 +233,4 @@ async def test_event_subscriptions_share_one_poller_where_the_store_cannot_watch
     polls = reads["list_events"] - before
     assert polls <= 6, f"{polls} reads in 5 poll intervals for 4 subscriptions: one poller"
     for s in subscriptions:
-        await s.aclose()
+        await s.aclose()  # type: ignore[attr-defined]

@@ -88,7 +88,7 @@ async def test_after_the_grace_period_the_lease_is_released_and_no_retry_is_used
         c.register("job", work)
         recorder = Recorder(c)
         await c.start()
-        await advance_until(fake_clock, lambda r=recorder: r.counts["claimed"] >= 1, limit=10)
+        await advance_until(fake_clock, lambda r=recorder: r.counts["claimed"] >= 1, limit=10)  # type: ignore[misc]
         stopping = asyncio.create_task(c.stop(grace=3))
         took = await advance_until(fake_clock, stopping.done, limit=10)
         assert 3 <= took <= 3.5, took

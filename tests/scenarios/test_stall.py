@@ -13,7 +13,7 @@ from typing import Any
 
 from mscheduler import Consumer, FakeClock, Publisher, Task, TaskContext, TaskOption, TaskStatus
 from mscheduler.testing.faults import FaultyDriver
-from tests.helpers import Recorder
+from tests.helpers import Recorder, as_driver, wait_until
 from tests.scenarios.harness import advance, advance_until, running_entries, settle
 
 WORKER_TIMEOUT = timedelta(seconds=5)
@@ -124,8 +124,7 @@ async def test_outcome_of_a_stalled_consumer_is_refused(make_driver, fake_clock:
     scene.a_driver.freeze()
     finishes = scene.a_driver.calls["finish"]
     scene.release["A"].set()  # A's handler returns; its finish hangs in the frozen driver
-    await settle()
-    assert scene.a_driver.calls["finish"] == finishes + 1
+    await wait_until(lambda: scene.a_driver.calls["finish"] == finishes + 1, what="A's finish to hang")
     await advance_until(fake_clock, lambda: scene.claimed("B"), step=STEP, limit=60)
     assert scene.cancelled == [], "a handler that already returned is not cancelled"
     before = await scene.store.get_task("t1")
@@ -167,7 +166,9 @@ async def test_a_late_write_lands_only_if_nobody_marked_the_lease_lost(
     store = make_driver(fake_clock)
     publisher = Publisher(store, clock=fake_clock)
     a_driver = FaultyDriver(store)
-    a = Consumer(a_driver, worker_id="A", clock=fake_clock, poll_interval=POLL, claim_lease=WORKER_TIMEOUT)
+    a = Consumer(
+        as_driver(a_driver), worker_id="A", clock=fake_clock, poll_interval=POLL, claim_lease=WORKER_TIMEOUT
+    )
     release = asyncio.Event()
 
     async def work(params: Any) -> str:
@@ -181,8 +182,7 @@ async def test_a_late_write_lands_only_if_nobody_marked_the_lease_lost(
     await recorder.wait("claimed")
     a_driver.freeze()
     release.set()  # the handler returns in time; its finish waits in the frozen driver
-    await settle()
-    assert a_driver.calls["finish"] == 1
+    await wait_until(lambda: a_driver.calls["finish"] == 1, what="the finish to wait in the frozen driver")
     fake_clock.advance(3 * WORKER_TIMEOUT.total_seconds())  # no other consumer marks it lost
     a_driver.unfreeze()
     await recorder.wait("finished")

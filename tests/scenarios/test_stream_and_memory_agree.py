@@ -214,14 +214,7 @@ async def unblock_the_next_child(store: Store) -> Write:
 SCENARIOS: list[Any] = [
     insert_new,
     insert_an_existing_key,
-    pytest.param(
-        reset_a_finished_task,
-        marks=pytest.mark.xfail(
-            strict=True,
-            raises=AssertionError,
-            reason="M4: reset_finished does not bump wake on MongoDB (the engine helper fixes it)",
-        ),
-    ),
+    reset_a_finished_task,
     claim,
     claim_a_slot_of_a_fan_out,
     ping,
@@ -255,9 +248,10 @@ SCENARIOS: list[Any] = [
 async def announced_by_memory(scenario: Scenario) -> set[str]:
     """The tasks whose write a watcher of their name got from the memory driver."""
     clock = FakeClock()
-    store = Store(MemoryDriver(clock=clock), clock)
+    driver = MemoryDriver(clock=clock)
+    store = Store(driver, clock)
     write = await scenario(store)
-    watcher = store.driver.watch(NAMES)
+    watcher = driver.watch(NAMES)
     try:
         await write()
         return {event.key for event in watcher.queue}
@@ -290,7 +284,7 @@ async def passed_by_the_stream(scenario: Scenario) -> set[str]:
 
 def change_events(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The change events of the documents that changed from ``before`` to ``after``."""
-    events = []
+    events: list[dict[str, Any]] = []
     for key in sorted(set(before) | set(after)):
         common: dict[str, Any] = {"_id": {"_data": f"{len(events)}"}, "documentKey": {"_id": key}}
         if key not in before:

@@ -13,7 +13,7 @@ from typing import Any
 
 from mscheduler import Consumer, FakeClock, Publisher, Task, TaskContext, TaskOption, TaskStatus
 from mscheduler.testing.faults import STREAM, FaultyDriver
-from tests.helpers import Recorder
+from tests.helpers import Recorder, as_driver
 from tests.scenarios.harness import EndingStream, Overlap, StreamBus, advance, advance_until, with_stream
 
 OPTION = TaskOption(
@@ -40,7 +40,7 @@ async def test_nothing_lost_nothing_run_twice_whatever_the_stream_does(
         driver.set_stream_faults(drop_every=3 + n, duplicate_every=4, reorder_window=3 if n != 1 else 0)
         drivers.append(driver)
         c = Consumer(
-            driver,
+            as_driver(driver),
             worker_id=f"w{n}",
             clock=fake_clock,
             concurrency=2,

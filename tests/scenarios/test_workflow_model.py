@@ -36,6 +36,7 @@ from mscheduler.drivers.base import Driver
 from mscheduler.testing.faults import DriverKilled, FaultyDriver, crash_consumer
 from tests.conftest import driver_factory
 from tests.consumer.support import Gate, settle
+from tests.helpers import as_driver
 
 OPTION = TaskOption(
     ping_interval=timedelta(seconds=1),
@@ -197,7 +198,7 @@ async def run_case(kind: str, seed: int) -> None:
         run = Run(steps, rng.choice([s.name for s in steps]) if op == "handler" else None)
         a_driver = CrashingDriver(factory(clock), op if op != "handler" else "-", after_apply)
         options: dict[str, Any] = {"poll_interval": 1.0, "concurrency": 3, "children_interval": 2.0}
-        a = Consumer(a_driver, worker_id="A", clock=clock, **options)
+        a = Consumer(as_driver(a_driver), worker_id="A", clock=clock, **options)
         b = Consumer(factory(clock), worker_id="B", clock=clock, **options)
         for name, fn in run.handlers().items():
             a.register(name, fn)

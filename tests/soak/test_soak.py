@@ -43,8 +43,10 @@ from typing import Any
 import pytest
 
 from mscheduler import Consumer, FakeClock, MemoryDriver, Publisher, Task, TaskContext, TaskOption
-from mscheduler.domain.state import DERIVED_FIELDS, derive
+from mscheduler.domain.state import DERIVED_FIELDS
 from mscheduler.testing.faults import AFTER_APPLY, FaultyDriver, crash_consumer
+from tests.helpers import as_driver
+from tests.oracle import expected_derived
 
 N_CONSUMERS = 50
 N_TASKS = 20_000
@@ -100,7 +102,7 @@ async def test_soak_50_consumers_20000_tasks_with_faults() -> None:
         for (op, after_apply), probability in FAULT_RATES.items():
             driver.fail_randomly(op, probability, after_apply=after_apply, seed=rng.randrange(2**32))
         consumer = Consumer(
-            driver,
+            as_driver(driver),
             worker_id=worker_id,
             concurrency=CONCURRENCY,
             clock=clock,
@@ -217,7 +219,7 @@ async def test_soak_50_consumers_20000_tasks_with_faults() -> None:
         if doc is None:
             continue
         entries = doc["state"]["worker_states"]
-        if {f: doc["state"][f] for f in DERIVED_FIELDS} != derive(doc["name"], doc["option"], entries):
+        if {f: doc["state"][f] for f in DERIVED_FIELDS} != expected_derived(doc):
             drift.append(key)
         successes = [e for e in entries if e["status"] == "succeeded"]
         if len(successes) > slots[key] or len({e["worker_id"] for e in successes}) != len(successes):

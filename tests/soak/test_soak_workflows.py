@@ -23,6 +23,7 @@ import pytest
 
 from mscheduler import Consumer, FakeClock, MemoryDriver, Publisher, TaskContext, TaskStatus
 from mscheduler.testing.faults import FaultyDriver, crash_consumer
+from tests.helpers import as_driver
 from tests.scenarios.test_workflow_model import (
     Step,
     item_result,
@@ -100,7 +101,12 @@ async def test_soak_300_workflows_on_20_consumers_with_faults() -> None:
         for (op, after_apply), probability in FAULT_RATES.items():
             driver.fail_randomly(op, probability, after_apply=after_apply, seed=rng.randrange(2**32))
         consumer = Consumer(
-            driver, worker_id=worker_id, concurrency=8, clock=clock, poll_interval=1.0, children_interval=5.0
+            as_driver(driver),
+            worker_id=worker_id,
+            concurrency=8,
+            clock=clock,
+            poll_interval=1.0,
+            children_interval=5.0,
         )
         # one handler per step name; a name is a list / value step in one workflow and may be a
         # map step in another: the handler decides by the task (an item's parent is a map step)

@@ -111,6 +111,31 @@ async def test_plans_are_created_once_and_left_alone_after() -> None:
     assert (await ops.get_plan("every-minute")).suspended
 
 
+async def test_plans_are_added_with_the_driver_itself_or_refused_with_the_right_call() -> None:
+    app = make_app()
+    timing = PlanTiming(schedule=EverySchedule(interval=60, start=datetime(2030, 1, 1, tzinfo=UTC)))
+    app.plan(Plan(plan_id="every-minute", name="double", params={"n": 1}, timing=timing))
+    driver = MemoryDriver()
+    assert await app.add_plans(driver) == ["every-minute"]  # was [] and nothing created
+    assert (await Operations(driver).get_plan("every-minute")).name == "double"
+    assert await app.add_plans(driver) == []
+    with pytest.raises(
+        InvalidInput, match=r"a driver \(app.add_plans\(driver\)\) or Operations\(driver\), got str"
+    ):
+        await app.add_plans("mongodb://localhost")  # type: ignore[arg-type]
+
+
+async def test_plans_are_added_through_a_mongo_driver_that_never_read_its_store() -> None:
+    """A driver built as a script builds one (nothing awaited yet) is taken as a driver: telling
+    a driver apart must not read the store's layout, which a cold driver refuses to guess."""
+    app = make_app()
+    timing = PlanTiming(schedule=EverySchedule(interval=60, start=datetime(2030, 1, 1, tzinfo=UTC)))
+    app.plan(Plan(plan_id="every-minute", name="double", params={"n": 1}, timing=timing))
+    database = mongomock_database()
+    await MongoDriver(database, create_indexes=True).setup()  # the administrator's step
+    assert await app.add_plans(MongoDriver(database)) == ["every-minute"]
+
+
 def test_a_partial_and_a_process_handler_are_kept_as_given() -> None:
     app = App()
     app.register("p", functools.partial(pow, 2), run_in="thread")

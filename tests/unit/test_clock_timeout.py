@@ -8,6 +8,7 @@ import pytest
 
 from mscheduler.domain.clock import ClockTimeout
 from mscheduler.testing.clock import FakeClock
+from tests.helpers import wait_until
 
 
 async def _turns(n: int = 5) -> None:
@@ -23,18 +24,20 @@ async def test_the_block_is_cancelled_when_the_clock_passes_the_timeout() -> Non
         timeout = ClockTimeout(clock, 5.0)
         try:
             async with timeout:
+                entered.set()
                 await asyncio.Event().wait()
         except TimeoutError:
             outcome.append(f"timed out, expired={timeout.expired}")
 
+    entered = asyncio.Event()
     task = asyncio.ensure_future(work())
-    await _turns()
+    await entered.wait()
     clock.advance(4.999)
-    await _turns()
+    await _turns()  # (what did not happen cannot be waited for: the task had its turns)
     assert not task.done()  # real time plays no part: only the clock's
     clock.advance(0.001)
-    await _turns()
-    assert task.done() and outcome == ["timed out, expired=True"]
+    await wait_until(task.done, what="the block to be cancelled")
+    assert outcome == ["timed out, expired=True"]
 
 
 async def test_a_block_that_ends_in_time_is_left_alone() -> None:

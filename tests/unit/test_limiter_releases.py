@@ -21,6 +21,7 @@ from mscheduler.drivers.base import ClaimParams
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.runtime.consumer.limiter import RELEASE_HOLD, Limiter
 from mscheduler.testing.faults import FaultyDriver
+from tests.helpers import as_driver
 from tests.scenarios.harness import advance, advance_until
 
 SLOT_LEASE = timedelta(seconds=30)
@@ -32,7 +33,12 @@ class Setup:
         self.store = MemoryDriver(clock=clock)
         self.driver = FaultyDriver(self.store)
         self.limiter = Limiter(
-            self.driver, refresh=60, backoff=1, slot_lease=SLOT_LEASE, rng=random.Random(0), reserve=reserve
+            as_driver(self.driver),
+            refresh=60,
+            backoff=1,
+            slot_lease=SLOT_LEASE,
+            rng=random.Random(0),
+            reserve=reserve,
         )
         self.max_running = max_running
         self.n = 0
@@ -149,7 +155,7 @@ async def test_a_consumer_under_a_limit_never_reached_writes_no_release_of_its_o
     store = MemoryDriver(clock=fake_clock)
     await Operations(store, clock=fake_clock).set_limit("job", max_running=1000)
     driver = FaultyDriver(store)
-    consumer = Consumer(driver, worker_id="c1", clock=fake_clock, concurrency=10, planner=False)
+    consumer = Consumer(as_driver(driver), worker_id="c1", clock=fake_clock, concurrency=10, planner=False)
     done: list[str] = []
 
     async def handler(params: dict[str, int]) -> None:
@@ -173,3 +179,41 @@ async def test_a_consumer_under_a_limit_never_reached_writes_no_release_of_its_o
         assert not consumer.limiter.releases and driver.calls["update_slots"] >= 1
     doc = await store.get_limit("job")
     assert doc is not None and not [a for a, s in doc["slots"].items() if s["e"] > fake_clock.now()]
+
+
+async def test_grants_a_limited_claim_did_not_use_go_to_the_unlimited_names(fake_clock: FakeClock) -> None:
+    """A limit over a name with no due task granted every attempt; the claim of the unlimited
+    names still gets them all (it once got none: one limited name without work held a consumer
+    to a claim or so per wake-up)."""
+    store = MemoryDriver(clock=fake_clock)
+    await Operations(store, clock=fake_clock).set_limit("rare", max_running=100)
+    await Publisher(store, clock=fake_clock).send_many([Task(f"t{i}", "job") for i in range(5)])
+    limiter = Limiter(store, refresh=60, backoff=1, slot_lease=SLOT_LEASE, rng=random.Random(0), reserve=True)
+    await limiter.maybe_refresh(["job", "rare"], 0.0)
+    params = ClaimParams("w1", ["job", "rare"], fake_clock.now(), [f"a{i}" for i in range(5)])
+    claimed = await limiter.claim(params, store.claim)
+    assert sorted(task.key for task in claimed) == [f"t{i}" for i in range(5)]
+    assert len({task.attempt for task in claimed}) == 5
+
+
+async def test_a_claim_from_reserved_grants_starts_no_more_tasks_than_it_asked_for(
+    fake_clock: FakeClock,
+) -> None:
+    """With grants in reserve, a claim round's limited claim uses them and the unlimited names
+    get only the attempts left over: never more tasks than the round asked for (it once started
+    up to twice as many: past the consumer's concurrency, and its claimer, seeing a reply larger
+    than asked, forgot what was due and waited for the next wake-up)."""
+    store = MemoryDriver(clock=fake_clock)
+    await Operations(store, clock=fake_clock).set_limit("job", max_running=1000)
+    await Publisher(store, clock=fake_clock).send_many(
+        [Task(f"{name}{i:02}", name) for name in ("job", "free") for i in range(40)]
+    )
+    limiter = Limiter(store, refresh=60, backoff=1, slot_lease=SLOT_LEASE, rng=random.Random(0), reserve=True)
+    await limiter.maybe_refresh(["job", "free"], 0.0)
+    sizes = []
+    for round_no in range(6):
+        attempts = [f"r{round_no}a{i}" for i in range(2)]
+        params = ClaimParams("w1", ["free", "job"], fake_clock.now(), attempts)
+        sizes.append(len(await limiter.claim(params, store.claim)))
+    assert limiter.reserve  # the rounds above did use reserved grants
+    assert sizes == [2] * 6

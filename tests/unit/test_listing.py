@@ -18,6 +18,7 @@ from mscheduler.domain.listing import (
     decode_cursor,
     encode_cursor,
     list_params,
+    prefix_end,
 )
 from mscheduler.domain.model import TaskInfo, TaskOption
 from mscheduler.domain.state import TERMINAL
@@ -31,7 +32,7 @@ from mscheduler.drivers.mongo.common import (
     STATUS_INDEX,
     WORKER_INDEX,
 )
-from mscheduler.drivers.mongo.queries import list_query, prefix_end
+from mscheduler.drivers.mongo.queries import list_query
 
 T = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -93,7 +94,7 @@ def _info(key: str, created: datetime = T) -> TaskInfo:
 )
 def test_bad_filters_are_refused(bad: dict[str, object]) -> None:
     with pytest.raises(InvalidInput):
-        list_params(**bad)  # type: ignore[arg-type]
+        list_params(**bad)
 
 
 def test_good_filters_become_params_asking_one_more() -> None:

@@ -71,7 +71,9 @@ class _Database:
 
 
 @pytest.mark.parametrize("outcome", ["succeeded", "failed", "cancelled", "released"])
-def test_a_finish_sends_the_derive_stages_as_bson_with_the_bytes_of_the_dicts(outcome: str) -> None:
+async def test_a_finish_sends_the_derive_stages_as_bson_with_the_bytes_of_the_dicts(outcome: str) -> None:
+    driver = MongoDriver(_Database())
+    await driver.known_layout()  # (a store without a layout: one partition)
     item = FinishParams(
         "k1",
         "w1",
@@ -82,7 +84,7 @@ def test_a_finish_sends_the_derive_stages_as_bson_with_the_bytes_of_the_dicts(ou
         error={"type": "E", "message": "m"} if outcome == "failed" else None,
         retry_at=TIMES[2] if outcome == "failed" else None,
     )
-    _, update = MongoDriver(_Database())._finish_op(item)
+    _, update = driver._finish_op(item)
     first, *derive = update
     assert all(isinstance(stage, RawBSONDocument) for stage in derive)
     assert wire(update) == wire([first, *_derive_stages(item.now)])
@@ -92,11 +94,12 @@ async def test_a_claim_sends_the_derive_stages_as_bson_with_the_bytes_of_the_dic
     sent: list[Any] = []
     params = ClaimParams("w1", ["job"], TIMES[0], ["a1"], max_lease=timedelta(seconds=20))
     driver = MongoDriver(_Database())
+    await driver.known_layout()
 
     async def find_one_and_update(filter_: Any, update: Any, **kwargs: Any) -> None:
         sent.append(update)
 
-    driver.tasks.find_one_and_update = find_one_and_update  # type: ignore[method-assign]
+    driver.tasks.find_one_and_update = find_one_and_update
     assert await driver._claim_one(params, "a1") is None
     (update,) = sent
     append, trim, *derive = update

@@ -67,6 +67,7 @@ EXPECTED = [
     "Snooze",
     "StepInfo",
     "StorageError",
+    "SyncPublisher",
     "SyncTaskContext",
     "Task",
     "TaskCancelled",
@@ -94,6 +95,7 @@ INTERNAL_EXCEPTIONS = {
     "mscheduler.drivers.base.ResumeTokenLost": "driver to consumer: reopen the stream and poll once",
     "mscheduler.drivers.base.UniqueParamsTaken": "driver to Operations: raised as TransitionRefused",
     "mscheduler.drivers.base.LimitNameTaken": "driver to Operations: raised as InvalidInput",
+    "mscheduler.drivers.mongo.common.WriteMayRollBack": "inside the Mongo driver: a write sent again",
     "mscheduler.testing.faults.DriverKilled": "fault injection in tests: simulates a killed process",
     "mscheduler.testing.mongos.MisplacedTask": "the mongos stand-in refusing a write, as a server WriteError",
     "mscheduler.runtime.consumer.runner.RunTimedOut": "an attempt's error type, never raised to users",
@@ -177,8 +179,13 @@ def test_public_errors_share_one_root() -> None:
 def test_the_package_has_a_version_matching_pyproject() -> None:
     assert isinstance(mscheduler.__version__, str)
     assert mscheduler.__version__.count(".") == 2
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    assert mscheduler.__version__ == project["version"]
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "version" not in pyproject["project"] and pyproject["project"]["dynamic"] == ["version"]
+    source = pyproject["tool"]["setuptools"]["dynamic"]["version"]["attr"]
+    assert source == "mscheduler.domain.version.__version__"  # the one place it is written
+    from importlib.metadata import version
+
+    assert version("mscheduler") == mscheduler.__version__  # what the installed metadata says
 
 
 def test_the_package_ships_type_information() -> None:

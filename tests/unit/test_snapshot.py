@@ -19,12 +19,16 @@ from mscheduler.services.events import Events
 
 async def _fill(driver: MemoryDriver, clock: FakeClock) -> None:
     ops = Operations(driver, clock=clock)
-    await ops.send(Task("due", "job", {"n": 1}, option=TaskOption(priority=5)))
-    await ops.send(Task("later", "job", {}, option=TaskOption(run_at=clock.now().replace(year=2031))))
-    await ops.send(Task("uniq", "job", {"u": 1}, unique_by="params"))
-    await ops.send(Task("grouped", "job", {}, option=TaskOption(specific_groups=("gpu",))))
-    await ops.send(Task("fam", "fam", {}, children=["one", "two"]))
-    await ops.send(Task("done", "job", {}))
+    await ops.send(Task("due", "job", {"n": 1}, option=TaskOption(priority=5)), allow_unknown=True)
+    await ops.send(
+        Task("later", "job", {}, option=TaskOption(run_at=clock.now().replace(year=2031))), allow_unknown=True
+    )
+    await ops.send(Task("uniq", "job", {"u": 1}, unique_by="params"), allow_unknown=True)
+    await ops.send(
+        Task("grouped", "job", {}, option=TaskOption(specific_groups=("gpu",))), allow_unknown=True
+    )
+    await ops.send(Task("fam", "fam", {}, children=["one", "two"]), allow_unknown=True)
+    await ops.send(Task("done", "job", {}), allow_unknown=True)
     clock.advance(1)
     now = clock.now()
     [claimed] = await driver.claim(ClaimParams("w1", ["job"], now, ["att-1"]))
@@ -66,7 +70,9 @@ async def test_a_saved_store_comes_back_the_same(tmp_path: Path) -> None:
         claimed = await driver.claim(ClaimParams("w2", ["job"], now, ["att-2"]))
         assert [c.key for c in claimed] == ["uniq"]
         assert (
-            await Operations(driver, clock=clock).send(Task("uniq-2", "job", {"u": 1}, unique_by="params"))
+            await Operations(driver, clock=clock).send(
+                Task("uniq-2", "job", {"u": 1}, unique_by="params"), allow_unknown=True
+            )
             is False
         )
 
@@ -95,7 +101,7 @@ def test_a_missing_file_is_refused(tmp_path: Path) -> None:
 async def test_a_snapshot_goes_into_an_empty_store_only(tmp_path: Path) -> None:
     clock = FakeClock()
     driver = MemoryDriver(clock=clock)
-    await Operations(driver, clock=clock).send(Task("k", "job"))
+    await Operations(driver, clock=clock).send(Task("k", "job"), allow_unknown=True)
     path = tmp_path / "s.json"
     save(driver, path, clock.now())
     with pytest.raises(InvalidInput, match="into an empty store only"):

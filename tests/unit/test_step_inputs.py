@@ -11,6 +11,7 @@ from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import ClaimParams, FinishParams
 from mscheduler.runtime.consumer.inputs import StepInputs
 from mscheduler.testing.faults import FaultyDriver
+from tests.helpers import as_driver
 
 
 async def test_asks_of_one_loop_turn_are_one_read_and_shared_keys_are_copied() -> None:
@@ -23,7 +24,7 @@ async def test_asks_of_one_loop_turn_are_one_read_and_shared_keys_are_copied() -
             [FinishParams(claimed.key, "w1", claimed.attempt, now, "succeeded", {"of": claimed.key})]
         )
     counted = FaultyDriver(store)
-    inputs = StepInputs(counted)
+    inputs = StepInputs(as_driver(counted))
     first, second = await asyncio.gather(inputs.read(["w/a", "w/b"]), inputs.read(["w/a"]))
     assert counted.calls["read_results"] == 1 and inputs.reads == 1
     assert set(first) == {"w/a", "w/b"} and set(second) == {"w/a"}
@@ -36,6 +37,6 @@ async def test_asks_of_one_loop_turn_are_one_read_and_shared_keys_are_copied() -
 async def test_a_failed_read_fails_every_ask_of_its_batch() -> None:
     counted = FaultyDriver(MemoryDriver())
     counted.fail_next("read_results")
-    inputs = StepInputs(counted)
+    inputs = StepInputs(as_driver(counted))
     asks = await asyncio.gather(inputs.read(["x"]), inputs.read(["y"]), return_exceptions=True)
     assert [type(a) for a in asks] == [StorageError, StorageError]

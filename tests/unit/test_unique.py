@@ -75,4 +75,4 @@ def test_task_unique_by_is_key_or_params() -> None:
     assert Task("k", "job").unique_by == "key"
     assert Task("k", "job", {"a": 1}, unique_by="params").unique_by == "params"
     with pytest.raises(InvalidInput):
-        Task("k", "job", unique_by="name")  # type: ignore[arg-type]
+        Task("k", "job", unique_by="name")

@@ -7,8 +7,11 @@ from collections import Counter
 from typing import Any
 
 import httpx
+from pydantic import BaseModel
 
 from mscheduler import FakeClock, MemoryDriver, Operations, Publisher
+from mscheduler.drivers.base import WorkerInfo
+from mscheduler.runtime.consumer.handlers import params_schema_text
 from mscheduler.web import ApiTokens, create_app
 
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
@@ -61,3 +64,20 @@ def tick(driver: MemoryDriver, ms: int = 1) -> None:
     clock = driver.clock
     assert isinstance(clock, FakeClock)
     clock.advance(ms / 1000)
+
+
+async def live_worker(
+    driver: MemoryDriver,
+    *names: str,
+    worker_id: str = "w-live",
+    models: dict[str, type[BaseModel]] | None = None,
+) -> None:
+    """Register a live worker handling ``names`` now (on the driver's clock), publishing the
+    params schema of each handler in ``models`` as a consumer does: sends over the API are
+    checked against it."""
+    published = {name: params_schema_text(model) for name, model in (models or {}).items()}
+    schemas = [(name, text) for name, text in published.items() if text is not None]
+    info = WorkerInfo(
+        worker_id, "h", 1, sorted(set(names) | set(models or ())), 1, driver.clock.now(), schemas=schemas
+    )
+    await driver.register_worker(info)

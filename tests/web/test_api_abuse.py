@@ -78,7 +78,7 @@ async def test_a_body_above_the_cap_is_refused_before_it_is_read(driver: Countin
         assert chunked.status_code == 413 and chunked.json()["error"] == "payload_too_large"
         assert len(read) < 100  # refused once past the cap, not after the whole body
         assert sum(driver.calls.values()) == 0  # nothing read from or written to the store
-        assert (await driver.get_task("t1"))["state"]["status"] == "pending"
+        assert (await driver.get_task("t1") or {})["state"]["status"] == "pending"
 
         under = await http.post("/api/v1/tasks/t1/cancel", json={"reason": "z" * 1500}, headers=ADMIN)
         assert under.status_code == 200
@@ -162,7 +162,7 @@ async def test_streams_are_capped_per_token_and_in_all_and_their_slots_come_back
         await _until(lambda: slots.held() == 0)
         assert not log_driver._event_streams
         await publisher(log_driver).send(Task("t1", "job", None))  # an event to replay
-        since = {"max_events": 1, "since": "2000-01-01T00:00:00Z"}
+        since: dict[str, str | int] = {"max_events": 1, "since": "2000-01-01T00:00:00Z"}
         again = await http.get("/api/v1/events/stream", headers=READ, params=since)
         assert again.status_code == 200 and "event: sent" in again.text
         await _until(lambda: slots.held() == 0)  # a stream that ended gives its slot back

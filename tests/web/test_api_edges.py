@@ -40,7 +40,7 @@ def _cursor(when: str) -> str:
 async def test_dates_out_of_range_are_refused_not_a_server_error(
     client: httpx.AsyncClient, operations: Operations, when: datetime
 ) -> None:
-    operations.driver.record_events = True  # type: ignore[attr-defined]
+    operations.driver.record_events = True
     iso = when.isoformat()
     refused = [
         await client.get("/api/v1/tasks", params={"cursor": _cursor(iso)}, headers=READ),

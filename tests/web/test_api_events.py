@@ -216,7 +216,7 @@ async def test_a_client_that_goes_away_closes_its_subscription(log_driver: Count
         "client": ("127.0.0.1", 1),
         "server": ("test", 80),
     }
-    await asyncio.wait_for(app(scope, receive, send), 30)  # returns: the stream was given up
+    await asyncio.wait_for(app(scope, receive, send), 30)  # type: ignore[arg-type]  # returns: given up
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
     from mscheduler.web.routes.events import _CLOSING
 

@@ -13,13 +13,19 @@ import pytest
 from mscheduler import InvalidInput, Operations, Publisher, Task, TaskStatus
 from mscheduler.drivers.base import ClaimParams, FinishParams
 from mscheduler.web import ApiTokens, create_app
-from tests.web.support import ADMIN, ADMIN_TOKEN, READ, READ_TOKEN, CountingDriver
+from tests.web.support import ADMIN, ADMIN_TOKEN, READ, READ_TOKEN, CountingDriver, live_worker
 
 TASKS = "/api/v1/tasks"
 PUBLISH_TOKEN = "publish-token-0123456789abcdef"
 EXECUTOR_TOKEN = "executor-token-0123456789abcdef"
 PUBLISH = {"Authorization": f"Bearer {PUBLISH_TOKEN}"}
 EXECUTOR = {"Authorization": f"Bearer {EXECUTOR_TOKEN}"}
+
+
+@pytest.fixture(autouse=True)
+async def handled(driver: CountingDriver) -> None:
+    """A live worker handles the names these tests send (a send is checked at the door)."""
+    await live_worker(driver, "job", "send_invoice")
 
 
 @pytest.fixture

@@ -13,8 +13,10 @@ from typer.testing import CliRunner
 
 from mscheduler import MemoryDriver, Operations
 from mscheduler.cli import web as cli_web
-from mscheduler.cli.common import app
+from mscheduler.cli.main import full_app
 from tests.web.support import ADMIN, ADMIN_TOKEN, READ_TOKEN
+
+app = full_app()
 
 URI = "mongodb://unused.invalid/"
 
@@ -28,7 +30,7 @@ def served(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     async def serve(self: uvicorn.Server, sockets: Any = None) -> None:
         seen["host"], seen["port"] = self.config.host, self.config.port
-        transport = httpx.ASGITransport(app=self.config.app)
+        transport = httpx.ASGITransport(app=self.config.app)  # type: ignore[arg-type]
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             seen["stats"] = (await client.get("/api/v1/stats", headers=ADMIN)).status_code
             seen["anonymous"] = (await client.get("/api/v1/stats")).status_code

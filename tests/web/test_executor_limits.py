@@ -18,6 +18,7 @@ from mscheduler.drivers.base import SlotsParams
 from mscheduler.remote.executors import RemoteExecutors
 from mscheduler.web import ApiTokens, create_app
 from tests.consumer.support import FreezableDriver
+from tests.helpers import wait_until
 from tests.web.support import ADMIN, ADMIN_TOKEN, READ_TOKEN, CountingDriver, publisher
 
 EXECUTOR_TOKEN = "executor-token-0123456789abcdef"
@@ -96,8 +97,12 @@ async def test_a_lease_takes_slots_up_to_max_running_and_leases_other_names_as_b
     assert service.limiter.wait_until  # the refusal backs this name off
 
     await succeed(http, "ex-1", limited[0])
-    await settle()  # the release rides the finisher's next turn
-    assert await holders(http) == [("ex-1", limited[1]["attempt"])]
+    left = [("ex-1", limited[1]["attempt"])]
+
+    async def released() -> bool:  # the release rides the finisher's next turn
+        return await holders(http) == left
+
+    await wait_until(released, what=f"the holders to be {left}")
     [next_one] = await lease(http, "ex-2", max_tasks=3)  # a freed slot: asked again at once
     assert next_one["key"] not in {t["key"] for t in limited}
     assert await holders(http) == sorted([("ex-1", limited[1]["attempt"]), ("ex-2", next_one["attempt"])])
@@ -122,8 +127,7 @@ async def test_a_long_poll_waits_while_the_limit_is_full_and_wakes_when_a_slot_f
     assert acquires >= 3  # it re-checked after each backoff, not only at the end
 
     await succeed(http, "ex-1", first)  # through the same server: wakes the waiting lease
-    await settle()
-    assert waiting.done()  # no fake time passed
+    await wait_until(waiting.done, what="the waiting lease to wake")  # no fake time passes
     [second] = waiting.result()
     assert second["key"] == "b" and await holders(http) == [("ex-2", second["attempt"])]
 
@@ -141,7 +145,7 @@ async def test_a_long_poll_on_a_full_limit_ends_at_its_wait_and_other_names_go_o
     waiting = asyncio.ensure_future(lease(http, "ex-2", names=["job", "other"], wait_seconds=3))
     await settle()
     await publisher(driver).send(Task("o1", "other"))
-    await settle()
+    await wait_until(waiting.done, what="the lease of another name to return")
     assert [t["key"] for t in waiting.result()] == ["o1"]  # not held up by the full limit
     empty = asyncio.ensure_future(lease(http, "ex-2", wait_seconds=3))
     for _ in range(16):
@@ -169,7 +173,7 @@ async def test_a_rate_limit_is_honoured_by_executors(
     # starts are counted per bucket of period / 1000 (10 ms here): the window frees them at most
     # one bucket after the exact sliding window would (never before)
     clock.advance(0.25 + 0.01)
-    await settle()
+    await wait_until(waiting.done, what="the window to free its starts")
     assert len(waiting.result()) == 2  # woken when the window frees its starts
     docs = [await driver.get_task(f"j{n}") for n in range(5)]
     times = sorted(e["start_time"] for d in docs if d for e in d["state"]["worker_states"])
@@ -273,8 +277,11 @@ async def test_pings_and_reports_reaching_another_server_keep_the_slot_rules(
         assert [h["expire_time"] for h in limit["holders"]] == [answers[1]["lease_expires"]]
 
         await succeed(second, "ex-1", late)
-        await settle()
-        assert await holders(first) == []
+
+        async def released() -> bool:
+            return await holders(first) == []
+
+        await wait_until(released, what="the slot to be released")
         assert service_b.limiter.commands["release"] == 1
 
 
@@ -284,8 +291,8 @@ async def test_shutdown_waits_for_the_outcomes_in_flight_and_their_slot_releases
     """The app's lifespan ends with ``RemoteExecutors.aclose()``: a stopping API server first
     writes the outcomes it accepted and gives their slots back (not left to run out at their
     expiry)."""
-    stalled = FreezableDriver(driver)  # type: ignore[arg-type]
-    service = RemoteExecutors(stalled, clock=operations.clock, limit_backoff=0.2)  # type: ignore[arg-type]
+    stalled = FreezableDriver(driver)
+    service = RemoteExecutors(stalled, clock=operations.clock, limit_backoff=0.2)
     app = create_app(operations=operations, tokens=TOKENS, executors=service)
     await operations.set_limit("k", names=["job"], max_running=2)
     await publisher(driver).send_many([Task("a", "job"), Task("b", "job")])
@@ -295,8 +302,7 @@ async def test_shutdown_waits_for_the_outcomes_in_flight_and_their_slot_releases
     first, second = await lease(http, "ex-1", max_tasks=2)
     stalled.freeze("finish")
     report = asyncio.ensure_future(succeed(http, "ex-1", first))
-    await settle()
-    assert stalled.blocked == ["finish"]  # the outcome's write is in flight
+    await wait_until(lambda: stalled.blocked == ["finish"], what="the outcome's write in flight")
     closing = asyncio.ensure_future(lifespan.__aexit__(None, None, None))
     await settle()
     assert not closing.done(), "shutdown waits for the outcome being written"

@@ -21,6 +21,7 @@ from mscheduler.domain.retry import FixedRetry
 from mscheduler.drivers.base import EventQuery
 from mscheduler.remote.executors import RemoteExecutors
 from mscheduler.web import ApiTokens, create_app
+from tests.helpers import wait_until
 from tests.web.support import ADMIN, ADMIN_TOKEN, READ, READ_TOKEN, CountingDriver, publisher, tick
 
 EXECUTOR_TOKEN = "executor-token-0123456789abcdef"
@@ -225,9 +226,8 @@ async def test_a_long_poll_returns_when_a_task_arrives(
     await settle()
     assert not waiting.done()
     await publisher(driver).send(Task("t1", "job", None))
-    await settle()
-    # no fake time passed: the store's change feed woke the lease
-    assert waiting.done()
+    # no fake time passes: the store's change feed wakes the lease
+    await wait_until(waiting.done, what="the long poll to return")
     assert [t["key"] for t in waiting.result()["tasks"]] == ["t1"]
 
 
@@ -246,7 +246,7 @@ async def test_a_long_poll_wakes_at_a_known_run_at_and_ends_at_its_wait(
         await settle()
     assert not waiting.done()
     clock.advance(1)
-    await settle()
+    await wait_until(waiting.done, what="the long poll to wake at run_at")
     assert [t["key"] for t in waiting.result()["tasks"]] == ["later"]
     empty = asyncio.ensure_future(lease(http, wait_seconds=2))
     for _ in range(12):
@@ -495,8 +495,7 @@ async def test_a_long_poll_whose_client_went_away_claims_nothing(
     await settle()
     assert not request.done()  # waiting for work
     call.hang_up()
-    await settle()
-    assert request.done()  # it stopped waiting, without the clock moving
+    await wait_until(request.done, what="the lease to stop waiting")  # without the clock moving
     await publisher(driver).send(Task("t1", "job"))
     await settle()
     info = await operations.get_task("t1")
@@ -526,10 +525,11 @@ async def test_a_lease_cancelled_mid_claim_gives_back_what_the_claim_took(
 ) -> None:
     """Issue 17 D16, at the service: the request is cancelled while its claim is in flight (the
     store applies it after): the claim is waited for and its attempt released at once."""
-    gate = asyncio.Event()
+    gate, claiming = asyncio.Event(), asyncio.Event()
     inner_claim = driver.claim
 
     async def slow_claim(params: Any) -> Any:
+        claiming.set()
         await gate.wait()
         return await inner_claim(params)
 
@@ -537,7 +537,7 @@ async def test_a_lease_cancelled_mid_claim_gives_back_what_the_claim_took(
     await publisher(driver).send(Task("t1", "job"))
     service = RemoteExecutors(driver, clock=driver.clock)
     leasing = asyncio.ensure_future(service.lease("ex-1", ["job"]))
-    await settle()
+    await wait_until(claiming.is_set, what="the claim to be in flight")
     leasing.cancel()
     await settle()
     gate.set()

@@ -29,6 +29,7 @@ from mscheduler.drivers.base import (
     SyncParentsParams,
 )
 from mscheduler.drivers.memory.copying import copy_doc
+from mscheduler.drivers.memory.sortedlist import SortedChunks
 
 _OPEN = ("pending", "running")
 _SUCCEEDED = "succeeded"
@@ -38,7 +39,7 @@ class MemoryChildren:
     """Child-task operations of ``MemoryDriver`` (a mixin: it uses ``_tasks`` and ``_write``)."""
 
     _tasks: dict[str, dict[str, Any]]
-    _parents: set[str]
+    _parents: SortedChunks
     _version: dict[str, int]
 
     if TYPE_CHECKING:
@@ -48,11 +49,23 @@ class MemoryChildren:
         def _forget(self, doc: dict[str, Any]) -> None: ...
 
     def _init_children(self) -> None:
-        self._parents = set()  # keys of parents, added at insert (the Mongo driver's index)
+        # keys of the unfinished parents, in key order (the Mongo driver's partial index): kept
+        # by every write of a parent, so the reconciler reads a page, never every parent
+        self._parents = SortedChunks()
         # per parent, how many of its children are in each status (the Mongo driver's ``family``
         # index: a map step's statuses without reading its items), and each child's counted status
         self._family_counts: dict[str, Counter[str]] = {}
         self._counted: dict[str, str] = {}
+
+    def _index_parent(self, doc: dict[str, Any]) -> None:
+        """After a write of a parent: in the open-parents index while it is unfinished."""
+        key = doc["key"]
+        listed = key in self._parents
+        if doc["state"]["status"] in _OPEN:
+            if not listed:
+                self._parents.add(key)
+        elif listed:
+            self._parents.discard(key)
 
     def _count_child(self, doc: dict[str, Any]) -> None:
         """After a write of a child: move it to its status in its parent's counts."""
@@ -117,14 +130,14 @@ class MemoryChildren:
         return SyncOutcome(changed, expand, cascade)
 
     async def find_open_parents(self, params: OpenParentsParams) -> list[str]:
-        gone = {key for key in self._parents if key not in self._tasks}
-        self._parents -= gone
-        keys = sorted(
-            key
-            for key in self._parents
-            if self._tasks[key]["state"]["status"] in _OPEN and (params.after is None or key > params.after)
-        )
-        return keys[: params.limit]
+        keys: list[str] = []
+        for key in self._parents.ascending(params.after, strict=True):
+            doc = self._tasks.get(key)
+            if doc is not None and doc["state"]["status"] in _OPEN and (not keys or keys[-1] != key):
+                keys.append(key)
+                if len(keys) == params.limit:
+                    break
+        return keys
 
     async def mark_task(self, params: MarkParams) -> bool:
         doc = self._tasks.get(params.key)
@@ -168,8 +181,7 @@ class MemoryChildren:
         state["blocked"] = False
         state["children"] = map_summary(self._family_counts.get(params.key, Counter()), on_failure)
         state["children_rev"] = 0
-        self._parents.add(params.key)
-        self._write(doc, params.now)
+        self._write(doc, params.now)  # lists it among the open parents
         return True
 
     async def count_items(self, key: str) -> dict[str, int]:
@@ -188,7 +200,7 @@ class MemoryChildren:
                     item = self._tasks.pop(one, None)
                     if item is not None:
                         self._forget(item)
-                        self._version[item["key"]] = self._version.get(item["key"], 0) + 1
+                        del self._version[item["key"]]  # a removed key keeps no version
                 for field in ("children", "children_rev"):
                     doc["state"].pop(field, None)
                 self._parents.discard(key)

@@ -4,10 +4,14 @@ It is not a database: tasks live and die with the process. Claims use heaps, not
 stays fast at 100,000 tasks. Like the Mongo indexes, the heaps are keyed by the ``state.claimers``
 tokens (``name|worker`` or ``name|*``): per token a heap of future claim times and a ready heap
 ordered like the Mongo claim sort, so a claim never looks at tasks aimed at other workers; and a
-heap of lease expiries for ``expire_leases``. Heap entries are invalidated lazily by a per-task
-version number. ``examined`` counts the documents claims and wake-up reads looked at (the
-benchmarks compare it with MongoDB's ``docsExamined``). Every operation runs without an
-``await`` inside, so each is atomic on the event loop, as one MongoDB document write is.
+heap of lease expiries for ``expire_leases``. Heap entries are invalidated lazily by a version
+number per write (from one counter: a removed key keeps none); a heap that outgrows twice the
+stored tasks is rebuilt from its live entries, so none grows with the traffic. ``examined``
+counts the documents claims and wake-up reads looked at (the benchmarks compare it with MongoDB's
+``docsExamined``). Every operation on one task runs without an ``await`` inside, so each is
+atomic on the event loop, as one MongoDB document write is; the passes over many tasks (lease and
+deadline expiry, statistics) hand the loop back every ``PASS_CHUNK`` tasks, as an
+``update_many`` is atomic per document only.
 """
 
 from __future__ import annotations
@@ -92,6 +96,13 @@ from mscheduler.drivers.memory.stats import MemoryStats
 from mscheduler.drivers.streams import Fanout, Subscription, wanted_by
 
 _SCALARS = (str, int, float, bool, type(None), datetime)
+PASS_CHUNK = 500  # heap entries a pass over many tasks (leases, deadlines) reads between yields
+HEAP_SLACK = 4096  # entries a heap may hold beyond twice the stored tasks before it is rebuilt
+
+
+def _past_deadline(doc: dict[str, Any], now: datetime) -> bool:
+    deadline = doc["option"].get("deadline")
+    return deadline is not None and deadline <= now
 
 
 def _copy(value: Any) -> Any:
@@ -129,6 +140,7 @@ class MemoryDriver(
         self._future: dict[tuple[int, str], list[tuple[datetime, int, str, int]]] = {}
         self._ready: dict[tuple[int, str], list[tuple[int, int, datetime, int, str, int]]] = {}
         self.examined = 0
+        self.compactions = 0  # heaps rebuilt without their stale entries (see _heap_bound)
         self._deadlines: list[tuple[datetime, int, str]] = []
         self._leases: list[tuple[datetime, int, str, str]] = []
         self._workers: dict[str, dict[str, Any]] = {}
@@ -187,15 +199,27 @@ class MemoryDriver(
         if "parent" in doc:
             self._count_child(doc)
         key = doc["key"]
-        version = self._version.get(key, 0) + 1
-        self._version[key] = version
+        # versions come from one counter, so a key removed and sent again never meets the heap
+        # entries of its earlier document (a removed key keeps no version)
+        version = self._version[key] = next(self._seq)
+        if "children" in doc:
+            self._index_parent(doc)
         if state["claim_at"] is not None:
-            item = (state["claim_at"], next(self._seq), key, version)
+            item = (state["claim_at"], version, key, version)
             part = doc.get("part", 0)
+            bound = self._heap_bound()
             for token in state["claimers"]:
-                heapq.heappush(self._future.setdefault((part, token), []), item)
+                future = self._future.get((part, token))
+                if future is None:
+                    future = self._future[(part, token)] = []
+                elif len(future) > bound:
+                    self._compact_claim_heaps(self._future, 2)
+                    future = self._future.setdefault((part, token), [])
+                heapq.heappush(future, item)
             deadline = doc["option"].get("deadline")
             if deadline is not None:
+                if len(self._deadlines) > bound:
+                    self._deadlines = self._live_deadlines()
                 heapq.heappush(self._deadlines, (deadline, next(self._seq), key))
         if wake and self._changes is not None and self._changes.subscribers:
             self._changes.feed(event_for(doc))
@@ -203,6 +227,92 @@ class MemoryDriver(
             for followed, changed in self._followers:
                 if key == followed or key.startswith(followed + "/"):
                     changed.set()
+
+    # -- bounds: heaps hold stale entries (a task's earlier versions, removed tasks) until they
+    # come to the top; a heap that grows past twice the stored tasks is rebuilt from its live
+    # entries, so each holds at most 2 x tasks + HEAP_SLACK entries whatever the traffic
+
+    def _heap_bound(self) -> int:
+        return 2 * len(self._tasks) + HEAP_SLACK
+
+    def _compact_claim_heaps(self, heaps: dict[tuple[int, str], Any], at: int) -> None:
+        """Drop the stale entries of each of ``heaps`` (the key at ``at``, its version next), and
+        the heaps left empty (tokens of workers, groups and names no task names any more)."""
+        version = self._version
+        for token in list(heaps):
+            live = [item for item in heaps[token] if version.get(item[at]) == item[at + 1]]
+            if live:
+                heapq.heapify(live)
+                heaps[token] = live
+            else:
+                del heaps[token]
+        self.compactions += 1
+
+    def _live_deadlines(self) -> list[tuple[datetime, int, str]]:
+        """The deadline heap without stale entries (one per pending task with that deadline)."""
+        live: dict[str, tuple[datetime, int, str]] = {}
+        for item in self._deadlines:
+            doc = self._tasks.get(item[2])
+            if (
+                doc is not None
+                and doc["state"]["status"] == "pending"
+                and doc["option"].get("deadline") == item[0]
+            ):
+                live[item[2]] = item
+        heap = list(live.values())
+        heapq.heapify(heap)
+        self.compactions += 1
+        return heap
+
+    def _push_lease(self, expire: datetime, key: str, attempt: str) -> None:
+        """Queue a lease's expiry for ``expire_leases`` (each ping queues the new one)."""
+        if len(self._leases) > self._heap_bound():
+            self._leases = self._live_leases()
+        heapq.heappush(self._leases, (expire, next(self._seq), key, attempt))
+
+    def _live_leases(self) -> list[tuple[datetime, int, str, str]]:
+        """The lease heap without entries of attempts that ended or were pinged since (an
+        entry at or past its attempt's expiry is kept: it is the one that ends it)."""
+        live = []
+        for item in self._leases:
+            doc = self._tasks.get(item[2])
+            if doc is None:
+                continue
+            for entry in doc["state"]["worker_states"]:
+                if (
+                    entry["attempt"] == item[3]
+                    and entry["status"] == "running"
+                    and entry["ping_expire_time"] <= item[0]
+                ):
+                    live.append(item)
+                    break
+        heapq.heapify(live)
+        self.compactions += 1
+        return live
+
+    def structure_sizes(self) -> dict[str, int]:
+        """The entries of each in-memory structure of this store, by name (docs/design.md,
+        "Steady state", says what each holds and its bound): what the steady-state benchmark
+        and its test watch."""
+        return {
+            "tasks": len(self._tasks),
+            "versions": len(self._version),
+            "claim_heaps": len(self._future) + len(self._ready),
+            "claim_heap_entries": sum(map(len, self._future.values())) + sum(map(len, self._ready.values())),
+            "lease_heap": len(self._leases),
+            "deadline_heap": len(self._deadlines),
+            "finished_heaps": sum(map(len, self._finished.values())),
+            "listings": len(self._by_created) + len(self._by_key) + len(self._by_finished),
+            "group_listings": sum(map(len, self._by_group.values())),
+            "live_hashes": len(self._live_hashes),
+            "open_parents": len(self._parents),
+            "events": len(self._events),
+            "event_streams": len(self._event_streams),
+            "event_stream_backlog": sum(stream.queue.qsize() for stream in self._event_streams),
+            "workers": len(self._workers),
+            "followers": len(self._followers),
+            "plan_heap": len(self._plan_due),
+        }
 
     def follow_task(self, key: str) -> tuple[asyncio.Event, Callable[[], None]]:
         """Set ``changed`` (returned with a function that stops following) at every write of the
@@ -235,7 +345,13 @@ class MemoryDriver(
                     key,
                     version,
                 )
-                heapq.heappush(self._ready.setdefault(token, []), entry)
+                ready = self._ready.get(token)
+                if ready is None:
+                    ready = self._ready[token] = []
+                elif len(ready) > self._heap_bound():
+                    self._compact_claim_heaps(self._ready, 4)
+                    ready = self._ready.setdefault(token, [])
+                heapq.heappush(ready, entry)
 
     def _top(self, token: tuple[int, str]) -> tuple[int, int, datetime, int, str, int] | None:
         heap = self._ready.get(token)
@@ -270,8 +386,6 @@ class MemoryDriver(
                 doc = new_task_document(task, params.now, self.partitions, derived)
                 self._tasks[task.key] = doc
                 self._list_new(doc)
-                if task.children is not None:
-                    self._parents.add(task.key)
                 self._index(doc, params.now, True)  # derived already by new_task_document
                 created.append(True)
             elif (
@@ -390,7 +504,7 @@ class MemoryDriver(
             if len(entries) > params.max_entries:
                 doc["state"]["worker_states"] = trim_entries(entries, params.max_entries)
             self._write(doc, params.now)
-            heapq.heappush(self._leases, (expire, next(self._seq), doc["key"], attempt))
+            self._push_lease(expire, doc["key"], attempt)
             return ClaimedTask(
                 key=doc["key"],
                 name=doc["name"],
@@ -443,7 +557,7 @@ class MemoryDriver(
                     result.revoked.append(key)
                 else:
                     entry["ping_expire_time"] = expire
-                    heapq.heappush(self._leases, (expire, next(self._seq), key, attempt))
+                    self._push_lease(expire, key, attempt)
                     result.alive[key] = dict(doc["option"])
                     report = params.reports.get(key)
                     if report is not None:
@@ -493,9 +607,13 @@ class MemoryDriver(
     async def expire_leases(self, params: ExpireParams) -> int:
         now = params.now
         expired = 0
-        leases = self._leases
-        while leases and leases[0][0] <= now:
-            _, _, key, _attempt = heapq.heappop(leases)
+        popped = 0
+        while self._leases and self._leases[0][0] <= now:
+            popped += 1
+            if not popped % PASS_CHUNK:
+                await asyncio.sleep(0)  # a task's update is atomic, the pass is not (as update_many)
+                continue
+            _, _, key, _attempt = heapq.heappop(self._leases)
             doc = self._tasks.get(key)
             if doc is None:
                 continue
@@ -535,7 +653,12 @@ class MemoryDriver(
     async def expire_deadlines(self, params: ExpireParams) -> int:
         now = params.now
         expired = 0
+        popped = 0
         while self._deadlines and self._deadlines[0][0] <= now:
+            popped += 1
+            if not popped % PASS_CHUNK:
+                await asyncio.sleep(0)  # a task's update is atomic, the pass is not (as update_many)
+                continue
             _, _, key = heapq.heappop(self._deadlines)
             doc = self._tasks.get(key)
             if doc is None or doc["state"]["status"] != "pending":
@@ -602,9 +725,11 @@ class MemoryDriver(
                     later[key] = claim_at
         for key, claim_at in sorted(later.items(), key=lambda kv: kv[1])[: max(room, 0)]:
             found[key] = claim_at
+        # a task past its deadline is never claimed (the claim's rule): no claim wake-up for it
         wakeups = [
             Wakeup(key, when, "claim", self._tasks[key]["option"].get("fair_key"))
             for key, when in found.items()
+            if not _past_deadline(self._tasks[key], params.now)
         ]
         if self._leases:
             wakeups.append(Wakeup(self._leases[0][2], self._leases[0][0], "lease"))
@@ -703,7 +828,7 @@ class MemoryDriver(
             self._record_control(doc, params)
             self._forget(doc)
             del self._tasks[params.key]
-            self._version[params.key] = self._version.get(params.key, 0) + 1  # drops heap entries
+            del self._version[params.key]  # its heap entries are stale now
             return doc
         if params.action == "cancel":
             state["cancelled"] = cancelled_record(params)
@@ -748,7 +873,9 @@ class MemoryDriver(
                 progress=None,
             )
             deadline = doc["option"].get("deadline")
-            if deadline is not None and deadline <= params.now:
+            if params.deadline is not None:  # the operator's; else a past one is dropped
+                doc["option"] = doc["option"] | {"deadline": params.deadline}
+            elif deadline is not None and deadline <= params.now:
                 doc["option"] = doc["option"] | {"deadline": None}
         else:
             raise InvalidInput(f"unknown control action {params.action!r}")
@@ -768,7 +895,14 @@ class MemoryDriver(
             )
             self._record([event], params.now)
 
+    def _drop_gone_workers(self, now: datetime) -> None:
+        """Registrations silent for ``worker_retention`` go (the Mongo driver's TTL index)."""
+        gone = now - self.worker_retention
+        for worker_id in [w for w, doc in self._workers.items() if doc["last_seen"] < gone]:
+            del self._workers[worker_id]
+
     async def register_worker(self, info: WorkerInfo) -> bool:
+        self._drop_gone_workers(info.start_time)  # each start adds an id: the dead ones go
         old = self._workers.get(info.worker_id)
         live = old is not None and old["stop_time"] is None
         self._workers[info.worker_id] = {
@@ -778,6 +912,7 @@ class MemoryDriver(
             "names": list(info.names),
             "groups": list(info.groups),
             "concurrency": info.concurrency,
+            "schemas": [{"name": name, "schema": text} for name, text in info.schemas],
             "start_time": old["start_time"] if old is not None and live else info.start_time,
             "last_seen": info.start_time,
             "running_cnt": old["running_cnt"] if old is not None and live else 0,
@@ -808,9 +943,7 @@ class MemoryDriver(
     async def list_workers(self, params: WorkerListParams | None = None) -> list[dict[str, Any]]:
         params = params or WorkerListParams()
         if params.now is not None:  # expired registrations go (the Mongo driver's TTL index)
-            gone = params.now - self.worker_retention
-            for worker_id in [w for w, doc in self._workers.items() if doc["last_seen"] < gone]:
-                del self._workers[worker_id]
+            self._drop_gone_workers(params.now)
         workers = list(self._workers.values())
         if params.live_since is not None:
             since = params.live_since
@@ -819,4 +952,9 @@ class MemoryDriver(
             workers.sort(key=lambda w: (w["start_time"], w["worker_id"]))
             if params.after is not None:
                 workers = [w for w in workers if (w["start_time"], w["worker_id"]) > params.after]
-        return [dict(w) for w in workers[: params.limit]]
+        shown = [dict(w) for w in workers[: params.limit]]
+        for worker in shown:
+            schemas = worker.pop("schemas", [])
+            if params.schemas:
+                worker["schemas"] = [dict(s) for s in schemas]
+        return shown

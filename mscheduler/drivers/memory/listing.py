@@ -15,7 +15,6 @@ costs what the first does, never a sort of every task. The lists:
 
 from __future__ import annotations
 
-import bisect
 import heapq
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -24,19 +23,13 @@ from typing import Any
 
 from mscheduler.domain.listing import BY_CREATED, BY_FINISHED, BY_KEY, ORDER_FIELDS, ListParams, prefix_end
 from mscheduler.drivers.memory.copying import copy_doc
+from mscheduler.drivers.memory.sortedlist import SortedChunks
 
 _Entry = tuple[datetime, str]
 
 
-def _discard(index: list[Any], entry: Any) -> None:
-    """Remove ``entry`` from the sorted ``index`` if it is there."""
-    i = bisect.bisect_left(index, entry)
-    if i < len(index) and index[i] == entry:
-        del index[i]
-
-
 def _time_range(
-    index: list[_Entry],
+    index: SortedChunks,
     start: datetime | None,
     end: datetime | None,
     after: _Entry | None,
@@ -45,42 +38,47 @@ def _time_range(
     """The keys of ``index`` with ``start <= time < end`` and past ``after`` (after it going up,
     before it going down), in the direction asked."""
     if not descending:
-        i = 0 if start is None else bisect.bisect_left(index, (start,))
-        if after is not None:
-            i = max(i, bisect.bisect_right(index, after))
-        for j in range(i, len(index)):
-            when, key = index[j]
+        if after is not None and (start is None or after[0] >= start):
+            walk = index.ascending(after, strict=True)
+        else:
+            walk = index.ascending(None if start is None else (start,))
+        for when, key in walk:
             if end is not None and when >= end:
                 return
             yield key
         return
-    hi = len(index) if end is None else bisect.bisect_left(index, (end,))
-    if after is not None:
-        hi = min(hi, bisect.bisect_left(index, after))
-    for j in range(hi - 1, -1, -1):
-        when, key = index[j]
+    high: tuple[Any, ...] | None = None if end is None else (end,)
+    if after is not None and (high is None or after < high):
+        high = after
+    for when, key in index.descending(high):
         if start is not None and when < start:
             return
         yield key
 
 
 def _key_range(
-    index: list[str], prefix: str | None, after: str | None, descending: bool = False
+    index: SortedChunks, prefix: str | None, after: str | None, descending: bool = False
 ) -> Iterator[str]:
     """The keys of ``index`` starting with ``prefix`` (None: every key) past ``after``, in the
     direction asked."""
-    lo = 0 if prefix is None else bisect.bisect_left(index, prefix)
     end = None if prefix is None else prefix_end(prefix)
-    hi = len(index) if end is None else bisect.bisect_left(index, end)
     if not descending:
-        if after is not None:
-            lo = max(lo, bisect.bisect_right(index, after))
-        yield from index[lo:hi]
+        if after is not None and (prefix is None or after >= prefix):
+            walk = index.ascending(after, strict=True)
+        else:
+            walk = index.ascending(prefix)
+        for key in walk:
+            if end is not None and key >= end:
+                return
+            yield key
         return
-    if after is not None:
-        hi = min(hi, bisect.bisect_left(index, after))
-    for j in range(hi - 1, lo - 1, -1):
-        yield index[j]
+    high = end
+    if after is not None and (high is None or after < high):
+        high = after
+    for key in index.descending(high):
+        if prefix is not None and key < prefix:
+            return
+        yield key
 
 
 class MemoryListing:
@@ -89,20 +87,16 @@ class MemoryListing:
     _tasks: dict[str, dict[str, Any]]
 
     def _init_listing(self) -> None:
-        self._by_created: list[_Entry] = []
-        self._by_key: list[str] = []
-        self._by_finished: list[_Entry] = []
-        self._by_group: dict[str, list[_Entry]] = {}
+        self._by_created = SortedChunks()  # (create_time, key)
+        self._by_key = SortedChunks()  # key
+        self._by_finished = SortedChunks()  # (finish_time, key)
+        self._by_group: dict[str, SortedChunks] = {}  # (create_time, key) per group
         self._groups_of: dict[str, tuple[str, ...]] = {}  # key -> the groups it is listed under
 
     def _list_new(self, doc: dict[str, Any]) -> None:
         """A task was inserted (before its first ``_write``, which lists its groups)."""
-        entry = (doc["state"]["create_time"], doc["key"])
-        if not self._by_created or self._by_created[-1] < entry:
-            self._by_created.append(entry)  # most tasks are the newest (or equal in time, a batch)
-        else:
-            bisect.insort(self._by_created, entry)
-        bisect.insort(self._by_key, doc["key"])
+        self._by_created.add((doc["state"]["create_time"], doc["key"]))
+        self._by_key.add(doc["key"])
 
     def _relist(self, doc: dict[str, Any], previous_finish: datetime | None) -> None:
         """After a write: move the task in the finished and group lists if it changed there.
@@ -111,9 +105,9 @@ class MemoryListing:
         finish = doc["state"]["finish_time"]
         if finish != previous_finish:
             if previous_finish is not None:
-                _discard(self._by_finished, (previous_finish, key))
+                self._by_finished.discard((previous_finish, key))
             if finish is not None:
-                bisect.insort(self._by_finished, (finish, key))
+                self._by_finished.add((finish, key))
         groups = doc["option"].get("specific_groups")
         if groups or key in self._groups_of:
             self._regroup(doc, tuple(groups or ()))
@@ -126,11 +120,11 @@ class MemoryListing:
         entry = (doc["state"]["create_time"], key)
         for group in set(listed) - set(groups):
             index = self._by_group[group]
-            _discard(index, entry)
+            index.discard(entry)
             if not index:
                 del self._by_group[group]
         for group in set(groups) - set(listed):
-            bisect.insort(self._by_group.setdefault(group, []), entry)
+            self._by_group.setdefault(group, SortedChunks()).add(entry)
         if groups:
             self._groups_of[key] = groups
         else:
@@ -138,11 +132,11 @@ class MemoryListing:
 
     def _unlist(self, doc: dict[str, Any]) -> None:
         """A task was deleted: it leaves every listing."""
-        _discard(self._by_created, (doc["state"]["create_time"], doc["key"]))
-        _discard(self._by_key, doc["key"])
+        self._by_created.discard((doc["state"]["create_time"], doc["key"]))
+        self._by_key.discard(doc["key"])
         finish = doc["state"].get("finish_time")
         if finish is not None:
-            _discard(self._by_finished, (finish, doc["key"]))
+            self._by_finished.discard((finish, doc["key"]))
         if doc["key"] in self._groups_of:
             self._regroup(doc, ())
 
@@ -189,17 +183,18 @@ class MemoryListing:
             after = (params.after_time, params.after_key)
         if params.order == BY_FINISHED:
             return _time_range(self._by_finished, params.finished_from, params.finished_to, after, down)
-        index = self._by_created if params.group is None else self._by_group.get(params.group, [])
+        index = self._by_created if params.group is None else self._by_group.get(params.group, _EMPTY)
         return _time_range(index, params.created_from, params.created_to, after, down)
 
     def _candidates(self, params: ListParams) -> Iterator[str]:
         """Every task the filters may select, in no order (a group's own list when given)."""
         if params.group is not None:
-            return (key for _, key in self._by_group.get(params.group, []))
+            return (key for _, key in self._by_group.get(params.group, _EMPTY))
         return iter(list(self._tasks))
 
 
 _WALKED = frozenset({BY_CREATED, BY_FINISHED, BY_KEY})
+_EMPTY = SortedChunks()  # the list of a group no task is aimed at (never added to)
 
 
 def _value(doc: dict[str, Any], path: str) -> Any:

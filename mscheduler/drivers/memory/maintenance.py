@@ -15,6 +15,7 @@ from mscheduler.domain.family import map_items
 from mscheduler.domain.state import LIVE, lifecycle
 from mscheduler.drivers.base import PurgeParams, RetentionParams, UniqueParamsTaken
 from mscheduler.drivers.memory.copying import copy_doc
+from mscheduler.drivers.memory.sortedlist import SortedChunks
 
 
 class MemoryMaintenance:
@@ -24,11 +25,16 @@ class MemoryMaintenance:
     _version: dict[str, int]
     _seq: itertools.count[int]
 
+    _parents: SortedChunks
+    compactions: int
+
     if TYPE_CHECKING:
 
         def _unlist(self, doc: dict[str, Any]) -> None: ...
 
         def _uncount_child(self, doc: dict[str, Any]) -> None: ...
+
+        def _heap_bound(self) -> int: ...
 
     def _init_maintenance(self) -> None:
         self._live_hashes: dict[str, str] = {}  # unique_hash -> key of the live task holding it
@@ -57,7 +63,25 @@ class MemoryMaintenance:
         if state["finish_time"] is not None and "parent" not in doc:  # children go with their parent
             # pushed again on later writes: the status may change
             heap = self._finished.setdefault(state["status"], [])
+            if len(heap) > self._heap_bound():
+                heap = self._finished[state["status"]] = self._live_finished(state["status"])
             heapq.heappush(heap, (state["finish_time"], next(self._seq), doc["key"]))
+
+    def _live_finished(self, status: str) -> list[tuple[datetime, int, str]]:
+        """The retention heap of ``status`` without stale entries (one per task finished so)."""
+        live: dict[str, tuple[datetime, int, str]] = {}
+        for item in self._finished.get(status, ()):
+            doc = self._tasks.get(item[2])
+            if (
+                doc is not None
+                and doc["state"]["status"] == status
+                and doc["state"]["finish_time"] == item[0]
+            ):
+                live[item[2]] = item
+        heap = list(live.values())
+        heapq.heapify(heap)
+        self.compactions += 1
+        return heap
 
     def _unique_holder(self, unique_hash: str | None, key: str) -> str | None:
         """The key of another live task holding ``unique_hash`` (None: free, or no hash)."""
@@ -78,6 +102,8 @@ class MemoryMaintenance:
         self._unlist(doc)
         if "parent" in doc:
             self._uncount_child(doc)
+        if "children" in doc:
+            self._parents.discard(doc["key"])
         live = doc["state"].get("unique_live")
         if live is not None and self._live_hashes.get(live) == doc["key"]:
             del self._live_hashes[live]
@@ -103,7 +129,7 @@ class MemoryMaintenance:
                 child = self._tasks.pop(child_key, None)
                 if child is not None:
                     self._forget(child)
-                    self._version[child_key] = self._version.get(child_key, 0) + 1  # drops its heap entries
+                    del self._version[child_key]  # its heap entries are stale now
             removed += 1
         return removed
 

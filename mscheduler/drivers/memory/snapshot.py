@@ -42,7 +42,7 @@ def dump(driver: MemoryDriver, now: datetime) -> dict[str, Any]:
         "tasks": [copy.deepcopy(doc) for doc in driver._tasks.values()],
         "plans": [copy.deepcopy(doc) for doc in driver._plans.values()],
         "limits": [copy.deepcopy(doc) for doc in driver._limits.values()],
-        "events": [dict(doc) | {"detail": dict(doc["detail"])} for _, doc in driver._events.values()],
+        "events": list(driver.stored_events()),
     }
 
 
@@ -71,7 +71,7 @@ def restore(driver: MemoryDriver, data: dict[str, Any]) -> None:
         for name in doc.get("names", []):
             driver._limit_of_name[name] = doc["_id"]
     for doc in data["events"]:
-        driver._events[doc["id"]] = (next(driver._event_seq), doc)
+        driver.load_event(doc)
 
 
 def save(driver: MemoryDriver, path: Path, now: datetime) -> int:

@@ -46,6 +46,8 @@ from mscheduler.drivers.mongo.common import (
     _lit,
     _resolve,
     admin_read,
+    by_keys,
+    one_task,
     write_concern_only,
 )
 
@@ -81,9 +83,11 @@ class MongoChildren:
 
     tasks: Any
     tasks_primary: Any
-    partitions: int
 
     if TYPE_CHECKING:
+
+        @property
+        def partitions(self) -> int: ...
 
         async def _call(
             self,
@@ -98,7 +102,7 @@ class MongoChildren:
         self, what: str, keys: list[str], projection: dict[str, Any]
     ) -> list[dict[str, Any]]:
         async def read() -> list[dict[str, Any]]:
-            cursor = self.tasks_primary.find({"key": {"$in": keys}}, projection).hint(KEY_INDEX)
+            cursor = self.tasks_primary.find(by_keys(keys, self.partitions), projection).hint(KEY_INDEX)
             return [_in(doc) async for doc in cursor]
 
         return await self._call(what, read)
@@ -130,7 +134,7 @@ class MongoChildren:
                 if doc.get("parent") is not None:
                     cascade.append(doc["parent"])
                 part = part_of(doc["key"], self.partitions)
-                filter_ = {"key": doc["key"], "part": part, "state.children_rev": rev}
+                filter_ = {**one_task(doc["key"], part), "state.children_rev": rev}
                 ops.append((part, UpdateOne(filter_, [{"$set": change}, *_derive_stages(params.now)])))
             if not ops:
                 break
@@ -317,8 +321,7 @@ class MongoChildren:
 
     async def mark_task(self, params: MarkParams) -> bool:
         filter_ = {
-            "key": params.key,
-            "part": part_of(params.key, self.partitions),
+            **one_task(params.key, part_of(params.key, self.partitions)),
             "state.status": {"$in": list(params.statuses)},
             "state.running_cnt": 0,
             "children": {"$exists": False},

@@ -30,6 +30,7 @@ from pymongo.errors import (
 
 from mscheduler.domain.exceptions import StorageError
 from mscheduler.domain.model import GROUP_PREFIX, TaskStatus
+from mscheduler.domain.partitions import part_of
 from mscheduler.domain.state import ANYONE, CHILD_ENDED_BADLY, LANE_MARK, LIVE, TERMINAL, token_name
 from mscheduler.drivers.base import (
     ENTRY_FIELDS,
@@ -58,6 +59,19 @@ TRANSIENT_CODES = frozenset({6, 7, 89, 91, 94, 112, 189, 262, 9001, 10107, 11600
 # Write-concern errors worth retrying: the retryable-writes list (the write may not have been
 # applied on a majority because the node stepped down or shut down).
 RETRYABLE_WRITE_CONCERN_CODES = frozenset({6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436})
+
+
+class WriteMayRollBack(AutoReconnect):
+    """A write the primary applied and then answered with a write-concern error saying it stepped
+    down or shut down (``RETRYABLE_WRITE_CONCERN_CODES``): a new primary may not have it, and it
+    is rolled back. Raised inside a driver operation so that ``_call`` writes it again."""
+
+
+def may_roll_back(exc: BulkWriteError) -> bool:
+    """A bulk write's write-concern errors say the primary stepped down or shut down."""
+    return bool(_write_concern_codes(exc) & RETRYABLE_WRITE_CONCERN_CODES)
+
+
 # Configuration errors no retry fixes: unauthorized, auth failed, unknown / unsatisfiable write
 # concern, invalid options. A consumer stops on them with the reason at ERROR.
 CONFIG_CODES = frozenset({13, 18, 79, 100, 8000})
@@ -220,6 +234,25 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
 ]
 INDEX_NAMES = tuple(options["name"] for _, options in INDEXES)
 SHARD_KEY = [("part", 1), ("_id", 1)]
+
+
+def by_keys(keys: Sequence[str], partitions: int) -> dict[str, Any]:
+    """The filter of a read of tasks by key: the keys and their partitions, so that a read on a
+    sharded store reaches only the shards that hold them."""
+    parts = sorted({part_of(key, partitions) for key in keys})
+    return {"key": {"$in": list(keys)}, "part": parts[0] if len(parts) == 1 else {"$in": parts}}
+
+
+def one_task(key: str, part: int | None) -> dict[str, Any]:
+    """The filter of a write about one task: its ``_id`` (the key) and its partition, the whole
+    shard key ``{part, _id}`` of a sharded store. A single-document update, delete or
+    findAndModify with an equality on the full shard key (or on ``_id``) is routed to one shard
+    by every server version; one naming only ``part`` needs a mongos that targets by a shard-key
+    prefix (``MongoDriver.prepare`` checks it, for the claim, the one write that cannot name
+    its task)."""
+    return {"_id": key, "part": part}
+
+
 SHARD_KEY_INDEX = "shard_key"
 
 
@@ -859,19 +892,29 @@ def watch_pipeline() -> list[dict[str, Any]]:
     No ``fullDocument: updateLookup`` (a document fetch per update). An update's event carries the
     changed claimers (``state.claimers``, or ``state.claimers.<i>`` when the server reports array
     elements), ``state.claim_at`` and ``state.stop``, read from the updated fields' dotted keys
-    through ``$objectToArray``; the event is projected to what ``change_event`` reads."""
+    through ``$objectToArray`` — or from a whole ``state`` object, which the server's diff of a
+    pipeline update reports instead of its fields when most of them changed; the event is
+    projected to what ``change_event`` reads."""
     updated = {"$objectToArray": {"$ifNull": ["$updateDescription.updatedFields", {}]}}
 
     def values_of(cond: dict[str, Any]) -> dict[str, Any]:
         fields = {"$filter": {"input": updated, "as": "f", "cond": cond}}
         return {"$map": {"input": fields, "as": "f", "in": "$$f.v"}}
 
-    # the whole array ("state.claimers") and / or its elements ("state.claimers.0", ...)
-    whole = {"$ifNull": [{"$arrayElemAt": [values_of({"$eq": ["$$f.k", "state.claimers"]}), 0]}, []]}
+    def field(path: str) -> dict[str, Any]:
+        """The new value of ``state.<path>``: an updated field of its own, else the field of a
+        whole ``state`` reported as updated (missing: null)."""
+        own = {"$arrayElemAt": [values_of({"$eq": ["$$f.k", f"state.{path}"]}), 0]}
+        state = {"$arrayElemAt": [values_of({"$eq": ["$$f.k", "state"]}), 0]}
+        return {"$ifNull": [own, {"$let": {"vars": {"s": state}, "in": f"$$s.{path}"}}]}
+
+    # the whole array ("state.claimers", or in a whole "state") and / or its elements
+    # ("state.claimers.0", ...)
+    whole = {"$ifNull": [field("claimers"), []]}
     elements = values_of({"$regexMatch": {"input": "$$f.k", "regex": r"^state\.claimers\.[0-9]+$"}})
     tokens = {"$concatArrays": [whole, elements]}
-    claim_at = {"$arrayElemAt": [values_of({"$eq": ["$$f.k", "state.claim_at"]}), 0]}
-    stop = {"$arrayElemAt": [values_of({"$eq": ["$$f.k", "state.stop"]}), 0]}
+    claim_at = field("claim_at")
+    stop = field("stop")
     # a server may report an object that changed by its fields ("state.stop.time"): a stop
     # whose attempts are not known (the consumer asks the store by pinging)
     stop_fields = values_of({"$regexMatch": {"input": "$$f.k", "regex": r"^state\.stop\."}})

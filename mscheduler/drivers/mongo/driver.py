@@ -23,12 +23,15 @@ Query design:
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import random
+import re
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from bson.errors import InvalidDocument
 from bson.min_key import MinKey
@@ -52,6 +55,7 @@ from mscheduler.drivers.base import (
     ClaimParams,
     ClaimStep,
     DerivedByOption,
+    Driver,
     ExpireParams,
     FinishParams,
     InsertParams,
@@ -100,10 +104,12 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     TRANSIENT_CODES,
     TRANSIENT_ERRORS,
     UNIQUE_LIVE_INDEX,
+    WAKE,
     WAKEUP_INDEX,
     WORKERS,
     WS,
     T,
+    WriteMayRollBack,
     _claimers,
     _count,
     _derive_stages,
@@ -116,12 +122,15 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     _resolve,
     _translate,
     _write_concern_codes,
+    by_keys,
     change_event,
     claim_order_fields,
     expired_entries_stage,
     expired_history_stage,
     live_hash,
     log,
+    may_roll_back,
+    one_task,
     read_page,
     task_indexes,
     watch_error,
@@ -140,6 +149,60 @@ from mscheduler.drivers.mongo.workers import MongoWorkers, worker_indexes
 from mscheduler.drivers.streams import Subscription, shared, wanted_by
 
 
+def _layout_unread() -> StorageError:
+    return StorageError(
+        "the store's layout (its partitions) has not been read by this driver: every method of "
+        "the Driver protocol reads it first; code reading MongoDriver.partitions directly awaits "
+        "driver.known_layout() (or prepare()) before",
+        config=True,
+    )
+
+
+@dataclass(slots=True, frozen=True)
+class StoreLayout:
+    """What ``mscheduler setup`` recorded of a store: its partitions, whether it is sharded
+    (``recorded`` False: nothing, the store was never set up)."""
+
+    partitions: int
+    sharded: bool
+    recorded: bool
+
+
+# mongos releases routing a findAndModify by a shard-key prefix to one shard (SERVER-44422):
+# every release from 7.1, and the patch releases of these that carry the backport
+PREFIX_ROUTING_RELEASE = (7, 1)
+PREFIX_ROUTING_BACKPORTS = frozenset({(5, 0), (6, 0), (7, 0)})
+SHARD_KEY_NOT_FOUND = 61
+
+D = TypeVar("D", bound="MongoDriver")
+_READS_NO_LAYOUT = frozenset({"setup", "prepare", "server_time"})
+
+
+def _layout_first(cls: type[D]) -> type[D]:
+    """Every coroutine of the ``Driver`` protocol reads the store's layout (``known_layout``:
+    its partitions, whether it is sharded) before it runs, once per driver object, whoever calls
+    it — a consumer, a publisher, ``Operations`` under the CLI or the API, a service, a remote
+    executor's server — so that no path can act as if the store had one partition because
+    nothing prepared the driver. ``setup`` and ``prepare`` read it themselves; ``server_time``
+    needs none. Reading ``partitions`` before it is known raises instead of guessing."""
+    for name, member in vars(Driver).items():
+        if name in _READS_NO_LAYOUT or not inspect.iscoroutinefunction(member):
+            continue
+        setattr(cls, name, _after_layout(getattr(cls, name)))
+    return cls
+
+
+def _after_layout(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    @functools.wraps(method)
+    async def call(self: MongoDriver, *args: Any, **kwargs: Any) -> Any:
+        if self._partitions is None:
+            await self.known_layout()
+        return await method(self, *args, **kwargs)
+
+    return call
+
+
+@_layout_first
 class MongoDriver(
     MongoEvents,
     MongoPing,
@@ -216,23 +279,16 @@ class MongoDriver(
         self.limits = limits_collection(
             database, prefix, WriteConcern(w="majority", wtimeout=majority_timeout_ms) if majority else None
         )
-        # Scheduler read-backs (claim recovery, ping and finish outcomes) go to the primary
-        # whatever the client's read preference. The claim recovery reads at local read concern:
-        # a claim whose majority write timed out (64) is applied on the primary but not majority-
-        # committed, so a majority read would miss it and the task would never run (in a PSA set
-        # with a data node down, every claim). Found there, the claim is used; should the primary
-        # roll it back later, its lease simply is not there for the pings (lost, as after a crash).
-        self.tasks_primary = tasks.with_options(read_preference=ReadPreference.PRIMARY)
-        self.tasks_recovery = tasks.with_options(
-            read_preference=ReadPreference.PRIMARY, read_concern=ReadConcern("local")
-        )
-        # Limit reads that decide (which limit holds a slot, an acquire's recovery) likewise.
-        self.limits_primary = self.limits.with_options(read_preference=ReadPreference.PRIMARY)
+        self._init_read_views(tasks)
         # the store's layout (its partitions: fixed by setup, read by prepare)
         self.meta = database[f"{prefix}{META}"]
         self._asked_partitions = checked_partitions(partitions) if partitions is not None else None
-        self.partitions = self._asked_partitions or 1
-        self.sharded = sharded
+        self._asked_sharded = sharded
+        # the store's layout once read (``known_layout``: every method of the Driver protocol
+        # reads it before its first call, see ``_layout_first``); None until then
+        self._partitions: int | None = None
+        self._sharded = sharded
+        self._layout_recorded = False
         majority_concern = WriteConcern(w="majority", wtimeout=majority_timeout_ms) if majority else None
         self._init_events(database, prefix, majority_concern, events, event_retention)
         self.retries = retries
@@ -244,6 +300,45 @@ class MongoDriver(
         self._set_up = False
         self.rebuilt: list[str] = []  # indexes the last setup() rebuilt or dropped (spec changes)
         self.create_indexes = create_indexes
+
+    def _init_read_views(self, tasks: Any) -> None:
+        """The views reads that decide go through. Scheduler read-backs (claim recovery, ping and
+        finish outcomes) go to the primary whatever the client's read preference. The claim
+        recovery looks at local read concern first (a claim whose majority write timed out, 64,
+        is applied on the primary but not majority-committed: a majority read alone misses it),
+        then waits for a majority to have it (``_recover_claim``); a publish whose majority write
+        timed out is confirmed at majority too before it is reported created. Limit reads that
+        decide (which limit holds a slot, an acquire's recovery) and the planner's (which plans
+        are due, a lost compare-and-set's recovery) read the primary as well."""
+        primary = ReadPreference.PRIMARY
+        self.tasks_primary = tasks.with_options(read_preference=primary)
+        self.tasks_recovery = tasks.with_options(read_preference=primary, read_concern=ReadConcern("local"))
+        self.tasks_majority = tasks.with_options(
+            read_preference=primary, read_concern=ReadConcern("majority")
+        )
+        self.limits_primary = self.limits.with_options(read_preference=primary)
+        self.plans_primary = self.plans.with_options(read_preference=primary)
+
+    @property
+    def partitions(self) -> int:
+        """The store's number of partitions, as recorded by ``setup`` (``known_layout``)."""
+        if self._partitions is None:
+            raise _layout_unread()
+        return self._partitions
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the store is set up for a sharded cluster (read with the partitions)."""
+        if self._partitions is None:
+            raise _layout_unread()
+        return self._sharded
+
+    async def known_layout(self) -> StoreLayout:
+        """The store's layout, read from the store on the first call (a store never set up: as
+        asked, else 1 partition, not sharded, ``recorded`` False; nothing is written)."""
+        if self._partitions is None:
+            await self._layout(record=False)
+        return StoreLayout(self.partitions, self._sharded, self._layout_recorded)
 
     def _part(self, key: str) -> int:
         """The partition of task ``key`` (every write about one task names it)."""
@@ -258,12 +353,14 @@ class MongoDriver(
         *,
         recover: Callable[[], Awaitable[T | None]] | None = None,
         session: Any = None,
+        retries: int | None = None,
     ) -> T:
-        """Run one command, retrying transient errors with backoff; translate the rest.
+        """Run one command, retrying transient errors with backoff (``retries``: how many times,
+        by default the driver's); translate the rest.
 
         ``recover`` is asked after an error whose outcome is unknown (the write may have been
         applied before the reply was lost, or applied on the primary while the majority write
-        concern timed out); if it finds the effect, that is the answer.
+        concern timed out), the last try's included; if it finds the effect, that is the answer.
 
         Inside the caller's transaction (``session``) nothing is retried here and PyMongo's
         errors are re-raised as they are, labels (``TransientTransactionError``) intact, so that
@@ -276,7 +373,8 @@ class MongoDriver(
             except InvalidDocument as exc:
                 raise _translate(what, exc) from exc
         delay = self.backoff
-        for attempt in range(self.retries + 1):
+        tries = (self.retries if retries is None else retries) + 1
+        for attempt in range(tries):
             try:
                 self.commands += 1
                 return await operation()
@@ -298,17 +396,21 @@ class MongoDriver(
                     if error.config:
                         log.error("%s: configuration error: %s", what, exc)
                     raise error from exc
-                if attempt == self.retries:
-                    raise StorageError(
-                        f"{what} failed after {attempt + 1} tries: {exc}", transient=True
-                    ) from exc
-                log.warning("%s: transient error (%s), retrying in %.2fs", what, exc, delay)
+                if attempt == tries - 1 and recover is None:
+                    raise StorageError(f"{what} failed after {tries} tries: {exc}", transient=True) from exc
+                log.warning("%s: transient error (%s), looking again in %.2fs", what, exc, delay)
                 await asyncio.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, self.max_backoff)
                 if recover is not None:
                     found = await self._call(f"{what} (recovery read)", recover)
                     if found is not None:
                         return found
+                    if attempt == tries - 1:
+                        raise StorageError(
+                            f"{what} failed after {tries} tries (not applied, as far as a read "
+                            f"can tell): {exc}",
+                            transient=True,
+                        ) from exc
         raise AssertionError("unreachable")
 
     async def setup(self) -> None:
@@ -340,8 +442,10 @@ class MongoDriver(
         if self.create_indexes:
             if not self._set_up:
                 await self.setup()
+            await self._check_claim_routing()
             return
         await self._layout(record=False)
+        await self._check_claim_routing()
         missing = await self.missing_indexes()
         if missing:
             where = f"{self.database.name}.{self.tasks.name}"
@@ -350,6 +454,37 @@ class MongoDriver(
                 "--mongodb-uri ...` (or `await MongoDriver(...).setup()`) once, before starting workers",
                 config=True,
             )
+
+    async def _check_claim_routing(self) -> None:
+        """On a sharded store: can the mongos route a claim to its partition's one shard? A claim
+        is the one write that cannot name its task (its ``_id``), only its partition, a prefix of
+        the shard key; a mongos routes such a ``findAndModify`` from 7.1 on, and in the 5.0, 6.0
+        and 7.0 patch releases that carry SERVER-44422 (from the second half of 2023), which
+        this asks the mongos itself (an explain of a claim); earlier ones refuse every claim
+        ("Query for sharded findAndModify must contain the shard key"). A configuration
+        ``StorageError`` names the releases to upgrade to."""
+        if not self.sharded:
+            return
+        version = str((await self.server_info()).get("version") or "")
+        numbers = tuple(int(n) for n in re.findall(r"\d+", version)[:2])
+        if numbers >= PREFIX_ROUTING_RELEASE:
+            return
+        if numbers in PREFIX_ROUTING_BACKPORTS:
+            probe = {"part": 0, "state.claimers": "-"}  # a claim's shape: the partition only
+            command = {"findAndModify": self.tasks.name, "query": probe, "update": {"$set": {"x": 1}}}
+            try:
+                await self.database.command({"explain": command, "verbosity": "queryPlanner"})
+                return
+            except OperationFailure as exc:
+                if exc.code != SHARD_KEY_NOT_FOUND:
+                    raise _translate("check claim routing", exc) from exc
+        raise StorageError(
+            f"the mongos ({version or 'version unknown'}) cannot route a claim (a findAndModify "
+            "naming a task's partition, a prefix of the shard key) to one shard: upgrade the "
+            "cluster to a 5.0, 6.0 or 7.0 patch release from the second half of 2023 on "
+            "(SERVER-44422), or to 7.1 or later",
+            config=True,
+        )
 
     async def _layout(self, *, record: bool) -> None:
         """Read the store's layout (``<prefix>mscheduler_meta``, ``_id: "layout"``): its number of
@@ -362,12 +497,14 @@ class MongoDriver(
 
         layout = await self._call("read the store's layout", read)
         if layout is None:
+            partitions, sharded = self._asked_partitions or 1, self._asked_sharded
             if record:
-                stored = {"_id": "layout", "partitions": self.partitions, "sharded": self.sharded}
+                stored = {"_id": "layout", "partitions": partitions, "sharded": sharded}
                 await self._call(
                     "record the store's layout",
                     lambda: self.meta.replace_one({"_id": "layout"}, stored, upsert=True),
                 )
+            self._partitions, self._sharded, self._layout_recorded = partitions, sharded, record
             return
         partitions = int(layout.get("partitions") or 1)
         if self._asked_partitions is not None and self._asked_partitions != partitions:
@@ -376,9 +513,10 @@ class MongoDriver(
                 "partitions are fixed (docs/scaling.md, growing P)",
                 config=True,
             )
-        self.partitions = partitions
-        self.sharded = self.sharded or bool(layout.get("sharded"))
-        if record and self.sharded and not layout.get("sharded"):
+        self._partitions = partitions
+        self._sharded = self._asked_sharded or bool(layout.get("sharded"))
+        self._layout_recorded = True
+        if record and self._sharded and not layout.get("sharded"):
             await self._call(
                 "record the store's layout",
                 lambda: self.meta.update_one({"_id": "layout"}, {"$set": {"sharded": True}}),
@@ -387,27 +525,29 @@ class MongoDriver(
     async def _place_unplaced(self) -> int:
         """Give a partition to the tasks that have none (inserted by a build before partitions):
         ``part`` 0 in an unpartitioned store (one update), else each by its key, a batch at a
-        time. Returns how many were placed."""
-        if self.partitions == 1:
+        time. Returns how many were placed.
+
+        On a sharded store ``part`` is a shard-key field: a document that lacks it is set one at a
+        time, each write a single-document update naming the whole shard key (``_id``, and
+        ``part: null``, as a missing field counts) in a retryable write (a bulk write of single
+        updates is one), as MongoDB requires to set a missing shard-key field."""
+        if self.partitions == 1 and not self.sharded:
             result = await self._call(
                 "place unplaced tasks",
-                lambda: self.tasks.update_many({"part": {"$exists": False}}, {"$set": {"part": 0}}),
+                lambda: self.tasks.update_many({"part": None}, {"$set": {"part": 0}}),
             )
             return int(result.modified_count)
         placed = 0
         while True:
 
             async def read() -> list[str]:
-                cursor = self.tasks.find({"part": {"$exists": False}}, {"key": 1}).limit(1000)
-                return [doc["key"] async for doc in cursor]
+                cursor = self.tasks.find({"part": None}, {"_id": 1}).limit(1000)
+                return [doc["_id"] async for doc in cursor]
 
             keys = await self._call("find unplaced tasks", read)
             if not keys:
                 return placed
-            ops = [
-                UpdateOne({"key": k, "part": {"$exists": False}}, {"$set": {"part": self._part(k)}})
-                for k in keys
-            ]
+            ops = [UpdateOne(one_task(k, None), {"$set": {"part": self._part(k)}}) for k in keys]
 
             async def place(ops: list[UpdateOne] = ops) -> Any:
                 return await self.tasks.bulk_write(ops, ordered=False)
@@ -422,7 +562,12 @@ class MongoDriver(
         in contiguous ranges, one zone per shard, so that each partition lives on one shard and a
         claim naming it reaches that shard (a findAndModify with a shard-key prefix that targets
         one shard: SERVER-44422). Returns the commands sent. The other collections (plans,
-        limits, workers, events, the layout) stay unsharded, on the database's primary shard."""
+        limits, workers, events, the layout) stay unsharded, on the database's primary shard.
+
+        Run again after shards were added or removed, it moves the zones: the ranges of the
+        earlier spread that the new one does not keep are removed first (a new range may not
+        overlap an old one), then the new ones are added, then shards are taken out of the
+        zones they no longer hold; the balancer moves the partitions' chunks."""
         if not self.sharded:
             raise InvalidInput("shard() needs a store set up with MongoDriver(..., sharded=True)")
         admin = self.database.client.admin
@@ -440,23 +585,41 @@ class MongoDriver(
             except OperationFailure as exc:
                 log.info("split at partition %d: %s (a boundary already there?)", part, exc)
         if zones:
-            shards = [s["_id"] for s in (await admin.command({"listShards": 1}))["shards"]]
-            for i, shard in enumerate(shards):
-                low = i * self.partitions // len(shards)
-                high = (i + 1) * self.partitions // len(shards)
-                if low == high:
-                    continue  # more shards than partitions: this one holds none
-                zone = f"{self.tasks.name}-{low}-{high - 1}"
-                await run({"addShardToZone": shard, "zone": zone})
-                await run(
-                    {
-                        "updateZoneKeyRange": namespace,
-                        "min": {"part": low, "_id": MinKey()},
-                        "max": {"part": high, "_id": MinKey()},
-                        "zone": zone,
-                    }
-                )
+            await self._spread_zones(admin, namespace, run)
         return sent
+
+    async def _spread_zones(
+        self, admin: Any, namespace: str, run: Callable[[dict[str, Any]], Awaitable[Any]]
+    ) -> None:
+        """The partitions over the shards in contiguous ranges, one zone per shard (``shard``)."""
+        listed = (await admin.command({"listShards": 1}))["shards"]
+        shards = [s["_id"] for s in listed]
+        wanted: dict[str, tuple[str, int, int]] = {}  # zone -> (shard, low, high)
+        for i, shard in enumerate(shards):
+            low = i * self.partitions // len(shards)
+            high = (i + 1) * self.partitions // len(shards)
+            if low < high:  # (more shards than partitions: this one holds none)
+                wanted[f"{self.tasks.name}-{low}-{high - 1}"] = (shard, low, high)
+        ours = f"{self.tasks.name}-"
+        existing = [doc async for doc in self.database.client["config"]["tags"].find({"ns": namespace})]
+        kept: set[str] = set()
+        for doc in existing:
+            zone, low, high = doc.get("tag"), doc["min"].get("part"), doc["max"].get("part")
+            if zone in wanted and wanted[zone][1:] == (low, high):
+                kept.add(zone)
+            elif str(zone).startswith(ours):
+                await run(
+                    {"updateZoneKeyRange": namespace, "min": doc["min"], "max": doc["max"], "zone": None}
+                )
+        for zone, (shard, low, high) in wanted.items():
+            await run({"addShardToZone": shard, "zone": zone})
+            if zone not in kept:
+                bounds = {"min": {"part": low, "_id": MinKey()}, "max": {"part": high, "_id": MinKey()}}
+                await run({"updateZoneKeyRange": namespace, **bounds, "zone": zone})
+        for shard in listed:
+            for zone in shard.get("tags") or ():
+                if str(zone).startswith(ours) and wanted.get(zone, ("",))[0] != shard["_id"]:
+                    await run({"removeShardFromZone": shard["_id"], "zone": zone})
 
     async def missing_indexes(self) -> list[str]:
         """The indexes this build's queries need that the store lacks or has with another spec
@@ -606,6 +769,20 @@ class MongoDriver(
         return inserted
 
     async def _insert_part(self, docs: list[dict[str, Any]]) -> set[int]:
+        """One ``insert_many``: the positions it created. A duplicate key is a task that exists.
+        An insert the primary applied and could not confirm is made sure of first, since a task
+        reported created must not be lost:
+
+        * the primary stepped down or shut down (``may_roll_back``): the write may be rolled
+          back, so it is sent again (``_call``'s retry); a duplicate key then is an earlier try's
+          insert that survived, still created by this call;
+        * any other write-concern error (64, a majority not reached in time): applied on the
+          primary, read back at majority read concern (``_confirmed``) until a majority has it;
+          what no majority confirms raises a transient ``StorageError`` (send again: by key,
+          nothing is created twice)."""
+        earlier: set[int] = set()  # inserted by a try whose primary then stepped down
+        unconfirmed: set[int] = set()
+
         async def insert() -> set[int]:
             # Handled here, inside the operation: BulkWriteError is a PyMongoError, so ``_call``
             # would otherwise turn it into a StorageError.
@@ -615,15 +792,50 @@ class MongoDriver(
                 errors = exc.details.get("writeErrors", [])
                 if any(err.get("code") != 11000 for err in errors):
                     raise
+                existing = {err["index"] for err in errors}
+                applied = set(range(len(docs))) - existing
                 if exc.details.get("writeConcernErrors"):
                     if _write_concern_codes(exc) & CONFIG_CODES:
                         raise
-                    # Applied on the primary, not yet confirmed by a majority: not a failure.
+                    if may_roll_back(exc):
+                        earlier.update(applied)
+                        raise WriteMayRollBack(f"insert tasks: {exc.details['writeConcernErrors']}") from exc
                     log.warning("insert tasks: write concern not satisfied yet: %s", exc.details)
-                return set(range(len(docs))) - {err["index"] for err in errors}
+                    unconfirmed.update(applied)
+                return applied | (earlier & existing)
             return set(range(len(docs)))
 
-        return await self._call("insert tasks", insert)
+        created = await self._call("insert tasks", insert)
+        if unconfirmed:
+            missing = unconfirmed - await self._confirmed(docs, unconfirmed)
+            if missing:
+                raise StorageError(
+                    f"insert tasks: {len(missing)} tasks applied on the primary, not confirmed by "
+                    "a majority: outcome unknown, send them again",
+                    transient=True,
+                )
+        return created
+
+    async def _confirmed(self, docs: list[dict[str, Any]], positions: set[int]) -> set[int]:
+        """Which of ``positions`` (documents the primary took, all of one partition) a majority
+        has: read at majority read concern, again with backoff while some are missing."""
+        keys = {docs[i]["_id"]: i for i in positions}
+        part = docs[next(iter(positions))]["part"]
+        found: set[int] = set()
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            wanted = [k for k, i in keys.items() if i not in found]
+
+            async def read(wanted: list[str] = wanted) -> list[str]:
+                filter_ = {"_id": {"$in": wanted}, "part": part}
+                return [doc["_id"] async for doc in self.tasks_majority.find(filter_, {"_id": 1})]
+
+            found |= {keys[k] for k in await self._call("insert tasks (majority read)", read)}
+            if len(found) == len(keys) or attempt == self.retries:
+                break
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, self.max_backoff)
+        return found
 
     async def _upsert_in_transaction(self, docs: list[dict[str, Any]], session: Any) -> set[int]:
         """Inside the caller's transaction: an existing key must not abort it, as a duplicate key
@@ -635,10 +847,17 @@ class MongoDriver(
         # would scan the collection, per task, inside the caller's transaction).
         ops = [
             UpdateOne(
-                {"$or": [{"key": doc["key"]}, {"state.unique_live": live_hash(doc["unique_hash"])}]}
-                if doc.get("unique_hash")
-                else {"key": doc["key"], "part": doc["part"]},
+                {"$or": [{"key": doc["key"]}, {"state.unique_live": live_hash(doc["unique_hash"])}]},
                 {"$setOnInsert": doc},
+                upsert=True,
+            )
+            if doc.get("unique_hash")
+            # The whole shard key, as an upsert on a sharded collection needs: the inserted
+            # document takes _id and part from the filter's equalities (not from $setOnInsert,
+            # which may not set the _id a filter names).
+            else UpdateOne(
+                one_task(doc["_id"], doc["part"]),
+                {"$setOnInsert": {k: v for k, v in doc.items() if k not in ("_id", "part")}},
                 upsert=True,
             )
             for doc in docs
@@ -677,16 +896,16 @@ class MongoDriver(
                     "state.checkpoint": "",
                     "state.progress": "",
                 },
-                # a new generation: its events come after the earlier ones (no history is kept)
-                "$inc": {"state.generation": 1},
+                # a new generation: its events come after the earlier ones (no history is kept);
+                # claimable again: the change stream passes it (``wake``)
+                "$inc": {"state.generation": 1, WAKE: 1},
             }
             # never while an attempt holds a live lease (a succeeded task may still run one whose
             # slot an edit of concurrent_worker_cnt took away): dropping it would let the reset
             # task be claimed beside it
             live = {"status": "running", "ping_expire_time": {"$gt": _out(params.now)}}
             filter_ = {
-                "key": task.key,
-                "part": self._part(task.key),
+                **one_task(task.key, self._part(task.key)),
                 "state.status": {"$in": list(FINISHED)},
                 "$nor": [{WS: {"$elemMatch": live}}],
             }
@@ -694,32 +913,27 @@ class MongoDriver(
         if not ops:
             return {}
 
-        async def write() -> int:
-            try:
-                result = await self.tasks.bulk_write(ops, ordered=False, session=params.session)
-            except BulkWriteError as exc:
-                # a reset whose params hash a live task holds is refused by the unique index
-                # ``unique_live``: that task stays as it is (reported not created)
-                if params.session is not None or any(
-                    e.get("code") != 11000 for e in exc.details.get("writeErrors", [])
-                ):
-                    raise
-                return int(exc.details.get("nModified", 0))
-            return int(result.modified_count)
-
-        if not await self._call("reset tasks", write, session=params.session):
+        written, rolled, unconfirmed = await self._write_resets(ops, params)
+        if not written and not rolled:
             return {}
         keys = [task.key for task in params.tasks]
+        source = self.tasks_majority if unconfirmed else self.tasks_primary
 
         async def read() -> dict[str, int]:
-            cursor = self.tasks_primary.find(
-                {"key": {"$in": keys}, "state.reset_mark": mark},
+            cursor = source.find(
+                {**by_keys(keys, self.partitions), "state.reset_mark": mark},
                 {"key": 1, "state.generation": 1},
                 session=params.session,
             )
             return {doc["key"]: int(doc["state"].get("generation") or 0) async for doc in cursor}
 
         reset = await self._call("reset tasks (read back)", read, session=params.session)
+        if unconfirmed and len(reset) < written:
+            raise StorageError(
+                "reset tasks: applied on the primary, not confirmed by a majority: outcome "
+                "unknown, send them again",
+                transient=True,
+            )
 
         for part, keys_of_part in by_part(sorted(reset), self.partitions).items():
 
@@ -732,6 +946,38 @@ class MongoDriver(
 
             await self._call("reset tasks (unmark)", unmark, session=params.session)
         return reset
+
+    async def _write_resets(self, ops: list[UpdateOne], params: InsertParams) -> tuple[int, bool, bool]:
+        """The resets' bulk write: (how many it changed, whether a try met a primary that stepped
+        down, whether a majority did not confirm it in time). A stepped-down primary's writes may
+        roll back: written again (those that stayed no longer match; the read-back finds them by
+        their mark either way); a majority not reached in time: the caller reads back at
+        majority read concern before it reports them reset."""
+        rolled: list[bool] = []
+        unconfirmed: list[bool] = []
+
+        async def write() -> int:
+            try:
+                result = await self.tasks.bulk_write(ops, ordered=False, session=params.session)
+            except BulkWriteError as exc:
+                # a reset whose params hash a live task holds is refused by the unique index
+                # ``unique_live``: that task stays as it is (reported not created)
+                if params.session is not None or any(
+                    e.get("code") != 11000 for e in exc.details.get("writeErrors", [])
+                ):
+                    raise
+                if exc.details.get("writeConcernErrors"):
+                    if _write_concern_codes(exc) & CONFIG_CODES:
+                        raise
+                    if may_roll_back(exc):
+                        rolled.append(True)
+                        raise WriteMayRollBack(f"reset tasks: {exc.details['writeConcernErrors']}") from exc
+                    unconfirmed.append(True)
+                return int(exc.details.get("nModified", 0))
+            return int(result.modified_count)
+
+        written = await self._call("reset tasks", write, session=params.session)
+        return written, bool(rolled), bool(unconfirmed)
 
     async def _taken_hashes(self, params: InsertParams) -> set[str]:
         """Inside the caller's transaction, the params hashes of ``params.tasks`` that would make a
@@ -829,7 +1075,7 @@ class MongoDriver(
         async def claim() -> dict[str, Any] | None:
             if key is not None:
                 pinned: dict[str, Any] | None = await self.tasks.find_one_and_update(
-                    {"$and": [filter_, {"key": key}]},
+                    {"$and": [filter_, {"key": key, "_id": key}]},
                     pipeline,
                     return_document=ReturnDocument.AFTER,
                     hint=KEY_INDEX,
@@ -841,13 +1087,13 @@ class MongoDriver(
             return doc
 
         async def recover() -> dict[str, Any] | None:
-            # The reply was lost, or the majority did not confirm it in time: if our attempt
-            # token is stored on the primary (local read concern), the claim was applied.
-            doc: dict[str, Any] | None = await self.tasks_recovery.find_one({f"{WS}.attempt": attempt})
-            return doc
+            return await self._recover_claim(params, attempt, part)
 
         try:
-            doc = await self._call("claim", claim, recover=recover)
+            # Not sent again after an error (the claimer claims again, with new tokens): a claim
+            # still in flight that the recovery read missed could land after a second one with
+            # the same token, and that second task would sit unused until its lease ran out.
+            doc = await self._call("claim", claim, recover=recover, retries=0)
         except StorageError as exc:
             if not exc.document:
                 raise
@@ -881,6 +1127,38 @@ class MongoDriver(
             flow="flow" in doc["state"],
         )
 
+    async def _recover_claim(self, params: ClaimParams, attempt: str, part: int) -> dict[str, Any] | None:
+        """After a claim's error of unknown outcome (its reply lost, or the majority write timed
+        out): the task our attempt token is stored on, if the claim was applied and a majority
+        has it. Found on the primary (local read concern: a claim not majority-committed yet is
+        there) but not confirmed by a majority read, even after a few (a primary that may roll
+        it back, another worker claiming the task meanwhile): the attempt is released at once
+        (not counted) and the claim is given up."""
+        found = {f"{WS}.attempt": attempt, "part": part}  # the claim's one partition (shard)
+        docs = [d async for d in self.tasks_recovery.find(found).hint(ATTEMPT_INDEX).limit(1)]
+        if not docs:
+            return None
+        doc: dict[str, Any] = docs[0]
+        delay = self.backoff
+        for _ in range(self.retries + 1):
+            if await self.tasks_majority.find_one(found, {"_id": 1}) is not None:
+                return doc
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, self.max_backoff)
+        log.warning("claim of %s: not confirmed by a majority; releasing it", doc["key"])
+        error = {"type": "ClaimUnconfirmed", "message": "no majority confirmed the claim", "traceback": None}
+        release = FinishParams(doc["key"], params.worker_id, attempt, params.now, "released", None, error)
+        filter_, update = self._finish_op(release)
+        try:
+            await self._call(
+                "claim (release the unconfirmed)", lambda: self.tasks.update_one(filter_, update)
+            )
+        except StorageError as exc:
+            log.warning(
+                "could not release the unconfirmed claim of %s (%s): its lease runs out", doc["key"], exc
+            )
+        return None
+
     async def _claim_head_or_mark_it(
         self,
         filter_: dict[str, Any],
@@ -904,7 +1182,7 @@ class MongoDriver(
         head = await self._call("claim (find the task that failed)", find)
         if head is None:
             return None
-        pinned = {"$and": [filter_, {"key": head["key"]}]}
+        pinned = {"$and": [filter_, {"key": head["key"], "_id": head["key"]}]}
 
         async def claim_head() -> dict[str, Any] | None:
             doc: dict[str, Any] | None = await self.tasks.find_one_and_update(
@@ -913,7 +1191,7 @@ class MongoDriver(
             return doc
 
         try:
-            return await self._call("claim (the head alone)", claim_head, recover=recover)
+            return await self._call("claim (the head alone)", claim_head, recover=recover, retries=0)
         except StorageError as again:
             if not again.document:
                 raise
@@ -925,7 +1203,7 @@ class MongoDriver(
         log.warning("task %s failed for good: %s", key, message, extra={"key": key})
         broken = {"type": error_type, "message": message[:2000], "traceback": None}
         pipeline = [{"$set": {"state.broken": _lit(broken)}}, *_derive_stages(now)]
-        by_key = {"key": key, "part": self._part(key)}
+        by_key = one_task(key, self._part(key))
         await self._call("mark task broken", lambda: self.tasks.update_one(by_key, pipeline))
 
     async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
@@ -1007,8 +1285,7 @@ class MongoDriver(
     def _finish_op(self, item: FinishParams) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         now = _out(item.now)
         filter_: dict[str, Any] = {
-            "key": item.key,
-            "part": self._part(item.key),
+            **one_task(item.key, self._part(item.key)),
             WS: {
                 "$elemMatch": {
                     "worker_id": item.worker_id,
@@ -1087,7 +1364,7 @@ class MongoDriver(
 
         async def read() -> list[dict[str, Any]]:
             projection = {"key": 1, WS: 1, "state.cancelled": 1, "state.stop": 1}
-            cursor = self.tasks_primary.find({"key": {"$in": keys}}, projection)
+            cursor = self.tasks_primary.find(by_keys(keys, self.partitions), projection)
             return [doc async for doc in cursor]
 
         docs = {doc["key"]: doc for doc in await self._call("finish read-back", read)}
@@ -1226,12 +1503,18 @@ class MongoDriver(
         # not read. More tokens than a query merges (MAX_SCANS): one read per chunk, merged here.
         tokens = claimer_tokens(list(params.names), params.worker_id, params.groups, params.lanes)
         # every partition (a read may reach every shard): one index range per partition and
-        # token, so a chunk holds at most MAX_SCANS of those
-        parts = list(range(self.partitions))
-        chunk = max(1, MAX_SCANS // len(parts))
+        # token, so a read covers at most MAX_SCANS of those (more tokens, or more partitions,
+        # than that: several reads, merged here)
+        per_read = min(len(tokens), MAX_SCANS)
+        parts_per_read = max(1, MAX_SCANS // per_read)
+        reads = [
+            (list(range(p, min(p + parts_per_read, self.partitions))), tokens[t : t + per_read])
+            for p in range(0, self.partitions, parts_per_read)
+            for t in range(0, len(tokens), per_read)
+        ]
         docs: list[dict[str, Any]] = []
-        for start in range(0, len(tokens), chunk):
-            filter_ = {"part": {"$in": parts}, "state.claimers": {"$in": tokens[start : start + chunk]}}
+        for parts, some in reads:
+            filter_ = {"part": {"$in": parts}, "state.claimers": {"$in": some}}
 
             async def read(filter_: dict[str, Any] = filter_) -> list[dict[str, Any]]:
                 projection = {
@@ -1250,20 +1533,23 @@ class MongoDriver(
                 return [doc async for doc in cursor]
 
             docs += await self._call("find wake-ups", read)
-        if len(tokens) > chunk:  # the chunks' earliest, merged
+        if len(reads) > 1:  # the reads' earliest, merged
             by_key = {doc["key"]: doc for doc in docs}
             docs = sorted(by_key.values(), key=_wakeup_order)[: params.limit]
         wakeups = []
         for doc in docs:
             claim_at = doc.get("state", {}).get("claim_at")
-            if isinstance(claim_at, datetime):  # a document edited by hand must not stop polling
+            deadline = doc.get("option", {}).get("deadline")
+            deadline = _in(deadline) if isinstance(deadline, datetime) else None
+            # a document edited by hand must not stop polling; a task past its deadline is never
+            # claimed (the claim's rule): no claim wake-up for it
+            if isinstance(claim_at, datetime) and (deadline is None or deadline > params.now):
                 lane = doc.get("option", {}).get("fair_key")
                 wakeups.append(
                     Wakeup(doc["key"], _in(claim_at), "claim", lane if isinstance(lane, str) else None)
                 )
-            deadline = doc.get("option", {}).get("deadline")
-            if isinstance(deadline, datetime):  # when the deadline pass should look at it
-                wakeups.append(Wakeup(doc["key"], _in(deadline), "deadline"))
+            if deadline is not None:  # when the deadline pass should look at it
+                wakeups.append(Wakeup(doc["key"], deadline, "deadline"))
         return wakeups
 
     async def find_lanes(self, params: LaneParams) -> list[str]:

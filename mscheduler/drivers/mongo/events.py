@@ -51,6 +51,7 @@ from mscheduler.domain.events import (
     task_event,
 )
 from mscheduler.domain.exceptions import InvalidInput, StorageError
+from mscheduler.domain.partitions import part_of
 from mscheduler.drivers.base import (
     ControlParams,
     EventQuery,
@@ -69,6 +70,7 @@ from mscheduler.drivers.mongo.common import (
     LEASES_INDEX,
     WS,
     T,
+    WriteMayRollBack,
     _in,
     _is_transient,
     _out,
@@ -76,6 +78,7 @@ from mscheduler.drivers.mongo.common import (
     _write_concern_codes,
     admin_read,
     log,
+    may_roll_back,
     watch_error,
 )
 from mscheduler.drivers.mongo.indexes import ensure_indexes
@@ -171,11 +174,13 @@ class MongoEvents:
     tasks: Any
     tasks_primary: Any
     record_events: bool
-    partitions: int
     event_writer: EventWriter
     event_retention: timedelta
 
     if TYPE_CHECKING:
+
+        @property
+        def partitions(self) -> int: ...
 
         async def _call(
             self,
@@ -250,6 +255,8 @@ class MongoEvents:
         ]
         extra = {"session": params.session} if params.session is not None else {}
 
+        earlier: set[int] = set()  # stored by a try whose primary then stepped down
+
         async def insert() -> int:
             try:
                 result = await self.events.insert_many(docs, ordered=False, **extra)
@@ -260,7 +267,14 @@ class MongoEvents:
                     or _write_concern_codes(exc) & CONFIG_CODES
                 ):
                     raise
-                return len(docs) - len(errors)
+                existing = {err["index"] for err in errors}
+                applied = set(range(len(docs))) - existing
+                if params.session is None and may_roll_back(exc):
+                    # the primary stepped down: the events may roll back, stored again (an
+                    # earlier try's that survived is a known id: skipped, still new)
+                    earlier.update(applied)
+                    raise WriteMayRollBack(f"insert events: {exc.details['writeConcernErrors']}") from exc
+                return len(applied | (earlier & existing))
             return len(result.inserted_ids)
 
         return await self._call("insert events", insert, session=params.session)
@@ -378,7 +392,8 @@ class MongoEvents:
         """The task's name and where an event about it stands (generation, its attempts)."""
         projection = {"_id": 0, "name": 1, "state.generation": 1, f"{WS}.attempt": 1}
         doc: dict[str, Any] | None = await self._call(
-            "read task name", lambda: self.tasks.find_one({"key": key}, projection)
+            "read task name",
+            lambda: self.tasks.find_one({"key": key, "part": part_of(key, self.partitions)}, projection),
         )
         return doc
 

@@ -61,10 +61,12 @@ class MongoMaintenance:
 
     tasks: Any
     database: Any
-    partitions: int
     _retention_indexes: frozenset[str] = frozenset()  # the TTL indexes known to exist
 
     if TYPE_CHECKING:
+
+        @property
+        def partitions(self) -> int: ...
 
         async def _call(
             self,
@@ -188,15 +190,18 @@ class MongoMaintenance:
         # a workflow's map steps' items before the steps (a crash in between: the next pass
         # finds the same family and derives the same item keys)
         children = await self._items_of(children) + children
-        # one delete per partition (a sharded cluster's one shard)
+        # one delete per partition (a sharded cluster's one shard) and per ``limit`` children: a
+        # batch of families with many children each is never one unbounded command
         for part, of_part in by_part(children, self.partitions).items():
             # a family's children first: a crash in between leaves a finished parent, which the
             # next pass removes (its children are all finished: it has a finish time)
+            for start in range(0, len(of_part), params.limit):
+                chunk = of_part[start : start + params.limit]
 
-            async def delete_children(of_part: list[str] = of_part, part: int = part) -> Any:
-                return await self.tasks.delete_many({"key": {"$in": of_part}, "part": part}, hint=KEY_INDEX)
+                async def delete_children(chunk: list[str] = chunk, part: int = part) -> Any:
+                    return await self.tasks.delete_many({"key": {"$in": chunk}, "part": part}, hint=KEY_INDEX)
 
-            await self._call("remove finished children", delete_children)
+                await self._call("remove finished children", delete_children)
         deleted = 0
         for part, of_part in by_part(keys, self.partitions).items():
 

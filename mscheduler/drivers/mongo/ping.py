@@ -46,9 +46,11 @@ class MongoPing:
 
     tasks: Any
     tasks_primary: Any
-    partitions: int
 
     if TYPE_CHECKING:
+
+        @property
+        def partitions(self) -> int: ...
 
         async def _call(
             self,
@@ -79,9 +81,13 @@ class MongoPing:
         allowed_now: list[dict[str, Any]] = [anyone, {"option.specific_worker_ids": worker_id}]
         if groups:
             allowed_now.append({"option.specific_groups": {"$in": list(groups)}})
+        keys = list(attempts)
         return {
-            "key": {"$in": list(attempts)},
-            "part": part,  # one partition: a sharded cluster's one shard
+            "key": {"$in": keys},
+            # one partition: a sharded cluster's one shard; a report's write is about one task,
+            # a single-document update: its _id too (the whole shard key, see one_task)
+            **({"_id": keys[0]} if len(keys) == 1 else {}),
+            "part": part,
             WS: {
                 "$elemMatch": {
                     "worker_id": worker_id,

@@ -39,6 +39,7 @@ from mscheduler.drivers.mongo.common import (
     _in,
     _out,
     _write_concern_codes,
+    by_keys,
     read_page,
 )
 from mscheduler.drivers.mongo.indexes import ensure_indexes
@@ -67,9 +68,13 @@ class MongoPlans:
     """Plan operations of ``MongoDriver`` (a mixin: it uses the driver's ``_call`` and ``tasks``)."""
 
     plans: Any
-    tasks: Any
+    plans_primary: Any
+    tasks_primary: Any
 
     if TYPE_CHECKING:
+
+        @property
+        def partitions(self) -> int: ...
 
         async def _call(
             self,
@@ -95,7 +100,7 @@ class MongoPlans:
 
         async def recover() -> bool | None:
             # the reply was lost: ours if the stored plan is the one we sent (same create_time)
-            found = await self.plans.find_one({"_id": doc["_id"]}, {"create_time": 1, "version": 1})
+            found = await self.plans_primary.find_one({"_id": doc["_id"]}, {"create_time": 1, "version": 1})
             # compared as aware UTC: a tz_aware client reads aware datetimes, the sent one is naive
             same_time = found is not None and _in(found.get("create_time")) == _in(doc["create_time"])
             if found is not None and same_time and found["version"] == 1:
@@ -128,7 +133,7 @@ class MongoPlans:
 
         async def recover() -> Any:
             # the reply was lost: applied if the plan now holds the version we wrote
-            found = await self.plans.find_one({"_id": params.plan_id}, {"version": 1})
+            found = await self.plans_primary.find_one({"_id": params.plan_id}, {"version": 1})
             return _Matched(1) if found is not None and found["version"] == params.fields["version"] else None
 
         result = await self._call("update plan", write, recover=recover)
@@ -146,7 +151,7 @@ class MongoPlans:
 
         async def read() -> list[dict[str, Any]]:
             cursor = (
-                self.plans.find(filter_, {"_id": 0})
+                self.plans_primary.find(filter_, {"_id": 0})
                 .sort("due_time", 1)
                 .limit(params.limit)
                 .hint(PLANS_DUE_INDEX)
@@ -188,7 +193,8 @@ class MongoPlans:
         projection = {"_id": 0, "key": 1, "state.status": 1, "state.worker_states.end_time": 1}
 
         async def read() -> list[dict[str, Any]]:
-            cursor = self.tasks.find({"key": {"$in": list(keys)}}, projection).hint(KEY_INDEX)
+            filter_ = by_keys(list(keys), self.partitions)
+            cursor = self.tasks_primary.find(filter_, projection).hint(KEY_INDEX)
             return [_in(doc) async for doc in cursor]
 
         outcomes: dict[str, RunOutcome] = {}

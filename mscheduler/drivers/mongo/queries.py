@@ -55,8 +55,10 @@ from mscheduler.drivers.mongo.common import (
     _out,
     _resolve,
     admin_read,
+    by_keys,
     expired_entries_stage,
     live_hash,
+    one_task,
     read_page,
     stop_expression,
     wake_if_stopping,
@@ -208,6 +210,9 @@ class MongoTaskQueries:
 
     if TYPE_CHECKING:
 
+        @property
+        def partitions(self) -> int: ...
+
         def _part(self, key: str) -> int: ...
 
         async def _call(
@@ -225,12 +230,13 @@ class MongoTaskQueries:
     # with the task as it was.
 
     async def get_task(self, key: str) -> dict[str, Any] | None:
-        doc = await self._call("get task", lambda: self.tasks_primary.find_one({"key": key}, TASK_FIELDS))
+        one = {"key": key, "part": self._part(key)}
+        doc = await self._call("get task", lambda: self.tasks_primary.find_one(one, TASK_FIELDS))
         return _in(doc) if doc is not None else None
 
     async def get_tasks(self, keys: Sequence[str]) -> list[dict[str, Any]]:
         async def read() -> list[dict[str, Any]]:
-            filter_ = {"key": {"$in": list(dict.fromkeys(keys))}}
+            filter_ = by_keys(list(dict.fromkeys(keys)), self.partitions)
             cursor = self.tasks_primary.find(filter_, TASK_FIELDS).hint(KEY_INDEX)
             return [_in(doc) async for doc in cursor]
 
@@ -249,9 +255,11 @@ class MongoTaskQueries:
         filter_, _, index = list_query(unpaged)
 
         async def count() -> int:
-            return int(await self.tasks.count_documents(filter_, limit=cap, hint=index))
+            return int(
+                await self.tasks.count_documents(filter_, limit=cap, hint=index, maxTimeMS=ADMIN_READ_MS)
+            )
 
-        return await self._call("count tasks", count)
+        return await self._call("count tasks", lambda: admin_read("count tasks", count))
 
     async def count_by_status(self) -> dict[str, int]:
         # Covered by the status index: keys only, no document is fetched.
@@ -272,7 +280,7 @@ class MongoTaskQueries:
         pipeline = [{"$set": {"option": _lit(params.option)}}, *_derive_stages(params.now)]
 
         async def update() -> Any:
-            return await self.tasks.update_one({"key": params.key, "part": self._part(params.key)}, pipeline)
+            return await self.tasks.update_one(one_task(params.key, self._part(params.key)), pipeline)
 
         try:
             result = await self._call("update option", update)
@@ -283,13 +291,11 @@ class MongoTaskQueries:
     async def control_task(self, params: ControlParams) -> dict[str, Any] | None:
         # The filter is the compare-and-set: the key in one of the allowed statuses.
         filter_: dict[str, Any] = {
-            "key": params.key,
-            "part": self._part(params.key),
+            **one_task(params.key, self._part(params.key)),
             "state.status": {"$in": list(params.statuses)},
         }
         if params.action == "remove":
-            deleted = await self._call("remove task", lambda: self.tasks.find_one_and_delete(filter_))
-            return _without_id(deleted)
+            return await self._remove_task(params, filter_)
         now = _lit(params.now)
         now_out = _out(params.now)
         change: dict[str, Any]
@@ -344,29 +350,63 @@ class MongoTaskQueries:
                 # a fresh generation starts from scratch
                 "state.checkpoint": None,
                 "state.progress": None,
-                # a deadline already past would expire the new generation at once
-                "option.deadline": {"$cond": [{"$lte": ["$option.deadline", now]}, None, "$option.deadline"]},
+                # the deadline the operator gave, else the old one unless already past (it would
+                # expire the new generation at once)
+                "option.deadline": _lit(params.deadline)
+                if params.deadline is not None
+                else {"$cond": [{"$lte": ["$option.deadline", now]}, None, "$option.deadline"]},
             }
         else:
             raise InvalidInput(f"unknown control action {params.action!r}")
         pipeline = [*stages, {"$set": change}, *_derive_stages(params.now)]
+        return await self._control_write(params, filter_, pipeline)
+
+    async def _control_write(
+        self, params: ControlParams, filter_: dict[str, Any], pipeline: list[dict[str, Any]]
+    ) -> dict[str, Any] | None:
+        """The control's findAndModify; a lost reply is answered from the task when it holds
+        this write's time and change (``_applied``)."""
 
         async def update() -> Any:
             return await self.tasks.find_one_and_update(
                 filter_, pipeline, return_document=ReturnDocument.AFTER
             )
 
+        async def recover() -> dict[str, Any] | None:
+            one = one_task(params.key, filter_["part"])
+            doc: dict[str, Any] | None = await self.tasks_primary.find_one(one)
+            return doc if doc is not None and _applied(params, _in(doc)) else None
+
         try:
-            result = await self._call(f"{params.action} task", update)
+            result = await self._call(f"{params.action} task", update, recover=recover)
         except DuplicateKeyError as exc:  # the unique index unique_live: a restart's params are taken
             raise UniqueParamsTaken(params.key, await self._unique_holder_of(params.key)) from exc
         return _without_id(result)
+
+    async def _remove_task(self, params: ControlParams, filter_: dict[str, Any]) -> dict[str, Any] | None:
+        """Delete the task while its status allows; the task as it was deleted. Read first, so
+        that a delete whose reply was lost (gone when looked for) still answers it."""
+        one = one_task(params.key, filter_["part"])
+        before: dict[str, Any] | None = await self._call(
+            "read task", lambda: self.tasks_primary.find_one(one)
+        )
+        if before is None:
+            return None
+
+        async def recover() -> dict[str, Any] | None:
+            gone = await self.tasks_primary.find_one(one, {"_id": 1}) is None
+            return before if gone else None
+
+        deleted = await self._call(
+            "remove task", lambda: self.tasks.find_one_and_delete(filter_), recover=recover
+        )
+        return _without_id(deleted)
 
     async def _unique_holder_of(self, key: str) -> str | None:
         """The key of the live task holding the params hash of task ``key`` (None: none now)."""
 
         async def read() -> str | None:
-            doc = await self.tasks.find_one({"key": key}, {"unique_hash": 1})
+            doc = await self.tasks.find_one({"key": key, "part": self._part(key)}, {"unique_hash": 1})
             if doc is None or not doc.get("unique_hash"):
                 return None
             holder = await self.tasks_primary.find_one(
@@ -375,6 +415,19 @@ class MongoTaskQueries:
             return str(holder["key"]) if holder is not None else None
 
         return await self._call("find the holder of a params hash", read)
+
+
+def _applied(params: ControlParams, doc: dict[str, Any]) -> bool:
+    """Does the task hold the control ``params`` wrote (its time, and the action's change)?"""
+    state = doc.get("state", {})
+    if state.get("update_time") != params.now:
+        return False
+    if params.action == "cancel":
+        return (state.get("cancelled") or {}).get("time") == params.now
+    if params.action == "restart":
+        history = state.get("history") or [{}]
+        return bool(history[-1].get("restart_time") == params.now)
+    return state.get("paused") is (params.action == "pause")
 
 
 def _without_id(doc: dict[str, Any] | None) -> dict[str, Any] | None:

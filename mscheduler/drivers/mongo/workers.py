@@ -77,6 +77,7 @@ class MongoWorkers:
                     "names": _lit(list(info.names)),
                     "groups": _lit(list(info.groups)),
                     "concurrency": _lit(info.concurrency),
+                    "schemas": _lit([{"name": name, "schema": text} for name, text in info.schemas]),
                     "start_time": kept("start_time", _out(info.start_time)),
                     "last_seen": _lit(_out(info.start_time)),
                     "running_cnt": kept("running_cnt", 0),
@@ -147,7 +148,8 @@ class MongoWorkers:
             sort, index = [("start_time", 1), ("_id", 1)], WORKERS_LIST_INDEX
 
         async def read() -> list[dict[str, Any]]:
-            cursor = self.workers.find(filter_).sort(sort).limit(params.limit).hint(index)
+            projection = None if params.schemas else {"schemas": 0}  # schemas: only when asked
+            cursor = self.workers.find(filter_, projection).sort(sort).limit(params.limit).hint(index)
             return [
                 _in({"worker_id": doc.pop("_id"), **doc}) async for doc in cursor.max_time_ms(ADMIN_READ_MS)
             ]

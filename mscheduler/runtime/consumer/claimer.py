@@ -9,7 +9,6 @@ due while it knows them all: each slot asked for and not filled is a wasted comm
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 from collections import OrderedDict
 from datetime import datetime, timedelta
@@ -22,17 +21,10 @@ from mscheduler.drivers.base import ClaimedTask, ClaimParams, Driver, ExpirePara
 from mscheduler.observability.tracing import TaskTracer
 from mscheduler.runtime.consumer.discovery import CLAIM, LEASE, Discovery
 from mscheduler.runtime.consumer.handlers import Registered
-from mscheduler.runtime.consumer.limiter import Limiter
+from mscheduler.runtime.consumer.limiter import Limiter, attempt_tokens
 from mscheduler.runtime.consumer.runner import Listener, _Running
 from mscheduler.services.children import ChildSync
 from mscheduler.services.events import EventKind, EventRecorder
-
-
-def attempt_tokens(n: int) -> list[str]:
-    """``n`` fresh attempt tokens, 16 hex digits each (``secrets.token_hex(8)``'s, from one read
-    of the OS's randomness for the whole claim instead of one per attempt)."""
-    random_hex = os.urandom(8 * n).hex()
-    return [random_hex[i : i + 16] for i in range(0, 16 * n, 16)]
 
 
 class ConsumerClaimer:
@@ -77,6 +69,11 @@ class ConsumerClaimer:
         ) -> None: ...
 
         async def _storage_trouble(self, what: str, exc: StorageError, *, back_off: bool = True) -> None: ...
+
+    def _excluded_from_claims(self, key: str) -> bool:
+        """A key this consumer's claims leave out (``exclude_keys``): running here, or a fan-out
+        task it already ran. Its wake-up would only start a claim that takes nothing."""
+        return key in self._running or key in self._ran_fanout
 
     def _parts_to_visit(self, known: set[str] | None) -> list[int] | None:
         partitions = getattr(self.driver, "partitions", 1)

@@ -25,7 +25,7 @@ import secrets
 import socket
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from mscheduler.domain.clock import Clock, ServerClock, check_same_time
@@ -47,7 +47,9 @@ from mscheduler.drivers.base import (
     ClaimedTask,
     Driver,
     FinishParams,
+    NewTask,
     WorkerInfo,
+    allowed,
 )
 from mscheduler.observability.tracing import tracer_for
 from mscheduler.runtime.consumer.claimer import ConsumerClaimer
@@ -60,6 +62,7 @@ from mscheduler.runtime.consumer.handlers import (
     RunIn,
     default_process_count,
     inspect_handler,
+    params_schema_text,
 )
 from mscheduler.runtime.consumer.inputs import StepInputs
 from mscheduler.runtime.consumer.limiter import Limiter
@@ -248,6 +251,8 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         self._pending_added = asyncio.Event()
         self._ping_wake = asyncio.Event()
         self._ping_now = asyncio.Event()  # a checkpoint waits, or a stop needs the store's word
+        self._progress_set = asyncio.Event()  # a handler reported progress since the last ping
+        self._last_ping = float("-inf")  # when the last ping was sent (the clock's monotonic time)
         self._side: dict[str, asyncio.Task[None]] = {}
         self._stopping = False
         self._stopped = asyncio.Event()
@@ -318,6 +323,23 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
     def running_count(self) -> int:
         return len(self._running)
 
+    def structure_sizes(self) -> dict[str, int]:
+        """The entries of each in-memory structure of this consumer, by name (docs/design.md,
+        "Steady state", says what each holds and its bound): what the steady-state benchmark and
+        its test watch. Its store's own are ``MemoryDriver.structure_sizes``."""
+        sizes = {
+            "running": len(self._running),
+            "ran_fanout": len(self._ran_fanout),
+            "finishes_pending": len(self._pending),
+            "listeners": len(self._listeners),
+            "event_buffer": len(self.events) if self.events is not None else 0,
+            "children_requested": self.child_sync.requested if self.child_sync is not None else 0,
+        }
+        if self.discovery is not None:
+            sizes.update(self.discovery.structure_sizes())
+        sizes.update(self.limiter.structure_sizes())
+        return sizes
+
     @property
     def state(self) -> str:
         """``"created"`` (not started), ``"running"``, ``"stopping"`` or ``"stopped"``; see
@@ -346,8 +368,11 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         await self.clock.sync(self.driver.server_time)
         now = self.clock.now()
         names = sorted(self._handlers)
+        schemas = [(n, text) for n in names if (text := params_schema_text(self._handlers[n].model))]
         await self.driver.register_worker(
-            WorkerInfo(self.worker_id, self.host, self.pid, names, self.concurrency, now, self.groups)
+            WorkerInfo(
+                self.worker_id, self.host, self.pid, names, self.concurrency, now, self.groups, schemas
+            )
         )
         self.child_sync = ChildSync(self.driver, clock=self.clock, interval=self.children_interval)
         self.discovery = Discovery(
@@ -362,6 +387,7 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
             on_event=self._emit,
             on_stop=self._stop_requested,
             groups=self.groups,
+            excluded=self._excluded_from_claims,
         )
         try:
             await self.discovery.poll_once()
@@ -589,8 +615,24 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
     # -- planner --------------------------------------------------------------------------------
 
     async def _run_planner(self) -> None:
-        self.planner = Planner(self.driver, clock=self.clock, interval=self.planner_interval)
+        self.planner = Planner(
+            self.driver, clock=self.clock, interval=self.planner_interval, on_created=self._planned
+        )
         await self.planner.run()
+
+    def _planned(self, tasks: Sequence[NewTask]) -> None:
+        """Runs this consumer's planner created: their due times are queued here, as a retry's
+        are (a store without change streams would only tell the next poll)."""
+        if self.discovery is None:
+            return
+        for task in tasks:
+            run_at = task.option.get("run_at")
+            if (
+                task.name in self._handlers
+                and isinstance(run_at, datetime)
+                and allowed(task.option, self.worker_id, self.groups)
+            ):
+                self.discovery.due_at(task.key, run_at)
 
     async def _run_retention(self) -> None:
         self.retention_service = RetentionService(

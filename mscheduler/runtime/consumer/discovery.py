@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -34,6 +35,11 @@ log = logging.getLogger("mscheduler.consumer")
 CLAIM = "claim"
 LEASE = "lease"
 DEADLINE = "deadline"  # a known task's deadline: the deadline pass runs then (issue 17 B7)
+# Polls in any one poll interval, whatever is due or asked for: a poll that would be one more
+# waits until the oldest of them is an interval old (bounds a loop in which each poll finds
+# something that makes someone ask for the next one at once; a poll asked for after a quiet
+# while, say when a change stream broke, still runs at once).
+POLLS_PER_INTERVAL = 4
 
 
 class WakeupQueue:
@@ -79,6 +85,11 @@ class WakeupQueue:
         self._times.pop((key, kind), None)
         if kind == CLAIM:
             self._lanes.pop(key, None)
+
+    @property
+    def heap_size(self) -> int:
+        """Heap entries, stale ones included (at most 4 x ``max_size`` + 1)."""
+        return len(self._heap)
 
     def _compact(self) -> None:
         self._heap = [(t, k, kind) for (k, kind), t in self._times.items()]
@@ -130,6 +141,7 @@ class Discovery:
         on_event: Callable[[str, dict[str, Any]], None],
         on_stop: Callable[[ChangeEvent], None] | None = None,
         groups: Sequence[str] = (),
+        excluded: Callable[[str], bool] | None = None,
         fairness: Fairness | None = None,
     ) -> None:
         self.driver = driver
@@ -156,12 +168,19 @@ class Discovery:
         self._mine: dict[str, frozenset[str]] = {}  # per task name: the claimer tokens that are ours
         # the lanes (fairness keys) with claimable tasks, in the claimer's visiting order
         self.rotation = FairRotation(fairness or Fairness())
+        # keys the claimer leaves out of its claims (running here, fan-outs it ran): a poll that
+        # queued them would wake it for a claim that takes nothing, poll after poll
+        self._excluded = excluded
+        self.polls = 0  # poll_once calls (tests count them)
+        # monotonic times of the last polls (as many as may run in one poll interval)
+        self._recent_polls: deque[float] = deque(maxlen=POLLS_PER_INTERVAL)
 
     def push_wakeups(self, wakeups: Sequence[Wakeup]) -> None:
+        excluded = self._excluded
         for w in wakeups:
             if w.kind == DEADLINE:
                 self.note_deadline(w.key, w.time)
-            else:
+            elif excluded is None or not excluded(w.key):
                 self.queue.push(w.key, w.time, w.kind, w.lane)
 
     def due_at(self, key: str, when: datetime) -> None:
@@ -175,6 +194,9 @@ class Discovery:
         if key not in self._deadline_of and len(self._deadline_of) >= self.queue.max_size:
             return  # bounded like the queue: the next poll runs the pass anyway
         self._deadline_of[key] = when
+        if len(self.deadlines) > 2 * self.queue.max_size:  # stale entries of replaced deadlines
+            self.deadlines = [(t, k) for k, t in self._deadline_of.items()]
+            heapq.heapify(self.deadlines)
         heapq.heappush(self.deadlines, (when, key))
         self._rearm.set()  # the poller re-arms its sleep for it
 
@@ -234,11 +256,24 @@ class Discovery:
         if event.deadline is not None:
             self.note_deadline(event.key, event.deadline)
 
+    def structure_sizes(self) -> dict[str, int]:
+        """Entries of the wake-up queue and the deadline heap (each bounded by the queue's
+        ``max_size``; docs/design.md, "Steady state")."""
+        return {
+            "wakeup_queue": len(self.queue),
+            "wakeup_heap": self.queue.heap_size,
+            "deadline_heap": len(self.deadlines),
+            "deadlines_known": len(self._deadline_of),
+            "claimer_tokens": len(self._mine),
+        }
+
     def request_poll(self) -> None:
         self._poll_now.set()
 
     async def poll_once(self) -> None:
         """The floor: mark expired leases lost, then read a batch of upcoming claim times."""
+        self.polls += 1
+        self._recent_polls.append(self.clock.monotonic())
         now = self.clock.now()
         expired = await self.driver.expire_leases(ExpireParams(now))
         if expired:
@@ -282,6 +317,7 @@ class Discovery:
             requested = await self._sleep_or_poll(sleep)
             try:
                 if requested or self.clock.monotonic() >= next_poll:
+                    await self._space_out()
                     interval = self.stream_poll_interval if self.streaming else self.poll_interval
                     next_poll = self.clock.monotonic() + interval
                     await self.poll_once()
@@ -292,6 +328,17 @@ class Discovery:
                     raise
                 level = logging.WARNING if exc.transient else logging.ERROR
                 log.log(level, "poll failed (%s); trying again next interval", exc, extra={"error": str(exc)})
+
+    async def _space_out(self) -> None:
+        """Before a poll: when ``POLLS_PER_INTERVAL`` polls ran within the last poll interval,
+        wait until the oldest of them is an interval old (a request made meanwhile is served by
+        this poll)."""
+        recent = self._recent_polls
+        if len(recent) < POLLS_PER_INTERVAL:
+            return
+        if (wait := recent[0] + self.poll_interval - self.clock.monotonic()) > 0:
+            await self.clock.sleep(wait)
+            self._poll_now.clear()
 
     async def _sleep_or_poll(self, seconds: float) -> bool:
         """Sleep ``seconds``, or less when a poll is asked for (True) or a deadline was noted

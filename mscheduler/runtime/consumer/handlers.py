@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import json
 import logging
 import multiprocessing
 import os
@@ -36,6 +37,7 @@ from pydantic import BaseModel
 
 from mscheduler.domain.exceptions import InvalidInput, LeaseLost
 from mscheduler.domain.model import TaskOption
+from mscheduler.domain.params_schema import SCHEMA_MAX_BYTES
 from mscheduler.runtime.consumer.reports import checked_progress
 
 log = logging.getLogger("mscheduler.consumer")
@@ -58,6 +60,21 @@ class Registered:
 
 
 # -- looking at what was registered ----------------------------------------------------------------
+
+
+def params_schema_text(model: type[BaseModel] | None) -> str | None:
+    """The JSON schema of a handler's params model as compact JSON text: what the consumer
+    publishes with its registration, so that a send over the API or the CLI is checked at the
+    door (``mscheduler.domain.params_schema``). None without a model, for a model pydantic
+    cannot describe, or for a schema over ``SCHEMA_MAX_BYTES`` (such sends are not checked)."""
+    if model is None:
+        return None
+    try:
+        text = json.dumps(model.model_json_schema(), separators=(",", ":"))  # fields in model order
+    except Exception:  # a field type without a JSON schema: the handler still validates
+        log.debug("no JSON schema for %s", model.__qualname__, exc_info=True)
+        return None
+    return text if len(text.encode()) <= SCHEMA_MAX_BYTES else None
 
 
 def _unwrapped(fn: Any) -> Any:

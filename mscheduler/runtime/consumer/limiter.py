@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -50,6 +51,13 @@ RESERVE_ROUNDS = 4  # an acquire far from max_running asks for this many claim b
 # slots only make a limit stricter, never looser.
 RELEASE_HOLD = timedelta(seconds=1)
 NAMES_KEPT = 10_000  # task names whose limit (or none) a Limiter remembers
+
+
+def attempt_tokens(n: int) -> list[str]:
+    """``n`` fresh attempt tokens, 16 hex digits each (``secrets.token_hex(8)``'s, from one read
+    of the OS's randomness for the whole claim instead of one per attempt)."""
+    random_hex = os.urandom(8 * n).hex()
+    return [random_hex[i : i + 16] for i in range(0, 16 * n, 16)]
 
 
 class Limiter:
@@ -106,6 +114,16 @@ class Limiter:
         # while its slot is held and when it leaves (domain.limits.pre_rate_slot).
         self.reserve: dict[tuple[str, str], list[tuple[str, datetime]]] = {}
         self.roomy: set[str] = set()  # limits whose last acquire left room for a reserve
+
+    def structure_sizes(self) -> dict[str, int]:
+        """Entries of this limiter's maps: per name, per limit, and the attempts whose slots wait
+        for a release or are reserved (bounded by the running attempts and a claim's reserve)."""
+        return {
+            "limit_names": len(self.limit_of) + len(self._read_at),
+            "limit_keys": len(self.wait_until) + len(self.ample) + len(self.roomy) + len(self._held_since),
+            "releases_waiting": sum(map(len, self.releases.values())),
+            "reserved_grants": sum(map(len, self.reserve.values())),
+        }
 
     async def maybe_refresh(self, names: Sequence[str], monotonic: float) -> None:
         """Read which limit covers those of ``names`` not read for ``refresh`` seconds (one
@@ -196,8 +214,15 @@ class Limiter:
             claimed += got
             if unlimited:  # the limit was removed meanwhile
                 free_names += names
-        if free_names and attempts:
-            claimed += await claim(part_of_claim(names=free_names, attempts=attempts))
+        if free_names:
+            # the unlimited names get every attempt the limited ones did not start: those not
+            # granted, and fresh ones for grants their claim found no task for (a grant's token
+            # stays its slot's until released or used from the reserve)
+            shortfall = len(params.attempts) - len(claimed) - len(attempts)
+            if shortfall > 0:
+                attempts = [*attempts, *attempt_tokens(shortfall)]
+            if attempts:
+                claimed += await claim(part_of_claim(names=free_names, attempts=attempts))
         if params.exhausted is not None and exhausted:
             empty = set.intersection(*(set(e) for e in exhausted))
             params.exhausted.extend(lane for lane in dict.fromkeys(params.lanes) if lane in empty)
@@ -233,7 +258,8 @@ class Limiter:
         if stale:
             self.releases.setdefault((key, worker_id), []).extend(stale)  # with the next finish batch
         retry_at: datetime | None = None
-        if len(reserved) == n:  # no acquire this round: the claim uses reserved grants
+        from_reserve = len(reserved) == n
+        if from_reserve:  # no acquire this round: the claim uses reserved grants
             granted = [a for a, _ in reserved]
             rest = attempts
             expire = min(e for _, e in reserved)  # every first lease ends by then
@@ -301,6 +327,8 @@ class Limiter:
                 log.warning("could not settle the slots of limit %s (%s)", key, exc)
         for task in got:  # the claim's own new objects (nobody else holds them): set in place
             task.slot = key
+        if from_reserve:  # the claim started these with reserved tokens: as many fewer to ask
+            rest = rest[len(got) :]
         return got, rest, False
 
     async def extend(

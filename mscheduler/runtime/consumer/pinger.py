@@ -17,6 +17,7 @@ from mscheduler.domain.clock import ServerClock, sleep_unless
 from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import AttemptReport, ChangeEvent, Driver, PingParams, PingResult
 from mscheduler.runtime.consumer.limiter import Limiter
+from mscheduler.runtime.consumer.reports import PROGRESS_WRITE_INTERVAL
 from mscheduler.runtime.consumer.runner import _Running
 from mscheduler.services.events import EventKind, EventRecorder
 
@@ -43,6 +44,8 @@ class ConsumerPinger:
     _running: dict[str, _Running]
     _ping_wake: asyncio.Event
     _ping_now: asyncio.Event
+    _progress_set: asyncio.Event
+    _last_ping: float
 
     if TYPE_CHECKING:
 
@@ -79,26 +82,38 @@ class ConsumerPinger:
             ends = [r.trust_until for r in self._running.values() if r.trusted]
             if ends:
                 sleep = min(sleep, max((min(ends) - self.clock.now()).total_seconds(), 0.0))
+            progress_due = self._last_ping + PROGRESS_WRITE_INTERVAL - self.clock.monotonic()
+            if self._progress_set.is_set():  # written at most a second after the last ping
+                sleep = min(sleep, max(progress_due, 0.0))
             if await self._sleep_or_ping_now(sleep):
                 # A checkpoint (or a stop to confirm) asked for it: let the other handlers that
                 # are ready run first, so that what they save goes in the same write.
                 await asyncio.sleep(0)
+            elif (
+                self._progress_set.is_set()
+                and self.clock.monotonic() < self._last_ping + PROGRESS_WRITE_INTERVAL
+            ):
+                continue  # progress came during the sleep: sleep again, until its write is due
             if self._running:
                 # A ping that succeeds proves the lease is still ours, even after a long stall;
                 # one that fails or hangs past a lease's trust limit gives that lease up.
                 await self.ping_once()
 
     async def _sleep_or_ping_now(self, seconds: float) -> bool:
-        """Sleep ``seconds`` on the consumer's clock, or less if a ping is asked for (True)."""
+        """Sleep ``seconds`` on the consumer's clock, or less if a ping is asked for (True) or
+        progress comes (False: the caller works out when its write is due)."""
         if self._ping_now.is_set():
             return True
-        await sleep_unless(self.clock, seconds, self._ping_now)
+        events = (self._ping_now,) if self._progress_set.is_set() else (self._ping_now, self._progress_set)
+        await sleep_unless(self.clock, seconds, *events)
         return self._ping_now.is_set()
 
     async def ping_once(self) -> None:
         """Renew every running attempt's lease in one write per lease length (SPEC G2), with the
         checkpoints and progress the handlers saved since the last ping (same write)."""
         self._ping_now.clear()  # what is asked from here on goes with the next ping
+        self._progress_set.clear()
+        self._last_ping = self.clock.monotonic()
         now = self.clock.now()
         groups: dict[Any, dict[str, str]] = {}
         # Handlers given up on (lost, revoked, released) are not kept alive; a handler that

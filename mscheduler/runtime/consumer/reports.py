@@ -4,7 +4,9 @@ A handler calls ``await ctx.checkpoint(data)`` / ``ctx.progress(fraction, messag
 in the attempt's ``AttemptReports`` for the next ping, which writes every running attempt's
 reports with the lease renewal in one storage command (``PingParams.reports``). A checkpoint
 asks the pinger to ping now (what other handlers saved meanwhile goes along) and waits for its
-own confirmation; progress waits for the next ping or checkpoint, whichever comes first.
+own confirmation; progress asks for a ping at most ``PROGRESS_WRITE_INTERVAL`` after the last
+one (so a changing progress is written about once a second, however often it is reported, and
+with the next ping or checkpoint if that comes first).
 
 The write is fenced like the ping (this worker, this attempt, a running unexpired entry): a
 checkpoint of an attempt that lost its lease is never stored, and ``checkpoint`` raises
@@ -24,6 +26,7 @@ from mscheduler.drivers.base import AttemptReport
 
 DEFAULT_MAX_CHECKPOINT_BYTES = 256 * 1024
 PROGRESS_MESSAGE_MAX = 1000
+PROGRESS_WRITE_INTERVAL = 1.0  # seconds: a reported progress is written at most this long after the last ping
 
 
 def checked_checkpoint(data: Any, max_bytes: int) -> Any:
@@ -63,8 +66,14 @@ class AttemptReports:
     every ``save_checkpoint`` call waits until a checkpoint at least as new has landed.
     """
 
-    def __init__(self, flush: Callable[[], None], max_checkpoint_bytes: int) -> None:
+    def __init__(
+        self,
+        flush: Callable[[], None],
+        max_checkpoint_bytes: int,
+        on_progress: Callable[[], None] | None = None,
+    ) -> None:
         self._flush = flush
+        self._on_progress = on_progress
         self.max_checkpoint_bytes = max_checkpoint_bytes
         self.seq = 0  # reports of this attempt sent so far (stored with each, to confirm it)
         self._checkpoint: tuple[Any] | None = None  # (data,): data may be None
@@ -89,6 +98,8 @@ class AttemptReports:
         progress = checked_progress(fraction, message)
         if self.closed is None:  # an attempt given up on records nothing
             self._progress = progress
+            if self._on_progress is not None:
+                self._on_progress()
 
     @property
     def pending(self) -> bool:

@@ -162,6 +162,7 @@ class ConsumerRunner:
     _slot_freed: asyncio.Event
     _pending_added: asyncio.Event
     _ping_now: asyncio.Event
+    _progress_set: asyncio.Event
     _listeners: list[Listener]
     clock: ServerClock
     limiter: Limiter
@@ -451,7 +452,9 @@ class ConsumerRunner:
             args.append(registered.model.model_validate(params) if registered.model else params)
         if registered.wants_context:
             # checkpoint / progress reports: only handlers that take a context can make them
-            running.reports = AttemptReports(self._ping_now.set, self.max_checkpoint_bytes)
+            running.reports = AttemptReports(
+                self._ping_now.set, self.max_checkpoint_bytes, on_progress=self._progress_set.set
+            )
             args.append(
                 TaskContext(
                     claimed.key,

@@ -9,6 +9,7 @@ from fastapi import APIRouter
 from mscheduler.web.routes.bulk import bulk
 from mscheduler.web.routes.events import events
 from mscheduler.web.routes.executors import executors
+from mscheduler.web.routes.handlers import handlers
 from mscheduler.web.routes.health import health
 from mscheduler.web.routes.limits import limits
 from mscheduler.web.routes.plans import plans
@@ -22,6 +23,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     tasks,
     workflows,
     bulk,
+    handlers,
     plans,
     limits,
     workers,

@@ -47,19 +47,27 @@ async def send_tasks(
     reset_finished: Annotated[
         bool, Query(description="reset a task with this key that has ended (succeeded or failed)")
     ] = False,
+    allow_unknown: Annotated[
+        bool, Query(description="send it even if no live worker handles its name (one is on its way)")
+    ] = False,
 ) -> JSONResponse:
     """Send one task (the body is a task: ``key``, ``name``, ``params``, ``option``, ...) or many
     (``{"tasks": [...]}``), with ``Publisher.send`` / ``send_many``'s rules (``Operations.send``):
     a key that exists is left alone, params over the size cap or a key given twice refuse the
-    request (422, nothing written). 201 when at least one task was created, 200 when none was;
-    ``created`` says which. An admin or publish token."""
+    request (422, nothing written). Checked at the door: a name no live worker handles is
+    refused (422, naming the handled ones; ``allow_unknown=true`` sends it anyway), and params
+    the handler's published JSON schema refuses are a 422 whose ``field`` is the path at fault.
+    201 when at least one task was created, 200 when none was; ``created`` says which. An admin
+    or publish token."""
     if isinstance(body, TaskBatchIn):
-        created = await operations.send_many(body.tasks, reset_finished=reset_finished)
+        created = await operations.send_many(
+            body.tasks, reset_finished=reset_finished, allow_unknown=allow_unknown
+        )
         out: SentOut | SentManyOut = SentManyOut(
             tasks=[SentOut(key=t.key, created=c) for t, c in zip(body.tasks, created, strict=True)]
         )
     else:
-        made = await operations.send(body, reset_finished=reset_finished)
+        made = await operations.send(body, reset_finished=reset_finished, allow_unknown=allow_unknown)
         created = [made]
         out = SentOut(key=body.key, created=made)
     return JSONResponse(out.model_dump(mode="json"), status_code=201 if any(created) else 200)
@@ -152,9 +160,17 @@ async def resume_task(key: str, operations: Ops, who: Who) -> TaskInfo:
 
 
 @tasks.post("/{key:path}/restart", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
-async def restart_task(key: str, operations: Ops, who: Who, force: bool = False) -> TaskInfo:
-    """Run a failed, cancelled or expired task again (a succeeded one with ``force=true``)."""
-    return await operations.restart(key, force=force, by=who.by)
+async def restart_task(
+    key: str,
+    operations: Ops,
+    who: Who,
+    force: bool = False,
+    deadline: Annotated[IsoTime | None, Query(description="the new deadline (with offset)")] = None,
+) -> TaskInfo:
+    """Run a failed, cancelled or expired task again (a succeeded one with ``force=true``), with
+    ``deadline`` (ISO-8601 with its offset) as its new deadline; without one, a deadline already
+    past is dropped."""
+    return await operations.restart(key, force=force, by=who.by, deadline=deadline)
 
 
 @tasks.post("/{key:path}/status", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)

@@ -6,11 +6,12 @@ const TOKEN_KEY = "mscheduler.token";
 export const API_BASE = new URL("../api/v1/", document.baseURI);
 
 export class ApiError extends Error {
-  constructor(status, error, detail) {
+  constructor(status, error, detail, field = null) {
     super(detail);
     this.status = status;
     this.error = error;
     this.detail = detail;
+    this.field = field; // a 422's field at fault (params.order_id), where the API names one
   }
 
   /** A sentence for people (401 and 403 said plainly). */
@@ -73,7 +74,8 @@ export async function api(path, { method = "GET", query = {}, body } = {}) {
   if (!response.ok) {
     const error = data && typeof data.error === "string" ? data.error : "http_error";
     const detail = data && typeof data.detail === "string" ? data.detail : response.statusText;
-    throw new ApiError(response.status, error, detail);
+    const field = data && typeof data.field === "string" ? data.field : null;
+    throw new ApiError(response.status, error, detail, field);
   }
   return data;
 }

@@ -1,12 +1,14 @@
 // The dashboard's shell: login, the hash router, the banner, the confirmation dialog, the key
 // search in the header, and live updates (live.js: the event stream, else polling).
-// Pages: #/ (overview), #/tasks?filters, #/task/<key>, #/plans, #/workers; anything else: not found.
+// Pages: #/ (overview), #/tasks?filters, #/task/<key>, #/new (a new task), #/plans, #/workers;
+// anything else: not found.
 
 import { api, ApiError, clearToken, getToken, setToken } from "./api.js";
 import { h, tasksHref } from "./dom.js";
 import { startLive } from "./live.js";
 import { overviewPage } from "./pages/overview.js";
 import { plansPage } from "./pages/plans.js";
+import { sendPage } from "./pages/send.js";
 import { taskPage } from "./pages/task.js";
 import { tasksPage } from "./pages/tasks.js";
 import { workersPage } from "./pages/workers.js";
@@ -253,6 +255,7 @@ function route() {
     }
   }
   if (path === "/tasks") return { page: "tasks", render: tasksPage, query };
+  if (path === "/new") return { page: "new", render: sendPage, query };
   if (path === "/plans") return { page: "plans", render: plansPage, query };
   if (path === "/workers") return { page: "workers", render: workersPage, query };
   if (path === "/" || path === "") return { page: "overview", render: overviewPage, query };
@@ -316,7 +319,7 @@ async function render({ keepBanner = false, live = false } = {}) {
   const current = route();
   const seq = live ? renderSeq : ++renderSeq;
   if (!live) {
-    const section = current.page === "task" ? "tasks" : current.page;
+    const section = current.page === "task" || current.page === "new" ? "tasks" : current.page;
     for (const link of document.querySelectorAll("#nav a")) link.classList.toggle("active", link.dataset.page === section);
     if (!keepBanner) clearBanner();
     if (pendingNotice) {

@@ -54,10 +54,12 @@ function actions(ctx, task) {
     button("Restart", "restart", "plain", async () => {
       const answer = await ctx.confirm({
         title: "Restart this task?",
-        text: `${key} runs again from a new attempt (its checkpoint and progress are cleared).`,
+        text: `${key} runs again from a new attempt (its checkpoint and progress are cleared). A deadline already past is dropped, unless you give a new one.`,
         confirmLabel: "Restart",
+        fields: [{ type: "text", name: "deadline", label: "New deadline (ISO-8601 with offset, e.g. 2030-01-01T12:00:00Z; optional)", value: "" }],
       });
-      if (answer) await run("restart", () => api(taskPath(key, "/restart"), { method: "POST" }), `Restarted ${key}.`);
+      const query = answer && answer.deadline.trim() ? { deadline: answer.deadline.trim() } : {};
+      if (answer) await run("restart", () => api(taskPath(key, "/restart"), { method: "POST", query }), `Restarted ${key}.`);
     }),
     button("Run again", "rerun", "plain", async () => {
       const answer = await ctx.confirm({

@@ -250,7 +250,10 @@ export async function tasksPage(ctx) {
     h("summary", {}, h("h2", {}, "Filters")),
     filterForm(query),
   );
-  const node = h("div", { id: "tasks" }, filters, bulk, result, list);
+  const start = ctx.isAdmin
+    ? h("div", { class: "buttons page-actions" }, h("a", { href: "#/new", class: "button", id: "new-task" }, "New task"))
+    : null;
+  const node = h("div", { id: "tasks" }, start, filters, bulk, result, list);
   if (ctx.isAdmin) redrawBulkBar(ctx, node, page);
   drawBulkResult(result);
   return node;
