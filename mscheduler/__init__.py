@@ -30,6 +30,7 @@ __all__ = [
     "ExpiryService",
     "ExponentialRetry",
     "Fail",
+    "Fairness",
     "FakeClock",
     "FixedRetry",
     "FixedThenExponentialRetry",
@@ -107,6 +108,7 @@ if TYPE_CHECKING:
         UnknownPlan,
         UnknownTask,
     )
+    from mscheduler.domain.fairness import Fairness
     from mscheduler.domain.limits import LimitInfo, Rate
     from mscheduler.domain.listing import ListParams
     from mscheduler.domain.model import (
@@ -188,6 +190,7 @@ _LAZY = {
         ),
         "mscheduler.domain.exceptions",
     ),
+    **dict.fromkeys(("Fairness",), "mscheduler.domain.fairness"),
     **dict.fromkeys(("LimitInfo", "Rate"), "mscheduler.domain.limits"),
     **dict.fromkeys(("ListParams",), "mscheduler.domain.listing"),
     **dict.fromkeys(

@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from mscheduler.domain.model import validate_fair_key
 
@@ -45,7 +45,7 @@ class Fairness(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    weights: Mapping[str, int] = Field(default_factory=dict)
+    weights: Mapping[str, StrictInt] = Field(default_factory=dict)
     max_lanes: int = Field(DEFAULT_MAX_LANES, ge=1, le=1_000_000)
 
     @field_validator("weights")

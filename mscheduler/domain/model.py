@@ -35,7 +35,6 @@ from pydantic import (
 )
 
 from mscheduler.domain.exceptions import InvalidInput
-from mscheduler.domain.flow import Debounce, Throttle
 from mscheduler.domain.retry import AnyRetryPolicy, FixedRetry, RetryPolicy
 
 KEY_MAX_LEN = 512
@@ -198,10 +197,6 @@ class TaskOption(_UserInput):
     aging: timedelta | None = Field(
         None, description="a waiting task gains one priority level per this much wait (priority >= 0)"
     )
-    debounce: Debounce | None = Field(
-        None, description="sends of this key coalesce into one run (replaces F1's 'exists: unchanged')"
-    )
-    throttle: Throttle | None = Field(None, description="at most one run of this key per period")
 
     @model_validator(mode="before")
     @classmethod
@@ -265,20 +260,18 @@ class TaskOption(_UserInput):
 
     @field_validator("aging")
     @classmethod
-    def _check_aging(cls, value: timedelta | None) -> timedelta | None:
+    def _check_aging_step(cls, value: timedelta | None) -> timedelta | None:
         if value is not None and not timedelta(milliseconds=1) <= value <= timedelta(days=1):
             raise ValueError("aging must be between 1 ms and 1 day")
         return timedelta(milliseconds=_ms(value)) if value is not None else None
 
     @model_validator(mode="after")
-    def _check_flow(self) -> TaskOption:
+    def _check_aging(self) -> TaskOption:
         if self.aging is not None:
             if self.priority < 0:
                 raise ValueError("aging needs a priority of at least 0 (a task ages from its priority up)")
             if self.aging * self.priority > MAX_AGING_SPAN:
                 raise ValueError("priority x aging must be at most 366 days")
-        if self.debounce is not None and self.throttle is not None:
-            raise ValueError("a task is either debounced or throttled, not both")
         return self
 
     @field_validator("run_timeout")
@@ -359,17 +352,13 @@ class TaskOption(_UserInput):
         } | self._flow_storage()
 
     def _flow_storage(self) -> dict[str, Any]:
-        """The fairness, aging, debounce and throttle fields, stored only when set: a task
-        without them keeps the document it always had."""
+        """The fairness key and the aging step, stored only when set: a task without them keeps
+        the document it always had."""
         out: dict[str, Any] = {}
         if self.fair_key is not None:
             out["fair_key"] = self.fair_key
         if self.aging is not None:
             out["aging_ms"] = _ms(self.aging)
-        if self.debounce is not None:
-            out["debounce"] = self.debounce.to_storage()
-        if self.throttle is not None:
-            out["throttle"] = self.throttle.to_storage()
         return out
 
     @model_validator(mode="after")
@@ -406,8 +395,6 @@ class TaskOption(_UserInput):
             run_timeout=timedelta(milliseconds=doc["run_timeout_ms"]) if doc.get("run_timeout_ms") else None,
             fair_key=doc.get("fair_key"),
             aging=timedelta(milliseconds=doc["aging_ms"]) if doc.get("aging_ms") else None,
-            debounce=Debounce.from_storage(doc["debounce"]) if doc.get("debounce") else None,
-            throttle=Throttle.from_storage(doc["throttle"]) if doc.get("throttle") else None,
         )
         # A stored option is read as it is: today's rules for new options (run_at before
         # deadline, say) are not applied to it, and one that breaks any other rule (written by an

@@ -137,9 +137,6 @@ class ClaimedTask:
     needs: Sequence[Mapping[str, str]] | None = None
     lane: str | None = None  # its fairness key (``option.fair_key``): the lane it was claimed from
     claim_priority: int = 0  # the priority the claim ordered it by (``state.claim_priority``)
-    # the task takes debounced or throttled sends (``state.flow``): its finish applies a
-    # follow-up kept meanwhile (``mscheduler.domain.flow``)
-    flow: bool = False
 
 
 @dataclass(slots=True, frozen=True)

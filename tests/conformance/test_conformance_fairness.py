@@ -1,4 +1,4 @@
-"""Fairness lanes and priority aging in the claim (SPEC G15, G17), on every driver.
+"""Fairness lanes and priority aging in the claim, on every driver.
 
 A task with a fairness key carries it in its claimer tokens (``name#key|who``): a claim of one
 lane reads that lane's tasks only; a claim round deals its attempts over the lanes it is given, in

@@ -525,7 +525,6 @@ class MemoryDriver(
                 generation=doc["state"].get("generation", 0),
                 lane=doc["option"].get("fair_key"),
                 claim_priority=doc["state"]["claim_priority"],
-                flow="flow" in doc["state"],
             )
 
     def _running_entry(

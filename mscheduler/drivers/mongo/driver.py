@@ -1124,7 +1124,6 @@ class MongoDriver(
             generation=int(doc["state"].get("generation") or 0),
             lane=doc["option"].get("fair_key"),
             claim_priority=int(doc["state"].get("claim_priority") or 0),
-            flow="flow" in doc["state"],
         )
 
     async def _recover_claim(self, params: ClaimParams, attempt: str, part: int) -> dict[str, Any] | None:
