@@ -70,6 +70,9 @@ class FairRotation:
     fairness: Fairness = field(default_factory=Fairness)
     _lanes: OrderedDict[str | None, _Lane] = field(default_factory=OrderedDict)
     _turns_left: int = 0  # turns the lane at the head of the rotation still has in this round
+    # when a claimer last read the lanes from the store (its monotonic clock; None: never)
+    read_at: float | None = None
+    _spare: set[str | None] = field(default_factory=set)  # the last ``turns``' lanes without a turn
 
     def __post_init__(self) -> None:
         self._lanes[None] = _Lane()
@@ -115,10 +118,19 @@ class FairRotation:
 
     def turns(self, n: int) -> list[str | None]:
         """The lanes of the next ``n`` claims, in order (a lane of weight w: w in a row), and the
-        rotation moved on past them. One lane alone is listed once (every claim goes to it)."""
+        rotation moved on past them; then up to ``n`` more lanes of the top priority, next in
+        the rotation, that take no turn: where an attempt goes when its lane is found empty
+        (``claim_over_parts``), so that a lane the rotation still lists but that has emptied
+        does not leave a claim with nothing. One lane alone is listed once."""
         top = self._top()
         if len(top) <= 1:
             return top or [None]
+        out = self._turns(n, top)
+        spare = [lane for lane in self._lanes if lane in top and lane not in out][:n]
+        self._spare = set(spare)
+        return out + spare
+
+    def _turns(self, n: int, top: list[str | None]) -> list[str | None]:
         out: list[str | None] = []
         while len(out) < n:
             head = next(iter(self._lanes))
@@ -144,6 +156,11 @@ class FairRotation:
             state = self._lanes.get(lane)
             if state is not None:
                 state.priority = priority
+                if lane in self._spare:  # it took an emptied lane's attempt: that was its turn
+                    if next(iter(self._lanes)) == lane:
+                        self._turns_left = 0
+                    self._lanes.move_to_end(lane)
+        self._spare.clear()
 
     def exhausted(self, lanes: Sequence[str | None]) -> None:
         """A claim found nothing in these lanes: they leave the rotation until found again (by a

@@ -648,6 +648,7 @@ class RemoteExecutors:
         now: datetime,
     ) -> list[ClaimedTask]:
         rotation = self._rotation(names)
+        await self._read_lanes(names, rotation)
         exhausted: list[str | None] = []
         params = ClaimParams(
             worker_id=worker_id,
@@ -692,6 +693,16 @@ class RemoteExecutors:
         self._rotations.move_to_end(key)
         return rotation
 
+    async def _read_lanes(self, names: list[str], rotation: FairRotation, *, force: bool = False) -> None:
+        """Read the lanes (fairness keys) with claimable tasks of ``names`` into their rotation,
+        unless read less than ``poll_interval`` ago (``force``: read now): leases that never
+        wait learn of the keys too, at one ``distinct`` a poll interval per set of names."""
+        now = self.clock.monotonic()
+        if not force and rotation.read_at is not None and now - rotation.read_at < self.poll_interval:
+            return
+        rotation.refresh(await self.driver.find_lanes(LaneParams(names, limit=self.fairness.max_lanes)))
+        rotation.read_at = now
+
     async def _wait_for_work(
         self, worker_id: str, names: list[str], groups: tuple[str, ...], deadline: float, pause: float
     ) -> bool:
@@ -701,7 +712,7 @@ class RemoteExecutors:
         the pause."""
         now = self.clock.now()
         rotation = self._rotation(names)
-        rotation.refresh(await self.driver.find_lanes(LaneParams(names, limit=self.fairness.max_lanes)))
+        await self._read_lanes(names, rotation, force=True)
         wakeups = await self.driver.find_wakeups(
             WakeupParams(worker_id, names, now, limit=WAKEUPS_READ, groups=groups, lanes=rotation.lanes)
         )
