@@ -31,9 +31,8 @@ async def test_a_key_of_weight_three_takes_three_claims_to_the_others_one() -> N
     await _send(kit, "free", 30)
     await kit.run("free-4")
     await kit.stop()
-    # from the fifth free task back: gold has taken three turns for each of free's
-    assert started.count("free") == 5
-    assert 12 <= started.count("gold") <= 15, started
+    # the kit may run more after free-4: the order up to it is what counts
+    assert started[:20] == ["free", "gold", "gold", "gold"] * 5, started
 
 
 async def test_tasks_without_a_key_take_their_turn_among_the_keys() -> None:
@@ -43,8 +42,7 @@ async def test_tasks_without_a_key_take_their_turn_among_the_keys() -> None:
     await _send(kit, None, 3)
     await kit.run("None-2")
     await kit.stop()
-    assert started.count("none") == 3
-    assert started.count("big") <= 4, started
+    assert started[:6].count("none") == 3, started
 
 
 async def test_without_keys_a_backlog_goes_first() -> None:
