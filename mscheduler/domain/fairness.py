@@ -16,8 +16,11 @@ learn it. So among due tasks of one priority, claims rotate across keys; a task 
 priority waits at most one round of the lanes whose heads are not known.
 
 Where lanes come from: the store's list of keys with claimable tasks (``Driver.find_lanes``, at
-each poll), the change events of new and re-claimable tasks, and the wake-ups that fall due. A
-lane where a claim found nothing leaves the rotation until it is found again. The lane None is
+each poll of a consumer; for remote executors at most once a poll interval, before a claim), the
+change events of new and re-claimable tasks, and the wake-ups that fall due. A claim round also
+lists a few lanes that take no turn (``turns``): an attempt whose lane has emptied goes to them,
+so a stale lane never leaves a claim with nothing while others have work. A lane where a claim
+found nothing leaves the rotation until it is found again. The lane None is
 put back at every poll (the store does not list it); a claimer whose rotation is empty claims
 from it. The rotation is bounded (``max_lanes``): a
 claimer that knows more keys visits the ones it learnt first, and forgets the rest until a poll
@@ -32,7 +35,11 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
+from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.model import validate_fair_key
+from mscheduler.domain.stats import checked_input
+
+KEY_WAITS_MAX = 1000
 
 DEFAULT_MAX_LANES = 10_000
 MAX_WEIGHT = 1000
@@ -149,6 +156,8 @@ class FairRotation:
     def claimed(self, lanes_priorities: Iterable[tuple[str | None, int]]) -> None:
         """Tasks were claimed from these lanes, with these claim priorities: each lane's head is
         now at most the lowest of them (its best tasks are taken)."""
+        if len(self._lanes) <= 1 and not self._spare:
+            return  # one lane: every claim goes to it, whatever its head's priority
         lowest: dict[str | None, int] = {}
         for lane, priority in lanes_priorities:
             lowest[lane] = min(priority, lowest.get(lane, priority))
@@ -167,3 +176,22 @@ class FairRotation:
         poll, a change event, a wake-up). With no lane left, claims go to the lane None."""
         for lane in lanes:
             self._lanes.pop(lane, None)
+
+
+class KeyWait(BaseModel):
+    """A fairness key's due tasks: how many are claimable now (``due``) and how long the one due
+    first has waited (``oldest_wait``, seconds since it became due)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    due: int
+    oldest_wait: float
+
+
+def checked_key_waits_input(names: Iterable[str] | None, limit: object) -> tuple[tuple[str, ...] | None, int]:
+    """Validated ``Operations.key_waits`` arguments (``InvalidInput`` names the field)."""
+    _, checked_names, _ = checked_input(None, names, None)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= KEY_WAITS_MAX:
+        raise InvalidInput(f"limit: an integer from 1 to {KEY_WAITS_MAX:,}")
+    return checked_names, limit

@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.fairness import KeyWait
 from mscheduler.domain.family import MapExpansion
 from mscheduler.domain.listing import ListParams
 from mscheduler.domain.model import GROUP_PREFIX
@@ -208,6 +209,16 @@ class WakeupParams:
 
     def __post_init__(self) -> None:
         _check_claimer(self.worker_id)
+
+
+@dataclass(slots=True, frozen=True)
+class KeyWaitParams:
+    """The fairness keys with due tasks (claimable at ``now``) of ``names`` (None: every name),
+    the longest wait first, at most ``limit`` of them."""
+
+    now: datetime
+    names: Sequence[str] | None = None
+    limit: int = 100
 
 
 @dataclass(slots=True, frozen=True)
@@ -753,6 +764,10 @@ class Driver(Protocol):
         ...
 
     async def count_by_status(self) -> dict[str, int]: ...
+
+    async def key_waits(self, params: KeyWaitParams) -> list[KeyWait]:
+        """Per fairness key, its due tasks and the oldest one's wait (see ``KeyWaitParams``)."""
+        ...
 
     async def task_stats(self, params: StatsParams, on_step: StatsStep | None = None) -> TaskStats:
         """Statistics (see StatsParams); ``on_step`` is called before each read of the store."""

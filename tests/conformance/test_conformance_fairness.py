@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import pytest
 
-from mscheduler.drivers.base import LaneParams, WakeupParams
+from mscheduler.drivers.base import KeyWaitParams, LaneParams, WakeupParams
 from tests.conformance.support import NAME, Store
 
 
@@ -152,3 +152,28 @@ async def test_an_aging_task_is_not_claimed_before_it_is_due(store: Store) -> No
     assert await store.claim_keys("w1") == []
     store.advance(20)
     assert await store.claim_keys("w1") == ["later"]
+
+
+# -- waits per key --------------------------------------------------------------------------------
+
+
+async def test_key_waits_count_the_due_tasks_per_key_longest_wait_first(store: Store) -> None:
+    await store.add("a1", fair_key="acme")
+    store.advance(10)
+    await store.add("a2", fair_key="acme")
+    await store.add("b1", fair_key="beta")
+    await store.add("b2", fair_key="beta", run_at=store.at(60))  # not due yet: not counted
+    await store.add("c1", "other_name", fair_key="gamma")
+    await store.add("plain")  # no key
+    (claimed,) = await store.claim("w1", lanes=["beta"])  # running: no longer due
+    store.advance(5)
+    waits = await store.driver.key_waits(KeyWaitParams(store.now))
+    assert [(w.key, w.due, w.oldest_wait) for w in waits] == [("acme", 2, 15.0), ("gamma", 1, 5.0)]
+    named = await store.driver.key_waits(KeyWaitParams(store.now, names=[NAME], limit=5))
+    assert [w.key for w in named] == ["acme"]
+    assert [w.key for w in await store.driver.key_waits(KeyWaitParams(store.now, limit=1))] == ["acme"]
+    await store.done(claimed, "w1")
+    store.advance(60)  # b2 is due now
+    waits = await store.driver.key_waits(KeyWaitParams(store.now))
+    assert [(w.key, w.due) for w in waits] == [("acme", 2), ("gamma", 1), ("beta", 1)]
+    assert waits[2].oldest_wait == 5.0

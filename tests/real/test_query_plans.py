@@ -37,6 +37,7 @@ from mscheduler.drivers.base import (
     ExpireParams,
     FinishParams,
     InsertParams,
+    KeyWaitParams,
     LaneParams,
     NewTask,
     PingParams,
@@ -1192,6 +1193,16 @@ async def test_a_claim_of_one_lane_and_the_lane_list_read_bounded_ranges(backlog
     plan = await backlog.explain(command)
     assert "DISTINCT_SCAN" in plan.stages, plan.summary()
     assert_plan(plan, LANES_INDEX, max_keys=2 * 11 + 2, max_docs=0, what="find_lanes")
+
+    # the waits per key: covered (index keys only), a key per due task with a key of the names;
+    # the sort is of the groups (one per key), after them
+    waits = KeyWaitParams(NOW, names=[LANE_NAME])
+    command = await backlog.command_of("aggregate", lambda d: d.key_waits(waits))
+    assert command.get("hint") == LANES_INDEX
+    plan = await backlog.explain(command)
+    assert "COLLSCAN" not in plan.stages and "FETCH" not in plan.stages, plan.summary()
+    assert plan.indexes == {LANES_INDEX}, plan.summary()
+    assert plan.keys <= 5100 + 12 and plan.docs == 0, plan.summary()
 
     many: list[str | None] = [None, "big", *(f"k{i}" for i in range(10))]
     limit = 20

@@ -17,7 +17,7 @@ from typing import Any
 from mscheduler.domain.clock import Clock, sleep_unless
 from mscheduler.domain.exceptions import StorageError
 from mscheduler.domain.fairness import Fairness, FairRotation
-from mscheduler.domain.state import claimer_tokens, laneless, token_lane
+from mscheduler.domain.state import LANE_MARK, claimer_tokens, laneless, token_lane
 from mscheduler.drivers.base import (
     ChangeEvent,
     ChangeStreamUnsupported,
@@ -228,14 +228,17 @@ class Discovery:
                 mine = self._mine[event.name] = frozenset(
                     claimer_tokens([event.name], self.worker_id, self.groups)
                 )
-            if mine.isdisjoint(laneless(token) for token in event.claimers):
+            claimers = event.claimers
+            # a task with a fairness key: its tokens carry it (name#key|who); most carry none
+            keyed = any(LANE_MARK in token for token in claimers)
+            if mine.isdisjoint([laneless(t) for t in claimers] if keyed else claimers):
                 if event.claimers_complete:  # else others than those listed may claim: no news
                     self.queue.discard(event.key, CLAIM)
             else:
                 # claimable by us; no claim_at in the event: its time did not change (due now
                 # or known already), so try now
                 now = self.clock.now()
-                lane = token_lane(event.claimers[0]) if event.claimers else None
+                lane = token_lane(claimers[0]) if keyed else None
                 if event.claim_at is None or event.claim_at <= now:
                     self.rotation.seen(lane, event.priority)
                 self.queue.push(event.key, event.claim_at or now, CLAIM, lane)
