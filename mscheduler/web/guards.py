@@ -28,6 +28,7 @@ from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.services.events import MAX_REPLAY_LIMIT
 from mscheduler.web.deps import _ApiError
 
 MIB = 1024 * 1024
@@ -45,6 +46,14 @@ class ApiLimits:
     :param waits_total: long-poll leases all tokens may have waiting.
     :param retry_after_seconds: the ``Retry-After`` of a 429.
     :param stats_cache_seconds: ``GET /stats`` answers are reused this long (0: computed each time).
+    :param replay_seconds: how far back an event stream's ``since`` (or ``Last-Event-ID``) may
+        reach (a 422 beyond): a replay reads every event stored since.
+    :param workers_per_token: worker ids one executor token may lease as (its workers, registered
+        at their first lease); a lease as one more is a 429 ``too_many_workers``.
+    :param publish_rate: tasks per second one token may send (``POST /tasks``), None: no cap;
+        beyond it a 429 ``too_many_sends`` with ``Retry-After``.
+    :param publish_burst: tasks one token may send at once when it has sent nothing for a while
+        (with ``publish_rate``); a batch above it is refused (422).
     """
 
     max_body_bytes: int = 4 * MIB
@@ -54,6 +63,10 @@ class ApiLimits:
     waits_total: int = 256
     retry_after_seconds: int = 5
     stats_cache_seconds: float = 1.0
+    replay_seconds: float = 3600.0
+    workers_per_token: int = 64
+    publish_rate: float | None = None
+    publish_burst: int = 1000
 
     def __post_init__(self) -> None:
         for name in (
@@ -62,6 +75,8 @@ class ApiLimits:
             "streams_total",
             "waits_per_token",
             "waits_total",
+            "workers_per_token",
+            "publish_burst",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -72,6 +87,14 @@ class ApiLimits:
             raise InvalidInput("retry_after_seconds: an integer from 1 to 3600")
         if not isinstance(self.stats_cache_seconds, (int, float)) or not 0 <= self.stats_cache_seconds <= 60:
             raise InvalidInput("stats_cache_seconds: from 0 to 60")
+        if not _number(self.replay_seconds) or not 0 < self.replay_seconds <= MAX_REPLAY_LIMIT:
+            raise InvalidInput(f"replay_seconds: more than 0 and at most {MAX_REPLAY_LIMIT:.0f} (a week)")
+        if self.publish_rate is not None and (not _number(self.publish_rate) or not self.publish_rate > 0):
+            raise InvalidInput("publish_rate: tasks per second, more than 0 (or None: no cap)")
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
 
 
 class BodyTooLarge(HTTPException):

@@ -70,8 +70,7 @@ def restore(driver: MemoryDriver, data: dict[str, Any]) -> None:
         driver._limits[doc["_id"]] = doc
         for name in doc.get("names", []):
             driver._limit_of_name[name] = doc["_id"]
-    for doc in data["events"]:
-        driver._events[doc["id"]] = (next(driver._event_seq), doc)
+    driver.restore_events(data["events"])
 
 
 def save(driver: MemoryDriver, path: Path, now: datetime) -> int:

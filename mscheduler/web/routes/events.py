@@ -64,7 +64,8 @@ def event_log(request: Request, operations: Ops) -> Events:
         raise _ApiError(409, "event_log_off", EVENT_LOG_OFF)
     reader: Events | None = getattr(request.app.state, "events", None)
     if reader is None or reader.driver is not operations.driver:
-        reader = Events(operations.driver)
+        limits = request.app.state.limits
+        reader = Events(operations.driver, clock=operations.clock, max_replay=limits.replay_seconds)
         request.app.state.events = reader
     return reader
 
@@ -227,7 +228,10 @@ async def stream_events(
     name: NameQ = None,
     kinds: KindsQ = None,
     plan: PlanQ = None,
-    since: Annotated[IsoTime | None, Query(description="replay events stored since (with offset)")] = None,
+    since: Annotated[
+        IsoTime | None,
+        Query(description="replay events stored since (with offset; at most ApiLimits.replay_seconds back)"),
+    ] = None,
     max_events: Annotated[int | None, Query(ge=1, le=10**6, description="end after this many")] = None,
     last_event_id: Annotated[str | None, Header(description="resume after this event")] = None,
 ) -> StreamingResponse:
