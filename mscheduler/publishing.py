@@ -13,6 +13,7 @@ May import: ``mscheduler.drivers`` and ``mscheduler.domain``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
@@ -107,13 +108,14 @@ def family(task: Task, reset_finished: bool, prepare_one: Callable[[Task], NewTa
     return expand(task, prepare_one)
 
 
-def batches(families: list[list[NewTask]]) -> list[list[list[NewTask]]]:
-    """Families grouped into insert commands of about ``SEND_MANY_BATCH`` documents; a family
-    (a parent and its children) is never split between two commands."""
+def batches(families: list[list[NewTask]], limit: int | None = None) -> list[list[list[NewTask]]]:
+    """Families grouped into insert commands of about ``limit`` documents (``SEND_MANY_BATCH``
+    by default); a family (a parent and its children) is never split between two commands."""
+    limit = SEND_MANY_BATCH if limit is None else limit
     grouped: list[list[list[NewTask]]] = []
-    size = SEND_MANY_BATCH
+    size = limit
     for one in families:
-        if size + len(one) > SEND_MANY_BATCH:
+        if size + len(one) > limit:
             grouped.append([])
             size = 0
         grouped[-1].append(one)
@@ -160,9 +162,13 @@ async def insert_families(
     session: Any = None,
 ) -> list[bool]:
     """Insert prepared families, one command per batch; per family, whether its first document
-    (the task, or a parent) was created (or reset)."""
+    (the task, or a parent) was created (or reset). A driver's ``insert_batch`` makes its
+    batches smaller (the memory driver's: others run between them)."""
     created: list[bool] = []
-    for batch in batches(families):
+    limit = min(SEND_MANY_BATCH, getattr(driver, "insert_batch", SEND_MANY_BATCH))
+    for n, batch in enumerate(batches(families, limit)):
+        if n:
+            await asyncio.sleep(0)  # a store that never waits still lets the loop turn between batches
         docs = [t for one in batch for t in one]
         results = await driver.insert_tasks(InsertParams(docs, now(), reset_finished, session))
         first = 0

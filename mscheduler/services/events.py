@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -54,7 +54,7 @@ DEFAULT_FLUSH_INTERVAL = 1.0  # seconds a consumer's events wait at most before 
 DEFAULT_FLUSH_SIZE = 500  # events that make a flush at once
 DEFAULT_MAX_BUFFER = 10_000  # events a consumer keeps while the store does not take them
 LIST_LIMIT_MAX = 1000
-POLL_PAGE = 500
+POLL_PAGE = 200  # events a replay reads per page (then the loop turns)
 DEFAULT_MAX_REPLAY = 3600.0  # seconds back a subscription's ``since`` may reach
 MAX_REPLAY_LIMIT = 7 * 24 * 3600.0
 # event ids a subscription remembers at most (the newest), to hand each out once: what a burst
@@ -62,6 +62,7 @@ MAX_REPLAY_LIMIT = 7 * 24 * 3600.0
 MAX_SEEN = 50_000
 # the events of one stored instant a replay holds back to tell them in the order they happened
 REPLAY_GROUP_MAX = 5_000
+RECENT_EVENTS = 4096  # events read lately, shared by this reader's subscriptions (read once)
 
 
 class Event(BaseModel):
@@ -174,13 +175,31 @@ class EventRecorder:
                 )
 
     async def flush(self) -> bool:
-        """Write what is buffered in one insert. False if the store did not take it (a transient
-        error: the events are kept for the next try); configuration errors are raised."""
+        """Write what is buffered in one insert (a driver's ``insert_batch`` at a time where it
+        has one: the memory driver's, whose insert never lets the loop turn). False if the store
+        did not take it (a transient error: the events are kept for the next try); configuration
+        errors are raised."""
         if not self._buffer:
             return True
-        batch = list(self._buffer)
-        self._buffer.clear()
-        self._full.clear()
+        limit = getattr(self.driver, "insert_batch", None)
+        while self._buffer:
+            buffer = self._buffer
+            batch = (
+                list(buffer) if limit is None else [buffer.popleft() for _ in range(min(limit, len(buffer)))]
+            )
+            if limit is None:
+                buffer.clear()
+            if not buffer:
+                self._full.clear()
+            if not await self._write(batch):
+                return False
+            if buffer:
+                await asyncio.sleep(0)  # the next part: others run between
+        self.flushes += 1
+        self._warned = False
+        return True
+
+    async def _write(self, batch: list[dict[str, Any]]) -> bool:
         try:
             self.written += await self.driver.insert_events(InsertEventsParams(batch, self.clock.now()))
         except StorageError as exc:
@@ -195,8 +214,6 @@ class EventRecorder:
             self._trim()
             log.warning("could not write %d events (%s); trying again", len(batch), exc)
             return False
-        self.flushes += 1
-        self._warned = False
         return True
 
     async def run(self) -> None:
@@ -292,6 +309,9 @@ class Events:
         self.poll_interval = poll_interval
         self.poll_overlap = timedelta(seconds=poll_overlap)
         self.max_replay = timedelta(seconds=max_replay)
+        # the newest events its subscriptions handed out, by id (a stored event never changes):
+        # each subscriber of an event gets the same object, validated once
+        self._recent: OrderedDict[str, Event] = OrderedDict()
         self._synced = False
         self.polling = False  # the last subscription fell back to polling
 
@@ -421,13 +441,13 @@ class Events:
                     async with contextlib.aclosing(replay):
                         async for doc in replay:
                             if doc["written"] >= start:
-                                yield Event.from_storage(doc)
+                                yield self._event(doc)
                     replay_from = None
                 async for doc in stream:
                     backoff = 0.1
                     if seen.first(doc):
                         seen.keep_from = None  # past the replay: the overlap is enough again
-                        yield Event.from_storage(doc)
+                        yield self._event(doc)
                 return  # the stream ended (closed by the server): a subscription ends with it
             except ResumeTokenLost:
                 replay_from = seen.replay_from(start)
@@ -442,6 +462,14 @@ class Events:
                 backoff = min(backoff * 2, 10.0)
             finally:
                 await stream.aclose()
+
+    def _event(self, doc: Mapping[str, Any]) -> Event:
+        event = self._recent.get(doc["id"])
+        if event is None:
+            event = self._recent[doc["id"]] = Event.from_storage(doc)
+            if len(self._recent) > RECENT_EVENTS:
+                self._recent.popitem(last=False)
+        return event
 
     async def _stored(self, query: EventQuery, written_from: datetime) -> AsyncIterator[dict[str, Any]]:
         """Stored events with ``written >= written_from`` in (written, id) order, page by page."""
