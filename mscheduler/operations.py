@@ -80,6 +80,7 @@ from mscheduler.drivers.base import (
 )
 from mscheduler.publishing import (
     DEFAULT_MAX_PARAMS_BYTES,
+    checked_by,
     checked_max_params_bytes,
     insert_families,
     prepared_families,
@@ -94,8 +95,6 @@ MANY_AT_ONCE = 16  # restarts of restart_many in flight at once
 PLAN_CHANGE_TRIES = 10  # compare-and-set tries of a plan change racing planners
 CONTROL_TRIES = 10  # a task control refused, but the task's status allows it on re-read: again
 REASON_MAX = 2000
-BY_MAX = 200
-
 _PENDING, _RUNNING = TaskStatus.PENDING.value, TaskStatus.RUNNING.value
 _SUCCEEDED, _FAILED = TaskStatus.SUCCEEDED.value, TaskStatus.FAILED.value
 _EXPIRED, _CANCELLED = TaskStatus.EXPIRED.value, TaskStatus.CANCELLED.value
@@ -381,21 +380,25 @@ class Operations:
 
     # -- publishing -----------------------------------------------------------------------------
 
-    async def send(self, task: Task, *, reset_finished: bool = False) -> bool:
+    async def send(self, task: Task, *, reset_finished: bool = False, by: str | None = None) -> bool:
         """Publish ``task`` unless its key exists (SPEC F1); True if this call created (or reset)
         it. The rules are ``Publisher.send``'s, from the same code (``mscheduler.publishing``):
-        the REST API's ``POST /api/v1/tasks`` is this call."""
+        the REST API's ``POST /api/v1/tasks`` is this call (``by``: the token's ``api:<name>``)."""
         if not isinstance(task, Task):
             raise InvalidInput(f"send() takes a Task, got {type(task).__name__}")
-        return (await self.send_many([task], reset_finished=reset_finished))[0]
+        return (await self.send_many([task], reset_finished=reset_finished, by=by))[0]
 
-    async def send_many(self, tasks: Sequence[Task], *, reset_finished: bool = False) -> list[bool]:
+    async def send_many(
+        self, tasks: Sequence[Task], *, reset_finished: bool = False, by: str | None = None
+    ) -> list[bool]:
         """Publish many tasks (``Publisher.send_many``'s rules): every task is checked before
-        anything is written; a bool per task, in order, True where it was created (or reset)."""
+        anything is written; a bool per task, in order, True where it was created (or reset).
+        ``by``: who sends (the ``sent`` events and a reset's history record it)."""
         if isinstance(tasks, (str, bytes, Task)) or not isinstance(tasks, Sequence):
             raise InvalidInput(f"tasks: a list of Tasks, got {type(tasks).__name__}")
         if not isinstance(reset_finished, bool):
             raise InvalidInput("reset_finished: must be True or False")
+        by = checked_by(by)
         now = await self._now()
         families = prepared_families(
             tasks, now=now, reset_finished=reset_finished, max_params_bytes=self.max_params_bytes
@@ -403,7 +406,9 @@ class Operations:
         if not self._tasks_set_up:  # the unique key index before the first insert (SPEC F1)
             await self.driver.setup()
             self._tasks_set_up = True
-        return await insert_families(self.driver, families, self.clock.now, reset_finished=reset_finished)
+        return await insert_families(
+            self.driver, families, self.clock.now, reset_finished=reset_finished, by=by
+        )
 
     # -- task control -------------------------------------------------------------------------
 
@@ -488,7 +493,7 @@ class Operations:
         given: restarted, refused (with the status and the rule) or unknown. Keys are validated
         first: bad input (``InvalidInput``) restarts nothing. ``Publisher.send_many(...,
         reset_finished=True)`` is the other way to run tasks again: it re-creates missing keys and
-        resets succeeded / failed ones with new params, keeping no history."""
+        resets succeeded / failed ones with new params (their attempts kept in the history)."""
         return await restart_each(_checked_keys(keys), lambda key: self.restart(key, force=force))
 
     async def control_many(
@@ -1058,10 +1063,9 @@ def _checked_keys(keys: object) -> list[str]:
 
 
 def _checked_by(by: str | None) -> str | None:
-    """Who did an operator action (an API token's ``api:<name>``): kept as given."""
-    if by is not None:
-        _check_text(by, "by", BY_MAX)
-    return by
+    """Who did an operator action (an API token's ``api:<name>``): kept as given (the rule is
+    ``publishing.checked_by``'s, a sender's)."""
+    return checked_by(by)
 
 
 def _limit_key(key: object) -> str:

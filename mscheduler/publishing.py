@@ -19,10 +19,17 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.exceptions import InvalidInput, KeyTaken
 from mscheduler.domain.family import SEQUENTIAL
 from mscheduler.domain.model import DEFAULT_MAX_PARAMS_BYTES as DEFAULT_MAX_PARAMS_BYTES
-from mscheduler.domain.model import Task, TaskOption, checked_params_size, child_key, encoded_size
+from mscheduler.domain.model import (
+    Task,
+    TaskOption,
+    checked_params_size,
+    child_key,
+    encoded_size,
+    reserved_key,
+)
 from mscheduler.domain.unique import params_hash
 from mscheduler.drivers.base import Driver, InsertParams, NewTask
 
@@ -30,6 +37,18 @@ SEND_MANY_BATCH = 1000  # documents per insert command
 # a batch's option objects and their storage forms, by id (``prepare``)
 StoredOptions = dict[int, tuple[TaskOption, dict[str, Any]]]
 MAX_PARAMS_BYTES_LIMIT = 8 * 1024 * 1024
+
+
+BY_MAX = 200  # characters of a sender's name (``by``)
+
+
+def checked_by(by: object) -> str | None:
+    """Who sends (``by``): a short line of text, or None."""
+    if by is None:
+        return None
+    if not isinstance(by, str) or not by or len(by) > BY_MAX or not by.isprintable():
+        raise InvalidInput(f"by: a name of 1 to {BY_MAX} printable characters")
+    return by
 
 
 def checked_max_params_bytes(value: int) -> int:
@@ -132,10 +151,14 @@ def prepared_families(
     trace: Mapping[str, str] | None = None,
 ) -> list[list[NewTask]]:
     """Every task checked and prepared before anything is written: a non-``Task`` (named by its
-    position), params over the cap, a key given twice (children included) are ``InvalidInput``."""
+    position), params over the cap, a key given twice (children included), a key the scheduler
+    makes itself (``reserved_key``: a plan's run, a child's) are ``InvalidInput``."""
     for i, task in enumerate(tasks):
         if not isinstance(task, Task):
             raise InvalidInput(f"send_many() takes Tasks, got {type(task).__name__} at index {i}")
+        reason = reserved_key(task.key)
+        if reason is not None:
+            raise InvalidInput(f"task {task.key!r} cannot be sent: {reason}")
 
     stored_options: StoredOptions = {}
 
@@ -153,6 +176,18 @@ def prepared_families(
     return families
 
 
+async def check_children_free(driver: Driver, families: list[list[NewTask]]) -> None:
+    """A parent never adopts a task it did not make: ``KeyTaken`` when one of its children's
+    keys is held by a task that is not that parent's child (one read, of the children's keys,
+    and only for sends with children)."""
+    parent_of = {t.key: t.parent for one in families if len(one) > 1 for t in one[1:]}
+    if not parent_of:
+        return
+    for doc in await driver.get_tasks(list(parent_of)):
+        if doc.get("parent") != parent_of[doc["key"]]:
+            raise KeyTaken(doc["key"], f"parent {parent_of[doc['key']]!r}")
+
+
 async def insert_families(
     driver: Driver,
     families: list[list[NewTask]],
@@ -160,17 +195,21 @@ async def insert_families(
     *,
     reset_finished: bool = False,
     session: Any = None,
+    by: str | None = None,
 ) -> list[bool]:
     """Insert prepared families, one command per batch; per family, whether its first document
     (the task, or a parent) was created (or reset). A driver's ``insert_batch`` makes its
-    batches smaller (the memory driver's: others run between them)."""
+    batches smaller (the memory driver's: others run between them). ``by``: who sends (the
+    ``sent`` events and a reset's history say so). A child's key held by another task refuses
+    the whole send (``check_children_free``), before anything is written."""
+    await check_children_free(driver, families)
     created: list[bool] = []
     limit = min(SEND_MANY_BATCH, getattr(driver, "insert_batch", SEND_MANY_BATCH))
     for n, batch in enumerate(batches(families, limit)):
         if n:
             await asyncio.sleep(0)  # a store that never waits still lets the loop turn between batches
         docs = [t for one in batch for t in one]
-        results = await driver.insert_tasks(InsertParams(docs, now(), reset_finished, session))
+        results = await driver.insert_tasks(InsertParams(docs, now(), reset_finished, session, by))
         first = 0
         for one in batch:
             created.append(results[first])

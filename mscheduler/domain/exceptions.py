@@ -76,6 +76,16 @@ class TransitionRefused(MSchedulerError):
         self.rule = rule
 
 
+class KeyTaken(InvalidInput):
+    """A key the scheduler makes itself (a child's, a plan run's) is held by a task its maker did
+    not make: refused rather than adopted. Nothing was written."""
+
+    def __init__(self, key: str, maker: str) -> None:
+        super().__init__(f"key {key!r} is taken by a task that {maker} did not make: refused, not adopted")
+        self.key = key
+        self.maker = maker
+
+
 class HandlerSignal(MSchedulerError):
     """A handler raises a subclass to steer its task (not an error of mscheduler's)."""
 

@@ -505,6 +505,25 @@ def child_key(parent_key: str, name: str) -> str:
     return f"{parent_key}{CHILD_KEY_SEPARATOR}{name}"
 
 
+PLAN_KEY_PREFIX = "plan:"  # a plan's run tasks: ``plan:<plan id>:<fire time>`` (domain.plans)
+
+
+def reserved_key(key: str) -> str | None:
+    """Why ``key`` is one the scheduler makes itself, or None. A plan's run keys
+    (``plan:<plan id>:<fire time>``) and child keys (``<parent key>/<child name>``) are
+    predictable, so a sender that could create one first would take the run's or the child's
+    place: no send creates them (a send of one is ``InvalidInput``), only the planner and a
+    parent's own send do."""
+    if key.startswith(PLAN_KEY_PREFIX):
+        return f"keys starting with {PLAN_KEY_PREFIX!r} are made by plans for their runs"
+    if CHILD_KEY_SEPARATOR in key:
+        return (
+            f"keys with {CHILD_KEY_SEPARATOR!r} are child tasks' (<parent key>/<child name>), made with "
+            "their parent"
+        )
+    return None
+
+
 class Child(_UserInput):
     """One named step of a task with children (SPEC F15): ``name`` is the handler that runs it.
 

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mscheduler.domain.exceptions import InvalidInput
-from mscheduler.domain.model import Params, TaskName, TaskOption
+from mscheduler.domain.model import PLAN_KEY_PREFIX, Params, TaskName, TaskOption
 from mscheduler.domain.schedule import (
     AtSchedule,
     CatchUp,
@@ -74,7 +74,7 @@ def occurrence_key(plan_id: str, fire_time: datetime) -> str:
     """The task key of the plan's occurrence at ``fire_time``: the same in every process, so
     the unique key index makes a second task for one occurrence impossible."""
     when = utc_ms(fire_time)
-    return f"plan:{plan_id}:{when.strftime('%Y-%m-%dT%H:%M:%S')}.{when.microsecond // 1000:03d}Z"
+    return f"{PLAN_KEY_PREFIX}{plan_id}:{when.strftime('%Y-%m-%dT%H:%M:%S')}.{when.microsecond // 1000:03d}Z"
 
 
 _OCCURRENCE_SUFFIX = len(":2000-01-01T00:00:00.000Z")
@@ -82,8 +82,13 @@ _OCCURRENCE_SUFFIX = len(":2000-01-01T00:00:00.000Z")
 
 def plan_of_key(key: str) -> str | None:
     """The plan id of an occurrence task's key (``occurrence_key``'s inverse), else None."""
-    if key.startswith("plan:") and len(key) > 5 + _OCCURRENCE_SUFFIX and key[-_OCCURRENCE_SUFFIX] == ":":
-        return key[5:-_OCCURRENCE_SUFFIX]
+    prefix = len(PLAN_KEY_PREFIX)
+    if (
+        key.startswith(PLAN_KEY_PREFIX)
+        and len(key) > prefix + _OCCURRENCE_SUFFIX
+        and key[-_OCCURRENCE_SUFFIX] == ":"
+    ):
+        return key[prefix:-_OCCURRENCE_SUFFIX]
     return None
 
 

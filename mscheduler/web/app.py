@@ -52,7 +52,15 @@ from mscheduler.web.deps import (
     domain_error,
     log,
 )
-from mscheduler.web.guards import AnswerCache, ApiHeaders, ApiLimits, BodyLimit, Slots, too_large_detail
+from mscheduler.web.guards import (
+    AnswerCache,
+    ApiHeaders,
+    ApiLimits,
+    BodyLimit,
+    SendRate,
+    Slots,
+    too_large_detail,
+)
 from mscheduler.web.routes import ROUTERS
 
 # -- errors ---------------------------------------------------------------------------------------
@@ -180,6 +188,7 @@ def create_app(
     app.state.stats_cache = AnswerCache(limits.stats_cache_seconds)
     app.state.streams = Slots("event streams", limits.streams_per_token, limits.streams_total)
     app.state.waits = Slots("waiting leases", limits.waits_per_token, limits.waits_total)
+    app.state.publish_rate = SendRate(limits.publish_rate, limits.publish_burst)
     app.state.executors = executors or RemoteExecutors(operations.driver, clock=operations.clock)
     for router in ROUTERS:
         app.include_router(router, prefix=API)

@@ -18,6 +18,7 @@ headers every answer carries.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -187,6 +188,43 @@ class Slots:
 
     def held(self, holder: str | None = None) -> int:
         return self._all if holder is None else self._held[holder]
+
+
+class SendRate:
+    """Tasks each token may send (``ApiLimits.publish_rate`` a second, ``publish_burst`` at once:
+    a bucket per token that refills at the rate). ``take`` answers beyond it: a 429
+    ``too_many_sends`` with ``Retry-After`` (when the bucket holds the batch again), a batch
+    above the burst a 422 (it could never go). No rate: nothing is counted."""
+
+    def __init__(self, rate: float | None, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # token name -> (tasks left, when)
+
+    def take(self, holder: str, count: int) -> None:
+        rate = self.rate
+        if rate is None:
+            return
+        if count > self.burst:
+            raise _ApiError(
+                422,
+                "invalid_input",
+                f"a batch of {count} tasks is more than this server sends at once "
+                f"for a token ({self.burst}): send smaller batches",
+            )
+        now = self.clock()
+        left, when = self._buckets.get(holder, (float(self.burst), now))
+        left = min(float(self.burst), left + (now - when) * rate)
+        if left < count:
+            wait = max(1, math.ceil((count - left) / rate))
+            raise _ApiError(
+                429,
+                "too_many_sends",
+                f"this token may send {rate:g} tasks a second ({self.burst} at once): try again in {wait} s",
+                headers={"Retry-After": str(wait)},
+            )
+        self._buckets[holder] = (left - count, now)
 
 
 API_HEADERS = ((b"x-content-type-options", b"nosniff"), (b"cache-control", b"no-store"))

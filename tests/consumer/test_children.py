@@ -363,4 +363,8 @@ async def test_send_many_keeps_each_family_in_one_insert(harness: Harness, monke
     assert inserts == [["f0", "f0/a", "f0/b"], ["f1", "f1/a", "f1/b"], ["f2", "f2/a", "f2/b", "plain"]]
     assert await harness.publisher.send_many(tasks[:1]) == [False]
     with pytest.raises(InvalidInput, match="twice"):
+        await harness.publisher.send_many(
+            [Task("x", "etl", children=["a"]), Task("x", "etl", children=["b"])]
+        )
+    with pytest.raises(InvalidInput, match="child tasks'"):  # a child's key is made with its parent only
         await harness.publisher.send_many([Task("x", "etl", children=["a"]), Task("x/a", "work")])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from mscheduler.domain.listing import CURSOR_MAX_LEN, LIST_LIMIT_MAX, TaskFilters
@@ -15,6 +15,7 @@ from mscheduler.web.deps import (
     _NOT_FOUND,
     _REFUSED,
     IsoTime,
+    _ApiError,
     Ops,
     Who,
     _common,
@@ -44,22 +45,39 @@ tasks = APIRouter(prefix="/tasks", tags=["tasks"], dependencies=_common, respons
 async def send_tasks(
     body: SendIn,
     operations: Ops,
+    who: Who,
+    request: Request,
     reset_finished: Annotated[
-        bool, Query(description="reset a task with this key that has ended (succeeded or failed)")
+        bool,
+        Query(
+            description="reset a task with this key that has ended (succeeded or failed): an admin "
+            "token, or a publish token given may=reset"
+        ),
     ] = False,
 ) -> JSONResponse:
     """Send one task (the body is a task: ``key``, ``name``, ``params``, ``option``, ...) or many
     (``{"tasks": [...]}``), with ``Publisher.send`` / ``send_many``'s rules (``Operations.send``):
-    a key that exists is left alone, params over the size cap or a key given twice refuse the
-    request (422, nothing written). 201 when at least one task was created, 200 when none was;
-    ``created`` says which. An admin or publish token."""
+    a key that exists is left alone, params over the size cap, a key given twice or a key the
+    scheduler makes itself (``plan:...``, ``<parent>/<child>``) refuse the request (422, nothing
+    written). 201 when at least one task was created, 200 when none was; ``created`` says
+    which. An admin or publish token; ``reset_finished`` needs an admin token or a publish token
+    given ``may=reset`` (403). The ``sent`` events name the token (``by: api:<name>``)."""
+    if reset_finished and not who.allows("reset"):
+        raise _ApiError(
+            403,
+            "forbidden",
+            "reset_finished re-runs and rewrites a finished task: an admin token, or a publish token "
+            "given may=reset",
+        )
+    count = len(body.tasks) if isinstance(body, TaskBatchIn) else 1
+    request.app.state.publish_rate.take(who.name, count)
     if isinstance(body, TaskBatchIn):
-        created = await operations.send_many(body.tasks, reset_finished=reset_finished)
+        created = await operations.send_many(body.tasks, reset_finished=reset_finished, by=who.by)
         out: SentOut | SentManyOut = SentManyOut(
             tasks=[SentOut(key=t.key, created=c) for t, c in zip(body.tasks, created, strict=True)]
         )
     else:
-        made = await operations.send(body, reset_finished=reset_finished)
+        made = await operations.send(body, reset_finished=reset_finished, by=who.by)
         created = [made]
         out = SentOut(key=body.key, created=made)
     return JSONResponse(out.model_dump(mode="json"), status_code=201 if any(created) else 200)
