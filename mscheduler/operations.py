@@ -54,6 +54,7 @@ from mscheduler.domain.plans import (
     option_to_storage,
     plan_state,
     refire_time,
+    run_status_of,
 )
 from mscheduler.domain.schedule import to_storage_dict
 from mscheduler.domain.state import live_attempts
@@ -771,7 +772,9 @@ class Operations:
         key = doc.get("last_run_key")
         if key is not None and not doc.get("last_run_seen", True):
             outcome = (await self.driver.get_run_outcomes([key])).get(key)
-            doc["last_run_status"] = outcome.status if outcome is not None else "missing"
+            doc["last_run_status"] = (
+                run_status_of(plan_id, outcome.status, outcome.plan_id) if outcome is not None else "missing"
+            )
         return PlanInfo.from_storage(doc)
 
     async def list_plans(
@@ -802,7 +805,7 @@ class Operations:
         task = doc["task"]
         option = TaskOption.from_storage(task["option"])
         key = occurrence_key(plan_id, now)
-        new = NewTask(key, task["name"], task.get("params"), option.to_storage(now))
+        new = NewTask(key, task["name"], task.get("params"), option.to_storage(now), plan_id=plan_id)
         (created,) = await self.driver.insert_tasks(InsertParams([new], now))
         if not created:
             raise TransitionRefused(key, "run now", "pending", "a run of the plan at this instant exists")

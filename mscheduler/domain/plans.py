@@ -80,6 +80,17 @@ def occurrence_key(plan_id: str, fire_time: datetime) -> str:
 _OCCURRENCE_SUFFIX = len(":2000-01-01T00:00:00.000Z")
 
 
+# A plan's last run whose key a task the plan did not make holds (stored without the plan's
+# ``plan_id``): the plan does not take that task for its run, and is parked in the error state
+TAKEN_RUN_STATUS = "taken"
+
+
+def run_status_of(plan_id: str, status: str, maker: str | None) -> str:
+    """What a plan records of its run task: the task's status if the plan made it (``maker``, the
+    task's stored ``plan_id``), else ``TAKEN_RUN_STATUS``."""
+    return status if maker == plan_id else TAKEN_RUN_STATUS
+
+
 def plan_of_key(key: str) -> str | None:
     """The plan id of an occurrence task's key (``occurrence_key``'s inverse), else None."""
     prefix = len(PLAN_KEY_PREFIX)
