@@ -31,6 +31,7 @@ from mscheduler.domain.exceptions import (
     UnknownLimit,
     UnknownPlan,
     UnknownTask,
+    error_reason,
 )
 from mscheduler.domain.limits import Limit, LimitInfo, Rate, checked_limit, from_storage
 from mscheduler.domain.listing import LIST_LIMIT_MAX, TaskFilters, TaskPage, list_params, task_page
@@ -910,8 +911,13 @@ async def change_option(
         raise InvalidInput(f"change: an OptionChange, got {type(change).__name__}")
     try:
         option = change.apply(info.option)
-    except (InvalidInput, ValidationError) as exc:
+    except InvalidInput as exc:
         raise InvalidInput(f"invalid option change for {key!r}: {exc}") from exc
+    except ValidationError as exc:  # where and why, without pydantic's links or the values
+        reasons = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {error_reason(e)}" for e in exc.errors(include_url=False)
+        )
+        raise InvalidInput(f"invalid option change for {key!r}: {reasons}") from exc
     stored = option.to_storage(info.create_time)
     try:
         if not await driver.update_option(UpdateOptionParams(key, stored, now, by)):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -145,3 +146,12 @@ class StorageError(MSchedulerError):
 
 class ConsumerStopped(MSchedulerError):
     """The consumer stopped because one of its side tasks died."""
+
+
+def error_reason(error: Mapping[str, Any]) -> str:
+    """A pydantic error's reason (one of ``ValidationError.errors()``), without the refused
+    value: what an answer of the API says never echoes its input."""
+    if error.get("type") == "union_tag_invalid":  # pydantic's message quotes the tag it got
+        ctx = error.get("ctx") or {}
+        return f"unknown {ctx.get('discriminator', 'kind')}: expected one of {ctx.get('expected_tags', '')}"
+    return str(error.get("msg", "invalid")).removeprefix("Value error, ")

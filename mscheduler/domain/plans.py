@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mscheduler.domain.exceptions import InvalidInput
-from mscheduler.domain.model import PLAN_KEY_PREFIX, Params, TaskName, TaskOption
+from mscheduler.domain.model import PLAN_KEY_PREFIX, Params, TaskName, TaskOption, has_control
 from mscheduler.domain.schedule import (
     AtSchedule,
     CatchUp,
@@ -60,13 +60,14 @@ PLANNER_STATES = (PlanState.ACTIVE.value, PlanState.AWAITING_COMPLETION.value)
 
 
 def validate_plan_id(value: object) -> str:
-    """A plan id: 1-200 characters, no NUL or '|', not starting with '$' (raises ValueError)."""
+    """A plan id: 1-200 characters, no control character or '|', not starting with '$' (raises
+    ValueError)."""
     if not isinstance(value, str) or not value:
         raise ValueError("plan_id must be a non-empty string")
     if len(value) > PLAN_ID_MAX_LEN:
         raise ValueError(f"plan_id is longer than {PLAN_ID_MAX_LEN} characters")
-    if "\x00" in value or "|" in value or value.startswith("$"):
-        raise ValueError("plan_id must not contain NUL or '|', nor start with '$'")
+    if has_control(value) or "|" in value or value.startswith("$"):
+        raise ValueError("plan_id must not contain control characters or '|', nor start with '$'")
     return value
 
 

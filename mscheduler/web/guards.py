@@ -190,6 +190,38 @@ class Slots:
         return self._all if holder is None else self._held[holder]
 
 
+WORKER_IDLE_SECONDS = 600.0  # a worker id that has not leased for this long no longer counts
+
+
+class WorkerIds:
+    """The worker ids each executor token leases as (``ApiLimits.workers_per_token``): each
+    lease as a new id registers a worker in the store, so a token may have at most that many
+    that leased within ``idle`` seconds; one more is refused (``admit`` says why). Bounded:
+    at most ``per_token`` ids per token are remembered."""
+
+    def __init__(
+        self, per_token: int, idle: float = WORKER_IDLE_SECONDS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.per_token = per_token
+        self.idle = idle
+        self.clock = clock
+        self._seen: dict[str, dict[str, float]] = {}  # token name -> worker id -> last lease
+
+    def admit(self, holder: str, worker_id: str) -> str | None:
+        now = self.clock()
+        seen = self._seen.setdefault(holder, {})
+        if worker_id not in seen and len(seen) >= self.per_token:
+            for old in [w for w, when in seen.items() if now - when > self.idle]:
+                del seen[old]
+            if len(seen) >= self.per_token:
+                return (
+                    f"this token leases as {len(seen)} worker ids (at most {self.per_token} per token "
+                    f"within {self.idle:g} s): reuse a worker id"
+                )
+        seen[worker_id] = now
+        return None
+
+
 class SendRate:
     """Tasks each token may send (``ApiLimits.publish_rate`` a second, ``publish_burst`` at once:
     a bucket per token that refills at the rate). ``take`` answers beyond it: a 429
