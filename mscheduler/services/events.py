@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -471,7 +471,9 @@ class Events:
                 self._recent.popitem(last=False)
         return event
 
-    async def _stored(self, query: EventQuery, written_from: datetime) -> AsyncIterator[dict[str, Any]]:
+    async def _stored(
+        self, query: EventQuery, written_from: datetime
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """Stored events with ``written >= written_from`` in (written, id) order, page by page."""
         after: tuple[datetime, str] | None = None
         while True:
@@ -497,7 +499,7 @@ class Events:
 
     async def _replay(
         self, query: EventQuery, written_from: datetime, seen: _Seen
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """Stored events not handed out yet, page by page in stored order; the events of one
         stored instant (a consumer's batch is stored at once) in the order they happened. Holds
         a page and one instant's events (at most ``REPLAY_GROUP_MAX``), whatever the log holds."""

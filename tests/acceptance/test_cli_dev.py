@@ -110,6 +110,11 @@ def test_a_token_is_made_when_none_is_given() -> None:
         token = re.search(r"token +(\S{20,})", proc.output)
         url = re.search(r"REST API +(http://127\.0\.0\.1:\d+)", proc.output)
         assert token and url
+        # the CLI is shown taking the token from the environment: a command line's arguments
+        # are in every process list
+        tried = re.search(r"^ +try +(.*)$", proc.output, re.MULTILINE)
+        assert tried is not None and "--token" not in tried.group(1)
+        assert f"export MSCHEDULER_TOKEN={token.group(1)}" in tried.group(1)
         whoami = httpx.get(
             f"{url.group(1)}/api/v1/whoami", headers={"Authorization": f"Bearer {token.group(1)}"}
         )
