@@ -891,7 +891,7 @@ class RemoteExecutors:
         if report.outcome == "failed":  # the retry policy and the budget need the task's state
             doc = await self.driver.get_task(key)
             if doc is None or _entry(doc, worker_id, attempt) is None:
-                raise no_attempt(key, worker_id, attempt)
+                raise no_attempt(key, worker_id)
         outcome = self._outcome(report, doc, worker_id, attempt, now)
         params = FinishParams(
             key,
@@ -985,7 +985,7 @@ class RemoteExecutors:
             return True
         self.stats["refused"] += 1
         if doc is None or entry is None:
-            raise no_attempt(key, worker_id, attempt)
+            raise no_attempt(key, worker_id)
         state = doc["state"]
         if entry["status"] == "running":
             why = f"the lease of attempt {attempt!r} expired at {entry['ping_expire_time'].isoformat()}"
@@ -1073,11 +1073,11 @@ def _check_report(report: AttemptResult) -> None:
         raise InvalidInput("a result goes with succeeded reports only")
 
 
-def no_attempt(key: str, worker_id: str, attempt: str) -> LeaseLost:
+def no_attempt(key: str, worker_id: str) -> LeaseLost:
     """The answer to a report of an attempt this worker does not hold on the task: the same
     whether the task exists or not, and whatever its status (nothing to learn by probing)."""
     return LeaseLost(
-        f"worker {worker_id!r} holds no attempt {attempt!r} on task {key!r}; the outcome was not recorded"
+        f"worker {worker_id!r} holds no such attempt on task {key!r}; the outcome was not recorded"
     )
 
 
