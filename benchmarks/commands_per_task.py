@@ -15,8 +15,7 @@ Start-up and a first warm-up batch of 100 are not counted. Commands are split in
 (insert, claim, finish and their read-backs), time-driven ones (polls, pings, heartbeats, clock
 syncs), whose number grows with run time, not with tasks — mongomock makes runs far longer than a
 real server would, so their share here overstates the real one (see README) — and one-off ones
-(the publisher's index check on its first send), and fake-only ones (``fix first lease``: see
-``FAKE_ONLY``), reported apart.
+(the store's set-up, the publisher's index check on its first send), reported apart.
 
     python -m benchmarks.commands_per_task [--tasks 1000] [--mode backlog|trickle] [--events] [--limit N]
                                            [--no-reserve]
@@ -73,16 +72,10 @@ ONE_OFF = frozenset(
         "put limit",
         "put limit (who holds the names)",
         "create event indexes",
-        "probe date arithmetic",
-        "probe update hints",
         "register worker",
         "unregister worker",
     }
 )
-# Commands only the fake needs: mongomock cannot add a duration to a date inside the claim, so the
-# driver corrects each first lease with a second write. A real server never sends it; it is
-# reported apart and not in the per-task figure.
-FAKE_ONLY = frozenset({"fix first lease"})
 
 
 class CountingMongoDriver(MongoDriver):
@@ -106,8 +99,8 @@ async def main(
     reserve: bool = True,
 ) -> None:
     driver = CountingMongoDriver(mongomock_database(), events=events)
+    await driver.setup()
     if limit is not None:
-        await driver.setup()
         await Operations(driver).set_limit(TASK_NAME, max_running=limit)
     publisher = Publisher(driver)
     consumer = Consumer(driver, concurrency=concurrency, limit_reserve=reserve)
@@ -150,9 +143,8 @@ async def main(
         raise RuntimeError(f"breakdown {sum(by_operation.values())} != MongoDriver.commands {commands}")
     # a release whose hold ran out (Limiter.flush, RELEASE_HOLD) is time-driven: at most one per
     # limit and worker per hold, however many tasks; the others ride on the acquires
-    per_task = sum(n for op, n in by_operation.items() if op not in TIME_DRIVEN | ONE_OFF | FAKE_ONLY) - held
+    per_task = sum(n for op, n in by_operation.items() if op not in TIME_DRIVEN | ONE_OFF) - held
     time_driven = sum(n for op, n in by_operation.items() if op in TIME_DRIVEN) + held
-    fake_only = sum(n for op, n in by_operation.items() if op in FAKE_ONLY)
     emit(
         {
             "benchmark": "commands_per_task",
@@ -164,12 +156,11 @@ async def main(
             "concurrency": concurrency,
             "send_batch": SEND_BATCH,
             "commands": commands,
-            "commands_per_task": round((commands - fake_only) / tasks, 3),
-            "fake_only_commands": fake_only,
+            "commands_per_task": round(commands / tasks, 3),
             "per_task_commands_per_task": round(per_task / tasks, 3),
             "time_driven_commands": time_driven,
             "held_releases": held,
-            "one_off_commands": commands - per_task - time_driven - fake_only,
+            "one_off_commands": commands - per_task - time_driven,
             "by_operation": dict(by_operation.most_common()),
         }
     )

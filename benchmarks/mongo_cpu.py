@@ -176,12 +176,11 @@ def make_driver() -> tuple[Any, StubDatabase]:
 
     db = StubDatabase()
     driver = MongoDriver(db, majority=True, create_indexes=False)
-    # a real server's capabilities, as setup() would have probed them
+    # builds up to 4dad86a probed the server in setup() and sniffed the collection: set what they
+    # would have found on a real server (a later build has none of these attributes: unused there)
     for flag in ("date_arithmetic", "update_hints", "slice_expressions", "reduce_expressions"):
         setattr(driver, flag, True)
-    # the stub encodes as PyMongo does: it takes the raw stages a PyMongo collection is given
-    # (a build without them ignores the attribute)
-    driver.raw_stages = True
+    driver.raw_stages = True  # the stub encodes as PyMongo does: it takes BSON stages as they are
     driver._probed = True
     return driver, db
 

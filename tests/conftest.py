@@ -15,6 +15,7 @@ from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.observability.logs import configure_logging
 from mscheduler.testing.clock import FakeClock
 from mscheduler.testing.mongomock import mongomock_database
+from mscheduler.testing.mongos import mongos_database
 
 REAL_URI = os.environ.get("MSCHEDULER_TEST_MONGODB_URI")
 DRIVER_KINDS = ["memory", "mongomock", "real"]
@@ -60,8 +61,10 @@ async def make_driver(request: pytest.FixtureRequest) -> AsyncIterator[DriverFac
 
 
 async def driver_factory(kind: str) -> AsyncIterator[DriverFactory]:
-    """``make_driver``'s factory for ``kind``: ``memory``, ``mongomock`` or ``real``, optionally
-    with ``-p<N>``: a store of N partitions (issue 18.10; the conformance suite runs with 4)."""
+    """``make_driver``'s factory for ``kind``: ``memory``, ``mongomock``, ``real`` or ``sharded``
+    (the Mongo driver on a store set up for a sharded cluster, behind the mongos stand-in of
+    ``mscheduler.testing.mongos``; the ``driver`` fixture shards it), optionally with ``-p<N>``:
+    a store of N partitions (the conformance suite runs with 4)."""
     kind, _, parts = kind.partition("-p")
     partitions = int(parts) if parts else 1
     if kind == "real" and not REAL_URI:
@@ -71,6 +74,8 @@ async def driver_factory(kind: str) -> AsyncIterator[DriverFactory]:
     database = None
     if kind == "mongomock":
         database = mongomock_database()
+    elif kind == "sharded":
+        database = mongos_database()
     elif kind == "real":
         from pymongo import AsyncMongoClient
 
@@ -83,7 +88,11 @@ async def driver_factory(kind: str) -> AsyncIterator[DriverFactory]:
             if memory is None:
                 memory = MemoryDriver(clock=clock, partitions=partitions)
             return memory
-        return MongoDriver(database, partitions=partitions)
+        # a throwaway store builds its indexes at the driver's first start (a real one is set up)
+        throwaway = kind != "real"
+        return MongoDriver(
+            database, partitions=partitions, sharded=kind == "sharded", create_indexes=throwaway
+        )
 
     yield factory
     if client is not None:
@@ -95,4 +104,6 @@ async def driver_factory(kind: str) -> AsyncIterator[DriverFactory]:
 async def driver(make_driver: DriverFactory, fake_clock: FakeClock) -> Driver:
     d = make_driver(fake_clock)
     await d.setup()
+    if isinstance(d, MongoDriver) and d.sharded:
+        await d.shard()  # as `mscheduler setup --shards` does, on the stand-in's mongos
     return d

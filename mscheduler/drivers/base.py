@@ -599,7 +599,7 @@ class LimitNameTaken(Exception):
 
 
 class ChangeStreamUnsupported(Exception):
-    """The backend cannot watch (standalone server, mongomock): the consumer polls instead."""
+    """The backend cannot watch (a standalone server): the consumer polls instead."""
 
 
 class ResumeTokenLost(Exception):

@@ -249,7 +249,7 @@ def _store(store: Store, clock: FakeClock, events: bool) -> Driver:
         from mscheduler.drivers.mongo.driver import MongoDriver
         from mscheduler.testing.mongomock import mongomock_database
 
-        return MongoDriver(mongomock_database(), events=events)
+        return MongoDriver(mongomock_database(), events=events, create_indexes=True)
     raise InvalidInput(f"store: 'memory' or 'mongomock', got {store!r}")
 
 

@@ -64,7 +64,7 @@ async def test_check_reports_and_creates_missing_indexes() -> None:
 
 
 async def test_expected_indexes_match_what_the_driver_creates() -> None:
-    driver = MongoDriver(mongomock_database())
+    driver = MongoDriver(mongomock_database(), create_indexes=True)
     await driver.setup()
     assert set(await driver.index_names()) - {"_id_"} == set(EXPECTED_INDEXES)
 

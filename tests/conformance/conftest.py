@@ -1,5 +1,7 @@
 """The conformance suite runs every test on every driver (``make_driver`` is parametrized), and
-again on stores of 4 partitions (issue 18.10: the same rules when every claim names a partition)."""
+again on stores of 4 partitions (the same rules when every claim names a partition), one of them
+set up for a sharded cluster behind the mongos stand-in (``sharded-p4``: 2 shards, the tasks
+collection sharded by ``MongoDriver.shard()``, every write checked as a mongos routes it)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from tests.conformance.support import Store
 from tests.conftest import DRIVER_KINDS, DriverFactory, driver_factory
 
 
-@pytest.fixture(params=[*DRIVER_KINDS, *(f"{kind}-p4" for kind in DRIVER_KINDS)])
+@pytest.fixture(params=[*DRIVER_KINDS, *(f"{kind}-p4" for kind in DRIVER_KINDS), "sharded-p4"])
 async def make_driver(request: pytest.FixtureRequest) -> AsyncIterator[DriverFactory]:
     if request.param.endswith("-p4") and request.node.get_closest_marker("global_claim_order"):
         # the claim order (priority, aimed-at-me, due time) holds within a partition; across

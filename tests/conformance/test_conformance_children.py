@@ -170,7 +170,7 @@ async def test_a_parent_edited_into_junk_is_skipped_not_fatal(store: Store) -> N
         store.driver._tasks["bad"]["children"] = {"mode": "sequential"}
     else:
         assert isinstance(store.driver, MongoDriver)
-        await store.driver.tasks.update_one({"key": "bad"}, {"$set": {"children": {"mode": "sequential"}}})
+        await store.driver.tasks.update_one({"_id": "bad"}, {"$set": {"children": {"mode": "sequential"}}})
     claimed = await store.claim("w1", 2, names=["a"])
     for task in claimed:
         assert await store.done(task, "w1")

@@ -395,7 +395,11 @@ async def _build(driver: Driver, clock: FakeClock, tasks: Sequence[Spec]) -> Non
 
 async def _check(kind: str, tasks: list[Spec], data: st.DataObject) -> None:
     clock = FakeClock()
-    driver: Driver = MemoryDriver(clock=clock) if kind == "memory" else MongoDriver(mongomock_database())
+    driver: Driver = (
+        MemoryDriver(clock=clock)
+        if kind == "memory"
+        else MongoDriver(mongomock_database(), create_indexes=True)
+    )
     await driver.setup()
     await _build(driver, clock, tasks)
     docs = await driver.list_tasks(ListParams(limit=1000))

@@ -196,7 +196,7 @@ async def _ping_answer(driver: Driver, params: PingParams) -> tuple[list[str], l
 async def _run(ops: list[tuple[Any, ...]]) -> None:
     clock = FakeClock()
     memory = MemoryDriver(clock=clock)
-    mongo = MongoDriver(mongomock_database())
+    mongo = MongoDriver(mongomock_database(), create_indexes=True)
     await mongo.setup()
     lockstep = Lockstep(memory, mongo, clock)
     # every run starts with each task present, so most operations have something to act on

@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 
 from mscheduler import Operations, OptionChange, Publisher
-from mscheduler.domain.exceptions import TransitionRefused
+from mscheduler.domain.exceptions import InvalidInput, TransitionRefused
 from mscheduler.domain.plans import Plan
 from mscheduler.domain.schedule import EverySchedule, PlanTiming
 from mscheduler.domain.unique import params_hash
@@ -206,10 +206,26 @@ async def test_counted_entries_are_never_dropped_even_beyond_the_cap(store: Stor
 
 
 def unique_task(store: Store, key: str, params: object, **option: object) -> NewTask:
+    if getattr(store.driver, "sharded", False):
+        pytest.skip("uniqueness by params is not offered on a sharded store (docs/scaling.md)")
+    return _unique(store, key, params, **option)
+
+
+def _unique(store: Store, key: str, params: object, **option: object) -> NewTask:
     task = store.task(key, NAME, params, **option)
     return NewTask(
         task.key, task.name, task.params, task.option, unique_hash=params_hash(task.name, task.params)
     )
+
+
+async def test_a_sharded_store_refuses_uniqueness_by_params(store: Store) -> None:
+    """A unique index must be prefixed by the shard key: a task unique by params is refused with
+    the reason (make the key from the params instead), and nothing is written."""
+    if not getattr(store.driver, "sharded", False):
+        pytest.skip("a sharded store's rule")
+    with pytest.raises(InvalidInput, match="sharded store"):
+        await store.insert(_unique(store, "a", {"n": 1}))
+    assert await store.driver.get_task("a") is None
 
 
 async def test_a_live_task_holds_its_params_until_it_finishes(store: Store) -> None:
@@ -326,13 +342,24 @@ async def test_a_plan_whose_finished_run_was_removed_records_it_missing_and_goes
     assert [doc["key"] for doc in await store.all_tasks()] == [(await ops.get_plan("p")).last_run_key]
 
 
-async def test_no_ttl_index_where_the_backend_ignores_its_partial_filter(store: Store) -> None:
-    """mongomock expires documents on read and ignores a TTL index's partial filter: a TTL index
-    per status there would remove failed tasks after the succeeded period. The probe says so and
-    no retention index is made (the pass does the work)."""
+async def test_a_mongo_store_keeps_one_partial_ttl_index_per_status(store: Store) -> None:
+    """On MongoDB each terminal status with a period has a TTL index on ``state.finish_time``,
+    partial on that status (and on tasks of no family); a changed period is changed in place
+    (``collMod``), a period of None drops its index."""
+    import inspect
+
     from mscheduler.drivers.mongo.driver import MongoDriver
 
-    if not isinstance(store.driver, MongoDriver) or store.driver.date_arithmetic:
-        pytest.skip("about mongomock")
-    assert await store.driver.ensure_retention(RetentionParams(Retention().periods())) is False
-    assert not [n for n in await store.driver.index_names() if n.startswith("retention_")]
+    if not isinstance(store.driver, MongoDriver):
+        pytest.skip("TTL indexes are MongoDB's")
+    assert await store.driver.ensure_retention(RetentionParams(Retention().periods())) is True
+    changed = Retention(succeeded=timedelta(hours=1), failed=None)
+    assert await store.driver.ensure_retention(RetentionParams(changed.periods())) is True
+    cursor = store.driver.tasks.list_indexes()
+    cursor = await cursor if inspect.isawaitable(cursor) else cursor
+    ttl = {ix["name"]: ix async for ix in cursor if ix["name"].startswith("retention_")}
+    assert sorted(ttl) == ["retention_cancelled", "retention_expired", "retention_succeeded"]
+    assert ttl["retention_succeeded"]["expireAfterSeconds"] == 3600
+    assert ttl["retention_cancelled"]["expireAfterSeconds"] == 30 * 86_400
+    partial = {"state.status": "succeeded", "solo": True}
+    assert ttl["retention_succeeded"]["partialFilterExpression"] == partial

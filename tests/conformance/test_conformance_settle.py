@@ -195,7 +195,7 @@ async def _legacy_restart(store: Store, key: str) -> None:
         return
     mongo: Any = store.driver
     fields = {"state.history": history, "state.worker_states": [], "state.generation": 1}
-    await mongo.tasks.update_one({"key": key}, {"$set": _out(fields)})
+    await mongo.tasks.update_one({"_id": key}, {"$set": _out(fields)})
 
 
 async def test_the_lease_pass_settles_running_entries_of_earlier_generations(store: Store) -> None:

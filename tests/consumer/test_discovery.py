@@ -141,11 +141,14 @@ async def test_unsupported_change_streams_mean_polling_alone(harness: Harness) -
     assert all(not t.done() for name, t in consumer._side.items() if name != "watcher")
 
 
-async def test_mongomock_has_no_change_streams_and_tasks_are_found_by_polling() -> None:
+async def test_without_change_streams_tasks_are_found_by_polling() -> None:
+    """The stand-in refuses ``watch`` as a server without a replica set does (40573)."""
     clock = FakeClock()
     database = mongomock_database()
-    publisher = Publisher(MongoDriver(database), clock=clock)
-    consumer = Consumer(MongoDriver(database), worker_id="w1", clock=clock, poll_interval=2.0)
+    publisher = Publisher(MongoDriver(database, create_indexes=True), clock=clock)
+    consumer = Consumer(
+        MongoDriver(database, create_indexes=True), worker_id="w1", clock=clock, poll_interval=2.0
+    )
     consumer.register("work", _work)
     recorder = Recorder(consumer)
     async with consumer:

@@ -154,7 +154,7 @@ async def test_the_pipeline_leads_with_a_match_the_server_can_push_down() -> Non
     ``updateDescription.updatedFields`` only: the predicates the server rewrites into its oplog
     scan (a $match after another stage, or on a dotted path such as ``state.claimers``, is run on
     every event after it was built, every ping included)."""
-    (first, *_) = MongoDriver(mongomock_database())._watch_pipeline()
+    (first, *_) = MongoDriver(mongomock_database(), create_indexes=True)._watch_pipeline()
     assert list(first) == ["$match"]
 
     def paths(value: Any) -> list[str]:

@@ -669,7 +669,7 @@ class MemoryLeaseMachine(LeaseMachine):
 
 class MongomockLeaseMachine(LeaseMachine):
     def make_store(self, clock: FakeClock) -> Driver:
-        return MongoDriver(mongomock_database())
+        return MongoDriver(mongomock_database(), create_indexes=True)
 
 
 _common = {

@@ -288,7 +288,7 @@ class MemoryLimitMachine(LimitMachine):
 
 class MongomockLimitMachine(LimitMachine):
     def make_store(self, clock: FakeClock) -> Driver:
-        return MongoDriver(mongomock_database())
+        return MongoDriver(mongomock_database(), create_indexes=True)
 
 
 class MemoryReserveLimitMachine(MemoryLimitMachine):

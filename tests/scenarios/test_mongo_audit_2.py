@@ -8,7 +8,6 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from mongomock_motor import AsyncMongoMockClient
 from pymongo.errors import AutoReconnect, BulkWriteError, OperationFailure, PyMongoError, WriteConcernError
 
 from mscheduler import FakeClock, Publisher, Task, TaskOption
@@ -248,38 +247,13 @@ async def _resolved(value: Any) -> Any:
 # -- item 14: the smaller ones ----------------------------------------------------------------------
 
 
-class _ProbeAdding:
-    """The scratch collection of a server that adds milliseconds to a date in an update pipeline
-    (mongomock cannot): the probe's document gets its ``t`` the way a server would store it."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-
-    async def update_one(self, filter_: Any, update: Any, **kwargs: Any) -> Any:
-        if filter_ == {"_id": "date_arithmetic"} and isinstance(update, list):
-            added = update[0]["$set"]["t"]["$add"]
-            update = {"$set": {"t": added[0]["$literal"] + timedelta(milliseconds=added[1])}}
-        return await self._inner.update_one(filter_, update, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-async def test_a_tz_aware_client_passes_the_date_arithmetic_probe() -> None:
-    """``AsyncMongoClient(tz_aware=True)`` reads aware datetimes: the probe compared them with a
-    naive one, concluded "no date arithmetic" and doubled every claim's writes (a fix-up each)."""
-    inner = AsyncMongoMockClient(tz_aware=True)["tz"]
-    database = Database(inner, {"mscheduler_probe": _ProbeAdding(inner["mscheduler_probe"])})
-    driver = MongoDriver(database, majority=False)
-    await driver.setup()
-    assert driver.date_arithmetic is True
-
-
 async def test_a_lost_plan_insert_reply_is_recognised_on_a_tz_aware_client() -> None:
     """The recovery of a plan insert whose reply was lost compares the stored creation time with
     the one sent: aware (tz_aware client) against naive, it never matched and the plan was said
     to exist already (the caller's own plan refused)."""
-    driver = MongoDriver(AsyncMongoMockClient(tz_aware=True)["tz"], backoff=0.0005, max_backoff=0.002)
+    driver = MongoDriver(
+        mongomock_database("tz", tz_aware=True), create_indexes=True, backoff=0.0005, max_backoff=0.002
+    )
     await driver.setup()
     flaky = FlakyCollection(driver.plans)
     flaky.COROUTINES = (*FlakyCollection.COROUTINES, "insert_one")
@@ -305,7 +279,7 @@ async def test_a_document_without_a_retry_budget_is_unlimited_not_exhausted() ->
     """``{$ne: [missing, null]}`` is true: a task document without
     ``option.max_unexpected_retries`` (written by hand, or by an earlier build) derived as out of
     budget at its first failure. Missing is unlimited, as the Python definition says."""
-    driver = MongoDriver(mongomock_database())
+    driver = MongoDriver(mongomock_database(), create_indexes=True)
     await driver.setup()
     await publish(driver, "t1")
     await driver.tasks.update_one({"key": "t1"}, {"$unset": {"option.max_unexpected_retries": ""}})
@@ -343,7 +317,7 @@ async def test_a_reset_in_a_transaction_whose_params_are_taken_leaves_the_transa
     """``send_many(..., reset_finished=True, session=s)``: a finished task whose params hash a
     live task holds is not reset (reported not created). The reset's duplicate key error aborted
     the caller's transaction; the hash is now read first, in the session, and that task skipped."""
-    driver = MongoDriver(mongomock_database(), backoff=0.0005, max_backoff=0.002)
+    driver = MongoDriver(mongomock_database(), create_indexes=True, backoff=0.0005, max_backoff=0.002)
     await driver.setup()
     collection = _TransactionCollection(driver.tasks)
     driver.tasks = driver.tasks_primary = driver.tasks_recovery = collection
@@ -394,7 +368,7 @@ async def test_a_claim_too_large_for_its_task_marks_that_task_not_the_new_head()
     (a higher priority) was failed for good instead. The failing task itself is now identified:
     the claim is tried again on the head's key alone, and only a task that fails that way too is
     marked broken (a healthy head is simply claimed)."""
-    driver = MongoDriver(mongomock_database(), backoff=0.0005, max_backoff=0.002)
+    driver = MongoDriver(mongomock_database(), create_indexes=True, backoff=0.0005, max_backoff=0.002)
     await driver.setup()
     await publish(driver, "big", priority=5)
     await publish(driver, "t2")

@@ -60,7 +60,7 @@ class _SessionCollection(FlakyCollection):
 
 
 async def _driver_with_flaky() -> tuple[MongoDriver, FlakyCollection]:
-    driver = MongoDriver(mongomock_database(), backoff=0.0005, max_backoff=0.002)
+    driver = MongoDriver(mongomock_database(), create_indexes=True, backoff=0.0005, max_backoff=0.002)
     await driver.setup()
     flaky = _SessionCollection(driver.tasks)
     driver.tasks = driver.tasks_primary = driver.tasks_recovery = flaky

@@ -209,7 +209,7 @@ async def test_event_subscriptions_share_one_poller_where_the_store_cannot_watch
     not one per subscription (each subscription reads once when it starts, for what was stored
     before it joined)."""
     clock = FakeClock(NOW)
-    driver = MongoDriver(mongomock_database(), events=True)
+    driver = MongoDriver(mongomock_database(), create_indexes=True, events=True)
     await driver.setup()
     reads: Counter[str] = Counter()
     list_events = driver.list_events

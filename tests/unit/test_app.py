@@ -44,7 +44,7 @@ def make_app() -> App:
 @pytest.mark.parametrize("store", ["memory", "mongomock"])
 async def test_one_app_runs_on_any_store(store: str) -> None:
     app = make_app()
-    driver = MemoryDriver() if store == "memory" else MongoDriver(mongomock_database())
+    driver = MemoryDriver() if store == "memory" else MongoDriver(mongomock_database(), create_indexes=True)
     consumers = app.consumers(driver, poll_interval=0.02)
     assert [sorted(c._handlers) for c in consumers] == [["double", "shout"]]
     publisher = Publisher(driver)

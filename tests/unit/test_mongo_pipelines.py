@@ -1,6 +1,6 @@
-"""The Mongo driver's update pipelines made from templates (issue 21): the same pipeline as
-building it afresh, and with ``raw_stages`` the same BSON bytes on the wire as encoding the
-dicts each time, so a real server runs exactly the command it ran before."""
+"""The Mongo driver's update pipelines made from templates: the same pipeline as building it
+afresh, and its constant stages sent as BSON already (``RawBSONDocument``) the same bytes on the
+wire as encoding the dicts each time, so a server runs exactly the command the dicts make."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Any
 import bson
 import pytest
 from bson.datetime_ms import _datetime_to_millis
+from bson.raw_bson import RawBSONDocument
 
 from mscheduler.drivers.base import ClaimParams, FinishParams
 from mscheduler.drivers.mongo.common import _build_derive_stages, _derive_stages, _millis, _out
 from mscheduler.drivers.mongo.driver import MongoDriver
-from mscheduler.testing.mongomock import mongomock_database
 
 TIMES = [
     datetime(2026, 5, 6, 7, 8, 9, 123456, tzinfo=UTC),
@@ -70,19 +70,8 @@ class _Database:
         return _Collection()
 
 
-def test_raw_stages_go_to_pymongo_and_dicts_to_mongomock_and_other_fakes() -> None:
-    from pymongo import AsyncMongoClient
-
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient("mongodb://127.0.0.1:1", connect=False)
-    assert MongoDriver(client["db"]).raw_stages is True  # no connection made
-    assert MongoDriver(mongomock_database()).raw_stages is False
-    assert MongoDriver(_Database()).raw_stages is False
-
-
 @pytest.mark.parametrize("outcome", ["succeeded", "failed", "cancelled", "released"])
-def test_a_finish_sends_the_same_bytes_with_raw_stages(outcome: str) -> None:
-    raw, plain = MongoDriver(_Database()), MongoDriver(_Database())
-    raw.raw_stages, plain.raw_stages = True, False
+def test_a_finish_sends_the_derive_stages_as_bson_with_the_bytes_of_the_dicts(outcome: str) -> None:
     item = FinishParams(
         "k1",
         "w1",
@@ -93,22 +82,23 @@ def test_a_finish_sends_the_same_bytes_with_raw_stages(outcome: str) -> None:
         error={"type": "E", "message": "m"} if outcome == "failed" else None,
         retry_at=TIMES[2] if outcome == "failed" else None,
     )
-    (raw_filter, raw_update), (plain_filter, plain_update) = raw._finish_op(item), plain._finish_op(item)
-    assert raw_filter == plain_filter
-    assert wire(raw_update) == wire(plain_update)
+    _, update = MongoDriver(_Database())._finish_op(item)
+    first, *derive = update
+    assert all(isinstance(stage, RawBSONDocument) for stage in derive)
+    assert wire(update) == wire([first, *_derive_stages(item.now)])
 
 
-async def test_a_claim_sends_the_same_bytes_with_raw_stages() -> None:
-    sent: dict[bool, bytes] = {}
+async def test_a_claim_sends_the_derive_stages_as_bson_with_the_bytes_of_the_dicts() -> None:
+    sent: list[Any] = []
     params = ClaimParams("w1", ["job"], TIMES[0], ["a1"], max_lease=timedelta(seconds=20))
-    for flag in (True, False):
-        driver = MongoDriver(_Database())
-        driver.raw_stages = flag
-        driver._probed = True
+    driver = MongoDriver(_Database())
 
-        async def find_one_and_update(filter_: Any, update: Any, **kwargs: Any) -> None:
-            sent[flag] = wire(update) + bson.encode({"f": filter_, "sort": dict(kwargs["sort"])})  # noqa: B023
+    async def find_one_and_update(filter_: Any, update: Any, **kwargs: Any) -> None:
+        sent.append(update)
 
-        driver.tasks.find_one_and_update = find_one_and_update  # type: ignore[method-assign]
-        assert await driver._claim_one(params, "a1") is None
-    assert sent[True] == sent[False]
+    driver.tasks.find_one_and_update = find_one_and_update  # type: ignore[method-assign]
+    assert await driver._claim_one(params, "a1") is None
+    (update,) = sent
+    append, trim, *derive = update
+    assert isinstance(trim, RawBSONDocument) and all(isinstance(stage, RawBSONDocument) for stage in derive)
+    assert wire(update) == wire([append, bson.decode(trim.raw), *_derive_stages(params.now)])

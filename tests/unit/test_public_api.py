@@ -94,6 +94,7 @@ INTERNAL_EXCEPTIONS = {
     "mscheduler.drivers.base.UniqueParamsTaken": "driver to Operations: raised as TransitionRefused",
     "mscheduler.drivers.base.LimitNameTaken": "driver to Operations: raised as InvalidInput",
     "mscheduler.testing.faults.DriverKilled": "fault injection in tests: simulates a killed process",
+    "mscheduler.testing.mongos.MisplacedTask": "the mongos stand-in refusing a write, as a server WriteError",
     "mscheduler.runtime.consumer.runner.RunTimedOut": "an attempt's error type, never raised to users",
     "mscheduler.web.guards.BodyTooLarge": "the body cap's signal inside the app, answered as a 413",
     "mscheduler.remote.client.ServerBusy": "a 429 to ExecutorClient: a transient StorageError",

@@ -270,4 +270,4 @@ def test_the_examples_of_docs_testing_run(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "5 passed" in done.stdout
+    assert "7 passed" in done.stdout

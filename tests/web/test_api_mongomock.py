@@ -13,7 +13,7 @@ from tests.web.support import ADMIN, READ, client_for
 
 async def test_the_api_over_mongo_on_mongomock() -> None:
     clock = FakeClock()
-    driver = MongoDriver(mongomock_database())
+    driver = MongoDriver(mongomock_database(), create_indexes=True)
     await driver.setup()
     async with client_for(Operations(driver, clock=clock)) as client:
         # the plan first: add_plan runs setup() again, and mongomock (unlike a server) checks a
@@ -66,7 +66,7 @@ async def test_limits_routes_and_executors_taking_slots_on_mongomock() -> None:
     pipelines: slots stamped with its id and attempts, extended by its ping to the lease's
     expiry, released after its reports."""
     clock = FakeClock()
-    driver = MongoDriver(mongomock_database())
+    driver = MongoDriver(mongomock_database(), create_indexes=True)
     await driver.setup()
     async with client_for(Operations(driver, clock=clock)) as client:
         body = {"names": ["fetch", "push"], "max_running": 2, "rate": "5/s"}

@@ -49,7 +49,6 @@ T = TypeVar("T")
 
 TASKS = "mscheduler_tasks"
 WORKERS = "mscheduler_workers"
-PROBE = "mscheduler_probe"
 META = "mscheduler_meta"  # the store's layout: its partitions, whether it is sharded
 
 WS = "state.worker_states"
@@ -66,7 +65,7 @@ CONFIG_CODES = frozenset({13, 18, 79, 100, 8000})
 # One document cannot be written: too large (BSONObjectTooLarge, the result of an update too
 # large), or a value BSON cannot hold.
 DOCUMENT_CODES = frozenset({10334, 17419, 17420})
-# The server or the fake cannot watch at all (standalone: 40573; $changeStream unknown: 40415;
+# The server cannot watch at all (standalone: 40573; $changeStream unknown: 40415;
 # command not supported: 115; change streams disabled on a serverless tier: 376). 303 is not
 # here: it is a connection error (a transient one); nor is 94 (NotYetInitialized: a replica set
 # that is starting), retried like any passing error.
@@ -222,7 +221,7 @@ def task_indexes(sharded: bool) -> list[tuple[Any, dict[str, Any]]]:
     return [*plain, (SHARD_KEY, {"name": SHARD_KEY_INDEX})]
 
 
-# -- datetimes: naive UTC on the wire (mongomock compares naive), aware UTC everywhere else ----
+# -- datetimes: naive UTC on the wire (as BSON holds them), aware UTC everywhere else -----------
 
 
 # values that _out and _in pass through as they are, by exact type: most of a document's values,
@@ -287,11 +286,10 @@ _RETRY_STATUSES = [*_FAILURE_STATUSES, "snoozed"]  # entries whose retry_at sets
 def _derive_stages(now: datetime, *, raw: bool = False) -> list[Any]:
     """``mscheduler.domain.state.derive`` as update-pipeline stages (``_build_derive_stages``),
     built once and filled in with ``now`` per write: only the containers on the way to ``now``
-    are new, the rest is shared (never changed: neither PyMongo nor mongomock changes a
-    pipeline). ``raw``: the stages as BSON already (``RawBSONDocument``, ``_RawStages``), which
-    PyMongo copies into the command as they are: the same bytes as encoding them each time (a
-    test holds it so) without the encoding; for PyMongo's collections only (mongomock and the
-    test fakes read dicts)."""
+    are new, the rest is shared (never changed: PyMongo does not change a pipeline). ``raw``:
+    the stages as BSON already (``RawBSONDocument``, ``_RawStages``), which PyMongo copies into
+    the command as they are: the same bytes as encoding them each time (a test holds it so)
+    without the encoding."""
     if raw:
         return _RAW_DERIVE_STAGES.fill(now)
     stages: list[Any] = _fill(_DERIVE_STAGES, _out(now))
@@ -350,14 +348,6 @@ def _count_now(value: Any) -> int:
     if isinstance(value, list):
         return sum(_count_now(v) for v in value)
     return 0
-
-
-def pymongo_encodes(collection: Any) -> bool:
-    """``collection`` is PyMongo's (``AsyncCollection``, or a Motor collection over PyMongo's):
-    its commands are encoded by PyMongo, which copies a ``RawBSONDocument`` as it is."""
-    from pymongo.asynchronous.collection import AsyncCollection
-
-    return isinstance(collection, AsyncCollection) or type(collection).__module__.startswith("motor.")
 
 
 class _Path:
@@ -438,14 +428,15 @@ def _build_derive_stages(now: datetime) -> list[dict[str, Any]]:
                 "state.success_cnt": _count(["succeeded"]),
                 "state.fail_cnt": _count(_FAILURE_STATUSES),
                 "state.rejected_cnt": _count(["rejected"]),
-                # Only failures set the retry time (as in derive): first the failures' retry_at
-                # (null for other entries), reduced by the next stage's $max over a field path,
-                # the form mongomock evaluates too.
+                # Only failures set the retry time (as in derive): the latest of the failures'
+                # retry_at ($max of an array skips the nulls of the other entries)
                 "state.retry_at": {
-                    "$map": {
-                        "input": f"${WS}",
-                        "as": "e",
-                        "in": {"$cond": [{"$in": ["$$e.status", _RETRY_STATUSES]}, "$$e.retry_at", None]},
+                    "$max": {
+                        "$map": {
+                            "input": f"${WS}",
+                            "as": "e",
+                            "in": {"$cond": [{"$in": ["$$e.status", _RETRY_STATUSES]}, "$$e.retry_at", None]},
+                        }
                     }
                 },
                 "state.targeted": {
@@ -462,7 +453,6 @@ def _build_derive_stages(now: datetime) -> list[dict[str, Any]]:
                 "state.update_time": _lit(now),
             }
         },
-        {"$set": {"state.retry_at": {"$max": "$state.retry_at"}}},
         {
             "$set": {
                 "state.free_slots": {"$max": [0, {"$subtract": [cnt, busy]}]},
@@ -596,7 +586,8 @@ def _family_status() -> dict[str, Any]:
 def _claimers() -> dict[str, Any]:
     """``state.claimers`` (see mscheduler.domain.state): ``name|worker`` per allowed worker that holds no
     running or succeeded entry, ``name|*`` for untargeted tasks, [] when not claimable. A $filter
-    with ``$in``, not ``$setDifference``, which mongomock lacks."""
+    with ``$in``: the named workers in their order, as ``derive`` lists them (``$setDifference``
+    would not keep it)."""
     # with same_worker_may_repeat (SPEC F33) a success does not bar its worker, a running entry does
     busy_statuses = {"$cond": [{"$eq": ["$option.same_worker_may_repeat", True]}, ["running"], BUSY]}
     busy_workers = {
@@ -731,8 +722,8 @@ def reset_pipeline(
 
 def expired_history_stage(now: datetime) -> dict[str, Any]:
     """The running entries of earlier generations (``state.history``) whose lease ended become
-    ``lost``: an attempt is never left running for ever, whichever generation holds it. (Objects
-    are rebuilt field by field: mongomock has no ``$mergeObjects``.)"""
+    ``lost``: an attempt is never left running for ever, whichever generation holds it (entries
+    rebuilt field by field, as ``_rebuild_entries`` does)."""
     match = {"$and": [{"$eq": ["$$e.status", "running"]}, {"$lte": ["$$e.ping_expire_time", _lit(now)]}]}
     changes = {"status": "lost", "end_time": now, "error": lost_error()}
     lost = {f: _lit(changes[f]) if f in changes else f"$$e.{f}" for f in ENTRY_FIELDS}
@@ -800,16 +791,6 @@ def _translate(what: str, exc: Exception) -> StorageError:
         return StorageError(f"{what} failed: {exc}", document=True)
     transient = isinstance(exc, PyMongoError) and _is_transient(exc)
     return StorageError(f"{what} failed: {exc}", transient=transient)
-
-
-def _async_with_options(collection: Any, **options: Any) -> Any:
-    """``collection.with_options(...)``, unless that loses the async API (mongomock-motor hands
-    back a plain mongomock collection): the fake has one node, so the options change nothing."""
-    try:
-        other = collection.with_options(**options)
-    except (TypeError, NotImplementedError):
-        return collection
-    return other if inspect.iscoroutinefunction(getattr(other, "find_one", None)) else collection
 
 
 # The operators' reads (listings, counts, statistics) run at most this long on the server

@@ -1,8 +1,9 @@
 """MongoDB driver: the ONLY module with collection names, filters, updates, indexes and streams.
 
-It takes an async database object — PyMongo's ``AsyncDatabase`` (production), or a Motor /
-mongomock-motor database (tests) — and absorbs their API differences in one place (``aggregate``,
-``watch`` and ``list_indexes`` are coroutines in PyMongo's async API, plain calls elsewhere).
+It takes an async database object — PyMongo's ``AsyncDatabase``, or a Motor database — and
+absorbs their API differences in one place (``aggregate``, ``watch`` and ``list_indexes`` are
+coroutines in PyMongo's async API, plain calls in Motor's). It is written for MongoDB alone:
+tests run it on a stand-in that answers as the server does (``mscheduler.testing``).
 
 Query design:
 
@@ -12,9 +13,9 @@ Query design:
 * The claim is one ``find_one_and_update`` served by the index ``claim`` (name, priority desc,
   targeted desc, claim_at asc); ``claim_at`` is null for tasks with no free slot or that are
   finished, so finished and full tasks are not in the scanned range.
-* No ``$$NOW``: times come from the caller's server-corrected clock. No date arithmetic inside
-  pipelines either (mongomock cannot ``$add`` dates): expiry and retry times are computed by the
-  caller. No ``arrayFilters``: entries change through ``$map`` or the positional ``$``.
+* No ``$$NOW``: times come from the caller's server-corrected clock; a pipeline adds durations
+  to them (a claim's lease, a lost lease's retry time). No ``arrayFilters``: entries change
+  through ``$map`` or the positional ``$``.
 * Literal values in pipelines are wrapped in ``$literal`` so that user data (results, errors)
   can never be read as field paths or operators.
 """
@@ -22,7 +23,6 @@ Query design:
 from __future__ import annotations
 
 import asyncio
-import inspect
 import random
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Sequence
@@ -48,7 +48,6 @@ from mscheduler.domain.state import claimer_tokens
 from mscheduler.drivers.base import (
     DEFAULT_WORKER_RETENTION,
     ChangeEvent,
-    ChangeStreamUnsupported,
     ClaimedTask,
     ClaimParams,
     DerivedByOption,
@@ -61,8 +60,6 @@ from mscheduler.drivers.base import (
     claim_over_parts,
     due_time,
     failure_times,
-    first_lease_end,
-    lost_retry_at,
     new_entry,
     new_task_document,
     settlement,
@@ -93,7 +90,6 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     MAX_SCANS,
     META,
     NAME_INDEX,
-    PROBE,
     RETIRED_INDEXES,
     RETRYABLE_WRITE_CONCERN_CODES,
     SHARD_KEY,
@@ -106,7 +102,6 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     WORKERS,
     WS,
     T,
-    _async_with_options,
     _claimers,
     _count,
     _derive_stages,
@@ -124,7 +119,6 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     expired_history_stage,
     live_hash,
     log,
-    pymongo_encodes,
     read_page,
     reset_pipeline,
     task_indexes,
@@ -157,8 +151,8 @@ class MongoDriver(
 ):
     """The task store on MongoDB.
 
-    :param database: an async database (``AsyncMongoClient()[name]``; Motor or mongomock-motor
-        objects work too).
+    :param database: an async database (``AsyncMongoClient()[name]``; a Motor database works too;
+        in tests, the in-memory stand-in of ``mscheduler.testing``).
     :param prefix: collection name prefix, to keep several independent schedulers in one database.
     :param retries: how many times a transient error is retried (with jittered exponential
         backoff) before it surfaces as ``StorageError(transient=True)``.
@@ -171,9 +165,13 @@ class MongoDriver(
         (``setup()`` records it); None: as recorded (1 for a store set up without).
     :param sharded: set the store up for a sharded cluster (``setup()`` records it with the
         partitions; ``shard()`` shards the tasks collection). Read from the store otherwise.
+    :param majority: tasks, workers, plans and limits are written with ``w: "majority"`` (and
+        ``majority_timeout_ms``), so that a write survives a failover; False: the client's own
+        write concern.
     :param create_indexes: ``prepare()`` (a consumer's or publisher's start) builds missing
-        indexes itself, as ``setup()`` does; by default only on mongomock. On a server they are
-        built by ``mscheduler setup`` (``setup()``), and a start without them fails, naming them.
+        indexes itself, as ``setup()`` does (for a throwaway store, such as a test's). Otherwise
+        they are built by ``mscheduler setup`` (``setup()``), and a start without them fails,
+        naming them.
     :param max_parallel_claims: claims of one ``claim`` call in flight at once (its attempts are
         claimed concurrently; more at once would only pile onto the same head document).
     """
@@ -186,21 +184,19 @@ class MongoDriver(
         retries: int = 5,
         backoff: float = 0.05,
         max_backoff: float = 2.0,
-        majority: bool | None = None,
+        majority: bool = True,
         majority_timeout_ms: int = MAJORITY_WTIMEOUT_MS,
         events: bool = False,
         event_retention: timedelta = DEFAULT_RETENTION,
         max_parallel_claims: int = DEFAULT_PARALLEL_CLAIMS,
         worker_retention: timedelta = DEFAULT_WORKER_RETENTION,
-        create_indexes: bool | None = None,
+        create_indexes: bool = False,
         partitions: int | None = None,
         sharded: bool = False,
     ) -> None:
         self.database = database
         tasks = database[f"{prefix}{TASKS}"]
         workers = database[f"{prefix}{WORKERS}"]
-        if majority is None:  # majority writes survive a failover; the fake has no replicas
-            majority = not any("mongomock" in cls.__module__ for cls in type(database).__mro__)
         if majority:
             # A timeout, so that a lagging secondary cannot block a consumer for ever: a
             # wtimeout is reported (the write is on the primary) and read back, not retried.
@@ -224,13 +220,12 @@ class MongoDriver(
         # committed, so a majority read would miss it and the task would never run (in a PSA set
         # with a data node down, every claim). Found there, the claim is used; should the primary
         # roll it back later, its lease simply is not there for the pings (lost, as after a crash).
-        self.tasks_primary = _async_with_options(tasks, read_preference=ReadPreference.PRIMARY)
-        self.tasks_recovery = _async_with_options(
-            tasks, read_preference=ReadPreference.PRIMARY, read_concern=ReadConcern("local")
+        self.tasks_primary = tasks.with_options(read_preference=ReadPreference.PRIMARY)
+        self.tasks_recovery = tasks.with_options(
+            read_preference=ReadPreference.PRIMARY, read_concern=ReadConcern("local")
         )
         # Limit reads that decide (which limit holds a slot, an acquire's recovery) likewise.
-        self.limits_primary = _async_with_options(self.limits, read_preference=ReadPreference.PRIMARY)
-        self.probe = database[f"{prefix}{PROBE}"]
+        self.limits_primary = self.limits.with_options(read_preference=ReadPreference.PRIMARY)
         # the store's layout (its partitions: fixed by setup, read by prepare)
         self.meta = database[f"{prefix}{META}"]
         self._asked_partitions = checked_partitions(partitions) if partitions is not None else None
@@ -244,22 +239,9 @@ class MongoDriver(
         self.commands = 0  # storage commands sent (benchmarks count them)
         self.claims_empty = 0  # claims that found nothing (a lost race, or no task due)
         self.max_parallel_claims = max_parallel_claims
-        self.fixups = 0  # of which first-lease fix-ups (only where date arithmetic is missing)
-        # Capabilities, probed in setup(): real servers have both; mongomock has neither.
-        self.date_arithmetic = True  # $add of a date and milliseconds in an update pipeline
-        self.update_hints = True  # ``hint`` on update commands
-        self._probed = False  # setup() probes; operations that depend on it probe if it did not
         self._set_up = False
         self.rebuilt: list[str] = []  # indexes the last setup() rebuilt or dropped (spec changes)
-        mongomock = any("mongomock" in cls.__module__ for cls in type(database).__mro__)
-        if create_indexes is None:  # a throwaway in-memory database: nothing waits for a quorum
-            create_indexes = mongomock
         self.create_indexes = create_indexes
-        # The constant parts of the claim's and the finish's pipelines go as BSON already
-        # (common._derive_stages): the same bytes, not encoded per write. Only to PyMongo's own
-        # collections (its async API, or Motor's over it), whose encoder copies them as they are;
-        # mongomock and other fakes read dicts.
-        self.raw_stages = not mongomock and pymongo_encodes(tasks)
 
     def _part(self, key: str) -> int:
         """The partition of task ``key`` (every write about one task names it)."""
@@ -331,7 +313,7 @@ class MongoDriver(
         """Record the store's layout (its partitions), give every task its partition (the tasks
         an earlier build inserted), create the indexes (idempotent; an index whose spec changed
         since an earlier build is rebuilt, ``drivers/mongo/indexes.py``), drop the retired ones
-        of earlier builds (``RETIRED_INDEXES``) and probe what the server can do."""
+        of earlier builds (``RETIRED_INDEXES``)."""
         await self._layout(record=True)
         await self._place_unplaced()
         indexes = task_indexes(self.sharded)
@@ -342,18 +324,16 @@ class MongoDriver(
         await self._call("create limit indexes", self._create_limit_indexes)
         await self._call("create worker indexes", self._create_worker_indexes)
         await self._create_event_indexes()
-        await self._probe_capabilities()
-        await self._backfill_attempt_counts()  # with the update hint, once probed
+        await self._backfill_attempt_counts()
         self._set_up = True
 
     async def prepare(self) -> None:
-        """Before a consumer's, publisher's or server's first operation: probe the server's
-        capabilities and check the indexes every query names (``hint``). Building them is
+        """Before a consumer's, publisher's or server's first operation: read the store's layout
+        and check the indexes every query names (``hint``). Building them is
         ``setup()``'s (``mscheduler setup``): ``createIndexes`` waits for the commit quorum of
         a replica set, and a consumer's start should not (nor should every consumer of a fleet
         try). A store without them raises a configuration ``StorageError`` that names them.
-        With ``create_indexes`` (the default on mongomock, a throwaway in-memory database) this
-        is ``setup()``."""
+        With ``create_indexes`` (a throwaway store, such as a test's) this is ``setup()``."""
         if self.create_indexes:
             if not self._set_up:
                 await self.setup()
@@ -367,7 +347,6 @@ class MongoDriver(
                 "--mongodb-uri ...` (or `await MongoDriver(...).setup()`) once, before starting workers",
                 config=True,
             )
-        await self._capabilities()
 
     async def _layout(self, *, record: bool) -> None:
         """Read the store's layout (``<prefix>mscheduler_meta``, ``_id: "layout"``): its number of
@@ -503,69 +482,11 @@ class MongoDriver(
 
         async def update() -> Any:
             return await self.tasks.update_many(
-                filter_, [{"$set": {"state.attempt_cnt": count}}], **self._hint(ATTEMPTS_INDEX)
+                filter_, [{"$set": {"state.attempt_cnt": count}}], hint=ATTEMPTS_INDEX
             )
 
         result = await self._call("backfill attempt counts", update)
         return int(result.modified_count)
-
-    async def _probe_capabilities(self) -> None:
-        """Does an update pipeline add milliseconds to a date? (A real server does; mongomock
-        raises.) Is ``hint`` accepted on updates? Tried on a scratch document, once."""
-        when = datetime(2000, 1, 1)
-
-        async def date_add() -> bool:
-            try:
-                await self.probe.update_one(
-                    {"_id": "date_arithmetic"},
-                    [{"$set": {"t": {"$add": [{"$literal": when}, 1000]}}}],
-                    upsert=True,
-                )
-            except (AssertionError, NotImplementedError, TypeError):
-                return False
-            doc = await self.probe.find_one({"_id": "date_arithmetic"})
-            # compared as aware UTC: a tz_aware client reads aware datetimes
-            return bool(doc and _in(doc.get("t")) == _in(when + timedelta(seconds=1)))
-
-        async def update_hint() -> bool:
-            try:
-                await self.probe.update_one({"_id": "date_arithmetic"}, {"$set": {"h": 1}}, hint="_id_")
-            except NotImplementedError:
-                return False
-            return True
-
-        try:
-            self.date_arithmetic = await self._call("probe date arithmetic", date_add)
-            self.update_hints = await self._call("probe update hints", update_hint)
-            self.slice_expressions = await self._call("probe slice expressions", self._probe_slice)
-            self.reduce_expressions = await self._call("probe reduce expressions", self._probe_reduce)
-        except StorageError as exc:
-            if exc.config or exc.transient:
-                raise
-            # no write access to a scratch collection: assume a real server
-            log.warning("could not probe the server's capabilities (%s); assuming a real server", exc)
-        self._probed = True
-        if not self.date_arithmetic:
-            log.debug("no date arithmetic in update pipelines (a fake?): first leases fixed up after claims")
-
-    async def _probe_reduce(self) -> bool:
-        """Does an update pipeline evaluate ``$reduce``? (A server does; mongomock does not: the
-        statistics then push every duration, see ``drivers/mongo/stats.py``.)"""
-        reduce = {"$reduce": {"input": [1, 2], "initialValue": 0, "in": {"$add": ["$$value", "$$this"]}}}
-        try:
-            await self.probe.update_one({"_id": "reduce"}, [{"$set": {"r": reduce}}], upsert=True)
-        except (OperationFailure, NotImplementedError):
-            return False
-        doc = await self.probe.find_one({"_id": "reduce"})
-        return bool(doc and doc.get("r") == 3)
-
-    async def _capabilities(self) -> None:
-        if not self._probed:
-            await self._probe_capabilities()
-
-    def _hint(self, name: str) -> dict[str, Any]:
-        """``hint=name`` for an update command, where the backend takes one."""
-        return {"hint": name} if self.update_hints else {}
 
     @property
     def namespace(self) -> str:
@@ -578,7 +499,6 @@ class MongoDriver(
         await self._call("drop workers", self.workers.drop)
         await self._call("drop plans", self.plans.drop)
         await self._call("drop limits", self.limits.drop)
-        await self._call("drop probe", self.probe.drop)
         await self._call("drop events", self.events.drop)
         await self._call("drop layout", self.meta.drop)
 
@@ -597,7 +517,7 @@ class MongoDriver(
 
         try:
             return await self._call("hello", hello)
-        except (StorageError, NotImplementedError):
+        except StorageError:
             return None
 
     async def server_info(self) -> dict[str, Any]:
@@ -843,22 +763,16 @@ class MongoDriver(
     def _claim_entry(self, params: ClaimParams, attempt: str) -> dict[str, Any]:
         """The new worker entry as a pipeline expression: its lease ends at ``now`` plus the
         task's own stored ``worker_timeout_ms`` (capped by ``max_lease``), computed by the server
-        inside the claim. Without date arithmetic (mongomock) it is a placeholder that
-        ``_fix_first_lease`` corrects right after the claim."""
+        inside the claim."""
         entry: dict[str, Any] = _out(new_entry(params, attempt, params.now))
         # An object inside an array is an expression too; its strings are ids and constants
-        # (validated not to start with '$'), so it is written as is: mongomock does not evaluate
-        # $literal inside arrays.
+        # (validated not to start with '$'), so it is written as is.
         if any(isinstance(v, str) and v.startswith("$") for v in entry.values()):
             raise StorageError(f"refusing a worker entry with '$'-prefixed values: {entry}")
-        if self.date_arithmetic:
-            lease: Any = "$option.worker_timeout_ms"
-            if params.max_lease is not None:
-                lease = {"$min": [lease, int(params.max_lease / timedelta(milliseconds=1))]}
-            entry["ping_expire_time"] = {"$add": [entry["ping_expire_time"], lease]}
-        else:
-            cap = params.max_lease if params.max_lease is not None else timedelta(seconds=30)
-            entry["ping_expire_time"] = _out(params.now + cap)
+        lease: Any = "$option.worker_timeout_ms"
+        if params.max_lease is not None:
+            lease = {"$min": [lease, int(params.max_lease / timedelta(milliseconds=1))]}
+        entry["ping_expire_time"] = {"$add": [entry["ping_expire_time"], lease]}
         return entry
 
     async def _claim_one(
@@ -868,7 +782,7 @@ class MongoDriver(
         claim chose: see ``_claim_chunked``)."""
         entry = self._claim_entry(params, attempt)
         append = {"$set": {WS: {"$concatArrays": [f"${WS}", [entry]]}}}
-        pipeline = [append, *self._trim_stages(params), *_derive_stages(params.now, raw=self.raw_stages)]
+        pipeline = [append, *self._trim_stages(params), *_derive_stages(params.now, raw=True)]
         filter_ = self._claim_filter(params, part=part)
         sort = CLAIM_SORT
 
@@ -903,13 +817,9 @@ class MongoDriver(
         if doc is None:
             return None
         doc = _in(doc)
-        if not self.slice_expressions and len(doc["state"]["worker_states"]) > params.max_entries:
-            doc = await self._trim_after_claim(params, doc)
         entries = doc["state"]["worker_states"]
         position = next(i for i, e in enumerate(entries) if e["attempt"] == attempt)
         expire = entries[position]["ping_expire_time"]
-        if not self.date_arithmetic:
-            expire = await self._fix_first_lease(params, doc, attempt)
         return ClaimedTask(
             key=doc["key"],
             name=doc["name"],
@@ -926,27 +836,6 @@ class MongoDriver(
             trace=doc.get("trace"),
             generation=int(doc["state"].get("generation") or 0),
         )
-
-    async def _fix_first_lease(self, params: ClaimParams, doc: dict[str, Any], attempt: str) -> datetime:
-        """Where the backend cannot add a duration to a date inside the claim (mongomock), set the
-        first lease from the task's own timeout with a second, fenced write."""
-        expire = first_lease_end(params, doc["option"])
-        match = {
-            "$and": [
-                {"$eq": ["$$e.attempt", _lit(attempt)]},
-                {"$eq": ["$$e.worker_id", _lit(params.worker_id)]},
-                {"$eq": ["$$e.status", "running"]},
-            ]
-        }
-        filter_ = {
-            "key": doc["key"],
-            "part": self._part(doc["key"]),
-            WS: {"$elemMatch": {"attempt": attempt, "status": "running"}},
-        }
-        update = [_rebuild_entries(match, {"ping_expire_time": expire})]
-        self.fixups += 1
-        await self._call("fix first lease", lambda: self.tasks.update_one(filter_, update))
-        return expire
 
     async def _claim_head_or_mark_it(
         self,
@@ -1000,7 +889,6 @@ class MongoDriver(
         ``max_parallel_claims`` in flight: more only pile onto the same head document, where the
         losers conflict and the server runs them again). Each claim names one partition
         (``claim_over_parts``: the attempts dealt over the partitions to visit)."""
-        await self._capabilities()
         tokens = claimer_tokens(list(params.names), params.worker_id, params.groups)
 
         async def claim_round(plan: list[tuple[str, int]]) -> list[ClaimedTask | BaseException | None]:
@@ -1108,7 +996,7 @@ class MongoDriver(
             "retry_at": item.retry_at,
             "final": item.final,
         }
-        return filter_, [_rebuild_entries(match, changes), *_derive_stages(item.now, raw=self.raw_stages)]
+        return filter_, [_rebuild_entries(match, changes), *_derive_stages(item.now, raw=True)]
 
     async def finish(self, params: Sequence[FinishParams]) -> list[bool]:
         """Write a batch of attempt outcomes in one command per partition (one, unpartitioned);
@@ -1236,23 +1124,19 @@ class MongoDriver(
         entries whose lease ended are settled (``expired_entries_stage``: lost, or cancelled /
         released when they had been told to stop), then those of earlier generations
         (``_expire_history_leases``)."""
-        await self._capabilities()
         now = _out(params.now)
         filter_ = {"part": part, WS: {"$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}}}
-        if not self.date_arithmetic:
-            expired = await self._expire_leases_one_by_one(params, filter_)
-        else:
-            # the retry policy's delay for this failure (lost_retry_at in drivers/base.py):
-            # delays[min(fail_cnt, len - 1)] after now, fail_cnt counted before this pass
-            delays = {"$ifNull": ["$option.lost_retry_delays_ms", [0]]}
-            index = {"$min": ["$state.fail_cnt", {"$subtract": [{"$size": delays}, 1]}]}
-            retry_at = {"$add": [_lit(params.now), {"$arrayElemAt": [delays, index]}]}
-            pipeline = [expired_entries_stage(params.now, retry_at), *_derive_stages(params.now)]
+        # the retry policy's delay for this failure (lost_retry_at in drivers/base.py):
+        # delays[min(fail_cnt, len - 1)] after now, fail_cnt counted before this pass
+        delays = {"$ifNull": ["$option.lost_retry_delays_ms", [0]]}
+        index = {"$min": ["$state.fail_cnt", {"$subtract": [{"$size": delays}, 1]}]}
+        retry_at = {"$add": [_lit(params.now), {"$arrayElemAt": [delays, index]}]}
+        pipeline = [expired_entries_stage(params.now, retry_at), *_derive_stages(params.now)]
 
-            async def expire() -> Any:
-                return await self.tasks.update_many(filter_, pipeline, **self._hint(LEASES_INDEX))
+        async def expire() -> Any:
+            return await self.tasks.update_many(filter_, pipeline, hint=LEASES_INDEX)
 
-            expired = int((await self._call("expire leases", expire)).modified_count)
+        expired = int((await self._call("expire leases", expire)).modified_count)
         return expired + await self._expire_history_leases(params, part)
 
     async def _expire_history_leases(self, params: ExpireParams, part: int = 0) -> int:
@@ -1271,45 +1155,19 @@ class MongoDriver(
         pipeline = [expired_history_stage(params.now), *_derive_stages(params.now)]
 
         async def expire() -> Any:
-            return await self.tasks.update_many(filter_, pipeline, **self._hint(LEASES_HISTORY_INDEX))
+            return await self.tasks.update_many(filter_, pipeline, hint=LEASES_HISTORY_INDEX)
 
         return int((await self._call("expire leases of earlier generations", expire)).modified_count)
-
-    async def _expire_leases_one_by_one(self, params: ExpireParams, filter_: dict[str, Any]) -> int:
-        """Where the backend cannot add a duration to a date in a pipeline (mongomock): read the
-        tasks with expired leases, then one fenced update each with the retry time computed here
-        (the same filter again, so a lease renewed in between is left alone)."""
-
-        async def read() -> list[dict[str, Any]]:
-            cursor = self.tasks_primary.find(
-                filter_, {"key": 1, "option.lost_retry_delays_ms": 1, "state.fail_cnt": 1}
-            )
-            return [doc async for doc in cursor]
-
-        expired = 0
-        for doc in await self._call("expire leases (read)", read):
-            retry_at = lost_retry_at(doc.get("option", {}), doc["state"]["fail_cnt"], params.now)
-            pipeline = [expired_entries_stage(params.now, _lit(retry_at)), *_derive_stages(params.now)]
-            one = {"key": doc["key"], **filter_}  # (the filter names the partition)
-
-            async def update(one: dict[str, Any] = one, pipeline: list[dict[str, Any]] = pipeline) -> Any:
-                return await self.tasks.update_one(one, pipeline)
-
-            self.fixups += 1
-            result = await self._call("expire leases", update)
-            expired += int(result.modified_count)
-        return expired
 
     async def _expire_deadlines_only(self, params: ExpireParams, part: int = 0) -> int:
         """Tasks of one partition whose deadline passed while they waited become ``expired``
         (never run late)."""
-        await self._capabilities()
         now = _out(params.now)
         filter_ = {"part": part, "state.status": "pending", "option.deadline": {"$lte": now}}
         pipeline = [{"$set": {"state.expired_at": _lit(params.now)}}, *_derive_stages(params.now)]
 
         async def expire() -> Any:
-            return await self.tasks.update_many(filter_, pipeline, **self._hint(DEADLINE_INDEX))
+            return await self.tasks.update_many(filter_, pipeline, hint=DEADLINE_INDEX)
 
         result = await self._call("expire deadlines", expire)
         return int(result.modified_count)
@@ -1373,8 +1231,8 @@ class MongoDriver(
         tasks collection (``drivers/streams.py``), opened by the first subscriber from where the
         stream last was, closed when the last leaves.
 
-        Raises (when iterated) ``ChangeStreamUnsupported`` where the server or the fake cannot
-        watch; the consumer then relies on polling alone. ``ResumeTokenLost`` when the stream
+        Raises (when iterated) ``ChangeStreamUnsupported`` where the server cannot watch (a
+        standalone server); the consumer then relies on polling alone. ``ResumeTokenLost`` when the stream
         cannot resume. Other errors end it with ``StorageError``; the subscriber polls and
         subscribes again. ``resume_token`` opens the stream there when it is not open; a
         subscriber joining an open stream gets what comes next (a shared stream is not rewound)."""
@@ -1382,17 +1240,11 @@ class MongoDriver(
         return hub.subscribe(wanted_by(names), resume_token)
 
     async def _open_changes(self, resume_token: Any) -> AsyncIterable[ChangeEvent | StreamPosition]:
-        watch = getattr(self.tasks, "watch", None)
-        if watch is None or not inspect.ismethod(watch):
-            # mongomock's collections turn unknown attributes into sub-collections
-            raise ChangeStreamUnsupported("this database object has no watch()")
         kwargs: dict[str, Any] = {}
         if resume_token is not None:
             kwargs["resume_after"] = resume_token
         try:
-            stream = await _resolve(watch(watch_pipeline(), **kwargs))
-        except NotImplementedError as exc:
-            raise ChangeStreamUnsupported(str(exc) or "watch() is not implemented") from exc
+            stream = await _resolve(self.tasks.watch(watch_pipeline(), **kwargs))
         except OperationFailure as exc:
             raise watch_error(exc, resume_token) from exc
         except PyMongoError as exc:

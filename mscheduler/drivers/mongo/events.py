@@ -35,7 +35,6 @@ changed key pattern under an old name fails ``createIndexes`` on a store an earl
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -54,7 +53,6 @@ from mscheduler.domain.events import (
 )
 from mscheduler.domain.exceptions import InvalidInput, StorageError
 from mscheduler.drivers.base import (
-    ChangeStreamUnsupported,
     ControlParams,
     EventQuery,
     EventStream,
@@ -454,16 +452,10 @@ class MongoEvents:
         return await self._call("list events", lambda: admin_read("list events", read))
 
     async def open_event_stream(self, query: EventQuery, resume_token: Any = None) -> EventStream:
-        watch = getattr(self.events, "watch", None)
-        if watch is None or not inspect.ismethod(watch):
-            # mongomock's collections turn unknown attributes into sub-collections
-            raise ChangeStreamUnsupported("this database object has no watch()")
         match = {"operationType": "insert", **_filter(query, "fullDocument.")}
         kwargs: dict[str, Any] = {"resume_after": resume_token} if resume_token is not None else {}
         try:
-            stream = await _resolve(watch([{"$match": match}], **kwargs))
-        except NotImplementedError as exc:
-            raise ChangeStreamUnsupported(str(exc) or "watch() is not implemented") from exc
+            stream = await _resolve(self.events.watch([{"$match": match}], **kwargs))
         except OperationFailure as exc:
             raise watch_error(exc, resume_token) from exc
         except PyMongoError as exc:

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pymongo.errors import DuplicateKeyError, OperationFailure
+from pymongo.errors import OperationFailure
 
 log = logging.getLogger("mscheduler.mongo")
 
@@ -103,13 +103,6 @@ async def ensure_indexes(
         try:
             await collection.create_index(keys, **options)
             continue
-        except DuplicateKeyError:
-            # mongomock checks a unique index against the documents again when it is created a
-            # second time, ignoring its partial filter: an index that exists stays as it is (a
-            # real server does not re-check an existing index)
-            if options["name"] in await existing_indexes(collection):
-                continue
-            raise
         except OperationFailure as exc:
             if exc.code not in SPEC_CONFLICT_CODES:
                 raise

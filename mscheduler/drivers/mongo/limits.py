@@ -11,8 +11,8 @@ change, where an array's removals shifted every later element and the server log
 document), the rate's starts are counters per time bucket (``starts``: at most 1001 fields
 whatever the rate), and replies are projected to the asked slots and a summary. The pipelines
 still read the whole document (the server's CPU per write grows with the live slots, ~0.2-0.5 µs
-each); the bytes written and returned do not. No date arithmetic (mongomock has none): a slot's
-expiry is a date compared with the caller's ``now``; bucket numbers are integer arithmetic.
+each); the bytes written and returned do not. A slot's expiry is a date the caller computed,
+compared with the caller's ``now``; bucket numbers are integer arithmetic.
 
 Indexes (every read names its index with ``hint``):
 
@@ -82,14 +82,7 @@ def _null(field: str) -> dict[str, Any]:
 
 
 def _not_in(path: str, values: Sequence[str]) -> dict[str, Any]:
-    # ``$eq ... false``, not ``$not``: mongomock evaluates ``$not`` of ``$in`` wrongly
-    return {"$eq": [{"$in": [path, _lit(list(values))]}, False]}
-
-
-def _one(item: dict[str, Any]) -> dict[str, Any]:
-    """``[item]`` where ``item`` holds expressions: an array literal's expressions are not
-    evaluated by mongomock, a ``$map`` over one element is (and means the same on a server)."""
-    return {"$map": {"input": _lit([0]), "as": "one", "in": item}}
+    return {"$not": [{"$in": [path, _lit(list(values))]}]}
 
 
 def checked_tokens(tokens: Sequence[str]) -> list[str]:
@@ -126,7 +119,7 @@ _SLOTS_IN = {
     ]
 }
 _TEMPORARY: tuple[str, ...] = ("_w", "_slots_in", "_starts_in", "_keys", "_vals", "_cur", "_low", "_slots")
-_TEMPORARY += ("_starts", "_svals", "_skeys", "_recent", "_room", "_g", "_gone", "_pgone", "_plive", "_add")
+_TEMPORARY += ("_starts", "_skeys", "_recent", "_room", "_g", "_gone", "_pgone", "_plive", "_add")
 # a slot granted while the limit had no rate (domain.limits.pre_rate_slot): b is null
 _PRE = {"$eq": [{"$ifNull": ["$$s.v.b", None]}, None]}
 
@@ -197,7 +190,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
                     },
                     # another width (a changed period, or the earlier layout's times: width 1):
                     # every start goes to the bucket of the latest (conservative)
-                    _one(
+                    [
                         {
                             "k": {
                                 "$toString": {
@@ -229,7 +222,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
                             },
                             "v": {"$sum": "$_vals"},
                         }
-                    ),
+                    ],
                     {
                         "$cond": [
                             {"$isArray": "$starts"},
@@ -318,19 +311,14 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
     }
     stage4 = {
         "$set": {
-            "_svals": {"$map": {"input": "$_starts", "as": "e", "in": "$$e.v"}},
             "_skeys": {"$map": {"input": "$_starts", "as": "e", "in": {"$toLong": "$$e.k"}}},
             "_plive": {"$size": {"$filter": {"input": "$_slots", "as": "s", "cond": _PRE}}},
         }
     }
-    # (a field path's $sum: mongomock sums an array expression as 0); live pre-rate slots count
-    # as starts while the limit has a rate
+    # live pre-rate slots count as starts while the limit has a rate
+    counts = {"$sum": {"$map": {"input": "$_starts", "as": "e", "in": "$$e.v"}}}
     stage5 = {
-        "$set": {
-            "_recent": {
-                "$add": [{"$sum": "$_svals"}, {"$cond": [rated, {"$add": ["$_plive", "$_pgone"]}, 0]}]
-            }
-        }
+        "$set": {"_recent": {"$add": [counts, {"$cond": [rated, {"$add": ["$_plive", "$_pgone"]}, 0]}]}}
     }
     room = {
         "$min": [
@@ -375,7 +363,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
             {
                 "$cond": [
                     {"$and": [{"$gt": ["$_add", 0]}, {"$eq": [{"$in": ["$_cur", keys_now]}, False]}]},
-                    _one({"k": "$_cur", "v": "$_add"}),
+                    [{"k": "$_cur", "v": "$_add"}],
                     [],
                 ]
             },
@@ -420,7 +408,6 @@ def slots_pipeline(params: SlotsParams) -> list[dict[str, Any]]:
     holder = _lit(holder_id(params.worker_id))
     dropped = checked_tokens([*params.release, *params.unused])
     ext_keys = checked_tokens(list(params.extend))
-    pairs = [{"a": a, "e": params.extend[a]} for a in ext_keys]
     ours = {"$eq": ["$$s.v.w", holder]}
     live = {"$gt": ["$$s.v.e", _lit(params.now)]}
     # on a limit with a rate, a slot granted before it had one stays until the next acquire
@@ -433,9 +420,9 @@ def slots_pipeline(params: SlotsParams) -> list[dict[str, Any]]:
             {"$and": [live, {"$eq": [{"$and": [ours, {"$in": ["$$s.k", _lit(dropped)]}]}, False]}]},
         ]
     }
-    # the new expiry of slot ``$$s`` from the literal pairs (no ``$indexOfArray`` in mongomock)
-    match = {"$filter": {"input": _lit(pairs), "as": "x", "cond": {"$eq": ["$$x.a", "$$s.k"]}}}
-    moved = {"$let": {"vars": {"m": {"$arrayElemAt": [match, 0]}}, "in": "$$m.e"}}
+    # the new expiry of slot ``$$s``: the one given for its attempt token
+    expiries = _lit([params.extend[a] for a in ext_keys])
+    moved = {"$arrayElemAt": [expiries, {"$indexOfArray": [_lit(ext_keys), "$$s.k"]}]}
     extended = {"w": "$$s.v.w", "e": moved, "b": "$$s.v.b"}
     ended = {"w": "$$s.v.w", "e": {"$min": ["$$s.v.e", _lit(params.now)]}, "b": None}
     value = {
@@ -547,8 +534,7 @@ class MongoLimits:
                 raise LimitNameTaken(params.key, taken, found["_id"])
 
         # A read first gives the clear refusal; the unique index ``limits_names`` is what holds
-        # against a concurrent put (mongomock does not enforce it on updates: the read is its
-        # only guard there).
+        # against a concurrent put.
         await holder()
         for _ in range(2):  # an upsert racing another of the same new key: once more
             try:

@@ -6,45 +6,38 @@ Retention: one TTL index per terminal status on ``state.finish_time``, each part
 filters differ), so each status has its own period and a changed period is one ``collMod``. The
 retention pass (``purge_finished``) reads the oldest finished keys of one status through that
 same index and deletes them by key, re-checking status and finish time in the delete's filter
-(a task restarted in between is not deleted): on a real server a backstop of the TTL monitor, on
-mongomock (no TTL monitor) the mechanism.
+(a task restarted in between is not deleted): a backstop of the TTL monitor, and the mechanism
+for families (a TTL index holds tasks of no family only).
 
 Entry cap: a claim that makes a task hold more than ``ClaimParams.max_entries`` entries drops the
 oldest entries that do not count (released, revoked, snoozed) inside the claim's pipeline
-(``$slice`` with a computed length). mongomock cannot take a computed ``$slice`` length:
-``setup()`` probes it, and where it is missing the claim is followed by a second write that drops
-the same entries (computed here by ``trim_entries``; counted in ``fixups``).
+(``$slice`` with a computed length; ``drivers.base.trim_entries`` is the rule).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import bson
 from bson.raw_bson import RawBSONDocument
-from pymongo import ReturnDocument
 from pymongo.errors import OperationFailure
 
 from mscheduler.domain.exceptions import StorageError
-from mscheduler.domain.partitions import by_part, part_of
+from mscheduler.domain.partitions import by_part
 from mscheduler.domain.state import TERMINAL
 from mscheduler.drivers.base import (
     UNCOUNTED_STATUSES,
     ClaimParams,
     PurgeParams,
     RetentionParams,
-    trim_entries,
 )
 from mscheduler.drivers.mongo.common import (
     FINISHED_INDEX,
     KEY_INDEX,
     WS,
     T,
-    _derive_stages,
-    _in,
     _out,
     _resolve,
     log,
@@ -63,16 +56,11 @@ def retention_index(status: str) -> str:
 
 
 class MongoMaintenance:
-    """Retention and the entry cap of ``MongoDriver`` (uses ``_call``, ``tasks``, ``probe``)."""
+    """Retention and the entry cap of ``MongoDriver`` (uses ``_call``, ``tasks``)."""
 
     tasks: Any
     database: Any
     partitions: int
-    probe: Any
-    fixups: int
-    update_hints: bool
-    slice_expressions: bool = True  # a computed $slice length in an update pipeline (probed)
-    raw_stages: bool  # constant pipeline stages sent as BSON already (MongoDriver.__init__)
     _retention_indexes: frozenset[str] = frozenset()  # the TTL indexes known to exist
 
     if TYPE_CHECKING:
@@ -86,57 +74,13 @@ class MongoMaintenance:
             session: Any = None,
         ) -> T: ...
 
-        def _hint(self, name: str) -> dict[str, Any]: ...
-
     # -- the entry cap --------------------------------------------------------------------------
-
-    async def _probe_slice(self) -> bool:
-        """Does an update pipeline take a computed ``$slice`` length? (mongomock does not.)"""
-        try:
-            await self.probe.update_one(
-                {"_id": "slice"},
-                [{"$set": {"s": {"$slice": [{"$literal": [1, 2, 3]}, {"$add": [1, 1]}]}}}],
-                upsert=True,
-            )
-        except (OperationFailure, NotImplementedError):
-            return False
-        doc = await self.probe.find_one({"_id": "slice"})
-        return bool(doc and doc.get("s") == [1, 2])
 
     def _trim_stages(self, params: ClaimParams) -> list[Any]:
         """After the claim's entry is appended: drop the oldest uncounted entries beyond
-        ``max_entries`` (``drivers.base.trim_entries`` as a stage); none where the backend cannot
-        compute the length (``_trim_after_claim`` does it then). Built once per ``max_entries``
-        (as BSON already with ``raw_stages``, as ``_derive_stages``)."""
-        if not self.slice_expressions:
-            return []
-        return [_trim_stage(params.max_entries, self.raw_stages)]
-
-    async def _trim_after_claim(self, params: ClaimParams, doc: dict[str, Any]) -> dict[str, Any]:
-        """Where the claim could not trim (no computed ``$slice``): drop the same entries with a
-        second write; returns the document as it is after it."""
-        entries = doc["state"]["worker_states"]
-        kept = {e["attempt"] for e in trim_entries(entries, params.max_entries)}
-        dropped = [e["attempt"] for e in entries if e["attempt"] not in kept]
-        if not dropped:
-            return doc
-        cond = {"$eq": [{"$in": ["$$e.attempt", dropped]}, False]}  # tokens: no '$' (see claim)
-        pipeline = [
-            {"$set": {WS: {"$filter": {"input": f"${WS}", "as": "e", "cond": cond}}}},
-            *_derive_stages(params.now),
-        ]
-
-        async def trim() -> dict[str, Any] | None:
-            found: dict[str, Any] | None = await self.tasks.find_one_and_update(
-                {"key": doc["key"], "part": part_of(doc["key"], self.partitions)},
-                pipeline,
-                return_document=ReturnDocument.AFTER,
-            )
-            return found
-
-        self.fixups += 1
-        after = await self._call("trim entries", trim)
-        return _in(after) if after is not None else doc
+        ``max_entries`` (``drivers.base.trim_entries`` as a stage). Built once per
+        ``max_entries``, as BSON already (as ``_derive_stages``)."""
+        return [_trim_stage(params.max_entries)]
 
     # -- retention --------------------------------------------------------------------------------
 
@@ -151,14 +95,6 @@ class MongoMaintenance:
         existing = await self._call("list indexes", current)
         in_place: set[str] = set()
         ok = True
-        if not await self._call("probe partial TTL indexes", self._probe_partial_ttl):
-            # a backend whose TTL ignores the partial filter (mongomock) would remove tasks of
-            # every status after the shortest period: no TTL indexes there, the pass does it
-            for status in TERMINAL:
-                if retention_index(status) in existing:
-                    await self._drop_index(retention_index(status))
-            self._retention_indexes = frozenset()
-            return False
         for status in TERMINAL:
             name = retention_index(status)
             period = params.periods.get(status)
@@ -183,19 +119,6 @@ class MongoMaintenance:
             in_place.add(name)
         self._retention_indexes = frozenset(in_place)
         return ok
-
-    async def _probe_partial_ttl(self) -> bool:
-        """Does a partial TTL index leave documents outside its filter alone? A scratch document
-        outside the filter of an index that expires at once: a real server keeps it (its TTL
-        monitor honours the filter, and runs only once a minute); mongomock expires documents
-        when they are read, ignoring the filter."""
-        await self.probe.create_index(
-            "ttl_t", name="ttl_probe", expireAfterSeconds=0, partialFilterExpression={"s": "inside"}
-        )
-        await self.probe.replace_one(
-            {"_id": "ttl"}, {"_id": "ttl", "ttl_t": datetime(2000, 1, 1), "s": "outside"}, upsert=True
-        )
-        return await self.probe.find_one({"_id": "ttl"}) is not None
 
     async def _create_ttl(self, name: str, status: str, seconds: int) -> None:
         async def create() -> Any:
@@ -222,9 +145,6 @@ class MongoMaintenance:
             if not (isinstance(cause, OperationFailure) and cause.code == UNAUTHORIZED):
                 raise
             log.warning("no collMod right: rebuilding the TTL index %s with the new period", name)
-            await self._drop_index(name)
-            await self._create_ttl(name, status, seconds)
-        except (NotImplementedError, TypeError):  # a fake without collMod: build it again
             await self._drop_index(name)
             await self._create_ttl(name, status, seconds)
 
@@ -256,9 +176,7 @@ class MongoMaintenance:
             # next pass removes (its children are all finished: it has a finish time)
 
             async def delete_children(of_part: list[str] = of_part, part: int = part) -> Any:
-                return await self.tasks.delete_many(
-                    {"key": {"$in": of_part}, "part": part}, **self._hint(KEY_INDEX)
-                )
+                return await self.tasks.delete_many({"key": {"$in": of_part}, "part": part}, hint=KEY_INDEX)
 
             await self._call("remove finished children", delete_children)
         deleted = 0
@@ -267,14 +185,14 @@ class MongoMaintenance:
             async def delete(of_part: list[str] = of_part, part: int = part) -> Any:
                 # the same conditions again: a task restarted since the read is left alone
                 by_key = {"key": {"$in": of_part}, "part": part, **filter_}
-                return await self.tasks.delete_many(by_key, **self._hint(KEY_INDEX))
+                return await self.tasks.delete_many(by_key, hint=KEY_INDEX)
 
             deleted += int((await self._call("remove finished tasks", delete)).deleted_count)
         return deleted
 
 
 @functools.lru_cache(maxsize=64)
-def _trim_stage(max_entries: int, raw: bool) -> Any:
+def _trim_stage(max_entries: int) -> Any:
     """The stage of ``_trim_stages`` for ``max_entries`` (shared: never changed once built)."""
     excess = {"$subtract": [{"$size": f"${WS}"}, max_entries]}
     uncounted = {
@@ -295,4 +213,4 @@ def _trim_stage(max_entries: int, raw: bool) -> Any:
         }
     }
     stage = {"$set": {WS: {"$cond": [{"$gt": [excess, 0]}, kept, f"${WS}"]}}}
-    return RawBSONDocument(bson.encode(stage)) if raw else stage
+    return RawBSONDocument(bson.encode(stage))

@@ -59,10 +59,6 @@ class MongoPing:
             session: Any = None,
         ) -> T: ...
 
-        async def _capabilities(self) -> None: ...
-
-        def _hint(self, name: str) -> dict[str, Any]: ...
-
     @staticmethod
     def _ping_filter(
         worker_id: str, now: datetime, attempts: Mapping[str, str], groups: Sequence[str] = (), part: int = 0
@@ -141,12 +137,11 @@ class MongoPing:
         return result
 
     async def _ping_part(self, params: PingParams, part: int) -> PingResult:
-        await self._capabilities()
         now = _out(params.now)
         every_key: dict[str, str] = {}
         writes: list[Callable[[], Awaitable[Any]]] = []
         bulk: list[Any] = []
-        hint = self._hint(KEY_INDEX)
+        hint: dict[str, Any] = {"hint": KEY_INDEX}
         for expire, attempts in params.groups.items():
             every_key.update(attempts)
             plain = {k: a for k, a in attempts.items() if k not in params.reports}
@@ -206,7 +201,7 @@ class MongoPing:
             cursor = self.tasks_primary.find(
                 {"key": {"$in": list(every_key)}, "part": part},
                 # The whole array: MongoDB refuses an $elemMatch projection on a nested field
-                # (error 31275) and mongomock returns nothing for it; the entry is picked below.
+                # (error 31275); the entry is picked below.
                 projection,
             )
             return [_in(doc) async for doc in cursor]

@@ -322,14 +322,12 @@ class MongoTaskQueries:
             generation = {"$ifNull": ["$state.generation", 0]}
             record = {"generation": generation, "restart_time": now, "worker_states": f"${WS}"}
             change = {
-                # [record] as a $map over one element: an array literal's field paths are not
-                # evaluated by mongomock
                 "state.history": {
                     "$slice": [  # the last MAX_HISTORY generations: a bounded document
                         {
                             "$concatArrays": [
                                 {"$ifNull": ["$state.history", []]},
-                                {"$map": {"input": _lit([0]), "as": "x", "in": record}},
+                                [record],
                             ]
                         },
                         -MAX_HISTORY,
@@ -354,8 +352,6 @@ class MongoTaskQueries:
         pipeline = [*stages, {"$set": change}, *_derive_stages(params.now)]
 
         async def update() -> Any:
-            # no projection of _id: mongomock finds the document AFTER the change by its _id (or
-            # else by the filter, which it may no longer match); a real server needs neither
             return await self.tasks.find_one_and_update(
                 filter_, pipeline, return_document=ReturnDocument.AFTER
             )

@@ -14,9 +14,10 @@ that neither grows with the finished tasks outside the window:
   name); one ``$facet`` computes the window's counts, the duration percentiles and the
   per-minute throughput from them.
 
-Percentiles: MongoDB 7's ``$percentile`` is approximate and mongomock lacks it, so durations are
-sorted per name and the nearest ranks picked with ``$arrayElemAt``: exact, the same on every
-server, and bounded by the succeeded attempts of the window (``allowDiskUse`` for the sort).
+Percentiles: MongoDB 7's ``$percentile`` is approximate (and 5.0 / 6.0 lack it), so durations
+are counted per distinct value and sorted per name, and the nearest ranks found by a running count
+(``$reduce``): exact, the same on every server, and bounded by the distinct durations of the
+window (``allowDiskUse`` for the sort).
 """
 
 from __future__ import annotations
@@ -78,23 +79,13 @@ def counts_pipeline(params: StatsParams) -> list[dict[str, Any]]:
     ]
 
 
-def _durations_facet(
-    in_window: dict[str, Any], picks: dict[str, Any], histogram: bool
-) -> list[dict[str, Any]]:
-    """Per name, the duration at each percentile's nearest rank. With ``histogram`` (a server
-    with ``$reduce``) the durations are first counted per distinct value, so a name's $group holds
-    one {duration, count} per distinct duration (at millisecond precision), not one value per
-    attempt: the 100 MB a $group may hold is reached by no number of tasks of a few thousand
-    distinct durations. The ranks are then found by a running count over the sorted values; the
-    result is the same (the exact nearest rank). Without (mongomock), every value is pushed."""
-    if not histogram:
-        return [
-            in_window,
-            {"$unwind": "$ok"},
-            {"$sort": {"name": 1, "ok": 1}},
-            {"$group": {"_id": "$name", "d": {"$push": "$ok"}, "n": {"$sum": 1}}},
-            {"$project": {"n": 1, **picks}},
-        ]
+def _durations_facet(in_window: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per name, the duration at each percentile's nearest rank (``stats.rank_index``: the value
+    at ``ceil(p * n / 100)`` in the sorted durations). The durations are first counted per
+    distinct value, so a name's $group holds one {duration, count} per distinct duration (at
+    millisecond precision), not one value per attempt: the 100 MB a $group may hold is reached by
+    no number of tasks of a few thousand distinct durations. The ranks are then found by a
+    running count over the sorted values."""
 
     def at_rank(p: int) -> dict[str, Any]:  # the first value whose running count reaches the rank
         rank = {"$ceil": {"$divide": [{"$multiply": ["$n", p]}, 100]}}
@@ -116,7 +107,7 @@ def _durations_facet(
         return {"$reduce": {"input": "$h", "initialValue": {"c": 0, "v": None}, "in": step}}
 
     by_value = {"$push": {"d": "$_id.d", "c": "$c"}}
-    at_ranks = {p: {"$let": {"vars": {"r": at_rank(int(p[1:]))}, "in": "$$r.v"}} for p in picks}
+    at_ranks = {f"p{p}": {"$let": {"vars": {"r": at_rank(p)}, "in": "$$r.v"}} for p in PERCENTILES}
     return [
         in_window,
         {"$unwind": "$ok"},
@@ -127,7 +118,7 @@ def _durations_facet(
     ]
 
 
-def finished_pipeline(params: StatsParams, histogram: bool = False) -> list[dict[str, Any]]:
+def finished_pipeline(params: StatsParams) -> list[dict[str, Any]]:
     """The finished tasks' part: one pass over the tasks finished since the earlier of the
     window's and the throughput hour's starts."""
     assert params.window is not None
@@ -149,11 +140,6 @@ def finished_pipeline(params: StatsParams, histogram: bool = False) -> list[dict
         return {"$sum": {"$cond": [cond, 1, 0]}}
 
     in_window = {"$match": {"finish": {"$gte": window_start}}}
-
-    def rank(p: int) -> dict[str, Any]:  # stats.rank_index: ceil(p * n / 100) - 1
-        return {"$subtract": [{"$ceil": {"$divide": [{"$multiply": ["$n", p]}, 100]}}, 1]}
-
-    picks = {f"p{p}": {"$arrayElemAt": ["$d", rank(p)]} for p in PERCENTILES}
     minute = {"$floor": {"$divide": [{"$subtract": ["$finish", {"$literal": first_bucket}]}, 60_000]}}
     return [
         {"$match": match},
@@ -191,7 +177,7 @@ def finished_pipeline(params: StatsParams, histogram: bool = False) -> list[dict
                         }
                     },
                 ],
-                "durations": _durations_facet(in_window, picks, histogram),
+                "durations": _durations_facet(in_window),
                 "throughput": [
                     {"$match": {"finish": {"$gte": first_bucket}}},
                     {
@@ -210,7 +196,6 @@ class MongoStats:
     """``task_stats`` of ``MongoDriver`` (a mixin: it uses the driver's ``_call`` and ``tasks``)."""
 
     tasks: Any
-    reduce_expressions: bool = True  # $reduce in aggregations (probed: mongomock has none)
 
     if TYPE_CHECKING:
 
@@ -244,7 +229,7 @@ class MongoStats:
         if params.window is not None:
             if on_step is not None:
                 on_step(WINDOW_STEP)
-            pipeline = finished_pipeline(params, histogram=self.reduce_expressions)
+            pipeline = finished_pipeline(params)
             rows = await self._aggregate("finished tasks", pipeline, FINISHED_INDEX)
             facets = rows[0] if rows else {}
             for row in facets.get("window", []):
