@@ -24,6 +24,11 @@ of one core); the machine's load average before and after. Nothing is asserted h
     python -m benchmarks.events_volume                                  # this checkout
     python -m benchmarks.events_volume --build before=/work/build-main --build after=. --rounds 2
                                        [--events 100000] [--burst 20000] [--max-seconds 180] [--json F]
+                                       [--server-nice -10]   (root: the server ahead of the machine's
+                                                              other processes, as on a host of its own)
+
+``VOLUME_PROFILE=FILE`` writes the server's cProfile to FILE; ``VOLUME_LAG=FILE`` writes the
+loop's worst turns per second, the 40 slowest callbacks and the garbage collector's passes.
 
 Builds alternate round by round (A B, A B, ...).
 """
@@ -235,7 +240,7 @@ def _wait_healthy(port: int, timeout: float = 120.0) -> None:
 
 
 def one_run(
-    build: Build | None, events: int, count: int, max_seconds: float, replays: int = 3
+    build: Build | None, events: int, count: int, max_seconds: float, replays: int = 3, nice: int = 0
 ) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if build is not None:
@@ -249,6 +254,7 @@ def one_run(
         stderr=subprocess.DEVNULL,  # its access log
         text=True,
         cwd="/",  # no package of the current directory shadows the build's
+        preexec_fn=(lambda: os.nice(nice)) if nice else None,
     )
     poller = None
     try:
@@ -266,6 +272,7 @@ def one_run(
             stdout=subprocess.PIPE,
             text=True,
             cwd=HERE.parent,
+            preexec_fn=(lambda: os.nice(nice)) if nice else None,  # its clock as prompt as the server
         )
         cpu_before = _cpu_seconds(ready["pid"])
         wall_before = time.monotonic()
@@ -294,6 +301,7 @@ def one_run(
         "health_max_ms": max(latencies, default=float("nan")) * 1000,
         "replay_events_per_s": replay_rate,
         "server_cpu_share": cpu,
+        "server_nice": nice,
         "loadavg_before": load_before,
         "loadavg_after": list(os.getloadavg()),
         **seen,
@@ -310,6 +318,13 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=20_000)
     parser.add_argument("--max-seconds", type=float, default=180.0)
     parser.add_argument("--replays", type=int, default=3, choices=range(4), help="replaying streams")
+    parser.add_argument(
+        "--server-nice",
+        type=int,
+        default=0,
+        help="the server's and the /health poller's niceness (negative, as root: ahead of the "
+        "machine's other processes, as on a host of their own)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--poll", type=int, default=None, help=argparse.SUPPRESS)  # the poller process
     args = parser.parse_args()
@@ -324,9 +339,9 @@ def main() -> None:
     runs = []
     for round_ in range(1, args.rounds + 1):
         for build in builds:
-            result = one_run(build, args.events, args.burst, args.max_seconds, args.replays) | {
-                "round": round_
-            }
+            result = one_run(
+                build, args.events, args.burst, args.max_seconds, args.replays, args.server_nice
+            ) | {"round": round_}
             runs.append(result)
             print(json.dumps(result), flush=True)
     print()

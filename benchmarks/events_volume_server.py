@@ -98,11 +98,27 @@ def slowest_callbacks(path: str) -> None:
             (heapq.heappush if len(slowest) < 40 else heapq.heapreplace)(slowest, (used, what))
 
     asyncio.events.Handle._run = timed  # type: ignore[method-assign]
+    import gc
+
+    collections: list[tuple[int, float]] = []  # (generation, ms) of the garbage collector's passes
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.thread_time()
+        else:
+            collections.append((info["generation"], (time.thread_time() - started[0]) * 1000))
+
+    gc.callbacks.append(on_gc)
 
     def write() -> None:
         with open(path, "w", encoding="utf-8") as out:
             for used, what in sorted(slowest, reverse=True):
                 out.write(f"{used * 1000:8.1f} ms  {what}\n")
+            for generation in (0, 1, 2):
+                times = sorted(ms for g, ms in collections if g == generation)
+                if times:
+                    out.write(f"gc gen {generation}: {len(times)} passes, max {times[-1]:.1f} ms\n")
 
     atexit.register(write)
 

@@ -54,12 +54,13 @@ DEFAULT_FLUSH_INTERVAL = 1.0  # seconds a consumer's events wait at most before 
 DEFAULT_FLUSH_SIZE = 500  # events that make a flush at once
 DEFAULT_MAX_BUFFER = 10_000  # events a consumer keeps while the store does not take them
 LIST_LIMIT_MAX = 1000
-POLL_PAGE = 200  # events a replay reads per page (then the loop turns)
+POLL_PAGE = 50  # events a replay reads per page (then the loop turns)
 DEFAULT_MAX_REPLAY = 3600.0  # seconds back a subscription's ``since`` may reach
 MAX_REPLAY_LIMIT = 7 * 24 * 3600.0
 # event ids a subscription remembers at most (the newest), to hand each out once: what a burst
-# stores within ``poll_overlap`` beyond it may be handed out twice after a reconnection
-MAX_SEEN = 50_000
+# stores within ``poll_overlap`` beyond it may be handed out twice after a reconnection (a
+# subscriber that fell behind the shared stream reads the overlap again)
+MAX_SEEN = 200_000
 # the events of one stored instant a replay holds back to tell them in the order they happened
 REPLAY_GROUP_MAX = 5_000
 RECENT_EVENTS = 4096  # events read lately, shared by this reader's subscriptions (read once)
@@ -523,32 +524,37 @@ class _Seen:
     """Ids of the events handed out lately and the newest stored time. O(1) per event: ids are
     forgotten oldest first, in the order they were met, once they are older than the overlap
     before the newest — except those stored since ``keep_from`` (the live stream's start, while
-    a replay runs: its events may come again from the stream) — and beyond ``cap`` in any case."""
+    a replay runs: its events may come again from the stream) — and beyond ``cap`` in any case.
+    (Two queues and a set: some 50 bytes an id, the id and time being the events' own.)"""
 
     def __init__(self, overlap: timedelta, cap: int = MAX_SEEN) -> None:
         self.overlap = overlap
         self.cap = cap
         self.ids: set[str] = set()
-        self.order: deque[tuple[datetime, str]] = deque()  # (written, id), in the order met
+        self._order: deque[str] = deque()  # the ids, in the order met
+        self._written: deque[datetime] = deque()  # their stored times, alike
         self.horizon: datetime | None = None
         self.keep_from: datetime | None = None
 
     def first(self, doc: Mapping[str, Any]) -> bool:
         """True the first time an event id is met (then remembered, for the overlap)."""
         event_id: str = doc["id"]
-        if event_id in self.ids:
+        ids = self.ids
+        if event_id in ids:
             return False
         written: datetime = doc["written"]
-        self.ids.add(event_id)
-        self.order.append((written, event_id))
+        ids.add(event_id)
+        self._order.append(event_id)
+        self._written.append(written)
         if self.horizon is None or written > self.horizon:
             self.horizon = written
         low = self.horizon - self.overlap
         if self.keep_from is not None and self.keep_from < low:
             low = self.keep_from
-        order = self.order
-        while order and (order[0][0] < low or len(order) > self.cap):  # each id leaves once
-            self.ids.discard(order.popleft()[1])
+        order, times = self._order, self._written
+        while order and (times[0] < low or len(order) > self.cap):  # each id leaves once
+            times.popleft()
+            ids.discard(order.popleft())
         return True
 
     def replay_from(self, start: datetime) -> datetime:

@@ -106,42 +106,47 @@ def test_slow_and_idle_clients_do_not_keep_health_from_answering(sockets_to_spar
     stop = threading.Event()
     trickler = threading.Thread(target=trickle, args=(slow, stop), daemon=True)
     try:
-        proc.wait_for(r"^Ctrl\+C to stop", timeout=60)
-        found = re.search(r"REST API +http://127\.0\.0\.1:(\d+)/api/v1", proc.output)
-        assert found is not None, proc.output
-        port = int(found.group(1))
-        deadline = time.monotonic() + 30  # "Ctrl+C to stop" comes as the server starts listening
-        while not health(port, 5)[0]:
-            assert time.monotonic() < deadline, proc.output
-            time.sleep(0.1)
+        port = _started(proc)
         # the limit leaves room for fewer connections than the default: the server says so
         assert "the open-files limit leaves room for" in proc.output
+        try:
+            for _ in range(SLOW):
+                conn = socket.create_connection(("127.0.0.1", port), timeout=10)
+                slow.append(conn)
+                conn.sendall(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n")
+            trickler.start()
+            for _ in range(IDLE):
+                idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+            answers = [health(port, 5) for _ in range(5)]
+            assert all(ok for ok, _ in answers), answers
+            assert max(seconds for _, seconds in answers) < 1.0, answers
 
-        for _ in range(SLOW):
-            conn = socket.create_connection(("127.0.0.1", port), timeout=10)
-            conn.sendall(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n")
-            slow.append(conn)
-        trickler.start()
-        for _ in range(IDLE):
-            idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
-        answers = [health(port, 5) for _ in range(5)]
-        assert all(ok for ok, _ in answers), answers
-        assert max(seconds for _, seconds in answers) < 1.0, answers
-
-        # the trickling connections never finish their headers: closed by the header timeout
-        deadline = time.monotonic() + HEADER_TIMEOUT + 10
-        while not all(closed_by_server(c) for c in slow) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert all(closed_by_server(c) for c in slow)
-    finally:
-        stop.set()
-        for conn in slow + idle:
-            conn.close()
-    try:
+            # the trickling connections never finish their headers: closed by the header timeout
+            deadline = time.monotonic() + HEADER_TIMEOUT + 10
+            while not all(closed_by_server(c) for c in slow) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert all(closed_by_server(c) for c in slow)
+        finally:
+            stop.set()
+            for conn in slow + idle:
+                conn.close()
         ok, seconds = health(port, 5)
         assert ok and seconds < 1.0  # recovered: a client as any other
         proc.signal(signal.SIGINT)
         assert proc.finish(timeout=30) == 0, proc.output
         assert "Traceback" not in proc.output and "Too many open files" not in proc.output
     finally:
-        proc.kill()
+        proc.kill()  # whatever happened above: never left running
+
+
+def _started(proc: Running) -> int:
+    """The server's port, once it answers."""
+    proc.wait_for(r"^Ctrl\+C to stop", timeout=60)
+    found = re.search(r"REST API +http://127\.0\.0\.1:(\d+)/api/v1", proc.output)
+    assert found is not None, proc.output
+    port = int(found.group(1))
+    deadline = time.monotonic() + 30  # "Ctrl+C to stop" comes as the server starts listening
+    while not health(port, 5)[0]:
+        assert time.monotonic() < deadline, proc.output
+        time.sleep(0.1)
+    return port

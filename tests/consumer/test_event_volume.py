@@ -52,7 +52,8 @@ def test_de_duplication_holds_a_bounded_set_and_forgets_oldest_first() -> None:
 
 
 async def test_a_replay_lets_the_loop_run_between_pages_and_holds_a_page(monkeypatch: Any) -> None:
-    driver, clock = await filled(12_000)
+    # stored a page's worth at a time: a stored instant's events are handed out together
+    driver, clock = await filled(12_000, batch=events_service.POLL_PAGE)
     pages: list[int] = []
     list_events = driver.list_events
 

@@ -107,7 +107,7 @@ class MemoryDriver(
     in_process = True  # ``Publisher.wait`` is told of its task's every write (``follow_task``)
     # documents per ``insert_tasks`` a publisher sends: an insert runs on the event loop without
     # a pause, so a large batch is inserted a few hundred at a time, others running between
-    insert_batch = 200
+    insert_batch = 50
 
     def __init__(
         self,
