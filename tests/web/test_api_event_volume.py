@@ -18,6 +18,7 @@ import httpx
 from mscheduler import FakeClock, MemoryDriver, Operations
 from mscheduler.domain.events import EventKind, EventWriter, event_doc
 from mscheduler.drivers.base import EventQuery, InsertEventsParams, InsertParams
+from mscheduler.drivers.streams import subscriptions
 from mscheduler.web import ApiTokens, create_app
 
 ADMIN = "volume-admin-token-0123456789abcdef"
@@ -102,10 +103,11 @@ async def test_replays_and_a_live_stream_during_a_burst_get_every_event_once_in_
             for token in READERS[:3]
         ]
         live = asyncio.create_task(stream(http, READERS[3], {"max_events": BURST}))
-        for _ in range(100_000):  # until the live stream is open: what follows is new to it
-            if driver._event_streams:
+        for _ in range(1_000_000):  # until all four are subscribed: what follows is new to the live one
+            if subscriptions(driver, "events") == 4:
                 break
             await asyncio.sleep(0)
+        assert subscriptions(driver, "events") == 4
         await burst(http)
         got = await asyncio.wait_for(asyncio.gather(*replays, live), 60)
     stop.set()
