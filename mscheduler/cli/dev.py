@@ -71,12 +71,19 @@ def _import_failure(exc: CliError) -> str:
     return _one_line(f"{lines[0]} {lines[-1].strip()}" if len(lines) > 1 else lines[0], limit=300)
 
 
+EARLY_BACKLOG = 128  # connections queued before the server takes the socket over
+
+
 def _listening(host: str, port: int) -> socket.socket:
-    """The server's socket, bound before anything starts (a taken port fails at once)."""
+    """The server's socket, bound before anything starts (a taken port fails at once) and
+    listening: a client that connects once the banner is printed waits in the backlog until the
+    server accepts, instead of being refused while the server starts (the server listens again
+    with its own backlog)."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(EARLY_BACKLOG)
     except OSError as exc:
         sock.close()
         raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc

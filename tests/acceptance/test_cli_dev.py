@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -222,3 +223,17 @@ def test_worker_refuses_a_store_for_a_target_that_builds_its_own() -> None:
         [*command(), "worker", "tests.acceptance.worker_app:factory", "--mongodb-uri", "mongodb://x/"]
     )
     assert code == 2 and "builds its own store" in err, err
+
+
+def test_the_socket_listens_before_the_banner_is_printed() -> None:
+    """The banner (``Ctrl+C to stop``, the URLs) is printed before the server's first loop
+    turn; a client that connects as soon as it reads it is queued, not refused (on a loaded
+    machine the server may take a while to take the socket over)."""
+    from mscheduler.cli.dev import _listening
+
+    sock = _listening("127.0.0.1", 0)
+    try:
+        with socket.create_connection(sock.getsockname()[:2], timeout=5):
+            pass
+    finally:
+        sock.close()
