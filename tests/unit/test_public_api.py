@@ -32,6 +32,7 @@ EXPECTED = [
     "ExpiryService",
     "ExponentialRetry",
     "Fail",
+    "Fairness",
     "FakeClock",
     "FixedRetry",
     "FixedThenExponentialRetry",
