@@ -199,6 +199,33 @@ def _after_layout(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaita
     return call
 
 
+def _claimed_task(doc: dict[str, Any], attempt: str) -> ClaimedTask:
+    """The claimed task, from the document the claim returned: only the parts it hands over are
+    made aware (``_in``), not the whole document (its derived state, the other entries)."""
+    state = doc["state"]
+    entries = state["worker_states"]
+    position = next(i for i, e in enumerate(entries) if e["attempt"] == attempt)
+    fail_cnt = state["fail_cnt"]
+    option = _in(doc["option"])
+    return ClaimedTask(
+        key=doc["key"],
+        name=doc["name"],
+        params=_in(doc.get("params")),
+        option=option,
+        attempt=attempt,
+        attempt_no=position + 1,
+        ping_expire_time=_in(entries[position]["ping_expire_time"]),
+        fail_cnt=fail_cnt,
+        failure_times=failure_times(_in(entries)) if fail_cnt else (),
+        checkpoint=_in((state.get("checkpoint") or {}).get("data")),
+        parent=_in(doc.get("parent")),
+        due_time=due_time({"option": option, "state": {"retry_at": _in(state.get("retry_at"))}}),
+        trace=_in(doc.get("trace")),
+        needs=_in(doc.get("needs")),
+        generation=int(state.get("generation") or 0),
+    )
+
+
 @_layout_first
 class MongoDriver(
     MongoEvents,
@@ -294,6 +321,10 @@ class MongoDriver(
         self.commands = 0  # storage commands sent (benchmarks count them)
         self.claims_empty = 0  # claims that found nothing (a lost race, or no task due)
         self.max_parallel_claims = max_parallel_claims
+        # the parts of the claims of the latest ``claim`` call (``_claim_shared``)
+        self._claim_memo: tuple[ClaimParams, int, tuple[dict[str, Any], dict[str, Any], list[Any]]] | None = (
+            None
+        )
         self._set_up = False
         self.rebuilt: list[str] = []  # indexes the last setup() rebuilt or dropped (spec changes)
         self.create_indexes = create_indexes
@@ -1035,15 +1066,34 @@ class MongoDriver(
         entry["ping_expire_time"] = {"$add": [entry["ping_expire_time"], lease]}
         return entry
 
+    def _claim_shared(
+        self, params: ClaimParams, part: int
+    ) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
+        """What the claims of one ``claim`` call in partition ``part`` share: the filter, the
+        new entry but its attempt token, the stages after the append. Built by the first of
+        them, not once per attempt (neither PyMongo nor a claim changes them)."""
+        memo = self._claim_memo
+        if memo is not None and memo[0] is params and memo[1] == part:
+            return memo[2]
+        shared = (
+            self._claim_filter(params, part=part),
+            self._claim_entry(params, ""),
+            [*self._trim_stages(params), *_derive_stages(params.now, raw=True)],
+        )
+        self._claim_memo = (params, part, shared)
+        return shared
+
     async def _claim_one(
         self, params: ClaimParams, attempt: str, key: str | None = None, part: int = 0
     ) -> ClaimedTask | None:
         """One claim: the first task in the claim order (or the task ``key``, a head the chunked
         claim chose: see ``_claim_chunked``)."""
-        entry = self._claim_entry(params, attempt)
+        filter_, template, stages = self._claim_shared(params, part)
+        if attempt.startswith("$"):
+            raise StorageError(f"refusing a worker entry with a '$'-prefixed attempt: {attempt}")
+        entry = template | {"attempt": attempt}  # in the template's place: the same document
         append = {"$set": {WS: {"$concatArrays": [f"${WS}", [entry]]}}}
-        pipeline = [append, *self._trim_stages(params), *_derive_stages(params.now, raw=True)]
-        filter_ = self._claim_filter(params, part=part)
+        pipeline = [append, *stages]
         sort = CLAIM_SORT
 
         async def claim() -> dict[str, Any] | None:
@@ -1076,27 +1126,7 @@ class MongoDriver(
             doc = await self._claim_head_or_mark_it(filter_, sort, pipeline, recover, exc, params.now)
         if doc is None:
             return None
-        doc = _in(doc)
-        entries = doc["state"]["worker_states"]
-        position = next(i for i, e in enumerate(entries) if e["attempt"] == attempt)
-        expire = entries[position]["ping_expire_time"]
-        return ClaimedTask(
-            key=doc["key"],
-            name=doc["name"],
-            params=doc.get("params"),
-            option=doc["option"],
-            attempt=attempt,
-            attempt_no=position + 1,
-            ping_expire_time=expire,
-            fail_cnt=doc["state"]["fail_cnt"],
-            failure_times=failure_times(entries) if doc["state"]["fail_cnt"] else (),
-            checkpoint=(doc["state"].get("checkpoint") or {}).get("data"),
-            parent=doc.get("parent"),
-            due_time=due_time(doc),
-            trace=doc.get("trace"),
-            needs=doc.get("needs"),
-            generation=int(doc["state"].get("generation") or 0),
-        )
+        return _claimed_task(doc, attempt)
 
     async def _recover_claim(self, params: ClaimParams, attempt: str, part: int) -> dict[str, Any] | None:
         """After a claim's error of unknown outcome (its reply lost, or the majority write timed
