@@ -52,11 +52,10 @@ import pstats
 import statistics
 import time
 from collections.abc import Iterator
+from cProfile import Profile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-
-from cProfile import Profile
 
 import bson
 from bson import ObjectId
