@@ -302,6 +302,27 @@ def _in(value: Any) -> Any:
     return value
 
 
+def _in_place(value: Any) -> Any:
+    """``_in`` for a document of our own (just decoded, nobody else holds it): its dicts and
+    lists are changed where they are, not copied (a third of the cost on a task's document)."""
+    kind = type(value)
+    if kind is dict:
+        for k, v in value.items():  # values replaced, keys unchanged: the iteration holds
+            if type(v) not in _AS_IS:
+                converted = _in_place(v)
+                if converted is not v:
+                    value[k] = converted
+        return value
+    if kind is list:
+        for i, v in enumerate(value):
+            if type(v) not in _AS_IS:
+                converted = _in_place(v)
+                if converted is not v:
+                    value[i] = converted
+        return value
+    return _in(value)
+
+
 def _lit(value: Any) -> dict[str, Any]:
     return {"$literal": value if type(value) in _AS_IS else _out(value)}
 

@@ -113,6 +113,7 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     _derive_stages,
     _has_label,
     _in,
+    _in_place,
     _is_transient,
     _lit,
     _out,
@@ -200,28 +201,30 @@ def _after_layout(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaita
 
 
 def _claimed_task(doc: dict[str, Any], attempt: str) -> ClaimedTask:
-    """The claimed task, from the document the claim returned: only the parts it hands over are
-    made aware (``_in``), not the whole document (its derived state, the other entries)."""
+    """The claimed task, from the document the claim returned (ours alone: converted in place):
+    only the parts it hands over are made aware, not the whole document (its derived state, the
+    other entries)."""
     state = doc["state"]
     entries = state["worker_states"]
     position = next(i for i, e in enumerate(entries) if e["attempt"] == attempt)
     fail_cnt = state["fail_cnt"]
-    option = _in(doc["option"])
+    option = _in_place(doc["option"])
+    get = doc.get
     return ClaimedTask(
         key=doc["key"],
         name=doc["name"],
-        params=_in(doc.get("params")),
+        params=_in_place(get("params")),
         option=option,
         attempt=attempt,
         attempt_no=position + 1,
         ping_expire_time=_in(entries[position]["ping_expire_time"]),
         fail_cnt=fail_cnt,
-        failure_times=failure_times(_in(entries)) if fail_cnt else (),
-        checkpoint=_in((state.get("checkpoint") or {}).get("data")),
-        parent=_in(doc.get("parent")),
+        failure_times=failure_times(_in_place(entries)) if fail_cnt else (),
+        checkpoint=_in_place((state.get("checkpoint") or {}).get("data")),
+        parent=_in_place(get("parent")),
         due_time=due_time({"option": option, "state": {"retry_at": _in(state.get("retry_at"))}}),
-        trace=_in(doc.get("trace")),
-        needs=_in(doc.get("needs")),
+        trace=_in_place(get("trace")),
+        needs=_in_place(get("needs")),
         generation=int(state.get("generation") or 0),
     )
 
@@ -751,16 +754,17 @@ class MongoDriver(
             return created
         # ``_id`` is the key: change events (which carry only the documentKey of an update)
         # then say which task changed without a lookup.
+        # Its aware datetimes as they are: PyMongo encodes an aware time as the UTC milliseconds
+        # BSON stores, the same bytes as the naive UTC time (no walk of every document here).
         derived: DerivedByOption = {}
         docs = [
-            _out(
-                {"_id": params.tasks[i].key}
-                | new_task_document(params.tasks[i], params.now, self.partitions, derived)
-            )
+            {"_id": params.tasks[i].key}
+            | new_task_document(params.tasks[i], params.now, self.partitions, derived)
             for i in pending
         ]
         if params.session is not None:
-            inserted = await self._upsert_in_transaction(docs, params.session)
+            # an update's document, naive UTC as every filter and update the driver sends
+            inserted = await self._upsert_in_transaction([_out(doc) for doc in docs], params.session)
         else:
             inserted = await self._insert(docs)
         for position, i in enumerate(pending):
