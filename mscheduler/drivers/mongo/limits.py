@@ -124,6 +124,120 @@ _TEMPORARY += ("_starts", "_skeys", "_recent", "_room", "_g", "_gone", "_pgone",
 _PRE = {"$eq": [{"$ifNull": ["$$s.v.b", None]}, None]}
 
 
+# The parts of ``acquire_pipeline`` that no acquire changes: built once, shared (PyMongo changes
+# no pipeline it sends).
+_RATED = {"$ne": [{"$ifNull": ["$rate_n", None]}, None]}
+_PERIOD = "$rate_period_ms"
+_AS_LONG = {
+    "$map": {
+        "input": {"$objectToArray": {"$ifNull": ["$starts", {}]}},
+        "as": "e",
+        "in": {"$toLong": "$$e.k"},
+    }
+}
+_VALUES = {"$map": {"input": {"$objectToArray": {"$ifNull": ["$starts", {}]}}, "as": "e", "in": "$$e.v"}}
+_ACQUIRE_STAGE1 = {
+    "$set": {
+        "_w": {
+            "$cond": [
+                _RATED,
+                {"$toLong": {"$max": [1, {"$floor": {"$divide": [_PERIOD, RATE_BUCKETS]}}]}},
+                1,
+            ]
+        },
+        "_slots_in": _SLOTS_IN,
+        # the earlier layout's starts (an array of {a, t}): all at the latest one's time
+        "_keys": {
+            "$cond": [
+                {"$isArray": "$starts"},
+                {"$map": {"input": "$starts", "as": "s", "in": "$$s.t"}},
+                _AS_LONG,
+            ]
+        },
+        "_vals": {
+            "$cond": [{"$isArray": "$starts"}, {"$map": {"input": "$starts", "as": "s", "in": 1}}, _VALUES]
+        },
+    }
+}
+
+# the rate buckets as they were, in the current width (``stage2`` of ``acquire_pipeline``)
+_STARTS_IN = {
+    "$cond": [
+        {
+            "$and": [
+                _RATED,
+                {"$gt": [{"$size": "$_keys"}, 0]},
+                {
+                    "$or": [
+                        {"$isArray": "$starts"},
+                        {"$ne": [{"$ifNull": ["$starts_w", "$_w"]}, "$_w"]},
+                    ]
+                },
+            ]
+        },
+        # another width (a changed period, or the earlier layout's times: width 1):
+        # every start goes to the bucket of the latest (conservative)
+        [
+            {
+                "k": {
+                    "$toString": {
+                        "$toLong": {
+                            "$floor": {
+                                "$divide": [
+                                    {
+                                        "$subtract": [
+                                            {
+                                                "$multiply": [
+                                                    {"$add": [{"$max": "$_keys"}, 1]},
+                                                    {
+                                                        "$cond": [
+                                                            {"$isArray": "$starts"},
+                                                            1,
+                                                            {"$ifNull": ["$starts_w", 1]},
+                                                        ]
+                                                    },
+                                                ]
+                                            },
+                                            1,
+                                        ]
+                                    },
+                                    "$_w",
+                                ]
+                            }
+                        }
+                    }
+                },
+                "v": {"$sum": "$_vals"},
+            }
+        ],
+        {
+            "$cond": [
+                {"$isArray": "$starts"},
+                [],
+                {"$objectToArray": {"$ifNull": ["$starts", {}]}},
+            ]
+        },
+    ]
+}
+
+_ACQUIRE_STAGE4 = {
+    "$set": {
+        "_skeys": {"$map": {"input": "$_starts", "as": "e", "in": {"$toLong": "$$e.k"}}},
+        "_plive": {"$size": {"$filter": {"input": "$_slots", "as": "s", "cond": _PRE}}},
+    }
+}
+# live pre-rate slots count as starts while the limit has a rate
+_COUNTS = {"$sum": {"$map": {"input": "$_starts", "as": "e", "in": "$$e.v"}}}
+_ACQUIRE_STAGE5 = {
+    "$set": {"_recent": {"$add": [_COUNTS, {"$cond": [_RATED, {"$add": ["$_plive", "$_pgone"]}, 0]}]}}
+}
+
+_ACQUIRE_STAGE7 = {"$set": {"_g": {"$max": [0, "$_room"]}}}
+# what the current bucket gains: the grants' starts and those of the pre-rate slots leaving
+_ACQUIRE_STAGE7B = {"$set": {"_add": {"$add": ["$_g", {"$cond": [_RATED, "$_pgone", 0]}]}}}
+_ACQUIRE_PROJECT = {"$project": dict.fromkeys(_TEMPORARY, 0)}
+
+
 def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
     """``mscheduler.domain.limits.grant`` as update stages, over the slots and the rate buckets as
     ``{k, v}`` arrays (``$objectToArray``), written back as objects: what changed is a few fields
@@ -133,39 +247,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
     ended = checked_tokens(params.release)
     k = len(mine)
     now_ms = epoch_ms(params.now)
-    rated = {"$ne": [{"$ifNull": ["$rate_n", None]}, None]}
-    period = "$rate_period_ms"
-    as_long = {
-        "$map": {
-            "input": {"$objectToArray": {"$ifNull": ["$starts", {}]}},
-            "as": "e",
-            "in": {"$toLong": "$$e.k"},
-        }
-    }
-    values = {"$map": {"input": {"$objectToArray": {"$ifNull": ["$starts", {}]}}, "as": "e", "in": "$$e.v"}}
-    stage1 = {
-        "$set": {
-            "_w": {
-                "$cond": [
-                    rated,
-                    {"$toLong": {"$max": [1, {"$floor": {"$divide": [period, RATE_BUCKETS]}}]}},
-                    1,
-                ]
-            },
-            "_slots_in": _SLOTS_IN,
-            # the earlier layout's starts (an array of {a, t}): all at the latest one's time
-            "_keys": {
-                "$cond": [
-                    {"$isArray": "$starts"},
-                    {"$map": {"input": "$starts", "as": "s", "in": "$$s.t"}},
-                    as_long,
-                ]
-            },
-            "_vals": {
-                "$cond": [{"$isArray": "$starts"}, {"$map": {"input": "$starts", "as": "s", "in": 1}}, values]
-            },
-        }
-    }
+    rated, period = _RATED, _PERIOD
     stage2 = {
         "$set": {
             "_cur": {"$toString": {"$toLong": {"$floor": {"$divide": [now_ms, "$_w"]}}}},
@@ -174,64 +256,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
                     "$floor": {"$divide": [{"$subtract": [now_ms + 1, {"$ifNull": [period, 0]}]}, "$_w"]}
                 }
             },
-            "_starts_in": {
-                "$cond": [
-                    {
-                        "$and": [
-                            rated,
-                            {"$gt": [{"$size": "$_keys"}, 0]},
-                            {
-                                "$or": [
-                                    {"$isArray": "$starts"},
-                                    {"$ne": [{"$ifNull": ["$starts_w", "$_w"]}, "$_w"]},
-                                ]
-                            },
-                        ]
-                    },
-                    # another width (a changed period, or the earlier layout's times: width 1):
-                    # every start goes to the bucket of the latest (conservative)
-                    [
-                        {
-                            "k": {
-                                "$toString": {
-                                    "$toLong": {
-                                        "$floor": {
-                                            "$divide": [
-                                                {
-                                                    "$subtract": [
-                                                        {
-                                                            "$multiply": [
-                                                                {"$add": [{"$max": "$_keys"}, 1]},
-                                                                {
-                                                                    "$cond": [
-                                                                        {"$isArray": "$starts"},
-                                                                        1,
-                                                                        {"$ifNull": ["$starts_w", 1]},
-                                                                    ]
-                                                                },
-                                                            ]
-                                                        },
-                                                        1,
-                                                    ]
-                                                },
-                                                "$_w",
-                                            ]
-                                        }
-                                    }
-                                }
-                            },
-                            "v": {"$sum": "$_vals"},
-                        }
-                    ],
-                    {
-                        "$cond": [
-                            {"$isArray": "$starts"},
-                            [],
-                            {"$objectToArray": {"$ifNull": ["$starts", {}]}},
-                        ]
-                    },
-                ]
-            },
+            "_starts_in": _STARTS_IN,
         }
     }
     given_back = {
@@ -309,17 +334,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
             },
         }
     }
-    stage4 = {
-        "$set": {
-            "_skeys": {"$map": {"input": "$_starts", "as": "e", "in": {"$toLong": "$$e.k"}}},
-            "_plive": {"$size": {"$filter": {"input": "$_slots", "as": "s", "cond": _PRE}}},
-        }
-    }
-    # live pre-rate slots count as starts while the limit has a rate
-    counts = {"$sum": {"$map": {"input": "$_starts", "as": "e", "in": "$$e.v"}}}
-    stage5 = {
-        "$set": {"_recent": {"$add": [counts, {"$cond": [rated, {"$add": ["$_plive", "$_pgone"]}, 0]}]}}
-    }
+    stage4, stage5 = _ACQUIRE_STAGE4, _ACQUIRE_STAGE5
     room = {
         "$min": [
             k,
@@ -328,9 +343,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
         ]
     }
     stage6 = {"$set": {"_room": room}}
-    stage7 = {"$set": {"_g": {"$max": [0, "$_room"]}}}
-    # what the current bucket gains: the grants' starts and those of the pre-rate slots leaving
-    stage7b = {"$set": {"_add": {"$add": ["$_g", {"$cond": [rated, "$_pgone", 0]}]}}}
+    stage7, stage7b = _ACQUIRE_STAGE7, _ACQUIRE_STAGE7B
     asked = [{"a": a, "i": i} for i, a in enumerate(mine)]
     picked = {"$filter": {"input": _lit(asked), "as": "r", "cond": {"$lt": ["$$r.i", "$_room"]}}}
     new_slots = {
@@ -390,7 +403,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
         }
     }
     return [
-        stage1,
+        _ACQUIRE_STAGE1,
         stage2,
         stage3,
         stage4,
@@ -399,7 +412,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
         stage7,
         stage7b,
         stage8,
-        {"$project": dict.fromkeys(_TEMPORARY, 0)},
+        _ACQUIRE_PROJECT,
     ]
 
 
