@@ -34,6 +34,7 @@ from mscheduler.publishing import (
     checked_max_params_bytes,
     child_names,
     insert_families,
+    prepare,
     prepared_families,
 )
 
@@ -121,13 +122,16 @@ class Publisher:
     async def _send(self, task: Task, reset_finished: bool, session: Any) -> bool:
         if not isinstance(task, Task):
             raise InvalidInput(f"send() takes a Task, got {type(task).__name__}")
-        families = prepared_families(
-            [task],
-            now=self.clock.now(),
-            reset_finished=reset_finished,
-            max_params_bytes=self.max_params_bytes,
-            trace=self._trace(),
-        )
+        if task.children:
+            families = prepared_families(
+                [task],
+                now=self.clock.now(),
+                reset_finished=reset_finished,
+                max_params_bytes=self.max_params_bytes,
+                trace=self._trace(),
+            )
+        else:  # one document: prepared as prepared_families would, without a batch's bookkeeping
+            families = [[prepare(task, self.clock.now(), self.max_params_bytes, self._trace())]]
         await self._setup()
         created = (
             await insert_families(
