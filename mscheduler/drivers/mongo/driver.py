@@ -70,6 +70,7 @@ from mscheduler.drivers.base import (
 )
 from mscheduler.drivers.mongo.children import MongoChildren
 from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for tests and the CLI)
+    _AS_IS,
     _FAILURE_STATUSES,
     ALL_STATUSES,
     ATTEMPT_INDEX,
@@ -209,22 +210,25 @@ def _claimed_task(doc: dict[str, Any], attempt: str) -> ClaimedTask:
     position = next(i for i, e in enumerate(entries) if e["attempt"] == attempt)
     fail_cnt = state["fail_cnt"]
     option = _in_place(doc["option"])
-    get = doc.get
+    params, parent, trace, needs = doc.get("params"), doc.get("parent"), doc.get("trace"), doc.get("needs")
+    checkpoint = (state.get("checkpoint") or {}).get("data")
+    retry_at = state.get("retry_at")
+    # a value without a datetime inside (most are None or a string): no call
     return ClaimedTask(
         key=doc["key"],
         name=doc["name"],
-        params=_in_place(get("params")),
+        params=params if type(params) in _AS_IS else _in_place(params),
         option=option,
         attempt=attempt,
         attempt_no=position + 1,
         ping_expire_time=_in(entries[position]["ping_expire_time"]),
         fail_cnt=fail_cnt,
         failure_times=failure_times(_in_place(entries)) if fail_cnt else (),
-        checkpoint=_in_place((state.get("checkpoint") or {}).get("data")),
-        parent=_in_place(get("parent")),
-        due_time=due_time({"option": option, "state": {"retry_at": _in(state.get("retry_at"))}}),
-        trace=_in_place(get("trace")),
-        needs=_in_place(get("needs")),
+        checkpoint=checkpoint if type(checkpoint) in _AS_IS else _in_place(checkpoint),
+        parent=parent if type(parent) in _AS_IS else _in_place(parent),
+        due_time=due_time({"option": option, "state": {"retry_at": retry_at and _in(retry_at)}}),
+        trace=trace if type(trace) in _AS_IS else _in_place(trace),
+        needs=needs if type(needs) in _AS_IS else _in_place(needs),
         generation=int(state.get("generation") or 0),
     )
 
