@@ -235,6 +235,45 @@ _ACQUIRE_STAGE5 = {
 _ACQUIRE_STAGE7 = {"$set": {"_g": {"$max": [0, "$_room"]}}}
 # what the current bucket gains: the grants' starts and those of the pre-rate slots leaving
 _ACQUIRE_STAGE7B = {"$set": {"_add": {"$add": ["$_g", {"$cond": [_RATED, "$_pgone", 0]}]}}}
+_KEYS_NOW = {"$map": {"input": "$_starts", "as": "e", "in": "$$e.k"}}
+_BUMPED = {
+    "$concatArrays": [
+        {
+            "$map": {
+                "input": "$_starts",
+                "as": "e",
+                "in": {
+                    "k": "$$e.k",
+                    "v": {"$cond": [{"$eq": ["$$e.k", "$_cur"]}, {"$add": ["$$e.v", "$_add"]}, "$$e.v"]},
+                },
+            }
+        },
+        {
+            "$cond": [
+                {"$and": [{"$gt": ["$_add", 0]}, {"$eq": [{"$in": ["$_cur", _KEYS_NOW]}, False]}]},
+                [{"k": "$_cur", "v": "$_add"}],
+                [],
+            ]
+        },
+    ]
+}
+_RECENT = {"$add": ["$_recent", "$_g"]}
+# the bumped buckets are not empty (the domain's ``starts``, after the grant)
+_COUNTED = {"$or": [{"$gt": [{"$size": "$_starts"}, 0]}, {"$gt": ["$_add", 0]}]}
+_OLDEST = {"$ifNull": [{"$min": "$_skeys"}, {"$toLong": "$_cur"}]}
+_ACQUIRE_STAGE8 = {  # after "slots", which holds the grants
+    "starts": {"$cond": [_RATED, {"$arrayToObject": _BUMPED}, {}]},
+    "starts_w": {"$cond": [_RATED, "$_w", None]},
+    "live": {"$add": [{"$size": "$_slots"}, "$_g"]},
+    "recent": {"$cond": [_RATED, _RECENT, 0]},
+    "retry_ms": {
+        "$cond": [
+            {"$and": [_RATED, _COUNTED, {"$gte": [_RECENT, "$rate_n"]}]},
+            {"$subtract": [{"$add": [{"$multiply": [{"$add": [_OLDEST, 1]}, "$_w"]}, _PERIOD]}, 1]},
+            None,
+        ]
+    },
+}
 _ACQUIRE_PROJECT = {"$project": dict.fromkeys(_TEMPORARY, 0)}
 
 
@@ -360,47 +399,8 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
             },
         }
     }
-    keys_now = {"$map": {"input": "$_starts", "as": "e", "in": "$$e.k"}}
-    bumped = {
-        "$concatArrays": [
-            {
-                "$map": {
-                    "input": "$_starts",
-                    "as": "e",
-                    "in": {
-                        "k": "$$e.k",
-                        "v": {"$cond": [{"$eq": ["$$e.k", "$_cur"]}, {"$add": ["$$e.v", "$_add"]}, "$$e.v"]},
-                    },
-                }
-            },
-            {
-                "$cond": [
-                    {"$and": [{"$gt": ["$_add", 0]}, {"$eq": [{"$in": ["$_cur", keys_now]}, False]}]},
-                    [{"k": "$_cur", "v": "$_add"}],
-                    [],
-                ]
-            },
-        ]
-    }
-    recent = {"$add": ["$_recent", "$_g"]}
-    # the bumped buckets are not empty (the domain's ``starts``, after the grant)
-    counted = {"$or": [{"$gt": [{"$size": "$_starts"}, 0]}, {"$gt": ["$_add", 0]}]}
-    oldest = {"$ifNull": [{"$min": "$_skeys"}, {"$toLong": "$_cur"}]}
     stage8 = {
-        "$set": {
-            "slots": {"$arrayToObject": {"$concatArrays": ["$_slots", new_slots]}},
-            "starts": {"$cond": [rated, {"$arrayToObject": bumped}, {}]},
-            "starts_w": {"$cond": [rated, "$_w", None]},
-            "live": {"$add": [{"$size": "$_slots"}, "$_g"]},
-            "recent": {"$cond": [rated, recent, 0]},
-            "retry_ms": {
-                "$cond": [
-                    {"$and": [rated, counted, {"$gte": [recent, "$rate_n"]}]},
-                    {"$subtract": [{"$add": [{"$multiply": [{"$add": [oldest, 1]}, "$_w"]}, period]}, 1]},
-                    None,
-                ]
-            },
-        }
+        "$set": {"slots": {"$arrayToObject": {"$concatArrays": ["$_slots", new_slots]}}} | _ACQUIRE_STAGE8
     }
     return [
         _ACQUIRE_STAGE1,
