@@ -1320,7 +1320,7 @@ class MongoDriver(
         }
         changes = {
             "status": item.outcome,
-            "end_time": item.now,
+            "end_time": now,  # naive UTC already (the filter's)
             "result": item.result,
             "error": item.error,
             "retry_at": item.retry_at,
