@@ -39,6 +39,25 @@ from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.observability.logs import configure_logging
 from mscheduler.operations import Operations
 
+# ``mscheduler web`` and ``dev``: how the server treats connections (``ServerSettings`` of
+# mscheduler.web.serving, whose defaults these are: that module needs the web extra, the
+# options' help does not; a test keeps them equal)
+DEFAULT_MAX_CONNECTIONS = 1000
+DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_KEEP_ALIVE_TIMEOUT = 5.0
+MaxConnectionsOpt = Annotated[
+    int,
+    typer.Option(metavar="N", min=1, help="Connections open at once; one more closes the one idle longest."),
+]
+HeaderTimeoutOpt = Annotated[
+    float,
+    typer.Option(metavar="SECONDS", min=0.1, max=3600, help="Time a client has to send a request's headers."),
+]
+KeepAliveTimeoutOpt = Annotated[
+    float,
+    typer.Option(metavar="SECONDS", min=0.1, max=3600, help="Time an idle kept-alive connection stays open."),
+]
+
 TOKENS_ENV = "MSCHEDULER_API_TOKENS"
 TOKENS_FILE_ENV = "MSCHEDULER_API_TOKENS_FILE"
 DEFAULT_HOST = "127.0.0.1"
@@ -93,12 +112,15 @@ async def serve(
     events: bool = False,
     event_retention_days: float = 7.0,
     limits: Any = None,
+    server: Any = None,
 ) -> None:
-    """Connect, make sure the indexes exist, and serve until SIGINT / SIGTERM (uvicorn's)."""
+    """Connect, make sure the indexes exist, and serve until SIGINT / SIGTERM (uvicorn's), under
+    ``server`` (``mscheduler.web.serving.ServerSettings``: connections, timeouts)."""
     import uvicorn
 
     from mscheduler.drivers.mongo.driver import MongoDriver
     from mscheduler.web import create_app
+    from mscheduler.web.serving import ServerSettings, uvicorn_config
 
     client = None
     if operations_override is not None:
@@ -122,7 +144,8 @@ async def serve(
         web_app = create_app(
             operations=operations, tokens=tokens, metrics_public=metrics_public, limits=limits
         )
-        config = uvicorn.Config(web_app, host=host, port=port, log_config=None, access_log=True)
+        settings = server if server is not None else ServerSettings()
+        config, _ = uvicorn_config(web_app, settings, host=host, port=port, log_config=None, access_log=True)
         quiet_collector()
         plain_say(
             f"mscheduler web: serving the REST API on http://{host}:{port}/api/v1 and the dashboard on "
@@ -171,6 +194,9 @@ def web(
         int, typer.Option(metavar="N", min=1, help="Long-poll leases one token may have waiting.")
     ] = 64,
     waits_total: Annotated[int, typer.Option(metavar="N", min=1, help="Long-poll leases in all.")] = 256,
+    max_connections: MaxConnectionsOpt = DEFAULT_MAX_CONNECTIONS,
+    header_timeout: HeaderTimeoutOpt = DEFAULT_HEADER_TIMEOUT,
+    keep_alive_timeout: KeepAliveTimeoutOpt = DEFAULT_KEEP_ALIVE_TIMEOUT,
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
@@ -179,8 +205,10 @@ def web(
 
     Every request but /api/v1/health and /api/v1/openapi.json needs a bearer token: a read token
     may GET, changes need an admin token. Bodies above --max-body-mb are refused (413); event
-    streams and long-poll waits beyond their caps per token and in all get a 429. Exits 2 on bad
-    arguments or tokens, 3 if MongoDB cannot be reached at start.
+    streams and long-poll waits beyond their caps per token and in all get a 429. A client must
+    send a request's headers within --header-timeout; at most --max-connections are open (one
+    more closes the longest idle). Exits 2 on bad arguments or tokens, 3 if MongoDB cannot be
+    reached at start.
     """
     try:
         import uvicorn  # noqa: F401
@@ -195,6 +223,7 @@ def web(
     configure_logging(logging.INFO, "text")
     try:
         from mscheduler.web.guards import ApiLimits
+        from mscheduler.web.serving import ServerSettings
 
         try:
             limits = ApiLimits(
@@ -203,6 +232,11 @@ def web(
                 streams_total=streams_total,
                 waits_per_token=waits_per_token,
                 waits_total=waits_total,
+            )
+            server = ServerSettings(
+                max_connections=max_connections,
+                header_timeout=header_timeout,
+                keep_alive_timeout=keep_alive_timeout,
             )
         except InvalidInput as exc:
             raise CliError(str(exc), exit_code=EXIT_USAGE) from None
@@ -220,6 +254,7 @@ def web(
                 events=events,
                 event_retention_days=event_retention_days,
                 limits=limits,
+                server=server,
             )
         )
     except CliError as exc:

@@ -27,7 +27,14 @@ from typing import Any
 from mscheduler.domain.clock import Clock, SystemClock
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.model import TERMINAL_STATUSES, TaskStatus
-from mscheduler.domain.plans import PlanState, occurrence_key, plan_state, timing_from_storage
+from mscheduler.domain.plans import (
+    TAKEN_RUN_STATUS,
+    PlanState,
+    occurrence_key,
+    plan_state,
+    run_status_of,
+    timing_from_storage,
+)
 from mscheduler.domain.schedule import PlanProgress, next_fire_after_completion, plan_step, utc_ms
 from mscheduler.drivers.base import (
     AdvancePlansParams,
@@ -76,10 +83,21 @@ def decide(
     consecutive: int = doc["consecutive_failures"]
     running = False
     run_end: datetime | None = doc.get("last_run_end_time")
+    taken = False
     if needs_outcome(doc):
         if outcome is None:  # the task was removed: its outcome will never be known
             fields.update(last_run_status="missing", last_run_seen=True, last_run_end_time=now)
             run_end = now
+        elif run_status_of(doc["plan_id"], outcome.status, outcome.plan_id) == TAKEN_RUN_STATUS:
+            # a task the plan did not make holds its run's key: never taken for the plan's run
+            log.error(
+                "plan %s: its run's key %s is held by a task the plan did not make; parked in the "
+                "error state (remove that task, then resume the plan)",
+                doc["plan_id"],
+                outcome.key,
+            )
+            fields.update(last_run_status=TAKEN_RUN_STATUS, last_run_seen=True, last_run_end_time=now)
+            run_end, taken = now, True
         elif outcome.status in _TERMINAL:
             run_end = outcome.end_time or now
             fields.update(last_run_status=outcome.status, last_run_seen=True, last_run_end_time=run_end)
@@ -91,7 +109,7 @@ def decide(
             running = outcome.status in _UNFINISHED
             fields["last_run_status"] = outcome.status
 
-    error = bool(doc.get("error")) or consecutive >= doc["max_consecutive_failures"]
+    error = bool(doc.get("error")) or taken or consecutive >= doc["max_consecutive_failures"]
     awaiting: bool = doc["awaiting"]
     next_fire: datetime | None = doc["next_fire_time"]
     runs: int = doc["runs_made"]

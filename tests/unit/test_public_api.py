@@ -38,6 +38,7 @@ EXPECTED = [
     "HandlerSignal",
     "InvalidInput",
     "Jitter",
+    "KeyTaken",
     "LeaseLost",
     "LimitInfo",
     "ListParams",
