@@ -253,7 +253,7 @@ class MongoEvents:
         # Aware datetimes as they are: PyMongo encodes an aware time as the UTC milliseconds BSON
         # stores, the same bytes as the naive UTC time (no walk of every event here).
         written = params.now
-        docs = [{"_id": e["id"]} | e | {"written": written} for e in params.events]
+        docs = [{"_id": e["id"], **e, "written": written} for e in params.events]
         for doc in docs:
             del doc["id"]
         extra = {"session": params.session} if params.session is not None else {}
