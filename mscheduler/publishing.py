@@ -207,6 +207,8 @@ def prepared_families(
         reason = reserved_key(task.key)
         if reason is not None:
             raise InvalidInput(f"task {task.key!r} cannot be sent: {reason}")
+    if len(tasks) == 1 and not tasks[0].children:  # one send: no batch to share options or repeat a key
+        return [[prepare(tasks[0], now, max_params_bytes, trace)]]
 
     stored_options: StoredOptions = {}
 

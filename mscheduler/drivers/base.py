@@ -130,7 +130,7 @@ class ClaimedTask:
     key: str
     name: str
     params: Any
-    option: dict[str, Any]
+    option: dict[str, Any]  # read only (the memory driver hands over its stored option)
     attempt: str
     attempt_no: int  # 1-based position among this task's entries
     ping_expire_time: datetime

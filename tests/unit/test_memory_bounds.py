@@ -94,6 +94,10 @@ def test_a_packed_event_unpacks_to_the_same_document() -> None:
     doc = _event("e1", datetime(2030, 1, 1, tzinfo=UTC)) | {"detail": {"error": "x", "n": 1}, "other": [1]}
     assert unpack_event(pack_event(doc)) == doc
     assert unpack_event(pack_event({"id": "e2", "detail": {}})) == {"id": "e2", "detail": {}}
+    # stored with its written time (the insert's), in place of one the document may carry
+    written = datetime(2030, 1, 2, tzinfo=UTC)
+    assert unpack_event(pack_event(doc, written)) == doc | {"written": written}
+    assert unpack_event(pack_event(doc | {"written": None}, written)) == doc | {"written": written}
 
 
 def _event(event_id: str, now: Any) -> dict[str, Any]:

@@ -13,7 +13,15 @@ from bson.datetime_ms import _datetime_to_millis
 from bson.raw_bson import RawBSONDocument
 
 from mscheduler.drivers.base import ClaimParams, FinishParams
-from mscheduler.drivers.mongo.common import _build_derive_stages, _derive_stages, _millis, _out
+from mscheduler.drivers.mongo.common import (
+    WS,
+    _build_derive_stages,
+    _derive_stages,
+    _in,
+    _in_place,
+    _millis,
+    _out,
+)
 from mscheduler.drivers.mongo.driver import MongoDriver
 
 TIMES = [
@@ -105,3 +113,49 @@ async def test_a_claim_sends_the_derive_stages_as_bson_with_the_bytes_of_the_dic
     append, trim, *derive = update
     assert isinstance(trim, RawBSONDocument) and all(isinstance(stage, RawBSONDocument) for stage in derive)
     assert wire(update) == wire([append, bson.decode(trim.raw), *_derive_stages(params.now)])
+
+
+def test_raw_derive_stages_of_alternating_times_are_each_times_bytes_in_a_list_of_its_own() -> None:
+    # the stages of the latest time are kept for the next write of that time: a write of another
+    # time in between must not get them, and no caller's list is another's
+    times = [TIMES[0], TIMES[2], TIMES[2], TIMES[0], TIMES[3]]
+    lists = [_derive_stages(now, raw=True) for now in times]
+    for now, stages in zip(times, lists, strict=True):
+        assert wire(stages) == wire(_build_derive_stages(_out(now)))
+    assert len({id(stages) for stages in lists}) == len(lists)
+    lists[1].append({"$set": {"x": 1}})
+    assert wire(_derive_stages(TIMES[2], raw=True)) == wire(_build_derive_stages(_out(TIMES[2])))
+
+
+def test_in_place_makes_the_datetimes_of_a_decoded_document_aware_as_in_does() -> None:
+    naive = datetime(2026, 5, 6, 7, 8, 9, 123000)
+    doc = bson.decode(
+        bson.encode({"a": naive, "b": [naive, {"c": naive, "d": "x"}], "e": {"f": [1, "s"]}, "g": None})
+    )
+    expected = _in(bson.decode(bson.encode(doc)))
+    entries = doc["b"]
+    assert _in_place(doc) is doc and doc["b"] is entries  # converted where it is
+    assert doc == expected and doc["a"].tzinfo is UTC and doc["b"][1]["c"] == naive.replace(tzinfo=UTC)
+
+
+async def test_the_claims_of_one_call_share_the_filter_and_each_sends_its_own_attempt() -> None:
+    sent: list[tuple[Any, Any]] = []
+    params = ClaimParams("w1", ["job"], TIMES[0], ["a1", "a2", "a3"])
+    driver = MongoDriver(_Database())
+    await driver.known_layout()
+
+    async def find_one_and_update(filter_: Any, update: Any, **kwargs: Any) -> None:
+        sent.append((filter_, update))
+
+    driver.tasks.find_one_and_update = find_one_and_update
+    assert await driver.claim(params) == []
+    attempts = [update[0]["$set"][WS]["$concatArrays"][1][0]["attempt"] for _, update in sent]
+    assert sorted(attempts) == ["a1", "a2", "a3"]
+    fresh_filter = driver._claim_filter(params)
+    assert all(filter_ == fresh_filter for filter_, _ in sent)
+    for attempt, (_, update) in zip(attempts, sent, strict=True):
+        assert update[0]["$set"][WS]["$concatArrays"][1][0] == driver._claim_entry(params, attempt)
+    # another call (another time) is built afresh
+    later = ClaimParams("w1", ["job"], TIMES[2], ["a4"])
+    assert await driver.claim(later) == []
+    assert sent[-1][0] == driver._claim_filter(later) != fresh_filter

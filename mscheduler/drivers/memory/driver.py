@@ -520,7 +520,9 @@ class MemoryDriver(
                 key=doc["key"],
                 name=doc["name"],
                 params=_copy(doc["params"]),
-                option=dict(doc["option"]),
+                # the stored option itself, not a copy per attempt: a stored option is replaced
+                # whole, never changed in place, and a claimed task's is read only
+                option=doc["option"],
                 attempt=attempt,
                 attempt_no=len(doc["state"]["worker_states"]),
                 ping_expire_time=expire,
@@ -568,7 +570,7 @@ class MemoryDriver(
                 else:
                     entry["ping_expire_time"] = expire
                     self._push_lease(expire, key, attempt)
-                    result.alive[key] = dict(doc["option"])
+                    result.alive[key] = doc["option"]  # as the claim's: replaced whole, read only
                     report = params.reports.get(key)
                     if report is not None:
                         # not announced (as a Mongo change stream does not pass it): the

@@ -58,11 +58,19 @@ _MISSING: Any = object()  # a field the event does not have (an object() holds n
 Packed = tuple[Any, ...]
 
 
-def pack_event(doc: Mapping[str, Any]) -> Packed:
-    """A stored event as a tuple (see the module); ``unpack_event`` gives the document back."""
+_ABSENT = (_MISSING,) * len(_FIELDS)  # each field's default, for map(doc.get, ...)
+_KNOWN = frozenset(_FIELDS) | {"detail"}
+
+
+def pack_event(doc: Mapping[str, Any], written: Any = _MISSING) -> Packed:
+    """A stored event as a tuple (see the module); ``unpack_event`` gives the document back.
+    ``written``: the time it is stored, in place of the document's (``written`` comes last)."""
     detail = doc.get("detail")
-    extra = tuple((k, v) for k, v in doc.items() if k not in _AT and k != "detail")
-    return (*(doc.get(name, _MISSING) for name in _FIELDS), tuple(detail.items()) if detail else (), extra)
+    fields = tuple(map(doc.get, _FIELDS, _ABSENT))  # each field or _MISSING, without a call each
+    if written is not _MISSING:
+        fields = (*fields[:-1], written)
+    extra = () if doc.keys() <= _KNOWN else tuple((k, v) for k, v in doc.items() if k not in _KNOWN)
+    return (*fields, tuple(detail.items()) if detail else (), extra)
 
 
 def unpack_event(packed: Packed) -> dict[str, Any]:
@@ -165,7 +173,7 @@ class MemoryEvents:
         self._event_ids_of_key = {}
         self.events_dropped = 0  # dropped by the cap
 
-    def _index_event(self, doc: dict[str, Any]) -> None:
+    def _index_event(self, doc: Mapping[str, Any]) -> None:
         position = (doc["written"], doc["id"])
         order = self._by_written
         if not order or order[-1] < position:
@@ -207,17 +215,19 @@ class MemoryEvents:
         for event in docs:
             if event["id"] in self._events:
                 continue  # the same event again (a retry, or another worker's pass): kept once
-            doc = dict(event)  # ``detail`` is shared: stored events are never changed in place
-            doc["written"] = now
             seq = next(self._event_seq)
-            self._events[doc["id"]] = (seq, pack_event(doc))
-            self._index_event(doc)
+            packed = pack_event(event, now)  # written: now
+            self._events[event["id"]] = (seq, packed)
+            self._index_event(_Fields(packed))
             stored += 1
             if len(self._events) > self.max_events:
                 self._drop_oldest_event()
-            for stream in self._event_streams:
-                if matches(doc, stream.query):
-                    stream.put(seq, _copy(doc))
+            if self._event_streams:
+                doc = dict(event)  # ``detail`` is shared: stored events are never changed in place
+                doc["written"] = now
+                for stream in self._event_streams:
+                    if matches(doc, stream.query):
+                        stream.put(seq, _copy(doc))
         return stored
 
     def _record(self, docs: Sequence[Mapping[str, Any]], now: datetime) -> None:

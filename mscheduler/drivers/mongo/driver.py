@@ -72,6 +72,7 @@ from mscheduler.drivers.base import (
 )
 from mscheduler.drivers.mongo.children import MongoChildren
 from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for tests and the CLI)
+    _AS_IS,
     _FAILURE_STATUSES,
     ALL_STATUSES,
     ATTEMPT_INDEX,
@@ -115,6 +116,7 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     _derive_stages,
     _has_label,
     _in,
+    _in_place,
     _is_transient,
     _lit,
     _out,
@@ -201,6 +203,40 @@ def _after_layout(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaita
         return await method(self, *args, **kwargs)
 
     return call
+
+
+def _claimed_task(doc: dict[str, Any], attempt: str) -> ClaimedTask:
+    """The claimed task, from the document the claim returned (ours alone: converted in place):
+    only the parts it hands over are made aware, not the whole document (its derived state, the
+    other entries)."""
+    state = doc["state"]
+    entries = state["worker_states"]
+    position = next(i for i, e in enumerate(entries) if e["attempt"] == attempt)
+    fail_cnt = state["fail_cnt"]
+    option = _in_place(doc["option"])
+    params, parent, trace, needs = doc.get("params"), doc.get("parent"), doc.get("trace"), doc.get("needs")
+    checkpoint = (state.get("checkpoint") or {}).get("data")
+    retry_at = state.get("retry_at")
+    # a value without a datetime inside (most are None or a string): no call
+    return ClaimedTask(
+        key=doc["key"],
+        name=doc["name"],
+        params=params if type(params) in _AS_IS else _in_place(params),
+        option=option,
+        attempt=attempt,
+        attempt_no=position + 1,
+        ping_expire_time=_in(entries[position]["ping_expire_time"]),
+        fail_cnt=fail_cnt,
+        failure_times=failure_times(_in_place(entries)) if fail_cnt else (),
+        checkpoint=checkpoint if type(checkpoint) in _AS_IS else _in_place(checkpoint),
+        parent=parent if type(parent) in _AS_IS else _in_place(parent),
+        due_time=due_time({"option": option, "state": {"retry_at": retry_at and _in(retry_at)}}),
+        trace=trace if type(trace) in _AS_IS else _in_place(trace),
+        needs=needs if type(needs) in _AS_IS else _in_place(needs),
+        generation=int(state.get("generation") or 0),
+        lane=option.get("fair_key"),
+        claim_priority=int(state.get("claim_priority") or 0),
+    )
 
 
 @_layout_first
@@ -298,6 +334,11 @@ class MongoDriver(
         self.commands = 0  # storage commands sent (benchmarks count them)
         self.claims_empty = 0  # claims that found nothing (a lost race, or no task due)
         self.max_parallel_claims = max_parallel_claims
+        # the parts of the claims of the latest ``claim`` call (``_claim_shared``)
+        self._claim_memo: (
+            tuple[ClaimParams, tuple[int, str | None], tuple[dict[str, Any], dict[str, Any], list[Any]]]
+            | None
+        ) = None
         self._set_up = False
         self.rebuilt: list[str] = []  # indexes the last setup() rebuilt or dropped (spec changes)
         self.create_indexes = create_indexes
@@ -738,16 +779,17 @@ class MongoDriver(
             return created
         # ``_id`` is the key: change events (which carry only the documentKey of an update)
         # then say which task changed without a lookup.
+        # Its aware datetimes as they are: PyMongo encodes an aware time as the UTC milliseconds
+        # BSON stores, the same bytes as the naive UTC time (no walk of every document here).
         derived: DerivedByOption = {}
         docs = [
-            _out(
-                {"_id": params.tasks[i].key}
-                | new_task_document(params.tasks[i], params.now, self.partitions, derived)
-            )
+            {"_id": params.tasks[i].key}
+            | new_task_document(params.tasks[i], params.now, self.partitions, derived)
             for i in pending
         ]
         if params.session is not None:
-            inserted = await self._upsert_in_transaction(docs, params.session)
+            # an update's document, naive UTC as every filter and update the driver sends
+            inserted = await self._upsert_in_transaction([_out(doc) for doc in docs], params.session)
         else:
             inserted = await self._insert(docs)
         for position, i in enumerate(pending):
@@ -1040,6 +1082,25 @@ class MongoDriver(
         entry["ping_expire_time"] = {"$add": [entry["ping_expire_time"], lease]}
         return entry
 
+    def _claim_shared(
+        self, params: ClaimParams, part: int, lane: str | None
+    ) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
+        """What the claims of one ``claim`` call in partition ``part`` and lane ``lane`` share:
+        the filter (the lane's claimer tokens), the new entry but its attempt token, the stages
+        after the append. Built by the first of them, not once per attempt (neither PyMongo nor
+        a claim changes them)."""
+        memo = self._claim_memo
+        if memo is not None and memo[0] is params and memo[1] == (part, lane):
+            return memo[2]
+        tokens = claimer_tokens(list(params.names), params.worker_id, params.groups, (lane,))
+        shared = (
+            self._claim_filter(params, tokens, part=part),
+            self._claim_entry(params, ""),
+            [*self._trim_stages(params), *_derive_stages(params.now, raw=True)],
+        )
+        self._claim_memo = (params, (part, lane), shared)
+        return shared
+
     async def _claim_one(
         self,
         params: ClaimParams,
@@ -1050,11 +1111,12 @@ class MongoDriver(
     ) -> ClaimedTask | None:
         """One claim in one lane: the first task in the claim order (or the task ``key``, a head
         the chunked claim chose: see ``_claim_chunked``)."""
-        entry = self._claim_entry(params, attempt)
+        filter_, template, stages = self._claim_shared(params, part, lane)
+        if attempt.startswith("$"):
+            raise StorageError(f"refusing a worker entry with a '$'-prefixed attempt: {attempt}")
+        entry = template | {"attempt": attempt}  # in the template's place: the same document
         append = {"$set": {WS: {"$concatArrays": [f"${WS}", [entry]]}}}
-        pipeline = [append, *self._trim_stages(params), *_derive_stages(params.now, raw=True)]
-        tokens = claimer_tokens(list(params.names), params.worker_id, params.groups, (lane,))
-        filter_ = self._claim_filter(params, tokens, part=part)
+        pipeline = [append, *stages]
         sort = CLAIM_SORT
 
         async def claim() -> dict[str, Any] | None:
@@ -1087,29 +1149,7 @@ class MongoDriver(
             doc = await self._claim_head_or_mark_it(filter_, sort, pipeline, recover, exc, params.now)
         if doc is None:
             return None
-        doc = _in(doc)
-        entries = doc["state"]["worker_states"]
-        position = next(i for i, e in enumerate(entries) if e["attempt"] == attempt)
-        expire = entries[position]["ping_expire_time"]
-        return ClaimedTask(
-            key=doc["key"],
-            name=doc["name"],
-            params=doc.get("params"),
-            option=doc["option"],
-            attempt=attempt,
-            attempt_no=position + 1,
-            ping_expire_time=expire,
-            fail_cnt=doc["state"]["fail_cnt"],
-            failure_times=failure_times(entries) if doc["state"]["fail_cnt"] else (),
-            checkpoint=(doc["state"].get("checkpoint") or {}).get("data"),
-            parent=doc.get("parent"),
-            due_time=due_time(doc),
-            trace=doc.get("trace"),
-            needs=doc.get("needs"),
-            generation=int(doc["state"].get("generation") or 0),
-            lane=doc["option"].get("fair_key"),
-            claim_priority=int(doc["state"].get("claim_priority") or 0),
-        )
+        return _claimed_task(doc, attempt)
 
     async def _recover_claim(self, params: ClaimParams, attempt: str, part: int) -> dict[str, Any] | None:
         """After a claim's error of unknown outcome (its reply lost, or the majority write timed
@@ -1297,7 +1337,7 @@ class MongoDriver(
         }
         changes = {
             "status": item.outcome,
-            "end_time": item.now,
+            "end_time": now,  # naive UTC already (the filter's)
             "result": item.result,
             "error": item.error,
             "retry_at": item.retry_at,

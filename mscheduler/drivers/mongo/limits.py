@@ -124,6 +124,159 @@ _TEMPORARY += ("_starts", "_skeys", "_recent", "_room", "_g", "_gone", "_pgone",
 _PRE = {"$eq": [{"$ifNull": ["$$s.v.b", None]}, None]}
 
 
+# The parts of ``acquire_pipeline`` that no acquire changes: built once, shared (PyMongo changes
+# no pipeline it sends).
+_RATED = {"$ne": [{"$ifNull": ["$rate_n", None]}, None]}
+_PERIOD = "$rate_period_ms"
+_AS_LONG = {
+    "$map": {
+        "input": {"$objectToArray": {"$ifNull": ["$starts", {}]}},
+        "as": "e",
+        "in": {"$toLong": "$$e.k"},
+    }
+}
+_VALUES = {"$map": {"input": {"$objectToArray": {"$ifNull": ["$starts", {}]}}, "as": "e", "in": "$$e.v"}}
+_ACQUIRE_STAGE1 = {
+    "$set": {
+        "_w": {
+            "$cond": [
+                _RATED,
+                {"$toLong": {"$max": [1, {"$floor": {"$divide": [_PERIOD, RATE_BUCKETS]}}]}},
+                1,
+            ]
+        },
+        "_slots_in": _SLOTS_IN,
+        # the earlier layout's starts (an array of {a, t}): all at the latest one's time
+        "_keys": {
+            "$cond": [
+                {"$isArray": "$starts"},
+                {"$map": {"input": "$starts", "as": "s", "in": "$$s.t"}},
+                _AS_LONG,
+            ]
+        },
+        "_vals": {
+            "$cond": [{"$isArray": "$starts"}, {"$map": {"input": "$starts", "as": "s", "in": 1}}, _VALUES]
+        },
+    }
+}
+
+# the rate buckets as they were, in the current width (``stage2`` of ``acquire_pipeline``)
+_STARTS_IN = {
+    "$cond": [
+        {
+            "$and": [
+                _RATED,
+                {"$gt": [{"$size": "$_keys"}, 0]},
+                {
+                    "$or": [
+                        {"$isArray": "$starts"},
+                        {"$ne": [{"$ifNull": ["$starts_w", "$_w"]}, "$_w"]},
+                    ]
+                },
+            ]
+        },
+        # another width (a changed period, or the earlier layout's times: width 1):
+        # every start goes to the bucket of the latest (conservative)
+        [
+            {
+                "k": {
+                    "$toString": {
+                        "$toLong": {
+                            "$floor": {
+                                "$divide": [
+                                    {
+                                        "$subtract": [
+                                            {
+                                                "$multiply": [
+                                                    {"$add": [{"$max": "$_keys"}, 1]},
+                                                    {
+                                                        "$cond": [
+                                                            {"$isArray": "$starts"},
+                                                            1,
+                                                            {"$ifNull": ["$starts_w", 1]},
+                                                        ]
+                                                    },
+                                                ]
+                                            },
+                                            1,
+                                        ]
+                                    },
+                                    "$_w",
+                                ]
+                            }
+                        }
+                    }
+                },
+                "v": {"$sum": "$_vals"},
+            }
+        ],
+        {
+            "$cond": [
+                {"$isArray": "$starts"},
+                [],
+                {"$objectToArray": {"$ifNull": ["$starts", {}]}},
+            ]
+        },
+    ]
+}
+
+_ACQUIRE_STAGE4 = {
+    "$set": {
+        "_skeys": {"$map": {"input": "$_starts", "as": "e", "in": {"$toLong": "$$e.k"}}},
+        "_plive": {"$size": {"$filter": {"input": "$_slots", "as": "s", "cond": _PRE}}},
+    }
+}
+# live pre-rate slots count as starts while the limit has a rate
+_COUNTS = {"$sum": {"$map": {"input": "$_starts", "as": "e", "in": "$$e.v"}}}
+_ACQUIRE_STAGE5 = {
+    "$set": {"_recent": {"$add": [_COUNTS, {"$cond": [_RATED, {"$add": ["$_plive", "$_pgone"]}, 0]}]}}
+}
+
+_ACQUIRE_STAGE7 = {"$set": {"_g": {"$max": [0, "$_room"]}}}
+# what the current bucket gains: the grants' starts and those of the pre-rate slots leaving
+_ACQUIRE_STAGE7B = {"$set": {"_add": {"$add": ["$_g", {"$cond": [_RATED, "$_pgone", 0]}]}}}
+_KEYS_NOW = {"$map": {"input": "$_starts", "as": "e", "in": "$$e.k"}}
+_BUMPED = {
+    "$concatArrays": [
+        {
+            "$map": {
+                "input": "$_starts",
+                "as": "e",
+                "in": {
+                    "k": "$$e.k",
+                    "v": {"$cond": [{"$eq": ["$$e.k", "$_cur"]}, {"$add": ["$$e.v", "$_add"]}, "$$e.v"]},
+                },
+            }
+        },
+        {
+            "$cond": [
+                {"$and": [{"$gt": ["$_add", 0]}, {"$eq": [{"$in": ["$_cur", _KEYS_NOW]}, False]}]},
+                [{"k": "$_cur", "v": "$_add"}],
+                [],
+            ]
+        },
+    ]
+}
+_RECENT = {"$add": ["$_recent", "$_g"]}
+# the bumped buckets are not empty (the domain's ``starts``, after the grant)
+_COUNTED = {"$or": [{"$gt": [{"$size": "$_starts"}, 0]}, {"$gt": ["$_add", 0]}]}
+_OLDEST = {"$ifNull": [{"$min": "$_skeys"}, {"$toLong": "$_cur"}]}
+_ACQUIRE_STAGE8 = {  # after "slots", which holds the grants
+    "starts": {"$cond": [_RATED, {"$arrayToObject": _BUMPED}, {}]},
+    "starts_w": {"$cond": [_RATED, "$_w", None]},
+    "live": {"$add": [{"$size": "$_slots"}, "$_g"]},
+    "recent": {"$cond": [_RATED, _RECENT, 0]},
+    "retry_ms": {
+        "$cond": [
+            {"$and": [_RATED, _COUNTED, {"$gte": [_RECENT, "$rate_n"]}]},
+            {"$subtract": [{"$add": [{"$multiply": [{"$add": [_OLDEST, 1]}, "$_w"]}, _PERIOD]}, 1]},
+            None,
+        ]
+    },
+}
+_ACQUIRE_PROJECT = {"$project": dict.fromkeys(_TEMPORARY, 0)}
+
+
 def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
     """``mscheduler.domain.limits.grant`` as update stages, over the slots and the rate buckets as
     ``{k, v}`` arrays (``$objectToArray``), written back as objects: what changed is a few fields
@@ -133,39 +286,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
     ended = checked_tokens(params.release)
     k = len(mine)
     now_ms = epoch_ms(params.now)
-    rated = {"$ne": [{"$ifNull": ["$rate_n", None]}, None]}
-    period = "$rate_period_ms"
-    as_long = {
-        "$map": {
-            "input": {"$objectToArray": {"$ifNull": ["$starts", {}]}},
-            "as": "e",
-            "in": {"$toLong": "$$e.k"},
-        }
-    }
-    values = {"$map": {"input": {"$objectToArray": {"$ifNull": ["$starts", {}]}}, "as": "e", "in": "$$e.v"}}
-    stage1 = {
-        "$set": {
-            "_w": {
-                "$cond": [
-                    rated,
-                    {"$toLong": {"$max": [1, {"$floor": {"$divide": [period, RATE_BUCKETS]}}]}},
-                    1,
-                ]
-            },
-            "_slots_in": _SLOTS_IN,
-            # the earlier layout's starts (an array of {a, t}): all at the latest one's time
-            "_keys": {
-                "$cond": [
-                    {"$isArray": "$starts"},
-                    {"$map": {"input": "$starts", "as": "s", "in": "$$s.t"}},
-                    as_long,
-                ]
-            },
-            "_vals": {
-                "$cond": [{"$isArray": "$starts"}, {"$map": {"input": "$starts", "as": "s", "in": 1}}, values]
-            },
-        }
-    }
+    rated, period = _RATED, _PERIOD
     stage2 = {
         "$set": {
             "_cur": {"$toString": {"$toLong": {"$floor": {"$divide": [now_ms, "$_w"]}}}},
@@ -174,64 +295,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
                     "$floor": {"$divide": [{"$subtract": [now_ms + 1, {"$ifNull": [period, 0]}]}, "$_w"]}
                 }
             },
-            "_starts_in": {
-                "$cond": [
-                    {
-                        "$and": [
-                            rated,
-                            {"$gt": [{"$size": "$_keys"}, 0]},
-                            {
-                                "$or": [
-                                    {"$isArray": "$starts"},
-                                    {"$ne": [{"$ifNull": ["$starts_w", "$_w"]}, "$_w"]},
-                                ]
-                            },
-                        ]
-                    },
-                    # another width (a changed period, or the earlier layout's times: width 1):
-                    # every start goes to the bucket of the latest (conservative)
-                    [
-                        {
-                            "k": {
-                                "$toString": {
-                                    "$toLong": {
-                                        "$floor": {
-                                            "$divide": [
-                                                {
-                                                    "$subtract": [
-                                                        {
-                                                            "$multiply": [
-                                                                {"$add": [{"$max": "$_keys"}, 1]},
-                                                                {
-                                                                    "$cond": [
-                                                                        {"$isArray": "$starts"},
-                                                                        1,
-                                                                        {"$ifNull": ["$starts_w", 1]},
-                                                                    ]
-                                                                },
-                                                            ]
-                                                        },
-                                                        1,
-                                                    ]
-                                                },
-                                                "$_w",
-                                            ]
-                                        }
-                                    }
-                                }
-                            },
-                            "v": {"$sum": "$_vals"},
-                        }
-                    ],
-                    {
-                        "$cond": [
-                            {"$isArray": "$starts"},
-                            [],
-                            {"$objectToArray": {"$ifNull": ["$starts", {}]}},
-                        ]
-                    },
-                ]
-            },
+            "_starts_in": _STARTS_IN,
         }
     }
     given_back = {
@@ -309,17 +373,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
             },
         }
     }
-    stage4 = {
-        "$set": {
-            "_skeys": {"$map": {"input": "$_starts", "as": "e", "in": {"$toLong": "$$e.k"}}},
-            "_plive": {"$size": {"$filter": {"input": "$_slots", "as": "s", "cond": _PRE}}},
-        }
-    }
-    # live pre-rate slots count as starts while the limit has a rate
-    counts = {"$sum": {"$map": {"input": "$_starts", "as": "e", "in": "$$e.v"}}}
-    stage5 = {
-        "$set": {"_recent": {"$add": [counts, {"$cond": [rated, {"$add": ["$_plive", "$_pgone"]}, 0]}]}}
-    }
+    stage4, stage5 = _ACQUIRE_STAGE4, _ACQUIRE_STAGE5
     room = {
         "$min": [
             k,
@@ -328,9 +382,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
         ]
     }
     stage6 = {"$set": {"_room": room}}
-    stage7 = {"$set": {"_g": {"$max": [0, "$_room"]}}}
-    # what the current bucket gains: the grants' starts and those of the pre-rate slots leaving
-    stage7b = {"$set": {"_add": {"$add": ["$_g", {"$cond": [rated, "$_pgone", 0]}]}}}
+    stage7, stage7b = _ACQUIRE_STAGE7, _ACQUIRE_STAGE7B
     asked = [{"a": a, "i": i} for i, a in enumerate(mine)]
     picked = {"$filter": {"input": _lit(asked), "as": "r", "cond": {"$lt": ["$$r.i", "$_room"]}}}
     new_slots = {
@@ -347,50 +399,11 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
             },
         }
     }
-    keys_now = {"$map": {"input": "$_starts", "as": "e", "in": "$$e.k"}}
-    bumped = {
-        "$concatArrays": [
-            {
-                "$map": {
-                    "input": "$_starts",
-                    "as": "e",
-                    "in": {
-                        "k": "$$e.k",
-                        "v": {"$cond": [{"$eq": ["$$e.k", "$_cur"]}, {"$add": ["$$e.v", "$_add"]}, "$$e.v"]},
-                    },
-                }
-            },
-            {
-                "$cond": [
-                    {"$and": [{"$gt": ["$_add", 0]}, {"$eq": [{"$in": ["$_cur", keys_now]}, False]}]},
-                    [{"k": "$_cur", "v": "$_add"}],
-                    [],
-                ]
-            },
-        ]
-    }
-    recent = {"$add": ["$_recent", "$_g"]}
-    # the bumped buckets are not empty (the domain's ``starts``, after the grant)
-    counted = {"$or": [{"$gt": [{"$size": "$_starts"}, 0]}, {"$gt": ["$_add", 0]}]}
-    oldest = {"$ifNull": [{"$min": "$_skeys"}, {"$toLong": "$_cur"}]}
     stage8 = {
-        "$set": {
-            "slots": {"$arrayToObject": {"$concatArrays": ["$_slots", new_slots]}},
-            "starts": {"$cond": [rated, {"$arrayToObject": bumped}, {}]},
-            "starts_w": {"$cond": [rated, "$_w", None]},
-            "live": {"$add": [{"$size": "$_slots"}, "$_g"]},
-            "recent": {"$cond": [rated, recent, 0]},
-            "retry_ms": {
-                "$cond": [
-                    {"$and": [rated, counted, {"$gte": [recent, "$rate_n"]}]},
-                    {"$subtract": [{"$add": [{"$multiply": [{"$add": [oldest, 1]}, "$_w"]}, period]}, 1]},
-                    None,
-                ]
-            },
-        }
+        "$set": {"slots": {"$arrayToObject": {"$concatArrays": ["$_slots", new_slots]}}} | _ACQUIRE_STAGE8
     }
     return [
-        stage1,
+        _ACQUIRE_STAGE1,
         stage2,
         stage3,
         stage4,
@@ -399,7 +412,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
         stage7,
         stage7b,
         stage8,
-        {"$project": dict.fromkeys(_TEMPORARY, 0)},
+        _ACQUIRE_PROJECT,
     ]
 
 

@@ -33,7 +33,7 @@ from mscheduler.drivers.mongo.common import (
     KEY_INDEX,
     WS,
     T,
-    _in,
+    _in_place,
     _lit,
     _out,
     _rebuild_entries,
@@ -210,7 +210,7 @@ class MongoPing:
                 # (error 31275); the entry is picked below.
                 projection,
             )
-            return [_in(doc) async for doc in cursor]
+            return [_in_place(doc) async for doc in cursor]
 
         docs = {doc["key"]: doc for doc in await self._call("ping read", read)}
         return _ping_result(params, every_key, docs)
