@@ -4,7 +4,8 @@ operation validates its input, takes the time from the server-corrected clock, a
 named driver operation.
 
 Workers (list, remote stop), tasks (get, list, count; cancel, pause, resume, remove, restart) and
-plans. Each task control is one compare-and-set in the store on the task's status: it is applied
+plans. ``OperatorApi`` is the contract: ``Operations`` and ``RemoteOperations`` (the same
+methods over the REST API) both satisfy it. Each task control is one compare-and-set in the store on the task's status: it is applied
 whole or refused (``TransitionRefused``, nothing changed).
 """
 
@@ -17,7 +18,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 from typing_extensions import Unpack
@@ -228,6 +229,115 @@ def worker_cursor_position(cursor: str) -> tuple[datetime, str]:
     return when, worker_id
 
 
+class OperatorApi(Protocol):
+    """The operator contract: what the CLI calls, on the store (``Operations``) or over the REST
+    API (``RemoteOperations``), both with these signatures (mypy checks it where the CLI takes
+    one; ``tests/unit/test_operator_api.py`` compares every public method's). The methods'
+    documentation is ``Operations``'."""
+
+    # -- workers
+    async def list_workers(
+        self, *, limit: int = WORKERS_PAGE_MAX, after: str | None = None, live: bool = False
+    ) -> list[WorkerView]: ...
+    async def request_worker_stop(self, worker_id: str) -> bool: ...
+
+    # -- flow limits
+    async def set_limit(
+        self,
+        key: str,
+        *,
+        names: Sequence[str] | None = None,
+        max_running: int | None = None,
+        rate: Rate | str | None = None,
+    ) -> LimitInfo: ...
+    async def get_limit(self, key: str) -> LimitInfo: ...
+    async def list_limits(self) -> list[LimitInfo]: ...
+    async def remove_limit(self, key: str) -> None: ...
+
+    # -- tasks
+    async def get_task(self, key: str) -> TaskInfo: ...
+    async def get_tasks(self, keys: Sequence[str]) -> dict[str, TaskInfo]: ...
+    async def page_tasks(self, **filters: Unpack[TaskFilters]) -> TaskPage: ...
+    async def count_tasks(self, *, cap: int = COUNT_CAP, **filters: Unpack[TaskFilters]) -> TaskCount: ...
+    async def list_tasks(self, **filters: Unpack[TaskFilters]) -> list[TaskInfo]: ...
+    async def count_by_status(self) -> dict[str, int]: ...
+    async def stats(
+        self,
+        *,
+        window: timedelta | float | None = DEFAULT_STATS_WINDOW,
+        names: Sequence[str] | None = None,
+        statuses: Sequence[str] | None = None,
+        on_step: StatsStep | None = None,
+    ) -> TaskStats: ...
+
+    # -- publishing
+    async def list_handlers(self) -> list[HandlerInfo]: ...
+    async def send(
+        self, task: Task, *, reset_finished: bool = False, allow_unknown: bool = False
+    ) -> bool: ...
+    async def send_many(
+        self, tasks: Sequence[Task], *, reset_finished: bool = False, allow_unknown: bool = False
+    ) -> list[bool]: ...
+
+    # -- task control
+    async def cancel(self, key: str, reason: str = "", *, by: str | None = None) -> TaskInfo: ...
+    async def pause(self, key: str, *, stop_running: bool = False, by: str | None = None) -> TaskInfo: ...
+    async def resume(self, key: str, *, by: str | None = None) -> TaskInfo: ...
+    async def remove(self, key: str, *, force: bool = False, by: str | None = None) -> None: ...
+    async def restart(
+        self, key: str, *, force: bool = False, by: str | None = None, deadline: datetime | None = None
+    ) -> TaskInfo: ...
+    async def restart_many(
+        self, keys: Sequence[str], *, force: bool = False, deadline: datetime | None = None
+    ) -> dict[str, RestartOutcome]: ...
+    async def control_many(
+        self,
+        action: str,
+        keys: Sequence[str],
+        *,
+        reason: str = "",
+        force: bool = False,
+        stop_running: bool = False,
+        by: str | None = None,
+    ) -> list[BulkOutcome]: ...
+    async def control_matching(
+        self,
+        action: str,
+        *,
+        reason: str = "",
+        force: bool = False,
+        stop_running: bool = False,
+        by: str | None = None,
+        page_size: int = BULK_PAGE,
+        **filters: Unpack[TaskFilters],
+    ) -> AsyncIterator[list[BulkOutcome]]: ...
+    async def edit(self, key: str, change: OptionChange, *, by: str | None = None) -> TaskOption: ...
+
+    # -- child tasks and workflows
+    async def set_status(
+        self, key: str, status: str, *, reason: str = "", by: str = "operator"
+    ) -> TaskInfo: ...
+    async def set_child_status(
+        self, key: str, child: str, status: str, *, reason: str = "", by: str = "operator"
+    ) -> TaskInfo: ...
+    async def restart_child(self, key: str, child: str, *, force: bool = False) -> TaskInfo: ...
+    async def workflow(self, key: str) -> WorkflowInfo: ...
+    async def restart_step(self, key: str, step: str, *, by: str | None = None) -> WorkflowInfo: ...
+
+    # -- plans
+    async def add_plan(self, plan: Plan) -> PlanInfo: ...
+    async def get_plan(self, plan_id: str) -> PlanInfo: ...
+    async def list_plans(
+        self, *, state: str | None = None, limit: int = 100, skip: int = 0
+    ) -> list[PlanInfo]: ...
+    async def run_plan_now(self, plan_id: str) -> TaskInfo: ...
+    async def suspend_plan(self, plan_id: str) -> PlanInfo: ...
+    async def resume_plan(self, plan_id: str) -> PlanInfo: ...
+    async def skip_plan(self, plan_id: str, n: int = 1) -> PlanInfo: ...
+    async def edit_plan(self, plan_id: str, **changes: Any) -> PlanInfo: ...
+    async def remove_plan(self, plan_id: str) -> None: ...
+
+
 class Operations:
     """Operator operations over one store.
 
@@ -355,7 +465,7 @@ class Operations:
     async def get_tasks(self, keys: Sequence[str]) -> dict[str, TaskInfo]:
         """Many tasks in one read (SPEC F18), keyed by key in the order given; unknown keys are
         left out. At most ``MANY_MAX`` distinct keys; a bad key is ``InvalidInput``."""
-        checked = _checked_keys(keys)
+        checked = checked_keys(keys)
         docs = {doc["key"]: doc for doc in await self.driver.get_tasks(checked)} if checked else {}
         return {key: TaskInfo.from_storage(docs[key]) for key in checked if key in docs}
 
@@ -504,7 +614,7 @@ class Operations:
         ``state.cancelled`` and the event; every control takes it)."""
         checked_reason(reason)
         rule = "only a pending or running task can be cancelled"
-        return await self._change(key, "cancel", _UNFINISHED, rule, reason=reason, by=_checked_by(by))
+        return await self._change(key, "cancel", _UNFINISHED, rule, reason=reason, by=checked_by(by))
 
     async def pause(self, key: str, *, stop_running: bool = False, by: str | None = None) -> TaskInfo:
         """Stop claims of a pending or running task until ``resume``; refused on a finished task.
@@ -521,20 +631,20 @@ class Operations:
             raise InvalidInput("stop_running: must be True or False")
         rule = "a finished task cannot be paused"
         return await self._change(
-            key, "pause", _UNFINISHED, rule, stop_running=stop_running, by=_checked_by(by)
+            key, "pause", _UNFINISHED, rule, stop_running=stop_running, by=checked_by(by)
         )
 
     async def resume(self, key: str, *, by: str | None = None) -> TaskInfo:
         """Make a paused task claimable again. Refused on a finished task."""
         rule = "a finished task cannot be resumed"
-        return await self._change(key, "resume", _UNFINISHED, rule, by=_checked_by(by))
+        return await self._change(key, "resume", _UNFINISHED, rule, by=checked_by(by))
 
     async def remove(self, key: str, *, force: bool = False, by: str | None = None) -> None:
         """Delete a task that is not running; a running one only with ``force=True`` (it is
         cancelled first, so its handler is stopped as by ``cancel``). A task with children is removed
         with its children (children first, each under the same rule); a child only with its
         parent."""
-        by = _checked_by(by)
+        by = checked_by(by)
         doc = await self.driver.get_task(_checked(validate_key, key, "key"))
         if doc is not None and doc.get("parent") is not None:
             rule = f"a child task is removed with its parent ({doc['parent']!r})"
@@ -571,7 +681,7 @@ class Operations:
             rule = "a task with children is not restarted with force: restart_child(..., force=True)"
             raise TransitionRefused(key, "restart", info.status.value, rule)
         try:
-            return await self._change(key, "restart", statuses, rule, by=_checked_by(by), deadline=deadline)
+            return await self._change(key, "restart", statuses, rule, by=checked_by(by), deadline=deadline)
         except UniqueParamsTaken as exc:  # unique_by="params": one live task per params hash
             held = f"live task {exc.holder!r}" if exc.holder else "a live task"
             status = (await self.get_task(key)).status.value
@@ -602,7 +712,7 @@ class Operations:
         reset_finished=True)`` is the other way to run tasks again: it re-creates missing keys and
         resets succeeded / failed ones with new params, keeping no history."""
         return await restart_each(
-            _checked_keys(keys), lambda key: self.restart(key, force=force, deadline=deadline)
+            checked_keys(keys), lambda key: self.restart(key, force=force, deadline=deadline)
         )
 
     async def control_many(
@@ -619,7 +729,7 @@ class Operations:
         compare-and-set under the action's rules, a few at a time; the outcome per key in the
         order given. Keys and options are checked first: bad input changes nothing."""
         run = self._bulk_action(action, reason=reason, force=force, stop_running=stop_running, by=by)
-        return await self._bulk(run, _checked_keys(keys))
+        return await self._bulk(run, checked_keys(keys))
 
     async def control_matching(
         self,
@@ -675,7 +785,7 @@ class Operations:
             if not isinstance(value, bool):
                 raise InvalidInput(f"{name}: must be True or False")
         checked_reason(reason)
-        by = _checked_by(by)
+        by = checked_by(by)
         calls: dict[str, Callable[[str], Awaitable[Any]]] = {
             "cancel": lambda key: self.cancel(key, reason, by=by),
             "pause": lambda key: self.pause(key, stop_running=stop_running, by=by),
@@ -714,7 +824,7 @@ class Operations:
         if info.status.value not in _UNFINISHED:
             rule = "only a pending or running task can be edited (restart a finished one)"
             raise TransitionRefused(key, "edit", info.status.value, rule)
-        return await change_option(self.driver, key, change, await self._now(), by=_checked_by(by))
+        return await change_option(self.driver, key, change, await self._now(), by=checked_by(by))
 
     # -- child tasks (mscheduler.services.children) ------------------------------------------------------
 
@@ -852,7 +962,7 @@ class Operations:
         succeeded again (a fanned-out map step's items are removed: it fans out again). Refused
         (``TransitionRefused``, nothing changed) while the step or a dependent is pending or
         running, or the workflow is cancelled. Returns the workflow."""
-        by = _checked_by(by)
+        by = checked_by(by)
         parent = await self.get_task(key)
         doc = await self.driver.get_task(parent.key)
         definition = (doc or {}).get("children")
@@ -1318,11 +1428,6 @@ async def restart_each(
 
 def checked_keys(keys: object) -> list[str]:
     """Distinct valid keys, in the order given (at most ``MANY_MAX``); else ``InvalidInput``."""
-    return _checked_keys(keys)
-
-
-def _checked_keys(keys: object) -> list[str]:
-    """Distinct valid keys, in the order given (at most ``MANY_MAX``); else ``InvalidInput``."""
     if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
         raise InvalidInput(f"keys: a list of task keys, got {type(keys).__name__}")
     checked = list(dict.fromkeys(_checked(validate_key, key, f"keys[{i}]") for i, key in enumerate(keys)))
@@ -1331,7 +1436,7 @@ def _checked_keys(keys: object) -> list[str]:
     return checked
 
 
-def _checked_by(by: str | None) -> str | None:
+def checked_by(by: str | None) -> str | None:
     """Who did an operator action (an API token's ``api:<name>``): kept as given."""
     if by is not None:
         _check_text(by, "by", BY_MAX)

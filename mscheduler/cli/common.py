@@ -49,12 +49,12 @@ from mscheduler.domain.exceptions import (
 )
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.observability.logs import CONTROL_CHARS, plain_text
-from mscheduler.operations import Operations
+from mscheduler.operations import Operations, OperatorApi
 from mscheduler.remote.client import ApiRefused, ApiUnreachable, NotAnApi, RemoteEvents, RemoteOperations
 from mscheduler.services.events import Events
 
 # What an operator command calls: the store's operations, or the same methods over the REST API.
-Ops = Operations | RemoteOperations
+Ops = OperatorApi
 
 DEFAULT_SERVER_SELECTION_MS = 2000
 
@@ -530,7 +530,10 @@ def refusal(exc: MSchedulerError) -> CliError:
 
 def event_log(ops: Ops) -> Events | RemoteEvents:
     """The event log of the store, or of the API's store."""
-    return ops.events if isinstance(ops, RemoteOperations) else Events(ops.driver)
+    if isinstance(ops, RemoteOperations):
+        return ops.events
+    assert isinstance(ops, Operations)
+    return Events(ops.driver)
 
 
 def run(conn: Connection, body: Callable[[Ops], Awaitable[T]]) -> T:

@@ -162,7 +162,7 @@ class TaskPageOut(BaseModel):
         None, description="with ?with_total=true: how many tasks the filters select (see total_capped)"
     )
     total_capped: bool | None = Field(
-        None, description="true: at least total (the count stopped at its cap, 100,000)"
+        None, description="true: at least total (the count stopped at total_cap)"
     )
 
 

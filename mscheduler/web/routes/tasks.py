@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 
 from mscheduler.domain.listing import CURSOR_MAX_LEN, LIST_LIMIT_MAX, TaskFilters
 from mscheduler.domain.model import OptionChange, TaskInfo, TaskOption, TaskStatus
+from mscheduler.operations import COUNT_CAP, COUNT_MAX
 from mscheduler.web.deps import (
     _ERRORS,
     _NOT_FOUND,
@@ -104,8 +105,11 @@ async def list_tasks(
         ),
     ] = None,
     with_total: Annotated[
-        bool, Query(description="also count the tasks the filters select (up to 100,000)")
+        bool, Query(description="also count the tasks the filters select (up to total_cap)")
     ] = False,
+    total_cap: Annotated[
+        int, Query(ge=1, le=COUNT_MAX, description="with_total: count at most this many")
+    ] = COUNT_CAP,
 ) -> Response:
     """Tasks oldest first (with ``key_prefix``: in key order; with a finished range and no
     prefix: by finish time, finished tasks only), or as ``sort`` says, one page;
@@ -128,7 +132,7 @@ async def list_tasks(
     tasks = [shown_task(info, who) for info in page.tasks]
     out = TaskPageOut(tasks=tasks, next_cursor=page.next_cursor, prev_cursor=page.prev_cursor)
     if with_total:
-        counted = await operations.count_tasks(**filters)  # (cursor and limit do not count)
+        counted = await operations.count_tasks(cap=total_cap, **filters)  # (cursor and limit do not count)
         out.total, out.total_capped = counted.count, counted.capped
     return json_answer(out)
 

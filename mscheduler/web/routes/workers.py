@@ -18,10 +18,11 @@ async def list_workers(
     response: Response,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[str | None, Query(max_length=512, description="the X-Next-Cursor of a page")] = None,
+    live: Annotated[bool, Query(description="only the live ones (running, seen within 30 s)")] = False,
 ) -> list[WorkerOut]:
     """A page of at most ``limit`` workers; a full page's ``X-Next-Cursor`` header goes on.
     Registrations not seen for a day (stopped, or a process that died) are gone."""
-    views = await operations.list_workers(limit=limit, after=cursor)
+    views = await operations.list_workers(limit=limit, after=cursor, live=live)
     if len(views) == limit:
         response.headers["X-Next-Cursor"] = views[-1].cursor
     return [WorkerOut.of(view) for view in views]
