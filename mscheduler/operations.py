@@ -5,8 +5,9 @@ named driver operation.
 
 Workers (list, remote stop), tasks (get, list, count; cancel, pause, resume, remove, restart) and
 plans. ``OperatorApi`` is the contract: ``Operations`` and ``RemoteOperations`` (the same
-methods over the REST API) both satisfy it. Each task control is one compare-and-set in the store on the task's status: it is applied
-whole or refused (``TransitionRefused``, nothing changed).
+methods over the REST API) both satisfy it. Each task control is one compare-and-set in the
+store on the task's status: it is applied whole or refused (``TransitionRefused``, nothing
+changed).
 """
 
 from __future__ import annotations
