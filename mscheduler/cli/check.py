@@ -18,12 +18,12 @@ from mscheduler.cli.common import (
     URI_TIMEOUT_HINT,
     CliError,
     TimeoutMs,
-    _database,
-    _fail,
-    _one_line,
     app,
+    database_of,
     ensure_reachable,
+    exit_with,
     mongo_client,
+    one_line,
     out,
     redact,
 )
@@ -207,7 +207,7 @@ def check(
         client = mongo_client(mongodb_uri, server_selection_timeout_ms)
         try:
             rtt = await ensure_reachable(client, redact(mongodb_uri), hint=URI_TIMEOUT_HINT)
-            db = _database(client, database, "mscheduler")
+            db = database_of(client, database, "mscheduler")
             return rtt, await check_server(db, prefix=prefix, create_indexes=create_indexes), db.name
         finally:
             await client.close()
@@ -215,9 +215,9 @@ def check(
     try:
         rtt, lines, db_name = asyncio.run(run())
     except CliError as exc:
-        raise _fail(exc) from None
+        raise exit_with(exc) from None
     except MSchedulerError as exc:
-        raise _fail(CliError(f"the check could not run: {_one_line(str(exc), limit=300)}")) from None
+        raise exit_with(CliError(f"the check could not run: {one_line(str(exc), limit=300)}")) from None
     lines.insert(
         0, CheckLine("connection", OK, f"{redact(mongodb_uri)} answered in {rtt:.0f} ms (database {db_name})")
     )

@@ -36,15 +36,15 @@ from mscheduler.cli.common import (
     URI_TIMEOUT_HINT,
     CliError,
     TimeoutMs,
-    _database,
-    _fail,
-    _needs,
-    _one_line,
     app,
+    database_of,
     ensure_reachable,
+    exit_with,
     mongo_client,
+    one_line,
     out,
     redact,
+    refuse_without,
 )
 from mscheduler.domain.exceptions import InvalidInput, MSchedulerError
 from mscheduler.domain.listing import ListParams
@@ -616,7 +616,7 @@ def demo(
     check fails, 2 on bad arguments.
     """
     if mongodb_uri is None:
-        _needs(
+        refuse_without(
             "--mongodb-uri",
             {
                 "--database": database is not None,
@@ -650,7 +650,7 @@ def demo(
         client = mongo_client(uri, server_selection_timeout_ms)
         try:
             await ensure_reachable(client, redact(uri), hint=URI_TIMEOUT_HINT)
-            db = _database(client, database, "mscheduler_demo")
+            db = database_of(client, database, "mscheduler_demo")
             with progress:
                 report, prefix = await run_demo_on_database(
                     db, config=config, on_progress=on_progress, keep=keep
@@ -671,9 +671,9 @@ def demo(
     try:
         report = asyncio.run(in_memory() if mongodb_uri is None else on_mongo(mongodb_uri))
     except CliError as exc:
-        raise _fail(exc) from None
+        raise exit_with(exc) from None
     except MSchedulerError as exc:
-        raise _fail(CliError(f"the demo could not run: {_one_line(str(exc), limit=300)}")) from None
+        raise exit_with(CliError(f"the demo could not run: {one_line(str(exc), limit=300)}")) from None
     finally:
         consumer_log.removeFilter(on_purpose)
     for renderable in report_renderables(report):

@@ -24,7 +24,16 @@ from typing import Annotated, Any
 
 import typer
 
-from mscheduler.cli.common import EXIT_USAGE, CliError, Say, _fail, _one_line, app, import_target, plain_say
+from mscheduler.cli.common import (
+    EXIT_USAGE,
+    CliError,
+    Say,
+    app,
+    exit_with,
+    import_target,
+    one_line,
+    plain_say,
+)
 from mscheduler.domain.exceptions import InvalidInput, MSchedulerError
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.drivers.memory.snapshot import load, save
@@ -60,7 +69,7 @@ def load_app(spec: str) -> App:
 def _import_failure(exc: CliError) -> str:
     """The user's module raised on import: its last line (the exception), on one line."""
     lines = [line for line in str(exc).splitlines() if line.strip()]
-    return _one_line(f"{lines[0]} {lines[-1].strip()}" if len(lines) > 1 else lines[0], limit=300)
+    return one_line(f"{lines[0]} {lines[-1].strip()}" if len(lines) > 1 else lines[0], limit=300)
 
 
 def _listening(host: str, port: int) -> socket.socket:
@@ -144,7 +153,7 @@ async def run_dev(
     except MSchedulerError as exc:
         await asyncio.gather(*(c.stop(grace=0) for c in started), return_exceptions=True)
         sock.close()
-        raise CliError(f"{spec} could not start: {_one_line(str(exc), 300)}") from exc
+        raise CliError(f"{spec} could not start: {one_line(str(exc), 300)}") from exc
     return await _serve(application, consumers, server, driver, data, save_every, restored, token, say)
 
 
@@ -220,12 +229,12 @@ async def _save_every(driver: MemoryDriver, path: Path | None, seconds: float) -
     """Write the store every ``seconds`` (serialised on the loop: one instant; written in a thread)."""
     from bson import json_util
 
-    from mscheduler.drivers.memory.snapshot import _JSON, dump, write_text
+    from mscheduler.drivers.memory.snapshot import CANONICAL_JSON, dump, write_text
 
     assert path is not None
     while True:
         await asyncio.sleep(seconds)
-        text = json_util.dumps(dump(driver, datetime.now(UTC)), json_options=_JSON)
+        text = json_util.dumps(dump(driver, datetime.now(UTC)), json_options=CANONICAL_JSON)
         try:
             await asyncio.to_thread(write_text, path, text)
         except OSError as exc:
@@ -266,17 +275,17 @@ def dev(
         import mscheduler.web  # noqa: F401
     except ImportError as exc:
         hint = f"dev serves the REST API: pip install 'mscheduler[web]' ({exc})"
-        raise _fail(CliError(hint, exit_code=EXIT_USAGE)) from None
+        raise exit_with(CliError(hint, exit_code=EXIT_USAGE)) from None
     level = logging.getLevelName(log_level.upper())
     if not isinstance(level, int):
-        raise _fail(CliError(f"unknown log level {log_level!r}", exit_code=EXIT_USAGE))
+        raise exit_with(CliError(f"unknown log level {log_level!r}", exit_code=EXIT_USAGE))
     configure_logging(level, "text")
     try:
         code = asyncio.run(
             run_dev(target, host=host, port=port, token=token, data=data, save_every=save_every)
         )
     except CliError as exc:
-        raise _fail(exc) from None
+        raise exit_with(exc) from None
     except KeyboardInterrupt:
-        raise _fail(CliError("interrupted while starting", exit_code=130)) from None
+        raise exit_with(CliError("interrupted while starting", exit_code=130)) from None
     raise typer.Exit(code)

@@ -26,10 +26,10 @@ from mscheduler.cli.common import (
     Connection,
     JsonOpt,
     Ops,
-    _fail,
     app,
     connected,
     err,
+    exit_with,
     print_json,
     run,
 )
@@ -207,11 +207,11 @@ def maintenance(
             else None
         )
     except CliError as exc:
-        raise _fail(exc) from None
+        raise exit_with(exc) from None
     except InvalidInput as exc:
-        raise _fail(CliError(str(exc), exit_code=EXIT_USAGE)) from None
+        raise exit_with(CliError(str(exc), exit_code=EXIT_USAGE)) from None
     if not (expiry or planner or kept is not None):
-        raise _fail(CliError("nothing to run: every pass is switched off", exit_code=EXIT_USAGE))
+        raise exit_with(CliError("nothing to run: every pass is switched off", exit_code=EXIT_USAGE))
     if not once:
         configure_logging(logging.INFO, "text")
 

@@ -27,10 +27,10 @@ from mscheduler.cli.common import (
     PrefixOpt,
     TimeoutMs,
     UriOpt,
-    _database,
-    _fail,
     app,
+    database_of,
     ensure_reachable,
+    exit_with,
     mongo_client,
     plain_say,
     redact,
@@ -111,7 +111,7 @@ async def serve(
             await client.close()
             raise CliError(str(exc), exit_code=EXIT_STORAGE) from exc
         driver = MongoDriver(
-            _database(client, database, "mscheduler"),
+            database_of(client, database, "mscheduler"),
             prefix=prefix,
             events=events,
             event_retention=timedelta(days=event_retention_days),
@@ -187,7 +187,7 @@ def web(
 
         import mscheduler.web  # noqa: F401
     except ImportError as exc:
-        raise _fail(
+        raise exit_with(
             CliError(
                 f"the REST API needs its extra: pip install 'mscheduler[web]' ({exc})", exit_code=EXIT_USAGE
             )
@@ -223,6 +223,6 @@ def web(
             )
         )
     except CliError as exc:
-        raise _fail(exc) from None
+        raise exit_with(exc) from None
     except KeyboardInterrupt:
-        raise _fail(CliError("interrupted while starting", exit_code=130)) from None
+        raise exit_with(CliError("interrupted while starting", exit_code=130)) from None

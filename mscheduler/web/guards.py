@@ -28,7 +28,7 @@ from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mscheduler.domain.exceptions import InvalidInput
-from mscheduler.web.deps import _ApiError
+from mscheduler.web.deps import HttpError
 
 MIB = 1024 * 1024
 
@@ -126,7 +126,7 @@ class BodyLimit:
             await self._refuse(scope, receive, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await _ApiError(413, "payload_too_large", too_large_detail(self.max_bytes)).response()(
+        await HttpError(413, "payload_too_large", too_large_detail(self.max_bytes)).response()(
             scope, receive, send
         )
 

@@ -230,7 +230,7 @@ def test_the_busy_workers_are_computed_once_per_write_not_per_named_worker() -> 
     """18.8: ``state.claimers`` of a task aimed at W workers with E entries recomputed the busy
     workers (a $map over the entries) inside the $filter over the named workers: O(W x E) per
     write. It is a $let now: the filter's condition reads a variable."""
-    from mscheduler.drivers.mongo.common import _claimers
+    from mscheduler.drivers.mongo.common import claimers_expression
 
     def filters_over_named_workers(value: Any) -> list[dict[str, Any]]:
         found = []
@@ -244,7 +244,7 @@ def test_the_busy_workers_are_computed_once_per_write_not_per_named_worker() -> 
                 found += filters_over_named_workers(v)
         return found
 
-    (over_workers,) = filters_over_named_workers(_claimers())
+    (over_workers,) = filters_over_named_workers(claimers_expression())
     assert "$map" not in str(over_workers["cond"]) and "$$busy" in str(over_workers["cond"])
 
 

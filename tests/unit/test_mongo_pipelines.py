@@ -13,7 +13,7 @@ from bson.datetime_ms import _datetime_to_millis
 from bson.raw_bson import RawBSONDocument
 
 from mscheduler.drivers.base import ClaimParams, FinishParams
-from mscheduler.drivers.mongo.common import _build_derive_stages, _derive_stages, _millis, _out
+from mscheduler.drivers.mongo.common import _build_derive_stages, _millis, derive_stages, to_mongo
 from mscheduler.drivers.mongo.driver import MongoDriver
 
 TIMES = [
@@ -32,9 +32,9 @@ def wire(pipeline: list[Any]) -> bytes:
 
 @pytest.mark.parametrize("now", TIMES)
 def test_derive_stages_are_the_pipeline_built_afresh_and_the_same_bytes_raw(now: datetime) -> None:
-    fresh = _build_derive_stages(_out(now))
-    assert _derive_stages(now) == fresh
-    assert wire(_derive_stages(now, raw=True)) == wire(fresh)
+    fresh = _build_derive_stages(to_mongo(now))
+    assert derive_stages(now) == fresh
+    assert wire(derive_stages(now, raw=True)) == wire(fresh)
 
 
 @pytest.mark.parametrize(
@@ -45,9 +45,9 @@ def test_bson_milliseconds_as_pymongo_counts_them(now: datetime) -> None:
 
 
 def test_a_filled_template_shares_no_container_on_the_way_to_the_time() -> None:
-    first, second = _derive_stages(TIMES[0]), _derive_stages(TIMES[2])
-    assert first[0]["$set"]["state.update_time"] == {"$literal": _out(TIMES[0])}
-    assert second[0]["$set"]["state.update_time"] == {"$literal": _out(TIMES[2])}
+    first, second = derive_stages(TIMES[0]), derive_stages(TIMES[2])
+    assert first[0]["$set"]["state.update_time"] == {"$literal": to_mongo(TIMES[0])}
+    assert second[0]["$set"]["state.update_time"] == {"$literal": to_mongo(TIMES[2])}
     assert first[0] is not second[0] and first[-1] is not second[-1]
 
 
@@ -87,7 +87,7 @@ async def test_a_finish_sends_the_derive_stages_as_bson_with_the_bytes_of_the_di
     _, update = driver._finish_op(item)
     first, *derive = update
     assert all(isinstance(stage, RawBSONDocument) for stage in derive)
-    assert wire(update) == wire([first, *_derive_stages(item.now)])
+    assert wire(update) == wire([first, *derive_stages(item.now)])
 
 
 async def test_a_claim_sends_the_derive_stages_as_bson_with_the_bytes_of_the_dicts() -> None:
@@ -104,4 +104,4 @@ async def test_a_claim_sends_the_derive_stages_as_bson_with_the_bytes_of_the_dic
     (update,) = sent
     append, trim, *derive = update
     assert isinstance(trim, RawBSONDocument) and all(isinstance(stage, RawBSONDocument) for stage in derive)
-    assert wire(update) == wire([append, bson.decode(trim.raw), *_derive_stages(params.now)])
+    assert wire(update) == wire([append, bson.decode(trim.raw), *derive_stages(params.now)])

@@ -69,7 +69,7 @@ class WriteMayRollBack(AutoReconnect):
 
 def may_roll_back(exc: BulkWriteError) -> bool:
     """A bulk write's write-concern errors say the primary stepped down or shut down."""
-    return bool(_write_concern_codes(exc) & RETRYABLE_WRITE_CONCERN_CODES)
+    return bool(write_concern_codes(exc) & RETRYABLE_WRITE_CONCERN_CODES)
 
 
 # Configuration errors no retry fixes: unauthorized, auth failed, unknown / unsatisfiable write
@@ -263,53 +263,53 @@ def task_indexes(sharded: bool) -> list[tuple[Any, dict[str, Any]]]:
 # -- datetimes: naive UTC on the wire (as BSON holds them), aware UTC everywhere else -----------
 
 
-# values that _out and _in pass through as they are, by exact type: most of a document's values,
+# values that to_mongo and from_mongo pass through as they are, by exact type: most of a document's values,
 # skipped without a call (a subclass takes the general path)
 _AS_IS = frozenset({str, int, float, bool, type(None), bytes})
 
 
-def _out(value: Any) -> Any:
+def to_mongo(value: Any) -> Any:
     """Convert aware datetimes to naive UTC, recursively, for filters and updates."""
     kind = type(value)
     if kind is dict:
-        return {k: v if type(v) in _AS_IS else _out(v) for k, v in value.items()}
+        return {k: v if type(v) in _AS_IS else to_mongo(v) for k, v in value.items()}
     if kind is list:
-        return [v if type(v) in _AS_IS else _out(v) for v in value]
+        return [v if type(v) in _AS_IS else to_mongo(v) for v in value]
     if isinstance(value, datetime):
         if value.tzinfo is UTC:  # most times: one call, not two
             return value.replace(tzinfo=None)
         return value.astimezone(UTC).replace(tzinfo=None) if value.tzinfo else value
     if isinstance(value, dict):
-        return {k: _out(v) for k, v in value.items()}
+        return {k: to_mongo(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_out(v) for v in value]
+        return [to_mongo(v) for v in value]
     return value
 
 
-def _in(value: Any) -> Any:
+def from_mongo(value: Any) -> Any:
     """Make every datetime read from the database aware (UTC)."""
     kind = type(value)
     if kind is dict:
-        return {k: v if type(v) in _AS_IS else _in(v) for k, v in value.items()}
+        return {k: v if type(v) in _AS_IS else from_mongo(v) for k, v in value.items()}
     if kind is list:
-        return [v if type(v) in _AS_IS else _in(v) for v in value]
+        return [v if type(v) in _AS_IS else from_mongo(v) for v in value]
     if isinstance(value, datetime):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     if isinstance(value, dict):
-        return {k: _in(v) for k, v in value.items()}
+        return {k: from_mongo(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_in(v) for v in value]
+        return [from_mongo(v) for v in value]
     return value
 
 
-def _lit(value: Any) -> dict[str, Any]:
-    return {"$literal": _out(value)}
+def literal(value: Any) -> dict[str, Any]:
+    return {"$literal": to_mongo(value)}
 
 
 # -- pipeline pieces ------------------------------------------------------------------------------
 
 
-def _count(statuses: Sequence[str]) -> dict[str, Any]:
+def count_entries(statuses: Sequence[str]) -> dict[str, Any]:
     cond = (
         {"$eq": ["$$e.status", statuses[0]]}
         if len(statuses) == 1
@@ -318,11 +318,11 @@ def _count(statuses: Sequence[str]) -> dict[str, Any]:
     return {"$size": {"$filter": {"input": f"${WS}", "as": "e", "cond": cond}}}
 
 
-_FAILURE_STATUSES = ["failed", "lost", "rejected"]
-_RETRY_STATUSES = [*_FAILURE_STATUSES, "snoozed"]  # entries whose retry_at sets the task's
+FAILURE_STATUSES = ["failed", "lost", "rejected"]
+_RETRY_STATUSES = [*FAILURE_STATUSES, "snoozed"]  # entries whose retry_at sets the task's
 
 
-def _derive_stages(now: datetime, *, raw: bool = False) -> list[Any]:
+def derive_stages(now: datetime, *, raw: bool = False) -> list[Any]:
     """``mscheduler.domain.state.derive`` as update-pipeline stages (``_build_derive_stages``),
     built once and filled in with ``now`` per write: only the containers on the way to ``now``
     are new, the rest is shared (never changed: PyMongo does not change a pipeline). ``raw``:
@@ -331,7 +331,7 @@ def _derive_stages(now: datetime, *, raw: bool = False) -> list[Any]:
     without the encoding."""
     if raw:
         return _RAW_DERIVE_STAGES.fill(now)
-    stages: list[Any] = _fill(_DERIVE_STAGES, _out(now))
+    stages: list[Any] = _fill(_DERIVE_STAGES, to_mongo(now))
     return stages
 
 
@@ -463,10 +463,10 @@ def _build_derive_stages(now: datetime) -> list[dict[str, Any]]:
     return [
         {
             "$set": {
-                "state.running_cnt": _count(["running"]),
-                "state.success_cnt": _count(["succeeded"]),
-                "state.fail_cnt": _count(_FAILURE_STATUSES),
-                "state.rejected_cnt": _count(["rejected"]),
+                "state.running_cnt": count_entries(["running"]),
+                "state.success_cnt": count_entries(["succeeded"]),
+                "state.fail_cnt": count_entries(FAILURE_STATUSES),
+                "state.rejected_cnt": count_entries(["rejected"]),
                 # Only failures set the retry time (as in derive): the latest of the failures'
                 # retry_at ($max of an array skips the nulls of the other entries)
                 "state.retry_at": {
@@ -489,7 +489,7 @@ def _build_derive_stages(now: datetime) -> list[dict[str, Any]]:
                         0,
                     ]
                 },
-                "state.update_time": _lit(now),
+                "state.update_time": literal(now),
             }
         },
         {
@@ -541,7 +541,7 @@ def _build_derive_stages(now: datetime) -> list[dict[str, Any]]:
         # task claimable by someone new (claimers changed to a non-empty list); it is top-level
         # so that a stream's leading $match on it is pushed down to the oplog scan (see
         # watch_pipeline), where pings and other writes that wake nobody are dropped
-        {"$set": {"_claimers": _claimers()}},
+        {"$set": {"_claimers": claimers_expression()}},
         {"$set": {"wake": _wake(), "state.claimers": "$_claimers"}},
         {"$project": {"_claimers": 0}},
         _lifecycle_stage(now),
@@ -590,7 +590,7 @@ def _lifecycle_stage(now: datetime) -> dict[str, Any]:
             "state.finish_time": {
                 "$cond": [
                     {"$and": [{"$in": ["$state.status", list(TERMINAL)]}, {"$eq": [open_children, 0]}]},
-                    {"$ifNull": ["$state.finish_time", _lit(now)]},
+                    {"$ifNull": ["$state.finish_time", literal(now)]},
                     None,
                 ]
             },
@@ -622,7 +622,7 @@ def _family_status() -> dict[str, Any]:
     }
 
 
-def _claimers() -> dict[str, Any]:
+def claimers_expression() -> dict[str, Any]:
     """``state.claimers`` (see mscheduler.domain.state): ``name|worker`` per allowed worker that holds no
     running or succeeded entry, ``name|*`` for untargeted tasks, [] when not claimable. A $filter
     with ``$in``: the named workers in their order, as ``derive`` lists them (``$setDifference``
@@ -674,14 +674,14 @@ FINISHED = ("succeeded", "failed")
 ALL_STATUSES = [status.value for status in TaskStatus]
 
 
-def _rebuild_entries(
+def rebuild_entries(
     match: dict[str, Any], changes: dict[str, Any], expressions: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """A ``$set`` of worker_states where entries matching ``match`` get ``changes`` (literals) and
     ``expressions`` (evaluated; our own, never user data)."""
     expressions = expressions or {}
     rebuilt = {
-        f: expressions[f] if f in expressions else (_lit(changes[f]) if f in changes else f"$$e.{f}")
+        f: expressions[f] if f in expressions else (literal(changes[f]) if f in changes else f"$$e.{f}")
         for f in ENTRY_FIELDS
     }
     return {"$set": {WS: {"$map": {"input": f"${WS}", "as": "e", "in": {"$cond": [match, rebuilt, "$$e"]}}}}}
@@ -692,7 +692,7 @@ def expired_entries_stage(now: datetime, retry_at: Any) -> dict[str, Any]:
     ``now`` are settled — ``cancelled`` on a cancelled task, ``released`` (``Paused``) when a
     stopping pause listed them (nothing was lost), else ``lost`` with ``retry_at`` (an expression:
     the policy's delay after ``now``)."""
-    match = {"$and": [{"$eq": ["$$e.status", "running"]}, {"$lte": ["$$e.ping_expire_time", _lit(now)]}]}
+    match = {"$and": [{"$eq": ["$$e.status", "running"]}, {"$lte": ["$$e.ping_expire_time", literal(now)]}]}
     cancelled = {"$ne": [{"$ifNull": ["$state.cancelled", None]}, None]}
     paused = {
         "$and": [
@@ -707,19 +707,19 @@ def expired_entries_stage(now: datetime, retry_at: Any) -> dict[str, Any]:
 
     expressions = {
         "status": by_cause("cancelled", "released", "lost"),
-        "error": by_cause(_lit(cancelled_error()), _lit(paused_error()), _lit(lost_error())),
+        "error": by_cause(literal(cancelled_error()), literal(paused_error()), literal(lost_error())),
         "retry_at": by_cause(None, None, retry_at),
     }
-    return _rebuild_entries(match, {"end_time": now}, expressions)
+    return rebuild_entries(match, {"end_time": now}, expressions)
 
 
 def expired_history_stage(now: datetime) -> dict[str, Any]:
     """The running entries of earlier generations (``state.history``) whose lease ended become
     ``lost``: an attempt is never left running for ever, whichever generation holds it (entries
-    rebuilt field by field, as ``_rebuild_entries`` does)."""
-    match = {"$and": [{"$eq": ["$$e.status", "running"]}, {"$lte": ["$$e.ping_expire_time", _lit(now)]}]}
+    rebuilt field by field, as ``rebuild_entries`` does)."""
+    match = {"$and": [{"$eq": ["$$e.status", "running"]}, {"$lte": ["$$e.ping_expire_time", literal(now)]}]}
     changes = {"status": "lost", "end_time": now, "error": lost_error()}
-    lost = {f: _lit(changes[f]) if f in changes else f"$$e.{f}" for f in ENTRY_FIELDS}
+    lost = {f: literal(changes[f]) if f in changes else f"$$e.{f}" for f in ENTRY_FIELDS}
     entries = {"$map": {"input": "$$h.worker_states", "as": "e", "in": {"$cond": [match, lost, "$$e"]}}}
     generation = {
         "generation": "$$h.generation",
@@ -730,7 +730,7 @@ def expired_history_stage(now: datetime) -> dict[str, Any]:
     return {"$set": {"state.history": history}}
 
 
-def _has_label(exc: BaseException, label: str) -> bool:
+def has_error_label(exc: BaseException, label: str) -> bool:
     return bool(getattr(exc, "has_error_label", lambda _: False)(label))
 
 
@@ -745,21 +745,21 @@ def write_concern_only(exc: BaseException | None) -> bool:
     return False
 
 
-def _is_transient(exc: PyMongoError) -> bool:
+def is_transient(exc: PyMongoError) -> bool:
     if isinstance(exc, TRANSIENT_ERRORS):
         return True
     if write_concern_only(exc):
         # Only the retryable codes: 64 (wtimeout) means applied on the primary but not yet on a
         # majority (retrying would wait again); 79 / 100 are configuration errors.
-        codes = _write_concern_codes(exc)
+        codes = write_concern_codes(exc)
         retryable = bool(codes) and codes <= RETRYABLE_WRITE_CONCERN_CODES
-        return retryable or _has_label(exc, "RetryableWriteError")
+        return retryable or has_error_label(exc, "RetryableWriteError")
     if isinstance(exc, OperationFailure) and exc.code in TRANSIENT_CODES:
         return True
-    return _has_label(exc, "RetryableWriteError")
+    return has_error_label(exc, "RetryableWriteError")
 
 
-def _write_concern_codes(exc: BaseException) -> set[int]:
+def write_concern_codes(exc: BaseException) -> set[int]:
     if isinstance(exc, WriteConcernError):
         return {exc.code} if exc.code is not None else set()
     if isinstance(exc, BulkWriteError):
@@ -767,7 +767,7 @@ def _write_concern_codes(exc: BaseException) -> set[int]:
     return set()
 
 
-def _translate(what: str, exc: Exception) -> StorageError:
+def storage_error(what: str, exc: Exception) -> StorageError:
     """A driver error as a StorageError, classified (see StorageError)."""
     if isinstance(exc, InvalidDocument):  # DocumentTooLarge and unencodable values: not PyMongoErrors
         return StorageError(f"{what} failed: {exc}", document=True)
@@ -776,11 +776,11 @@ def _translate(what: str, exc: Exception) -> StorageError:
         codes = {e.get("code") for e in exc.details.get("writeErrors", [])}
         if codes and codes <= DOCUMENT_CODES:
             return StorageError(f"{what} failed: {exc}", document=True)
-    if code in CONFIG_CODES or _write_concern_codes(exc) & CONFIG_CODES:
+    if code in CONFIG_CODES or write_concern_codes(exc) & CONFIG_CODES:
         return StorageError(f"{what} failed (configuration): {exc}", config=True)
     if code in DOCUMENT_CODES:
         return StorageError(f"{what} failed: {exc}", document=True)
-    transient = isinstance(exc, PyMongoError) and _is_transient(exc)
+    transient = isinstance(exc, PyMongoError) and is_transient(exc)
     return StorageError(f"{what} failed: {exc}", transient=transient)
 
 
@@ -807,12 +807,12 @@ async def read_page(
 
     async def read() -> list[dict[str, Any]]:
         cursor = collection.find(filter_, TASK_FIELDS).sort(sort).skip(skip).limit(limit).hint(index)
-        return [_in(doc) async for doc in cursor.max_time_ms(ADMIN_READ_MS)]
+        return [from_mongo(doc) async for doc in cursor.max_time_ms(ADMIN_READ_MS)]
 
     return await admin_read("a listing", read)
 
 
-async def _resolve(value: Any) -> Any:
+async def resolved(value: Any) -> Any:
     """PyMongo async returns coroutines where Motor returns cursors: accept both."""
     return await value if inspect.isawaitable(value) else value
 
@@ -822,7 +822,7 @@ def stop_expression(action: str, now: datetime) -> dict[str, Any]:
     {action, time, attempts of the running entries}, or null when nothing runs."""
     running = {"$filter": {"input": f"${WS}", "as": "e", "cond": {"$eq": ["$$e.status", "running"]}}}
     attempts = {"$map": {"input": running, "as": "e", "in": "$$e.attempt"}}
-    record = {"action": _lit(action), "time": _lit(now), "attempts": attempts}
+    record = {"action": literal(action), "time": literal(now), "attempts": attempts}
     return {"$cond": [{"$gt": [{"$size": attempts}, 0]}, record, None]}
 
 
@@ -927,7 +927,7 @@ def change_event(change: dict[str, Any], token: Any) -> ChangeEvent | None:
                 key=key,
                 # a stop alone does not name the task's name (the consumer looks it up by key)
                 name=claimers[0].split("|", 1)[0] if claimers else "",
-                claim_at=_in(claim_at) if isinstance(claim_at, datetime) else None,
+                claim_at=from_mongo(claim_at) if isinstance(claim_at, datetime) else None,
                 lease_expiry=None,
                 specific_worker_ids=(),
                 token=token,
@@ -936,7 +936,7 @@ def change_event(change: dict[str, Any], token: Any) -> ChangeEvent | None:
                 stop=stop,
                 stop_attempts=stop_attempts,
             )
-        return event_for(_in(change["fullDocument"]), token=token)
+        return event_for(from_mongo(change["fullDocument"]), token=token)
     except (KeyError, TypeError, AttributeError, IndexError):
         return None
 
@@ -957,13 +957,13 @@ def watch_error(exc: OperationFailure, token: Any) -> Exception:
     # starts) is a passing state, reopened with backoff, not "no change streams here"
     if exc.code in CHANGE_STREAM_UNSUPPORTED_CODES:
         return ChangeStreamUnsupported(str(exc))
-    if token is not None and (exc.code in CHANGE_STREAM_TOKEN_LOST_CODES or not _is_transient(exc)):
+    if token is not None and (exc.code in CHANGE_STREAM_TOKEN_LOST_CODES or not is_transient(exc)):
         # history lost, or a token the server cannot parse (50811, 40647, 40649, ...): any
         # refusal of a given token that a retry will not fix means "start afresh"
         return ResumeTokenLost(str(exc))
-    return StorageError(f"change stream failed: {exc}", transient=_is_transient(exc) or exc.code == 303)
+    return StorageError(f"change stream failed: {exc}", transient=is_transient(exc) or exc.code == 303)
 
 
-# the stages of _derive_stages as templates: dicts, and raw BSON
+# the stages of derive_stages as templates: dicts, and raw BSON
 _DERIVE_STAGES = _template(_build_derive_stages(_NOW))
 _RAW_DERIVE_STAGES = _RawStages(_build_derive_stages(_NOW))

@@ -70,7 +70,6 @@ from mscheduler.drivers.base import (
 )
 from mscheduler.drivers.mongo.children import MongoChildren
 from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for tests and the CLI)
-    _FAILURE_STATUSES,
     ALL_STATUSES,
     ATTEMPT_INDEX,
     ATTEMPTS_INDEX,
@@ -83,6 +82,7 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     DEADLINE_INDEX,
     DEFAULT_PARALLEL_CLAIMS,
     DOCUMENT_CODES,
+    FAILURE_STATUSES,
     FINISHED,
     HISTORY_RUNNING,
     INDEX_NAMES,
@@ -108,30 +108,30 @@ from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for te
     WS,
     T,
     WriteMayRollBack,
-    _claimers,
-    _count,
-    _derive_stages,
-    _has_label,
-    _in,
-    _is_transient,
-    _lit,
-    _out,
-    _rebuild_entries,
-    _resolve,
-    _translate,
-    _write_concern_codes,
     by_keys,
     change_event,
+    claimers_expression,
+    count_entries,
+    derive_stages,
     expired_entries_stage,
     expired_history_stage,
+    from_mongo,
+    has_error_label,
+    is_transient,
+    literal,
     live_hash,
     log,
     may_roll_back,
     one_task,
     read_page,
+    rebuild_entries,
+    resolved,
+    storage_error,
     task_indexes,
+    to_mongo,
     watch_error,
     watch_pipeline,
+    write_concern_codes,
     write_concern_only,
 )
 from mscheduler.drivers.mongo.events import EVENT_INDEXES, MongoEvents
@@ -368,7 +368,7 @@ class MongoDriver(
             try:
                 return await operation()
             except InvalidDocument as exc:
-                raise _translate(what, exc) from exc
+                raise storage_error(what, exc) from exc
         delay = self.backoff
         tries = (self.retries if retries is None else retries) + 1
         for attempt in range(tries):
@@ -378,7 +378,7 @@ class MongoDriver(
             except DuplicateKeyError:
                 raise
             except (PyMongoError, InvalidDocument) as exc:
-                error = _translate(what, exc)
+                error = storage_error(what, exc)
                 if write_concern_only(exc) and not error.config and not error.transient:
                     # wtimeout and the like (alone, or as a bulk write's only errors: 65): applied
                     # on the primary, not yet on a majority. Not retried (it would wait again);
@@ -473,7 +473,7 @@ class MongoDriver(
                 return
             except OperationFailure as exc:
                 if exc.code != SHARD_KEY_NOT_FOUND:
-                    raise _translate("check claim routing", exc) from exc
+                    raise storage_error("check claim routing", exc) from exc
         raise StorageError(
             f"the mongos ({version or 'version unknown'}) cannot route a claim (a findAndModify "
             "naming a task's partition, a prefix of the shard key) to one shard: upgrade the "
@@ -665,7 +665,7 @@ class MongoDriver(
         await self._call("drop layout", self.meta.drop)
 
     async def index_names(self) -> list[str]:
-        cursor = await _resolve(self.tasks.list_indexes())
+        cursor = await resolved(self.tasks.list_indexes())
         return [ix["name"] async for ix in cursor]
 
     async def server_time(self) -> datetime | None:
@@ -675,7 +675,7 @@ class MongoDriver(
             except OperationFailure:
                 return None
             local = reply.get("localTime")
-            return _in(local) if isinstance(local, datetime) else None
+            return from_mongo(local) if isinstance(local, datetime) else None
 
         try:
             return await self._call("hello", hello)
@@ -722,7 +722,7 @@ class MongoDriver(
         # then say which task changed without a lookup.
         derived: DerivedByOption = {}
         docs = [
-            _out(
+            to_mongo(
                 {"_id": params.tasks[i].key}
                 | new_task_document(params.tasks[i], params.now, self.partitions, derived)
             )
@@ -778,7 +778,7 @@ class MongoDriver(
                 existing = {err["index"] for err in errors}
                 applied = set(range(len(docs))) - existing
                 if exc.details.get("writeConcernErrors"):
-                    if _write_concern_codes(exc) & CONFIG_CODES:
+                    if write_concern_codes(exc) & CONFIG_CODES:
                         raise
                     if may_roll_back(exc):
                         earlier.update(applied)
@@ -867,7 +867,7 @@ class MongoDriver(
             state.pop("create_time")
             state["reset_mark"] = mark
             update = {
-                "$set": _out(
+                "$set": to_mongo(
                     {"params": doc["params"], "option": doc["option"], "unique_hash": doc["unique_hash"]}
                     | {f"state.{k}": v for k, v in state.items()}
                 ),
@@ -886,7 +886,7 @@ class MongoDriver(
             # never while an attempt holds a live lease (a succeeded task may still run one whose
             # slot an edit of concurrent_worker_cnt took away): dropping it would let the reset
             # task be claimed beside it
-            live = {"status": "running", "ping_expire_time": {"$gt": _out(params.now)}}
+            live = {"status": "running", "ping_expire_time": {"$gt": to_mongo(params.now)}}
             filter_ = {
                 **one_task(task.key, self._part(task.key)),
                 "state.status": {"$in": list(FINISHED)},
@@ -950,7 +950,7 @@ class MongoDriver(
                 ):
                     raise
                 if exc.details.get("writeConcernErrors"):
-                    if _write_concern_codes(exc) & CONFIG_CODES:
+                    if write_concern_codes(exc) & CONFIG_CODES:
                         raise
                     if may_roll_back(exc):
                         rolled.append(True)
@@ -993,7 +993,7 @@ class MongoDriver(
     def _claim_filter(
         self, params: ClaimParams, tokens: Sequence[str] | None = None, part: int = 0
     ) -> dict[str, Any]:
-        now = _out(params.now)
+        now = to_mongo(params.now)
         if tokens is None:
             tokens = claimer_tokens(list(params.names), params.worker_id, params.groups)
         # ``state.claimers`` holds this worker's token (targeted at it) or the name's "anyone"
@@ -1024,7 +1024,7 @@ class MongoDriver(
         """The new worker entry as a pipeline expression: its lease ends at ``now`` plus the
         task's own stored ``worker_timeout_ms`` (capped by ``max_lease``), computed by the server
         inside the claim."""
-        entry: dict[str, Any] = _out(new_entry(params, attempt, params.now))
+        entry: dict[str, Any] = to_mongo(new_entry(params, attempt, params.now))
         # An object inside an array is an expression too; its strings are ids and constants
         # (validated not to start with '$'), so it is written as is.
         if any(isinstance(v, str) and v.startswith("$") for v in entry.values()):
@@ -1042,7 +1042,7 @@ class MongoDriver(
         claim chose: see ``_claim_chunked``)."""
         entry = self._claim_entry(params, attempt)
         append = {"$set": {WS: {"$concatArrays": [f"${WS}", [entry]]}}}
-        pipeline = [append, *self._trim_stages(params), *_derive_stages(params.now, raw=True)]
+        pipeline = [append, *self._trim_stages(params), *derive_stages(params.now, raw=True)]
         filter_ = self._claim_filter(params, part=part)
         sort = CLAIM_SORT
 
@@ -1076,7 +1076,7 @@ class MongoDriver(
             doc = await self._claim_head_or_mark_it(filter_, sort, pipeline, recover, exc, params.now)
         if doc is None:
             return None
-        doc = _in(doc)
+        doc = from_mongo(doc)
         entries = doc["state"]["worker_states"]
         position = next(i for i, e in enumerate(entries) if e["attempt"] == attempt)
         expire = entries[position]["ping_expire_time"]
@@ -1173,7 +1173,7 @@ class MongoDriver(
         """Fail a task whose document cannot be written as usual; the reason is kept on the task."""
         log.warning("task %s failed for good: %s", key, message, extra={"key": key})
         broken = {"type": error_type, "message": message[:2000], "traceback": None}
-        pipeline = [{"$set": {"state.broken": _lit(broken)}}, *_derive_stages(now)]
+        pipeline = [{"$set": {"state.broken": literal(broken)}}, *derive_stages(now)]
         by_key = one_task(key, self._part(key))
         await self._call("mark task broken", lambda: self.tasks.update_one(by_key, pipeline))
 
@@ -1252,7 +1252,7 @@ class MongoDriver(
         return [results.get(step) for step in steps]
 
     def _finish_op(self, item: FinishParams) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        now = _out(item.now)
+        now = to_mongo(item.now)
         filter_: dict[str, Any] = {
             **one_task(item.key, self._part(item.key)),
             WS: {
@@ -1275,8 +1275,8 @@ class MongoDriver(
                 filter_["state.stop.attempts"] = {"$ne": item.attempt}
         match = {
             "$and": [
-                {"$eq": ["$$e.attempt", _lit(item.attempt)]},
-                {"$eq": ["$$e.worker_id", _lit(item.worker_id)]},
+                {"$eq": ["$$e.attempt", literal(item.attempt)]},
+                {"$eq": ["$$e.worker_id", literal(item.worker_id)]},
                 {"$eq": ["$$e.status", "running"]},
             ]
         }
@@ -1288,7 +1288,7 @@ class MongoDriver(
             "retry_at": item.retry_at,
             "final": item.final,
         }
-        return filter_, [_rebuild_entries(match, changes), *_derive_stages(item.now, raw=True)]
+        return filter_, [rebuild_entries(match, changes), *derive_stages(item.now, raw=True)]
 
     async def finish(self, params: Sequence[FinishParams]) -> list[bool]:
         """Write a batch of attempt outcomes in one command per partition (one, unpartitioned);
@@ -1345,7 +1345,7 @@ class MongoDriver(
             if (
                 entry is not None
                 and entry["status"] == "running"
-                and _in(entry["ping_expire_time"]) > item.now
+                and from_mongo(entry["ping_expire_time"]) > item.now
             ):
                 settled = settlement(state, item.attempt)
                 if settled is not None and settled[0] != item.outcome:
@@ -1372,7 +1372,7 @@ class MongoDriver(
                 outcomes.append(
                     entry is not None
                     and entry["status"] == item.outcome
-                    and _in(entry["end_time"]) == item.now
+                    and from_mongo(entry["end_time"]) == item.now
                     and entry["worker_id"] == item.worker_id
                 )
         return outcomes
@@ -1416,14 +1416,14 @@ class MongoDriver(
         entries whose lease ended are settled (``expired_entries_stage``: lost, or cancelled /
         released when they had been told to stop), then those of earlier generations
         (``_expire_history_leases``)."""
-        now = _out(params.now)
+        now = to_mongo(params.now)
         filter_ = {"part": part, WS: {"$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}}}
         # the retry policy's delay for this failure (lost_retry_at in drivers/base.py):
         # delays[min(fail_cnt, len - 1)] after now, fail_cnt counted before this pass
         delays = {"$ifNull": ["$option.lost_retry_delays_ms", [0]]}
         index = {"$min": ["$state.fail_cnt", {"$subtract": [{"$size": delays}, 1]}]}
-        retry_at = {"$add": [_lit(params.now), {"$arrayElemAt": [delays, index]}]}
-        pipeline = [expired_entries_stage(params.now, retry_at), *_derive_stages(params.now)]
+        retry_at = {"$add": [literal(params.now), {"$arrayElemAt": [delays, index]}]}
+        pipeline = [expired_entries_stage(params.now, retry_at), *derive_stages(params.now)]
 
         async def expire() -> Any:
             return await self.tasks.update_many(filter_, pipeline, hint=LEASES_INDEX)
@@ -1436,7 +1436,7 @@ class MongoDriver(
         the partial index ``leases_history``, which holds only documents with such an entry: an
         earlier build moved running entries to ``state.history`` at a restart; this one refuses
         the restart while an attempt holds a live lease and settles the others first)."""
-        now = _out(params.now)
+        now = to_mongo(params.now)
         filter_ = {
             "part": part,
             HISTORY_RUNNING: "running",  # implied by the $elemMatch; stated for the partial index
@@ -1444,7 +1444,7 @@ class MongoDriver(
                 "$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}
             },
         }
-        pipeline = [expired_history_stage(params.now), *_derive_stages(params.now)]
+        pipeline = [expired_history_stage(params.now), *derive_stages(params.now)]
 
         async def expire() -> Any:
             return await self.tasks.update_many(filter_, pipeline, hint=LEASES_HISTORY_INDEX)
@@ -1454,9 +1454,9 @@ class MongoDriver(
     async def _expire_deadlines_only(self, params: ExpireParams, part: int = 0) -> int:
         """Tasks of one partition whose deadline passed while they waited become ``expired``
         (never run late)."""
-        now = _out(params.now)
+        now = to_mongo(params.now)
         filter_ = {"part": part, "state.status": "pending", "option.deadline": {"$lte": now}}
-        pipeline = [{"$set": {"state.expired_at": _lit(params.now)}}, *_derive_stages(params.now)]
+        pipeline = [{"$set": {"state.expired_at": literal(params.now)}}, *derive_stages(params.now)]
 
         async def expire() -> Any:
             return await self.tasks.update_many(filter_, pipeline, hint=DEADLINE_INDEX)
@@ -1503,11 +1503,11 @@ class MongoDriver(
         for doc in docs:
             claim_at = doc.get("state", {}).get("claim_at")
             deadline = doc.get("option", {}).get("deadline")
-            deadline = _in(deadline) if isinstance(deadline, datetime) else None
+            deadline = from_mongo(deadline) if isinstance(deadline, datetime) else None
             # a document edited by hand must not stop polling; a task past its deadline is never
             # claimed (the claim's rule): no claim wake-up for it
             if isinstance(claim_at, datetime) and (deadline is None or deadline > params.now):
-                wakeups.append(Wakeup(doc["key"], _in(claim_at), "claim"))
+                wakeups.append(Wakeup(doc["key"], from_mongo(claim_at), "claim"))
             if deadline is not None:  # when the deadline pass should look at it
                 wakeups.append(Wakeup(doc["key"], deadline, "deadline"))
         return wakeups
@@ -1545,11 +1545,11 @@ class MongoDriver(
         if resume_token is not None:
             kwargs["resume_after"] = resume_token
         try:
-            stream = await _resolve(self.tasks.watch(watch_pipeline(), **kwargs))
+            stream = await resolved(self.tasks.watch(watch_pipeline(), **kwargs))
         except OperationFailure as exc:
             raise watch_error(exc, resume_token) from exc
         except PyMongoError as exc:
-            raise StorageError(f"watch failed: {exc}", transient=_is_transient(exc)) from exc
+            raise StorageError(f"watch failed: {exc}", transient=is_transient(exc)) from exc
         log.debug("the tasks' change stream opened (resume token: %s)", resume_token is not None)
         return self._changes(stream, resume_token)
 
@@ -1578,7 +1578,7 @@ class MongoDriver(
         finally:
             close = getattr(stream, "close", None)
             if close is not None:
-                await _resolve(close())
+                await resolved(close())
 
 
 def _token_of_change(source: Any, item: ChangeEvent | StreamPosition) -> Any:

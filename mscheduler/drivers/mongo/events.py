@@ -71,15 +71,15 @@ from mscheduler.drivers.mongo.common import (
     WS,
     T,
     WriteMayRollBack,
-    _in,
-    _is_transient,
-    _out,
-    _resolve,
-    _write_concern_codes,
     admin_read,
+    from_mongo,
+    is_transient,
     log,
     may_roll_back,
+    resolved,
+    to_mongo,
     watch_error,
+    write_concern_codes,
 )
 from mscheduler.drivers.mongo.indexes import ensure_indexes
 
@@ -109,7 +109,7 @@ def events_collection(database: Any, prefix: str, concern: WriteConcern | None) 
 
 def _stored(doc: Mapping[str, Any]) -> dict[str, Any]:
     """A stored event as the drivers hand it out: ``_id`` as ``id``, aware datetimes."""
-    out = _in(dict(doc))
+    out = from_mongo(dict(doc))
     out["id"] = out.pop("_id")
     out.setdefault("detail", {})
     return dict(out)
@@ -164,7 +164,7 @@ class _MongoEventStream:
     async def aclose(self) -> None:
         close = getattr(self._stream, "close", None)
         if close is not None:
-            await _resolve(close())
+            await resolved(close())
 
 
 class MongoEvents:
@@ -250,7 +250,7 @@ class MongoEvents:
         if not params.events:
             return 0
         docs = [
-            _out({"_id": e["id"], **{k: v for k, v in e.items() if k != "id"}, "written": params.now})
+            to_mongo({"_id": e["id"], **{k: v for k, v in e.items() if k != "id"}, "written": params.now})
             for e in params.events
         ]
         extra = {"session": params.session} if params.session is not None else {}
@@ -262,10 +262,7 @@ class MongoEvents:
                 result = await self.events.insert_many(docs, ordered=False, **extra)
             except BulkWriteError as exc:
                 errors = exc.details.get("writeErrors", [])
-                if (
-                    any(err.get("code") != 11000 for err in errors)
-                    or _write_concern_codes(exc) & CONFIG_CODES
-                ):
+                if any(err.get("code") != 11000 for err in errors) or write_concern_codes(exc) & CONFIG_CODES:
                     raise
                 existing = {err["index"] for err in errors}
                 applied = set(range(len(docs))) - existing
@@ -301,7 +298,7 @@ class MongoEvents:
     async def _expire_leases_part(self, params: ExpireParams, part: int) -> int:
         if not self.record_events:
             return await self._expire_leases_only(params, part)
-        now = _out(params.now)
+        now = to_mongo(params.now)
         filter_ = {"part": part, WS: {"$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}}}
         projection = {
             "_id": 0,
@@ -318,7 +315,7 @@ class MongoEvents:
 
         async def read() -> list[dict[str, Any]]:
             cursor = self.tasks_primary.find(filter_, projection).hint(LEASES_INDEX)
-            return [_in(doc) async for doc in cursor]
+            return [from_mongo(doc) async for doc in cursor]
 
         docs = await self._call("expire leases (read for events)", read)
         if not docs:  # nothing expired at this ``now``: the update would change nothing
@@ -355,7 +352,7 @@ class MongoEvents:
     async def _expire_deadlines_part(self, params: ExpireParams, part: int) -> int:
         if not self.record_events:
             return await self._expire_deadlines_only(params, part)
-        filter_ = {"part": part, "state.status": "pending", "option.deadline": {"$lte": _out(params.now)}}
+        filter_ = {"part": part, "state.status": "pending", "option.deadline": {"$lte": to_mongo(params.now)}}
 
         projection = {
             "_id": 0,
@@ -368,7 +365,7 @@ class MongoEvents:
 
         async def read() -> list[dict[str, Any]]:
             cursor = self.tasks_primary.find(filter_, projection)
-            return [_in(doc) async for doc in cursor.hint(DEADLINE_INDEX)]
+            return [from_mongo(doc) async for doc in cursor.hint(DEADLINE_INDEX)]
 
         docs = await self._call("expire deadlines (read for events)", read)
         if not docs:
@@ -432,15 +429,15 @@ class MongoEvents:
         filter_ = _filter(query)
         time: dict[str, Any] = {}
         if query.time_from is not None:
-            time["$gte"] = _out(query.time_from)
+            time["$gte"] = to_mongo(query.time_from)
         if query.time_to is not None:
-            time["$lt"] = _out(query.time_to)
+            time["$lt"] = to_mongo(query.time_to)
         if time:
             filter_["time"] = time
         if query.written_from is not None:
-            filter_["written"] = {"$gte": _out(query.written_from)}
+            filter_["written"] = {"$gte": to_mongo(query.written_from)}
         if query.after is not None:
-            written, event_id = _out(query.after[0]), query.after[1]
+            written, event_id = to_mongo(query.after[0]), query.after[1]
             filter_["$or"] = [{"written": {"$gt": written}}, {"written": written, "_id": {"$gt": event_id}}]
         if query.by_written:
             order, index = [("written", 1), ("_id", 1)], EVENTS_WRITTEN_INDEX
@@ -461,10 +458,10 @@ class MongoEvents:
         match = {"operationType": "insert", **_filter(query, "fullDocument.")}
         kwargs: dict[str, Any] = {"resume_after": resume_token} if resume_token is not None else {}
         try:
-            stream = await _resolve(self.events.watch([{"$match": match}], **kwargs))
+            stream = await resolved(self.events.watch([{"$match": match}], **kwargs))
         except OperationFailure as exc:
             raise watch_error(exc, resume_token) from exc
         except PyMongoError as exc:
-            raise StorageError(f"watching events failed: {exc}", transient=_is_transient(exc)) from exc
+            raise StorageError(f"watching events failed: {exc}", transient=is_transient(exc)) from exc
         log.debug("event stream opened (resume token: %s)", resume_token is not None)
         return _MongoEventStream(stream, resume_token)

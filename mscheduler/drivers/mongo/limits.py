@@ -53,7 +53,7 @@ from mscheduler.drivers.base import (
     PutLimitParams,
     SlotsParams,
 )
-from mscheduler.drivers.mongo.common import ADMIN_READ_MS, _in, _lit, _out, admin_read
+from mscheduler.drivers.mongo.common import ADMIN_READ_MS, admin_read, from_mongo, literal, to_mongo
 from mscheduler.drivers.mongo.indexes import ensure_indexes
 
 T = TypeVar("T")
@@ -82,7 +82,7 @@ def _null(field: str) -> dict[str, Any]:
 
 
 def _not_in(path: str, values: Sequence[str]) -> dict[str, Any]:
-    return {"$not": [{"$in": [path, _lit(list(values))]}]}
+    return {"$not": [{"$in": [path, literal(list(values))]}]}
 
 
 def checked_tokens(tokens: Sequence[str]) -> list[str]:
@@ -239,11 +239,11 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
             "$filter": {
                 "input": "$_slots_in",
                 "as": "s",
-                "cond": {"$and": [{"$in": ["$$s.k", _lit(mine)]}, {"$eq": ["$$s.v.b", "$$e.k"]}]},
+                "cond": {"$and": [{"$in": ["$$s.k", literal(mine)]}, {"$eq": ["$$s.v.b", "$$e.k"]}]},
             }
         }
     }
-    ours = {"$eq": ["$$s.v.w", _lit(holder_id(params.worker_id))]}
+    ours = {"$eq": ["$$s.v.w", literal(holder_id(params.worker_id))]}
     stage3 = {
         "$set": {
             # pre-rate slots leaving now (expired, or released by this worker; not re-granted)
@@ -258,8 +258,8 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
                                 _not_in("$$s.k", mine),
                                 {
                                     "$or": [
-                                        {"$lte": ["$$s.v.e", _lit(params.now)]},
-                                        {"$and": [ours, {"$in": ["$$s.k", _lit(ended)]}]},
+                                        {"$lte": ["$$s.v.e", literal(params.now)]},
+                                        {"$and": [ours, {"$in": ["$$s.k", literal(ended)]}]},
                                     ]
                                 },
                             ]
@@ -273,11 +273,11 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
                     "as": "s",
                     "cond": {
                         "$and": [
-                            {"$gt": ["$$s.v.e", _lit(params.now)]},
+                            {"$gt": ["$$s.v.e", literal(params.now)]},
                             _not_in("$$s.k", mine),
                             # this worker's ended attempts (release): their slots go, their
                             # starts stay counted
-                            {"$eq": [{"$and": [ours, {"$in": ["$$s.k", _lit(ended)]}]}, False]},
+                            {"$eq": [{"$and": [ours, {"$in": ["$$s.k", literal(ended)]}]}, False]},
                         ]
                     },
                 }
@@ -332,7 +332,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
     # what the current bucket gains: the grants' starts and those of the pre-rate slots leaving
     stage7b = {"$set": {"_add": {"$add": ["$_g", {"$cond": [rated, "$_pgone", 0]}]}}}
     asked = [{"a": a, "i": i} for i, a in enumerate(mine)]
-    picked = {"$filter": {"input": _lit(asked), "as": "r", "cond": {"$lt": ["$$r.i", "$_room"]}}}
+    picked = {"$filter": {"input": literal(asked), "as": "r", "cond": {"$lt": ["$$r.i", "$_room"]}}}
     new_slots = {
         "$map": {
             "input": picked,
@@ -340,8 +340,8 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
             "in": {
                 "k": "$$r.a",
                 "v": {
-                    "w": _lit(holder_id(params.worker_id)),
-                    "e": _lit(params.expire),
+                    "w": literal(holder_id(params.worker_id)),
+                    "e": literal(params.expire),
                     "b": {"$cond": [rated, "$_cur", None]},
                 },
             },
@@ -405,31 +405,31 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
 
 def slots_pipeline(params: SlotsParams) -> list[dict[str, Any]]:
     """``mscheduler.domain.limits.settle`` as update stages (see ``acquire_pipeline``)."""
-    holder = _lit(holder_id(params.worker_id))
+    holder = literal(holder_id(params.worker_id))
     dropped = checked_tokens([*params.release, *params.unused])
     ext_keys = checked_tokens(list(params.extend))
     ours = {"$eq": ["$$s.v.w", holder]}
-    live = {"$gt": ["$$s.v.e", _lit(params.now)]}
+    live = {"$gt": ["$$s.v.e", literal(params.now)]}
     # on a limit with a rate, a slot granted before it had one stays until the next acquire
     # counts its start (domain.limits.settle): a released one is ended (expiry now at the latest)
     pre = {"$and": [{"$ne": [{"$ifNull": ["$rate_n", None]}, None]}, _PRE]}
     keep = {
         "$cond": [
             pre,
-            {"$eq": [{"$and": [ours, {"$in": ["$$s.k", _lit(checked_tokens(params.unused))]}]}, False]},
-            {"$and": [live, {"$eq": [{"$and": [ours, {"$in": ["$$s.k", _lit(dropped)]}]}, False]}]},
+            {"$eq": [{"$and": [ours, {"$in": ["$$s.k", literal(checked_tokens(params.unused))]}]}, False]},
+            {"$and": [live, {"$eq": [{"$and": [ours, {"$in": ["$$s.k", literal(dropped)]}]}, False]}]},
         ]
     }
     # the new expiry of slot ``$$s``: the one given for its attempt token
-    expiries = _lit([params.extend[a] for a in ext_keys])
-    moved = {"$arrayElemAt": [expiries, {"$indexOfArray": [_lit(ext_keys), "$$s.k"]}]}
+    expiries = literal([params.extend[a] for a in ext_keys])
+    moved = {"$arrayElemAt": [expiries, {"$indexOfArray": [literal(ext_keys), "$$s.k"]}]}
     extended = {"w": "$$s.v.w", "e": moved, "b": "$$s.v.b"}
-    ended = {"w": "$$s.v.w", "e": {"$min": ["$$s.v.e", _lit(params.now)]}, "b": None}
+    ended = {"w": "$$s.v.w", "e": {"$min": ["$$s.v.e", literal(params.now)]}, "b": None}
     value = {
         "$switch": {
             "branches": [
-                {"case": {"$and": [pre, ours, {"$in": ["$$s.k", _lit(dropped)]}]}, "then": ended},
-                {"case": {"$and": [ours, live, {"$in": ["$$s.k", _lit(ext_keys)]}]}, "then": extended},
+                {"case": {"$and": [pre, ours, {"$in": ["$$s.k", literal(dropped)]}]}, "then": ended},
+                {"case": {"$and": [ours, live, {"$in": ["$$s.k", literal(ext_keys)]}]}, "then": extended},
             ],
             "default": "$$s.v",
         }
@@ -454,7 +454,7 @@ def slots_pipeline(params: SlotsParams) -> list[dict[str, Any]]:
                     "$filter": {
                         "input": "$_slots_in",
                         "as": "s",
-                        "cond": {"$and": [ours, {"$in": ["$$s.k", _lit(checked_tokens(params.unused))]}]},
+                        "cond": {"$and": [ours, {"$in": ["$$s.k", literal(checked_tokens(params.unused))]}]},
                     }
                 },
                 "as": "s",
@@ -511,8 +511,8 @@ class MongoLimits:
 
     async def put_limit(self, params: PutLimitParams) -> bool:
         update = {
-            "$set": _out({**params.fields, "update_time": params.now}),
-            "$setOnInsert": _out({"slots": {}, "starts": {}, "create_time": params.now}),
+            "$set": to_mongo({**params.fields, "update_time": params.now}),
+            "$setOnInsert": to_mongo({"slots": {}, "starts": {}, "create_time": params.now}),
         }
 
         async def write() -> bool:
@@ -545,12 +545,12 @@ class MongoLimits:
 
     async def get_limit(self, key: str) -> dict[str, Any] | None:
         doc = await self._call("get limit", lambda: self.limits.find_one({"_id": key}))
-        return _in(doc) if doc is not None else None
+        return from_mongo(doc) if doc is not None else None
 
     async def list_limits(self) -> list[dict[str, Any]]:
         async def read() -> list[dict[str, Any]]:
             cursor = self.limits.find({}).sort("_id", 1).hint(ID_INDEX)
-            return [_in(doc) async for doc in cursor.max_time_ms(ADMIN_READ_MS)]
+            return [from_mongo(doc) async for doc in cursor.max_time_ms(ADMIN_READ_MS)]
 
         return await self._call("list limits", lambda: admin_read("list limits", read))
 
@@ -590,7 +590,7 @@ class MongoLimits:
                 ("slots.a", "slots.w", "slots.e"), 1
             )
             cursor = self.limits_primary.find(filter_, projection).hint(LIMITS_SLOTS_INDEX)
-            return held_in([_in(doc) async for doc in cursor], worker_id, tokens, now)
+            return held_in([from_mongo(doc) async for doc in cursor], worker_id, tokens, now)
 
         if not tokens:
             return {}
@@ -616,14 +616,14 @@ class MongoLimits:
             # the reply was lost: applied if one of our attempts holds a slot (a retry of an
             # acquire is harmless anyway: it drops these attempts' grants before granting)
             doc: dict[str, Any] | None = await self.limits_primary.find_one({"_id": params.key}, projection)
-            if doc is None or not granted_of(_in(doc), params.worker_id, params.attempts, params.now):
+            if doc is None or not granted_of(from_mongo(doc), params.worker_id, params.attempts, params.now):
                 return None
             return doc
 
         doc = await self._call("acquire slots", write, recover=recover)
         if doc is None:
             return AcquireResult(granted=list(params.attempts), limited=False)
-        doc = _in(doc)
+        doc = from_mongo(doc)
         return AcquireResult(
             granted=granted_of(doc, params.worker_id, params.attempts, params.now),
             **acquire_result_fields(doc, params.now),
@@ -650,4 +650,4 @@ class MongoLimits:
         doc = await self._call(what, write)
         if doc is None:
             return list(params.extend)
-        return granted_of(_in(doc), params.worker_id, list(params.extend), params.now)
+        return granted_of(from_mongo(doc), params.worker_id, list(params.extend), params.now)

@@ -39,9 +39,9 @@ from mscheduler.drivers.mongo.common import (
     KEY_INDEX,
     WS,
     T,
-    _out,
-    _resolve,
     log,
+    resolved,
+    to_mongo,
 )
 
 RETENTION_INDEX_PREFIX = "retention_"
@@ -92,7 +92,7 @@ class MongoMaintenance:
         ``params``; False if the server refused them (the retention pass then does the work)."""
 
         async def current() -> dict[str, dict[str, Any]]:
-            cursor = await _resolve(self.tasks.list_indexes())
+            cursor = await resolved(self.tasks.list_indexes())
             return {ix["name"]: dict(ix) async for ix in cursor}
 
         existing = await self._call("list indexes", current)
@@ -169,7 +169,7 @@ class MongoMaintenance:
         # children are never removed alone (they go with their parent, below)
         filter_ = {
             "state.status": params.status,
-            "state.finish_time": {"$lte": _out(params.before)},
+            "state.finish_time": {"$lte": to_mongo(params.before)},
             "parent": {"$exists": False},
         }
 

@@ -33,10 +33,10 @@ from mscheduler.drivers.mongo.common import (
     KEY_INDEX,
     WS,
     T,
-    _in,
-    _lit,
-    _out,
-    _rebuild_entries,
+    from_mongo,
+    literal,
+    rebuild_entries,
+    to_mongo,
     write_concern_only,
 )
 
@@ -113,13 +113,13 @@ class MongoPing:
             raise StorageError("attempt tokens must not start with '$'")
         match = {
             "$and": [
-                {"$eq": ["$$e.worker_id", _lit(worker_id)]},
+                {"$eq": ["$$e.worker_id", literal(worker_id)]},
                 {"$in": ["$$e.attempt", tokens]},
                 {"$eq": ["$$e.status", "running"]},
-                {"$gt": ["$$e.ping_expire_time", _lit(now)]},
+                {"$gt": ["$$e.ping_expire_time", literal(now)]},
             ]
         }
-        return [_rebuild_entries(match, {"ping_expire_time": expire})]
+        return [rebuild_entries(match, {"ping_expire_time": expire})]
 
     async def ping(self, params: PingParams) -> PingResult:
         """The renewal of every attempt of ``params``: one write per partition its tasks are in
@@ -143,7 +143,7 @@ class MongoPing:
         return result
 
     async def _ping_part(self, params: PingParams, part: int) -> PingResult:
-        now = _out(params.now)
+        now = to_mongo(params.now)
         every_key: dict[str, str] = {}
         writes: list[Callable[[], Awaitable[Any]]] = []
         bulk: list[Any] = []
@@ -174,7 +174,7 @@ class MongoPing:
                 one = {key: attempt}
                 fields = report_fields(report, params.worker_id, attempt, params.now)
                 # user data (the checkpoint) enters the pipeline only inside $literal
-                record = {"$set": {f"state.{name}": _lit(value) for name, value in fields.items()}}
+                record = {"$set": {f"state.{name}": literal(value) for name, value in fields.items()}}
                 update = [*self._ping_update(params.worker_id, now, one, expire), record]
                 bulk.append(
                     UpdateOne(
@@ -210,7 +210,7 @@ class MongoPing:
                 # (error 31275); the entry is picked below.
                 projection,
             )
-            return [_in(doc) async for doc in cursor]
+            return [from_mongo(doc) async for doc in cursor]
 
         docs = {doc["key"]: doc for doc in await self._call("ping read", read)}
         return _ping_result(params, every_key, docs)

@@ -54,7 +54,7 @@ from mscheduler.drivers.base import (
 from mscheduler.observability.tracing import tracer_for
 from mscheduler.runtime.consumer.claimer import ConsumerClaimer
 from mscheduler.runtime.consumer.discovery import Discovery
-from mscheduler.runtime.consumer.finisher import ConsumerFinisher, _Pending
+from mscheduler.runtime.consumer.finisher import ConsumerFinisher, PendingOutcome
 from mscheduler.runtime.consumer.handlers import (
     Handler,
     HandlerPools,
@@ -71,9 +71,9 @@ from mscheduler.runtime.consumer.reports import DEFAULT_MAX_CHECKPOINT_BYTES
 from mscheduler.runtime.consumer.runner import (
     ConsumerRunner,
     Listener,
+    RunningAttempt,
     RunTimedOut,
     TaskContext,
-    _Running,
 )
 from mscheduler.services.children import ChildSync
 from mscheduler.services.events import EventKind, EventRecorder
@@ -242,12 +242,12 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         self._tracer = tracer_for(tracing)
         if self._tracer is not None:
             self._listeners.append(self._tracer.on_consumer_event)
-        self._running: dict[str, _Running] = {}
+        self._running: dict[str, RunningAttempt] = {}
         # untargeted fan-out tasks this worker succeeded on, newest last (see runner.RAN_FANOUT_KEPT)
         self._ran_fanout: OrderedDict[str, None] = OrderedDict()
         self._handlers_active = 0
         self._slot_freed = asyncio.Event()
-        self._pending: list[_Pending] = []
+        self._pending: list[PendingOutcome] = []
         self._pending_added = asyncio.Event()
         self._ping_wake = asyncio.Event()
         self._ping_now = asyncio.Event()  # a checkpoint waits, or a stop needs the store's word
@@ -561,12 +561,14 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
 
     @staticmethod
     def _fails_for_good(
-        running: _Running, stat: str, error: dict[str, Any] | None, final: bool = False
+        running: RunningAttempt, stat: str, error: dict[str, Any] | None, final: bool = False
     ) -> bool:
         """Does this outcome end the task as failed (rejected, Fail, or the budget used)?"""
         return fails_for_good(running.option, running.claimed.fail_cnt, stat, error, final)
 
-    def _record_event(self, running: _Running, kind: EventKind, detail: dict[str, Any] | None = None) -> None:
+    def _record_event(
+        self, running: RunningAttempt, kind: EventKind, detail: dict[str, Any] | None = None
+    ) -> None:
         assert self.events is not None
         claimed = running.claimed
         self.events.attempt_event(

@@ -6,11 +6,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
-from mscheduler.web.deps import _ERRORS, Ops, _common
+from mscheduler.web.deps import COMMON_DEPENDENCIES, ERROR_ANSWERS, Ops
 from mscheduler.web.guards import AnswerCache
 from mscheduler.web.models import StatsOut, WhoAmIOut
 
-misc = APIRouter(tags=["stats"], dependencies=_common, responses=_ERRORS)
+misc = APIRouter(tags=["stats"], dependencies=COMMON_DEPENDENCIES, responses=ERROR_ANSWERS)
 
 
 @misc.get("/stats", response_model=StatsOut, summary="Task statistics (counts, rates, durations)")

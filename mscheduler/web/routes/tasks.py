@@ -12,13 +12,13 @@ from mscheduler.domain.listing import CURSOR_MAX_LEN, LIST_LIMIT_MAX, TaskFilter
 from mscheduler.domain.model import OptionChange, TaskInfo, TaskOption, TaskStatus
 from mscheduler.operations import COUNT_CAP, COUNT_MAX
 from mscheduler.web.deps import (
-    _ERRORS,
-    _NOT_FOUND,
-    _REFUSED,
+    COMMON_DEPENDENCIES,
+    ERROR_ANSWERS,
+    NOT_FOUND_ANSWER,
+    REFUSED_ANSWER,
     IsoTime,
     Ops,
     Who,
-    _common,
     json_answer,
     shown_task,
 )
@@ -32,7 +32,7 @@ from mscheduler.web.models import (
     TaskPageOut,
 )
 
-tasks = APIRouter(prefix="/tasks", tags=["tasks"], dependencies=_common, responses=_ERRORS)
+tasks = APIRouter(prefix="/tasks", tags=["tasks"], dependencies=COMMON_DEPENDENCIES, responses=ERROR_ANSWERS)
 
 
 @tasks.post(
@@ -137,19 +137,21 @@ async def list_tasks(
     return json_answer(out)
 
 
-@tasks.get("/{key:path}", response_model=TaskInfo, responses=_NOT_FOUND, summary="A task and its attempts")
+@tasks.get(
+    "/{key:path}", response_model=TaskInfo, responses=NOT_FOUND_ANSWER, summary="A task and its attempts"
+)
 async def get_task(key: str, operations: Ops, who: Who) -> Response:
     """The task (a read token sees its attempt tokens blanked)."""
     return json_answer(shown_task(await operations.get_task(key), who))
 
 
-@tasks.post("/{key:path}/cancel", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
+@tasks.post("/{key:path}/cancel", response_model=TaskInfo, responses=NOT_FOUND_ANSWER | REFUSED_ANSWER)
 async def cancel_task(key: str, operations: Ops, who: Who, body: CancelBody | None = None) -> TaskInfo:
     """End a pending or running task as cancelled (a running handler stops at its next ping)."""
     return await operations.cancel(key, body.reason if body is not None else "", by=who.by)
 
 
-@tasks.post("/{key:path}/pause", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
+@tasks.post("/{key:path}/pause", response_model=TaskInfo, responses=NOT_FOUND_ANSWER | REFUSED_ANSWER)
 async def pause_task(key: str, operations: Ops, who: Who, stop_running: bool = False) -> TaskInfo:
     """Stop claims of a pending or running task until it is resumed. ``stop_running=true``: its
     running attempts are also stopped and released (not counted against the retry budget); the
@@ -157,13 +159,13 @@ async def pause_task(key: str, operations: Ops, who: Who, stop_running: bool = F
     return await operations.pause(key, stop_running=stop_running, by=who.by)
 
 
-@tasks.post("/{key:path}/resume", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
+@tasks.post("/{key:path}/resume", response_model=TaskInfo, responses=NOT_FOUND_ANSWER | REFUSED_ANSWER)
 async def resume_task(key: str, operations: Ops, who: Who) -> TaskInfo:
     """Make a paused task claimable again."""
     return await operations.resume(key, by=who.by)
 
 
-@tasks.post("/{key:path}/restart", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
+@tasks.post("/{key:path}/restart", response_model=TaskInfo, responses=NOT_FOUND_ANSWER | REFUSED_ANSWER)
 async def restart_task(
     key: str,
     operations: Ops,
@@ -177,7 +179,7 @@ async def restart_task(
     return await operations.restart(key, force=force, by=who.by, deadline=deadline)
 
 
-@tasks.post("/{key:path}/status", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
+@tasks.post("/{key:path}/status", response_model=TaskInfo, responses=NOT_FOUND_ANSWER | REFUSED_ANSWER)
 async def set_task_status(key: str, body: StatusBody, operations: Ops, who: Who) -> TaskInfo:
     """Set a task's status by hand: ``succeeded`` (not running, not succeeded yet) or ``failed``
     (pending, nothing running). A child's parent follows (a sequential parent's next step
@@ -185,13 +187,13 @@ async def set_task_status(key: str, body: StatusBody, operations: Ops, who: Who)
     return await operations.set_status(key, body.status, reason=body.reason, by=who.by)
 
 
-@tasks.patch("/{key:path}/option", response_model=TaskOption, responses=_NOT_FOUND | _REFUSED)
+@tasks.patch("/{key:path}/option", response_model=TaskOption, responses=NOT_FOUND_ANSWER | REFUSED_ANSWER)
 async def edit_task(key: str, change: OptionChange, operations: Ops, who: Who) -> TaskOption:
     """Change a pending or running task's options (fields left out stay); returns the new option."""
     return await operations.edit(key, change, by=who.by)
 
 
-@tasks.delete("/{key:path}", status_code=204, responses=_NOT_FOUND | _REFUSED)
+@tasks.delete("/{key:path}", status_code=204, responses=NOT_FOUND_ANSWER | REFUSED_ANSWER)
 async def remove_task(key: str, operations: Ops, who: Who, force: bool = False) -> Response:
     """Delete a task that is not running (a running one with ``force=true``: cancelled first)."""
     await operations.remove(key, force=force, by=who.by)
