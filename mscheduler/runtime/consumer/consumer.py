@@ -72,16 +72,11 @@ from mscheduler.runtime.consumer.runner import (
     ConsumerRunner,
     Listener,
     RunningAttempt,
-    RunTimedOut,
-    TaskContext,
 )
 from mscheduler.services.children import ChildSync
 from mscheduler.services.events import EventKind, EventRecorder
 from mscheduler.services.planner import Planner
 from mscheduler.services.retention import Retention, RetentionService
-
-# TaskContext and RunTimedOut live in runner.py; they stay importable from here, as before.
-__all__ = ["Consumer", "RunTimedOut", "TaskContext"]
 
 log = logging.getLogger("mscheduler.consumer")
 
