@@ -677,16 +677,6 @@ async def test_counting_a_filter_reads_index_keys_up_to_the_cap(
     assert await backlog.driver.count_tasks(params, cap) == cap  # more than the cap match
 
 
-async def test_the_attempt_count_backfill_reads_only_tasks_without_one(backlog: Backlog) -> None:
-    """Issue 20: ``setup`` gives older tasks ``state.attempt_cnt`` with one update on the attempts
-    index; a store where every task has it costs a probe per status, no document."""
-    command = await backlog.command_of("update", lambda d: d._backfill_attempt_counts())
-    (update,) = command["updates"]
-    assert update.get("hint") == ATTEMPTS_INDEX
-    plan = await backlog.explain(command)
-    assert_plan(plan, ATTEMPTS_INDEX, max_keys=2 * len(ALL_STATUSES) + 2, max_docs=0, what="backfill")
-
-
 async def test_counting_by_status_reads_index_keys_only(backlog: Backlog) -> None:
     """A9: count_by_status is covered by the status index: every key once, no document."""
     command = await backlog.command_of("aggregate", lambda d: d.count_by_status())

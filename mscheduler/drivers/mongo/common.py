@@ -117,12 +117,8 @@ PARENTS_INDEX = "parents"
 FAMILY_INDEX = "family"
 STATS_COUNTS_INDEX = "stats_counts"
 FINISHED_INDEX = "finished_key"
-# Index names of earlier builds that ``setup`` drops once their replacements exist: ``claim`` and
-# ``status`` (before the claimer tokens), ``finished`` (state.status, state.finish_time, name;
-# ``finished_key`` replaced it: the finished listing's order needs key), ``deadline`` (deadline,
-# status: range-first; ``status_deadline`` replaced it). An index whose keys or
-# options change keeps its name only if ``setup`` may rebuild it (drivers/mongo/indexes.py).
-RETIRED_INDEXES = ("finished", "claim", "status", "deadline")
+# An index whose keys or options change keeps its name only if ``setup`` may rebuild it
+# (drivers/mongo/indexes.py).
 
 
 def live_hash(unique_hash: Any) -> dict[str, Any]:

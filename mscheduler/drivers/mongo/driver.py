@@ -70,9 +70,7 @@ from mscheduler.drivers.base import (
 )
 from mscheduler.drivers.mongo.children import MongoChildren
 from mscheduler.drivers.mongo.common import (
-    ALL_STATUSES,
     ATTEMPT_INDEX,
-    ATTEMPTS_INDEX,
     CLAIM_INDEX,
     CLAIM_SORT,
     CONFIG_CODES,
@@ -86,7 +84,6 @@ from mscheduler.drivers.mongo.common import (
     MAJORITY_WTIMEOUT_MS,
     MAX_SCANS,
     META,
-    RETIRED_INDEXES,
     SHARD_KEY,
     TASKS,
     UNIQUE_LIVE_INDEX,
@@ -395,21 +392,15 @@ class MongoDriver(
         raise AssertionError("unreachable")
 
     async def setup(self) -> None:
-        """Record the store's layout (its partitions), give every task its partition (the tasks
-        an earlier build inserted), create the indexes (idempotent; an index whose spec changed
-        since an earlier build is rebuilt, ``drivers/mongo/indexes.py``), drop the retired ones
-        of earlier builds (``RETIRED_INDEXES``)."""
+        """Record the store's layout (its partitions) and create the indexes (idempotent; an
+        index whose spec changed is rebuilt, ``drivers/mongo/indexes.py``)."""
         await self._layout(record=True)
-        await self._place_unplaced()
         indexes = task_indexes(self.sharded)
-        self.rebuilt = await self._call(
-            "create indexes", lambda: ensure_indexes(self.tasks, indexes, RETIRED_INDEXES)
-        )
+        self.rebuilt = await self._call("create indexes", lambda: ensure_indexes(self.tasks, indexes))
         await self._call("create plan indexes", self._create_plan_indexes)
         await self._call("create limit indexes", self._create_limit_indexes)
         await self._call("create worker indexes", self._create_worker_indexes)
         await self._create_event_indexes()
-        await self._backfill_attempt_counts()
         self._set_up = True
 
     async def prepare(self) -> None:
@@ -502,39 +493,6 @@ class MongoDriver(
                 lambda: self.meta.update_one({"_id": "layout"}, {"$set": {"sharded": True}}),
             )
 
-    async def _place_unplaced(self) -> int:
-        """Give a partition to the tasks that have none (inserted by a build before partitions):
-        ``part`` 0 in an unpartitioned store (one update), else each by its key, a batch at a
-        time. Returns how many were placed.
-
-        On a sharded store ``part`` is a shard-key field: a document that lacks it is set one at a
-        time, each write a single-document update naming the whole shard key (``_id``, and
-        ``part: null``, as a missing field counts) in a retryable write (a bulk write of single
-        updates is one), as MongoDB requires to set a missing shard-key field."""
-        if self.partitions == 1 and not self.sharded:
-            result = await self._call(
-                "place unplaced tasks",
-                lambda: self.tasks.update_many({"part": None}, {"$set": {"part": 0}}),
-            )
-            return int(result.modified_count)
-        placed = 0
-        while True:
-
-            async def read() -> list[str]:
-                cursor = self.tasks.find({"part": None}, {"_id": 1}).limit(1000)
-                return [doc["_id"] async for doc in cursor]
-
-            keys = await self._call("find unplaced tasks", read)
-            if not keys:
-                return placed
-            ops = [UpdateOne(one_task(k, None), {"$set": {"part": self._part(k)}}) for k in keys]
-
-            async def place(ops: list[UpdateOne] = ops) -> Any:
-                return await self.tasks.bulk_write(ops, ordered=False)
-
-            await self._call("place unplaced tasks", place)
-            placed += len(keys)
-
     async def shard(self, *, zones: bool = True) -> list[dict[str, Any]]:
         """Shard the tasks collection of a store set up with ``sharded=True`` (an administrator's
         step, on a mongos: ``mscheduler setup --shards``): shard key ``{part: 1, _id: 1}``, a
@@ -617,22 +575,6 @@ class MongoDriver(
             return [f"{c.name}: {p}" for c, indexes in wanted for p in await index_problems(c, indexes)]
 
         return await self._call("check indexes", check)
-
-    async def _backfill_attempt_counts(self) -> int:
-        """Give ``state.attempt_cnt`` (a derived field, the attempts sort) to the tasks an earlier
-        build wrote, which lack it until their next write: one update, its filter a range of the
-        attempts index (missing sorts as null there), so a store without such tasks costs one
-        index probe per status. Returns how many were given it."""
-        filter_ = {"state.status": {"$in": ALL_STATUSES}, "state.attempt_cnt": {"$exists": False}}
-        count = {"$add": ["$state.running_cnt", "$state.success_cnt", "$state.fail_cnt"]}
-
-        async def update() -> Any:
-            return await self.tasks.update_many(
-                filter_, [{"$set": {"state.attempt_cnt": count}}], hint=ATTEMPTS_INDEX
-            )
-
-        result = await self._call("backfill attempt counts", update)
-        return int(result.modified_count)
 
     @property
     def namespace(self) -> str:

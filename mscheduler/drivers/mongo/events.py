@@ -26,11 +26,6 @@ Indexes (every read names its index):
 ``events_task``     ``key, time, step, seq, _id``          one task's history
 ``events_written``  ``written, _id``                       a poller's position (no change stream)
 ================== ===================================== ======================================
-
-``events_order`` and ``events_task`` replaced ``events_time`` and ``events_key`` (the same keys
-without ``seq``) when events got their writers' sequence (issue 17 A3): new names, since a
-changed key pattern under an old name fails ``createIndexes`` on a store an earlier build made;
-``setup()`` drops the old ones once the new ones exist.
 """
 
 from __future__ import annotations
@@ -88,8 +83,6 @@ EVENTS_TTL_INDEX = "events_ttl"
 EVENTS_TIME_INDEX = "events_order"
 EVENTS_KEY_INDEX = "events_task"
 EVENTS_WRITTEN_INDEX = "events_written"
-# event indexes of earlier builds, dropped by setup() once their replacements exist
-RETIRED_EVENT_INDEXES = ("events_time", "events_key")
 _INDEX_NOT_FOUND = 27
 _INDEX_OPTIONS_CONFLICT = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
 UNAUTHORIZED = 13
@@ -239,7 +232,7 @@ class MongoEvents:
                     log.warning("no collMod right: rebuilding %s with the new retention", EVENTS_TTL_INDEX)
                     await self.events.drop_index(EVENTS_TTL_INDEX)
                     await create_ttl()
-            await ensure_indexes(self.events, EVENT_INDEXES, RETIRED_EVENT_INDEXES)
+            await ensure_indexes(self.events, EVENT_INDEXES)
 
         await self._call("create event indexes", create)
 
