@@ -37,7 +37,6 @@ from pymongo.errors import DuplicateKeyError
 
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.limits import (
-    CONVERTED_BUCKET,
     RATE_BUCKETS,
     acquire_result_fields,
     epoch_ms,
@@ -93,31 +92,8 @@ def checked_tokens(tokens: Sequence[str]) -> list[str]:
     return list(tokens)
 
 
-# the state as arrays of {k, v} while a pipeline works on it: ``slots`` of the earlier layout (an
-# array of {a, w, e}) is read as the same slots, so a limit keeps its holders across an upgrade
-_SLOTS_IN = {
-    "$cond": [
-        {"$isArray": "$slots"},
-        {
-            "$map": {
-                "input": "$slots",
-                "as": "s",
-                "in": {
-                    "k": "$$s.a",
-                    "v": {
-                        "w": "$$s.w",
-                        "e": "$$s.e",
-                        # counted among the converted starts on a limit with a rate
-                        "b": {
-                            "$cond": [{"$ne": [{"$ifNull": ["$rate_n", None]}, None]}, CONVERTED_BUCKET, None]
-                        },
-                    },
-                },
-            }
-        },
-        {"$objectToArray": {"$ifNull": ["$slots", {}]}},
-    ]
-}
+# the slots as an array of {k, v} while a pipeline works on them
+_SLOTS_IN = {"$objectToArray": {"$ifNull": ["$slots", {}]}}
 _TEMPORARY: tuple[str, ...] = ("_w", "_slots_in", "_starts_in", "_keys", "_vals", "_cur", "_low", "_slots")
 _TEMPORARY += ("_starts", "_skeys", "_recent", "_room", "_g", "_gone", "_pgone", "_plive", "_add")
 # a slot granted while the limit had no rate (domain.limits.pre_rate_slot): b is null
@@ -153,17 +129,8 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
                 ]
             },
             "_slots_in": _SLOTS_IN,
-            # the earlier layout's starts (an array of {a, t}): all at the latest one's time
-            "_keys": {
-                "$cond": [
-                    {"$isArray": "$starts"},
-                    {"$map": {"input": "$starts", "as": "s", "in": "$$s.t"}},
-                    as_long,
-                ]
-            },
-            "_vals": {
-                "$cond": [{"$isArray": "$starts"}, {"$map": {"input": "$starts", "as": "s", "in": 1}}, values]
-            },
+            "_keys": as_long,
+            "_vals": values,
         }
     }
     stage2 = {
@@ -180,16 +147,11 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
                         "$and": [
                             rated,
                             {"$gt": [{"$size": "$_keys"}, 0]},
-                            {
-                                "$or": [
-                                    {"$isArray": "$starts"},
-                                    {"$ne": [{"$ifNull": ["$starts_w", "$_w"]}, "$_w"]},
-                                ]
-                            },
+                            {"$ne": [{"$ifNull": ["$starts_w", "$_w"]}, "$_w"]},
                         ]
                     },
-                    # another width (a changed period, or the earlier layout's times: width 1):
-                    # every start goes to the bucket of the latest (conservative)
+                    # another width (the period changed): every start goes to the bucket of the
+                    # latest (conservative)
                     [
                         {
                             "k": {
@@ -202,13 +164,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
                                                         {
                                                             "$multiply": [
                                                                 {"$add": [{"$max": "$_keys"}, 1]},
-                                                                {
-                                                                    "$cond": [
-                                                                        {"$isArray": "$starts"},
-                                                                        1,
-                                                                        {"$ifNull": ["$starts_w", 1]},
-                                                                    ]
-                                                                },
+                                                                {"$ifNull": ["$starts_w", 1]},
                                                             ]
                                                         },
                                                         1,
@@ -223,13 +179,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
                             "v": {"$sum": "$_vals"},
                         }
                     ],
-                    {
-                        "$cond": [
-                            {"$isArray": "$starts"},
-                            [],
-                            {"$objectToArray": {"$ifNull": ["$starts", {}]}},
-                        ]
-                    },
+                    {"$objectToArray": {"$ifNull": ["$starts", {}]}},
                 ]
             },
         }
@@ -464,25 +414,19 @@ def slots_pipeline(params: SlotsParams) -> list[dict[str, Any]]:
         stages.append({"$set": {"_gone": gone}})
         back = {"$size": {"$filter": {"input": "$_gone", "as": "b", "cond": {"$eq": ["$$b", "$$e.k"]}}}}
         fields["starts"] = {
-            "$cond": [
-                {"$isArray": "$starts"},
-                "$starts",
-                {
-                    "$arrayToObject": {
-                        "$filter": {
-                            "input": {
-                                "$map": {
-                                    "input": {"$objectToArray": {"$ifNull": ["$starts", {}]}},
-                                    "as": "e",
-                                    "in": {"k": "$$e.k", "v": {"$subtract": ["$$e.v", back]}},
-                                }
-                            },
+            "$arrayToObject": {
+                "$filter": {
+                    "input": {
+                        "$map": {
+                            "input": {"$objectToArray": {"$ifNull": ["$starts", {}]}},
                             "as": "e",
-                            "cond": {"$gt": ["$$e.v", 0]},
+                            "in": {"k": "$$e.k", "v": {"$subtract": ["$$e.v", back]}},
                         }
-                    }
-                },
-            ]
+                    },
+                    "as": "e",
+                    "cond": {"$gt": ["$$e.v", 0]},
+                }
+            }
         }
     stages.append({"$set": fields})
     stages.append({"$project": {"_slots_in": 0, "_gone": 0}})
@@ -582,13 +526,8 @@ class MongoLimits:
             # per attempt, each on the wildcard index limits_slots (slots.<attempt>.w); only
             # those slots are fetched back.
             branches: list[dict[str, Any]] = [{f"slots.{a}.w": holder} for a in tokens]
-            # a limit the build before issue 18 wrote (slots as an array), until its next
-            # acquire rewrites it: the same wildcard index serves slots.a
-            branches.append({"slots.a": {"$in": tokens}})
             filter_ = {"$or": branches}
-            projection = {f"slots.{a}": 1 for a in tokens} | dict.fromkeys(
-                ("slots.a", "slots.w", "slots.e"), 1
-            )
+            projection = {f"slots.{a}": 1 for a in tokens}
             cursor = self.limits_primary.find(filter_, projection).hint(LIMITS_SLOTS_INDEX)
             return held_in([from_mongo(doc) async for doc in cursor], worker_id, tokens, now)
 
