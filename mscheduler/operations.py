@@ -477,8 +477,8 @@ class Operations:
         creation time ``created_from`` / ``created_to`` and finish time ``finished_from`` /
         ``finished_to`` (``[from, to)``; finished tasks only: a restart takes a task out); each
         combination is one bounded index range (docs/design.md). ``limit`` (default 100) tasks a
-        page; pass ``next_cursor`` back as ``cursor`` with the same filters for the next page;
-        ``skip`` still works but reads every skipped task (deprecated). Every value is checked
+        page; pass ``next_cursor`` back as ``cursor`` with the same filters for the next page.
+        Every value is checked
         (``InvalidInput``, nothing queried)."""
         params = list_params(**filters)
         return task_page(params, await self.driver.list_tasks(params))
@@ -489,7 +489,7 @@ class Operations:
         ``cap`` index keys take. The count a bulk action's confirmation shows."""
         if not isinstance(cap, int) or isinstance(cap, bool) or not 1 <= cap <= COUNT_MAX:
             raise InvalidInput(f"cap: an integer from 1 to {COUNT_MAX}")
-        params = list_params(**{k: v for k, v in filters.items() if k not in ("cursor", "limit", "skip")})
+        params = list_params(**{k: v for k, v in filters.items() if k not in ("cursor", "limit")})
         counted = await self.driver.count_tasks(params, cap)
         return TaskCount(counted, counted >= cap)
 
@@ -752,9 +752,7 @@ class Operations:
         run = self._bulk_action(action, reason=reason, force=force, stop_running=stop_running, by=by)
         if not isinstance(page_size, int) or isinstance(page_size, bool) or not 1 <= page_size <= MANY_MAX:
             raise InvalidInput(f"page_size: an integer from 1 to {MANY_MAX}")
-        selected: dict[str, Any] = {
-            k: v for k, v in filters.items() if k not in ("sort", "cursor", "limit", "skip")
-        }
+        selected: dict[str, Any] = {k: v for k, v in filters.items() if k not in ("sort", "cursor", "limit")}
         now = await self._now() + timedelta(milliseconds=1)
         created_to = selected.get("created_to")
         if created_to is None or (

@@ -92,9 +92,6 @@ def tasks_ls(
         str | None, typer.Option(metavar="CURSOR", help="Go on from a previous page (same filters).")
     ] = None,
     limit: Annotated[int, typer.Option(metavar="N", help="At most N tasks (1-1000).")] = 50,
-    skip: Annotated[
-        int, typer.Option(metavar="N", help="Skip the first N tasks (deprecated: use --cursor).")
-    ] = 0,
     sort: Annotated[
         str | None,
         typer.Option(
@@ -127,7 +124,6 @@ def tasks_ls(
             group=group,
             cursor=cursor,
             limit=limit,
-            skip=skip,
             sort=sort,
         ),
     )

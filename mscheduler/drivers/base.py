@@ -719,7 +719,7 @@ class Driver(Protocol):
     async def list_tasks(self, params: ListParams) -> list[dict[str, Any]]: ...
 
     async def count_tasks(self, params: ListParams, cap: int) -> int:
-        """How many tasks the listing's filters select (its order, cursor, skip and limit are
+        """How many tasks the listing's filters select (its order, cursor and limit are
         ignored), counting at most ``cap``: ``cap`` means "``cap`` or more"."""
         ...
 

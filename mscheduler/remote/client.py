@@ -858,8 +858,6 @@ class RemoteOperations:
 
     async def page_tasks(self, **filters: Unpack[TaskFilters]) -> TaskPage:
         checked = list_params(**filters)  # the same refusals as Operations, before any request
-        if checked.skip:
-            raise InvalidInput("skip: not available over the REST API; page with the cursor")
         query = _filter_query(filters, ("cursor", "sort")) | {"limit": checked.limit - 1}  # (one more)
         answer = await self._call("GET", "/tasks", params=query)
         tasks = [TaskInfo.model_validate(t) for t in answer["tasks"]]
@@ -869,7 +867,7 @@ class RemoteOperations:
         """``Operations.count_tasks``: the total of a one-task page (``with_total``)."""
         if not isinstance(cap, int) or isinstance(cap, bool) or not 1 <= cap <= COUNT_MAX:
             raise InvalidInput(f"cap: an integer from 1 to {COUNT_MAX}")
-        selected = {k: v for k, v in filters.items() if k not in ("cursor", "limit", "skip")}
+        selected = {k: v for k, v in filters.items() if k not in ("cursor", "limit")}
         list_params(**selected)
         query = _filter_query(selected, ()) | {"limit": 1, "with_total": "true", "total_cap": cap}
         answer = await self._call("GET", "/tasks", params=query)
@@ -979,7 +977,7 @@ class RemoteOperations:
         body = _bulk_body(action, reason, force, stop_running, by)
         if not isinstance(page_size, int) or isinstance(page_size, bool) or not 1 <= page_size <= MANY_MAX:
             raise InvalidInput(f"page_size: an integer from 1 to {MANY_MAX}")
-        selected = {k: v for k, v in filters.items() if k not in ("sort", "cursor", "limit", "skip")}
+        selected = {k: v for k, v in filters.items() if k not in ("sort", "cursor", "limit")}
         list_params(**selected)  # the same refusals as Operations, before any request
         body["filter"] = _filter_query(selected, ())
         job = await self._call("POST", "/bulk", body=body)

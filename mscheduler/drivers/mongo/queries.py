@@ -245,13 +245,13 @@ class MongoTaskQueries:
     async def list_tasks(self, params: ListParams) -> list[dict[str, Any]]:
         filter_, order, index = list_query(params)
         return await self._call(
-            "list tasks", lambda: read_page(self.tasks, filter_, order, params.skip, params.limit, index)
+            "list tasks", lambda: read_page(self.tasks, filter_, order, 0, params.limit, index)
         )
 
     async def count_tasks(self, params: ListParams, cap: int) -> int:
         # The listing's filter on its index, without cursor or sort: the keys of the selected
         # range are counted (no document fetched when the index holds every filter), up to cap.
-        unpaged = replace(params, after_key=None, after_time=None, after_rank=None, skip=0)
+        unpaged = replace(params, after_key=None, after_time=None, after_rank=None)
         filter_, _, index = list_query(unpaged)
 
         async def count() -> int:
