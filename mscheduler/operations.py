@@ -415,7 +415,7 @@ class Operations:
         False if no running consumer has that id (unknown, or stopped already)."""
         return await self.driver.request_worker_stop(checked_worker_id(worker_id), await self._now())
 
-    # -- flow limits (SPEC G5) ----------------------------------------------------------------
+    # -- flow limits ----------------------------------------------------------------
 
     async def set_limit(
         self,
@@ -464,7 +464,7 @@ class Operations:
         return TaskInfo.from_storage(doc)
 
     async def get_tasks(self, keys: Sequence[str]) -> dict[str, TaskInfo]:
-        """Many tasks in one read (SPEC F18), keyed by key in the order given; unknown keys are
+        """Many tasks in one read, keyed by key in the order given; unknown keys are
         left out. At most ``MANY_MAX`` distinct keys; a bad key is ``InvalidInput``."""
         checked = checked_keys(keys)
         docs = {doc["key"]: doc for doc in await self.driver.get_tasks(checked)} if checked else {}
@@ -510,7 +510,7 @@ class Operations:
         statuses: Sequence[str] | None = None,
         on_step: StatsStep | None = None,
     ) -> TaskStats:
-        """Statistics (SPEC F27; definitions in ``mscheduler.domain.stats``): counts by status and name,
+        """Statistics (definitions in ``mscheduler.domain.stats``): counts by status and name,
         the oldest due pending task's age, and over the ``window`` (a timedelta or seconds, 1
         minute to 7 days) first- and second-attempt success rates, duration p50 / p95 per name,
         and the last hour's throughput per minute. ``window=None``: counts and ages only (one
@@ -545,7 +545,7 @@ class Operations:
         ]
 
     async def send(self, task: Task, *, reset_finished: bool = False, allow_unknown: bool = False) -> bool:
-        """Publish ``task`` unless its key exists (SPEC F1); True if this call created (or reset)
+        """Publish ``task`` unless its key exists; True if this call created (or reset)
         it. The rules are ``Publisher.send``'s, from the same code (``mscheduler.publishing``),
         and the task is checked at the door (``send_many``): the REST API's ``POST
         /api/v1/tasks`` and ``mscheduler tasks send`` are this call."""
@@ -573,7 +573,7 @@ class Operations:
         families = prepared_families(
             tasks, now=now, reset_finished=reset_finished, max_params_bytes=self.max_params_bytes
         )
-        if not self._tasks_checked:  # the unique key index before the first insert (SPEC F1)
+        if not self._tasks_checked:  # the unique key index before the first insert
             await self.driver.prepare()  # checked, never built here: `mscheduler setup` builds
             self._tasks_checked = True
         await self._check_at_the_door(families, allow_unknown, single=len(tasks) == 1)
@@ -706,7 +706,7 @@ class Operations:
     async def restart_many(
         self, keys: Sequence[str], *, force: bool = False, deadline: datetime | None = None
     ) -> dict[str, RestartOutcome]:
-        """``restart`` of each key (SPEC F18: re-run many lost or failed tasks), each its own
+        """``restart`` of each key (re-run many lost or failed tasks), each its own
         compare-and-set under the same rules, a few at a time; the outcome per key, in the order
         given: restarted, refused (with the status and the rule) or unknown. Keys are validated
         first: bad input (``InvalidInput``) restarts nothing. ``Publisher.send_many(...,
@@ -816,7 +816,7 @@ class Operations:
         return [outcomes[key] for key in keys]
 
     async def edit(self, key: str, change: OptionChange, *, by: str | None = None) -> TaskOption:
-        """Change a pending or running task's options (F26: due time, priority, retry budget or
+        """Change a pending or running task's options (due time, priority, retry budget or
         policy, targeting, ...) under the live-option rules of ``change_option``. Refused on a
         finished task (restart it instead)."""
         info = await self.get_task(key)
@@ -828,7 +828,7 @@ class Operations:
     # -- child tasks (mscheduler.services.children) ------------------------------------------------------
 
     async def set_status(self, key: str, status: str, *, reason: str = "", by: str = "operator") -> TaskInfo:
-        """Set a task's status by hand (SPEC F18): ``succeeded`` (a step done by hand: the task
+        """Set a task's status by hand: ``succeeded`` (a step done by hand: the task
         is pending, failed, cancelled or expired, nothing running) or ``failed`` (a pending task,
         nothing running). Recorded as ``state.marked`` {status, reason, by, time}; the task is
         not claimed again until a restart (which clears it). A child's parent is synced. A task
@@ -851,7 +851,7 @@ class Operations:
     async def set_child_status(
         self, key: str, child: str, status: str, *, reason: str = "", by: str = "operator"
     ) -> TaskInfo:
-        """Set the status of the child ``child`` of task ``key`` (SPEC F18): ``succeeded`` or
+        """Set the status of the child ``child`` of task ``key``: ``succeeded`` or
         ``failed`` by hand (``set_status``), ``cancelled`` (``cancel``) or ``pending``
         (``restart``: a failed, cancelled or expired child runs again). The parent is synced:
         marking a sequential step done starts the next one. Returns the child."""
@@ -1220,7 +1220,7 @@ class Operations:
 async def change_option(
     driver: Driver, key: str, change: OptionChange, now: datetime, *, by: str | None = None
 ) -> TaskOption:
-    """The live option change (SPEC F8), the one definition ``Publisher.update_option`` and
+    """The live option change, the one definition ``Publisher.update_option`` and
     ``Operations.edit`` share: merged and validated as a whole, then one pipeline update that
     re-derives the state. Removing a running worker from ``specific_worker_ids`` stops it at its
     next ping; a new ``ping_interval`` applies from the next ping; the rest from the next claim."""

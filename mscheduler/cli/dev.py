@@ -1,4 +1,4 @@
-"""``mscheduler dev APP``: the whole scheduler in one process with no database (SPEC G7) — an
+"""``mscheduler dev APP``: the whole scheduler in one process with no database — an
 in-memory store, the consumers (with their planners) of ``APP``, the REST API and the dashboard —
 until Ctrl-C. ``APP`` is an ``mscheduler.App`` (``module:attribute``, as ``worker`` takes), the
 same object ``mscheduler worker`` runs against MongoDB.

@@ -1,4 +1,4 @@
-"""``mscheduler setup``: make a MongoDB store ready, once, before its workers start (issue 18.8).
+"""``mscheduler setup``: make a MongoDB store ready, once, before its workers start.
 
 Index building is an administrator's step: ``createIndexes`` waits for the commit quorum of a
 replica set, which a consumer's start should not (and a fleet of consumers should not all try).

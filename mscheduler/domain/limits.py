@@ -1,4 +1,4 @@
-"""Cluster-wide flow limits (SPEC G5): at most ``max_running`` attempts at once, and at most ``rate``
+"""Cluster-wide flow limits: at most ``max_running`` attempts at once, and at most ``rate``
 starts per period, per task name or per named limit shared by several names.
 
 A limit lives in the store (collection ``mscheduler_limits``, one document per limit key), so every

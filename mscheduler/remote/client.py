@@ -1,6 +1,6 @@
 """The Python clients of the REST API, over one httpx seam (``ApiHttp``): ``ExecutorClient`` for
-remote executors (``/api/v1/executors``, SPEC F30) and ``RemoteOperations``, ``Operations``'
-methods backed by the API (the CLI's ``--api-url``, SPEC G7).
+remote executors (``/api/v1/executors``) and ``RemoteOperations``, ``Operations``'
+methods backed by the API (the CLI's ``--api-url``).
 
 Remote executors are for workers that do not speak MongoDB (another language, another network);
 ``ExecutorClient`` shows the protocol and serves Python programs that must go through HTTP::

@@ -1,4 +1,4 @@
-"""Remote executors (SPEC F30): workers that do not speak MongoDB lease tasks, ping them and
+"""Remote executors: workers that do not speak MongoDB lease tasks, ping them and
 report their outcomes through a service (the REST API's ``/api/v1/executors`` routes call it).
 
 The rules are the Python consumer's, not copies of them: a lease is the same atomic claim
@@ -300,7 +300,7 @@ class _PendingFinish:
 
 class _Finisher:
     """Writes the outcomes of concurrent reports in batches: one ``finish`` command for what
-    piled up while the last was in flight (SPEC G2). Flow-limit slots of the attempts whose
+    piled up while the last was in flight. Flow-limit slots of the attempts whose
     outcome was written (or refused) are released alongside the next batch (the consumer's
     finisher does the same), or on their own once no report is waiting."""
 
@@ -450,7 +450,7 @@ class RemoteExecutors:
         self.maintenance_interval = maintenance_interval
         self.limits_interval = limits_interval
         self.rng = random.Random()  # retry jitter; tests may seed it
-        # flow limits (SPEC G5): the consumer's limiter, its slots stamped with each executor's id
+        # flow limits: the consumer's limiter, its slots stamped with each executor's id
         self.limiter = Limiter(
             driver,
             refresh=limits_interval,

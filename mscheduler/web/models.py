@@ -204,7 +204,7 @@ class StopOut(BaseModel):
 
 
 class StatsOut(BaseModel):
-    """Counts by status now; ``details``: the whole of ``Operations.stats()`` (SPEC F27)."""
+    """Counts by status now; ``details``: the whole of ``Operations.stats()``."""
 
     counts: dict[str, int] = Field(description="tasks per status (statuses with none are 0)")
     total: int

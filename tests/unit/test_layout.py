@@ -123,3 +123,29 @@ def test_a_deliberate_violation_breaks_the_contracts(
     done = _lint_imports(tmp_path)
     assert done.returncode != 0, done.stdout
     assert broken in done.stdout.replace("\n", " "), done.stdout
+
+
+# A reference to a document outside the repository (the spec's feature ids, the style guide's
+# rules, an issue's number) or a dated piece of history, in the package's comments or docstrings.
+OUTSIDE_REFERENCE = re.compile(r"SPEC [FG]?\d|STYLE \d|[Ii]ssue \d|\((?:19|20)\d\d-\d\d(?:-\d\d)?\)")
+
+
+def test_the_package_states_its_rules_without_outside_references() -> None:
+    found = [
+        f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if OUTSIDE_REFERENCE.search(line)
+    ]
+    assert not found, "say the rule itself:\n" + "\n".join(found)
+
+
+def test_the_outside_reference_check_sees_one() -> None:
+    for line in (
+        "# one write per ping (SPEC G2)",
+        "(STYLE 6)",
+        "see issue 18.9",
+        "split into layers (2026-11)",
+    ):
+        assert OUTSIDE_REFERENCE.search(line), line
+    assert not OUTSIDE_REFERENCE.search("JSON Schema (draft 2020-12)")

@@ -51,7 +51,7 @@ TASKS = "mscheduler_tasks"
 WORKERS = "mscheduler_workers"
 META = "mscheduler_meta"  # the store's layout: its partitions, whether it is sharded
 
-WS = "state.worker_states"
+WORKER_STATES = "state.worker_states"
 TRANSIENT_ERRORS = (AutoReconnect, ConnectionFailure, NetworkTimeout, NotPrimaryError, ExecutionTimeout)
 # Server codes that a retry may fix: interrupted / shutting down / not primary / write conflict /
 # not yet initialized (94: a replica set that is starting).
@@ -139,7 +139,7 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
     (
         # key last: the claim's ``key $nin exclude_keys`` is checked on the index keys, so tasks
         # this worker holds or already ran (fan-out) are skipped without fetching them
-        # the partition first: a claim names one (a sharded cluster's one shard, issue 18.9)
+        # the partition first: a claim names one (a sharded cluster's one shard)
         [
             ("part", 1),
             ("state.claimers", 1),
@@ -153,7 +153,10 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
     # wake-ups: the same equality, then due time (merged across tokens: no in-memory sort)
     ([("part", 1), ("state.claimers", 1), ("state.claim_at", 1)], {"name": WAKEUP_INDEX}),
     # the lease pass, one partition at a time
-    ([("part", 1), (f"{WS}.status", 1), (f"{WS}.ping_expire_time", 1)], {"name": LEASES_INDEX}),
+    (
+        [("part", 1), (f"{WORKER_STATES}.status", 1), (f"{WORKER_STATES}.ping_expire_time", 1)],
+        {"name": LEASES_INDEX},
+    ),
     # running entries of earlier generations (state.history): the lease pass's second range.
     # Partial: only documents holding one (none, unless an earlier build moved a running entry
     # there at a restart), so it is empty and costs nothing
@@ -161,7 +164,7 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
         [("part", 1), (HISTORY_RUNNING, 1), ("state.history.worker_states.ping_expire_time", 1)],
         {"name": LEASES_HISTORY_INDEX, "partialFilterExpression": {HISTORY_RUNNING: "running"}},
     ),
-    (f"{WS}.attempt", {"name": ATTEMPT_INDEX}),
+    (f"{WORKER_STATES}.attempt", {"name": ATTEMPT_INDEX}),
     # admin reads: list by status / by name (+ status) / all, newest page by cursor; counts
     ([("state.status", 1), ("state.create_time", 1), ("key", 1)], {"name": STATUS_INDEX}),
     ([("name", 1), ("state.status", 1), ("state.create_time", 1), ("key", 1)], {"name": NAME_INDEX}),
@@ -176,7 +179,7 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
     ),
     # list by worker: multikey on the entries' worker ids, then the listing order (a task with
     # several entries of one worker is returned once: the scan de-duplicates)
-    ([(f"{WS}.worker_id", 1), ("state.create_time", 1), ("key", 1)], {"name": WORKER_INDEX}),
+    ([(f"{WORKER_STATES}.worker_id", 1), ("state.create_time", 1), ("key", 1)], {"name": WORKER_INDEX}),
     # list by group: multikey on the groups a task is aimed at, then the listing order; partial,
     # so the (many) tasks aimed at no group cost nothing here
     (
@@ -311,7 +314,7 @@ def count_entries(statuses: Sequence[str]) -> dict[str, Any]:
         if len(statuses) == 1
         else {"$in": ["$$e.status", list(statuses)]}
     )
-    return {"$size": {"$filter": {"input": f"${WS}", "as": "e", "cond": cond}}}
+    return {"$size": {"$filter": {"input": f"${WORKER_STATES}", "as": "e", "cond": cond}}}
 
 
 FAILURE_STATUSES = ["failed", "lost", "rejected"]
@@ -439,7 +442,9 @@ def _build_derive_stages(now: datetime) -> list[dict[str, Any]]:
     # null or missing: unlimited ($gt would say any count > null; $ne says missing != null, so the
     # missing case is folded into null first)
     budget = {"$ifNull": ["$option.max_unexpected_retries", None]}
-    final_entries = {"$filter": {"input": f"${WS}", "as": "e", "cond": {"$eq": ["$$e.final", True]}}}
+    final_entries = {
+        "$filter": {"input": f"${WORKER_STATES}", "as": "e", "cond": {"$eq": ["$$e.final", True]}}
+    }
     exhausted = {
         "$or": [
             {"$and": [{"$ne": [budget, None]}, {"$gt": ["$state.fail_cnt", budget]}]},
@@ -468,7 +473,7 @@ def _build_derive_stages(now: datetime) -> list[dict[str, Any]]:
                 "state.retry_at": {
                     "$max": {
                         "$map": {
-                            "input": f"${WS}",
+                            "input": f"${WORKER_STATES}",
                             "as": "e",
                             "in": {"$cond": [{"$in": ["$$e.status", _RETRY_STATUSES]}, "$$e.retry_at", None]},
                         }
@@ -623,12 +628,16 @@ def claimers_expression() -> dict[str, Any]:
     running or succeeded entry, ``name|*`` for untargeted tasks, [] when not claimable. A $filter
     with ``$in``: the named workers in their order, as ``derive`` lists them (``$setDifference``
     would not keep it)."""
-    # with same_worker_may_repeat (SPEC F33) a success does not bar its worker, a running entry does
+    # with same_worker_may_repeat a success does not bar its worker, a running entry does
     busy_statuses = {"$cond": [{"$eq": ["$option.same_worker_may_repeat", True]}, ["running"], BUSY]}
     busy_workers = {
         "$map": {
             "input": {
-                "$filter": {"input": f"${WS}", "as": "e", "cond": {"$in": ["$$e.status", busy_statuses]}}
+                "$filter": {
+                    "input": f"${WORKER_STATES}",
+                    "as": "e",
+                    "cond": {"$in": ["$$e.status", busy_statuses]},
+                }
             },
             "as": "e",
             "in": "$$e.worker_id",
@@ -680,7 +689,13 @@ def rebuild_entries(
         f: expressions[f] if f in expressions else (literal(changes[f]) if f in changes else f"$$e.{f}")
         for f in ENTRY_FIELDS
     }
-    return {"$set": {WS: {"$map": {"input": f"${WS}", "as": "e", "in": {"$cond": [match, rebuilt, "$$e"]}}}}}
+    return {
+        "$set": {
+            WORKER_STATES: {
+                "$map": {"input": f"${WORKER_STATES}", "as": "e", "in": {"$cond": [match, rebuilt, "$$e"]}}
+            }
+        }
+    }
 
 
 def expired_entries_stage(now: datetime, retry_at: Any) -> dict[str, Any]:
@@ -816,7 +831,9 @@ async def resolved(value: Any) -> Any:
 def stop_expression(action: str, now: datetime) -> dict[str, Any]:
     """``drivers.base.stop_record`` as a pipeline expression, over the entries before the change:
     {action, time, attempts of the running entries}, or null when nothing runs."""
-    running = {"$filter": {"input": f"${WS}", "as": "e", "cond": {"$eq": ["$$e.status", "running"]}}}
+    running = {
+        "$filter": {"input": f"${WORKER_STATES}", "as": "e", "cond": {"$eq": ["$$e.status", "running"]}}
+    }
     attempts = {"$map": {"input": running, "as": "e", "in": "$$e.attempt"}}
     record = {"action": literal(action), "time": literal(now), "attempts": attempts}
     return {"$cond": [{"$gt": [{"$size": attempts}, 0]}, record, None]}

@@ -89,8 +89,8 @@ from mscheduler.drivers.mongo.common import (
     UNIQUE_LIVE_INDEX,
     WAKE,
     WAKEUP_INDEX,
+    WORKER_STATES,
     WORKERS,
-    WS,
     T,
     WriteMayRollBack,
     by_keys,
@@ -816,7 +816,7 @@ class MongoDriver(
             filter_ = {
                 **one_task(task.key, self._part(task.key)),
                 "state.status": {"$in": list(FINISHED)},
-                "$nor": [{WS: {"$elemMatch": live}}],
+                "$nor": [{WORKER_STATES: {"$elemMatch": live}}],
             }
             ops.append(UpdateOne(filter_, update))
         if not ops:
@@ -932,13 +932,13 @@ class MongoDriver(
             "state.claim_at": {"$lte": now},
             # not started after its deadline (the deadline pass marks such tasks expired)
             "$or": [{"option.deadline": None}, {"option.deadline": {"$gt": now}}],
-            # not running it already, and (unless it may repeat, SPEC F33) not succeeded on it:
+            # not running it already, and (unless it may repeat) not succeeded on it:
             # residual for "anyone" and group tokens, which do not list who ran the task
             "$nor": [
-                {WS: {"$elemMatch": {"worker_id": params.worker_id, "status": "running"}}},
+                {WORKER_STATES: {"$elemMatch": {"worker_id": params.worker_id, "status": "running"}}},
                 {
                     "option.same_worker_may_repeat": {"$ne": True},
-                    WS: {"$elemMatch": {"worker_id": params.worker_id, "status": "succeeded"}},
+                    WORKER_STATES: {"$elemMatch": {"worker_id": params.worker_id, "status": "succeeded"}},
                 },
             ],
         }
@@ -967,7 +967,7 @@ class MongoDriver(
         """One claim: the first task in the claim order (or the task ``key``, a head the chunked
         claim chose: see ``_claim_chunked``)."""
         entry = self._claim_entry(params, attempt)
-        append = {"$set": {WS: {"$concatArrays": [f"${WS}", [entry]]}}}
+        append = {"$set": {WORKER_STATES: {"$concatArrays": [f"${WORKER_STATES}", [entry]]}}}
         pipeline = [append, *self._trim_stages(params), *derive_stages(params.now, raw=True)]
         filter_ = self._claim_filter(params, part=part)
         sort = CLAIM_SORT
@@ -1031,7 +1031,7 @@ class MongoDriver(
         there) but not confirmed by a majority read, even after a few (a primary that may roll
         it back, another worker claiming the task meanwhile): the attempt is released at once
         (not counted) and the claim is given up."""
-        found = {f"{WS}.attempt": attempt, "part": part}  # the claim's one partition (shard)
+        found = {f"{WORKER_STATES}.attempt": attempt, "part": part}  # the claim's one partition (shard)
         docs = [d async for d in self.tasks_recovery.find(found).hint(ATTEMPT_INDEX).limit(1)]
         if not docs:
             return None
@@ -1181,7 +1181,7 @@ class MongoDriver(
         now = to_mongo(item.now)
         filter_: dict[str, Any] = {
             **one_task(item.key, self._part(item.key)),
-            WS: {
+            WORKER_STATES: {
                 "$elemMatch": {
                     "worker_id": item.worker_id,
                     "attempt": item.attempt,
@@ -1258,7 +1258,7 @@ class MongoDriver(
         keys = list({item.key for item in params})
 
         async def read() -> list[dict[str, Any]]:
-            projection = {"key": 1, WS: 1, "state.cancelled": 1, "state.stop": 1}
+            projection = {"key": 1, WORKER_STATES: 1, "state.cancelled": 1, "state.stop": 1}
             cursor = self.tasks_primary.find(by_keys(keys, self.partitions), projection)
             return [doc async for doc in cursor]
 
@@ -1343,7 +1343,10 @@ class MongoDriver(
         released when they had been told to stop), then those of earlier generations
         (``_expire_history_leases``)."""
         now = to_mongo(params.now)
-        filter_ = {"part": part, WS: {"$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}}}
+        filter_ = {
+            "part": part,
+            WORKER_STATES: {"$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}},
+        }
         # the retry policy's delay for this failure (lost_retry_at in drivers/base.py):
         # delays[min(fail_cnt, len - 1)] after now, fail_cnt counted before this pass
         delays = {"$ifNull": ["$option.lost_retry_delays_ms", [0]]}

@@ -1,4 +1,4 @@
-"""The Mongo driver's event log (SPEC F34): the ``<prefix>mscheduler_events`` collection, its
+"""The Mongo driver's event log: the ``<prefix>mscheduler_events`` collection, its
 indexes, queries and change stream, and the recording of the events a store write causes.
 
 A mixin placed first among ``MongoDriver``'s bases: with ``record_events`` on, its
@@ -63,7 +63,7 @@ from mscheduler.drivers.mongo.common import (
     CONFIG_CODES,
     DEADLINE_INDEX,
     LEASES_INDEX,
-    WS,
+    WORKER_STATES,
     T,
     WriteMayRollBack,
     admin_read,
@@ -292,15 +292,18 @@ class MongoEvents:
         if not self.record_events:
             return await self._expire_leases_only(params, part)
         now = to_mongo(params.now)
-        filter_ = {"part": part, WS: {"$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}}}
+        filter_ = {
+            "part": part,
+            WORKER_STATES: {"$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}},
+        }
         projection = {
             "_id": 0,
             "key": 1,
             "name": 1,
-            f"{WS}.worker_id": 1,
-            f"{WS}.attempt": 1,
-            f"{WS}.status": 1,
-            f"{WS}.ping_expire_time": 1,
+            f"{WORKER_STATES}.worker_id": 1,
+            f"{WORKER_STATES}.attempt": 1,
+            f"{WORKER_STATES}.status": 1,
+            f"{WORKER_STATES}.ping_expire_time": 1,
             "state.cancelled": 1,
             "state.stop": 1,
             "state.generation": 1,
@@ -353,7 +356,7 @@ class MongoEvents:
             "name": 1,
             "option.deadline": 1,
             "state.generation": 1,
-            f"{WS}.attempt": 1,
+            f"{WORKER_STATES}.attempt": 1,
         }
 
         async def read() -> list[dict[str, Any]]:
@@ -380,7 +383,7 @@ class MongoEvents:
 
     async def _task_name(self, key: str) -> dict[str, Any] | None:
         """The task's name and where an event about it stands (generation, its attempts)."""
-        projection = {"_id": 0, "name": 1, "state.generation": 1, f"{WS}.attempt": 1}
+        projection = {"_id": 0, "name": 1, "state.generation": 1, f"{WORKER_STATES}.attempt": 1}
         doc: dict[str, Any] | None = await self._call(
             "read task name",
             lambda: self.tasks.find_one({"key": key, "part": part_of(key, self.partitions)}, projection),

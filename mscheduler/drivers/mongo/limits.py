@@ -1,11 +1,11 @@
-"""The Mongo driver's flow limits (SPEC G5): the ``<prefix>mscheduler_limits`` collection.
+"""The Mongo driver's flow limits: the ``<prefix>mscheduler_limits`` collection.
 
 Like ``driver.py`` / ``common.py``, one of the only modules that know the storage layout. A
 limit's ``_id`` is its key; every change of its state is one ``find_one_and_update`` of that one
 document by ``_id``, an update pipeline that reads the document's current state and writes the
 new one atomically (``mscheduler.domain.limits.grant`` and ``settle`` written as stages; the
 conformance suite checks that both drivers agree). The state is kept so that a write's cost does
-not grow with the limit (issue 18.2): ``slots`` is an object keyed by attempt token (a grant adds
+not grow with the limit: ``slots`` is an object keyed by attempt token (a grant adds
 fields, a release removes them, an extension changes one: the oplog delta is the size of the
 change, where an array's removals shifted every later element and the server logged the whole
 document), the rate's starts are counters per time bucket (``starts``: at most 1001 fields
@@ -95,9 +95,19 @@ def checked_tokens(tokens: Sequence[str]) -> list[str]:
 # the slots as an array of {k, v} while a pipeline works on them
 _SLOTS_IN = {"$objectToArray": {"$ifNull": ["$slots", {}]}}
 _TEMPORARY: tuple[str, ...] = ("_w", "_slots_in", "_starts_in", "_keys", "_vals", "_cur", "_low", "_slots")
-_TEMPORARY += ("_starts", "_skeys", "_recent", "_room", "_g", "_gone", "_pgone", "_plive", "_add")
+_TEMPORARY += (
+    "_starts",
+    "_start_keys",
+    "_recent",
+    "_room",
+    "_granted",
+    "_gone",
+    "_pre_rate_gone",
+    "_pre_rate_live",
+    "_add",
+)
 # a slot granted while the limit had no rate (domain.limits.pre_rate_slot): b is null
-_PRE = {"$eq": [{"$ifNull": ["$$s.v.b", None]}, None]}
+_PRE_RATE_SLOT = {"$eq": [{"$ifNull": ["$$s.v.b", None]}, None]}
 
 
 def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
@@ -197,14 +207,14 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
     stage3 = {
         "$set": {
             # pre-rate slots leaving now (expired, or released by this worker; not re-granted)
-            "_pgone": {
+            "_pre_rate_gone": {
                 "$size": {
                     "$filter": {
                         "input": "$_slots_in",
                         "as": "s",
                         "cond": {
                             "$and": [
-                                _PRE,
+                                _PRE_RATE_SLOT,
                                 _not_in("$$s.k", mine),
                                 {
                                     "$or": [
@@ -261,14 +271,18 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
     }
     stage4 = {
         "$set": {
-            "_skeys": {"$map": {"input": "$_starts", "as": "e", "in": {"$toLong": "$$e.k"}}},
-            "_plive": {"$size": {"$filter": {"input": "$_slots", "as": "s", "cond": _PRE}}},
+            "_start_keys": {"$map": {"input": "$_starts", "as": "e", "in": {"$toLong": "$$e.k"}}},
+            "_pre_rate_live": {"$size": {"$filter": {"input": "$_slots", "as": "s", "cond": _PRE_RATE_SLOT}}},
         }
     }
     # live pre-rate slots count as starts while the limit has a rate
     counts = {"$sum": {"$map": {"input": "$_starts", "as": "e", "in": "$$e.v"}}}
     stage5 = {
-        "$set": {"_recent": {"$add": [counts, {"$cond": [rated, {"$add": ["$_plive", "$_pgone"]}, 0]}]}}
+        "$set": {
+            "_recent": {
+                "$add": [counts, {"$cond": [rated, {"$add": ["$_pre_rate_live", "$_pre_rate_gone"]}, 0]}]
+            }
+        }
     }
     room = {
         "$min": [
@@ -278,9 +292,9 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
         ]
     }
     stage6 = {"$set": {"_room": room}}
-    stage7 = {"$set": {"_g": {"$max": [0, "$_room"]}}}
+    stage7 = {"$set": {"_granted": {"$max": [0, "$_room"]}}}
     # what the current bucket gains: the grants' starts and those of the pre-rate slots leaving
-    stage7b = {"$set": {"_add": {"$add": ["$_g", {"$cond": [rated, "$_pgone", 0]}]}}}
+    stage7b = {"$set": {"_add": {"$add": ["$_granted", {"$cond": [rated, "$_pre_rate_gone", 0]}]}}}
     asked = [{"a": a, "i": i} for i, a in enumerate(mine)]
     picked = {"$filter": {"input": literal(asked), "as": "r", "cond": {"$lt": ["$$r.i", "$_room"]}}}
     new_slots = {
@@ -319,16 +333,16 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
             },
         ]
     }
-    recent = {"$add": ["$_recent", "$_g"]}
+    recent = {"$add": ["$_recent", "$_granted"]}
     # the bumped buckets are not empty (the domain's ``starts``, after the grant)
     counted = {"$or": [{"$gt": [{"$size": "$_starts"}, 0]}, {"$gt": ["$_add", 0]}]}
-    oldest = {"$ifNull": [{"$min": "$_skeys"}, {"$toLong": "$_cur"}]}
+    oldest = {"$ifNull": [{"$min": "$_start_keys"}, {"$toLong": "$_cur"}]}
     stage8 = {
         "$set": {
             "slots": {"$arrayToObject": {"$concatArrays": ["$_slots", new_slots]}},
             "starts": {"$cond": [rated, {"$arrayToObject": bumped}, {}]},
             "starts_w": {"$cond": [rated, "$_w", None]},
-            "live": {"$add": [{"$size": "$_slots"}, "$_g"]},
+            "live": {"$add": [{"$size": "$_slots"}, "$_granted"]},
             "recent": {"$cond": [rated, recent, 0]},
             "retry_ms": {
                 "$cond": [
@@ -362,7 +376,7 @@ def slots_pipeline(params: SlotsParams) -> list[dict[str, Any]]:
     live = {"$gt": ["$$s.v.e", literal(params.now)]}
     # on a limit with a rate, a slot granted before it had one stays until the next acquire
     # counts its start (domain.limits.settle): a released one is ended (expiry now at the latest)
-    pre = {"$and": [{"$ne": [{"$ifNull": ["$rate_n", None]}, None]}, _PRE]}
+    pre = {"$and": [{"$ne": [{"$ifNull": ["$rate_n", None]}, None]}, _PRE_RATE_SLOT]}
     keep = {
         "$cond": [
             pre,

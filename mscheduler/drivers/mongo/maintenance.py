@@ -37,7 +37,7 @@ from mscheduler.drivers.base import (
 from mscheduler.drivers.mongo.common import (
     FINISHED_INDEX,
     KEY_INDEX,
-    WS,
+    WORKER_STATES,
     T,
     log,
     resolved,
@@ -217,10 +217,10 @@ class MongoMaintenance:
 @functools.lru_cache(maxsize=64)
 def _trim_stage(max_entries: int) -> Any:
     """The stage of ``_trim_stages`` for ``max_entries`` (shared: never changed once built)."""
-    excess = {"$subtract": [{"$size": f"${WS}"}, max_entries]}
+    excess = {"$subtract": [{"$size": f"${WORKER_STATES}"}, max_entries]}
     uncounted = {
         "$filter": {
-            "input": f"${WS}",
+            "input": f"${WORKER_STATES}",
             "as": "e",
             "cond": {"$in": ["$$e.status", list(UNCOUNTED_STATUSES)]},
         }
@@ -230,10 +230,10 @@ def _trim_stage(max_entries: int) -> Any:
     }
     kept = {
         "$filter": {
-            "input": f"${WS}",
+            "input": f"${WORKER_STATES}",
             "as": "e",
             "cond": {"$eq": [{"$in": ["$$e.attempt", dropped]}, False]},
         }
     }
-    stage = {"$set": {WS: {"$cond": [{"$gt": [excess, 0]}, kept, f"${WS}"]}}}
+    stage = {"$set": {WORKER_STATES: {"$cond": [{"$gt": [excess, 0]}, kept, f"${WORKER_STATES}"]}}}
     return RawBSONDocument(bson.encode(stage))

@@ -1,5 +1,5 @@
 """The ping of ``MongoDriver``: lease renewal for all of a worker's running attempts, with the
-handlers' checkpoints and progress riding along (SPEC G2, F22).
+handlers' checkpoints and progress riding along.
 
 Without reports a ping is one ``update_many`` per lease length (usually one) plus one read from
 the primary. With reports (some handlers called ``ctx.checkpoint`` / ``ctx.progress`` since the
@@ -31,7 +31,7 @@ from mscheduler.drivers.base import (
 )
 from mscheduler.drivers.mongo.common import (
     KEY_INDEX,
-    WS,
+    WORKER_STATES,
     T,
     from_mongo,
     literal,
@@ -65,7 +65,7 @@ class MongoPing:
     def _ping_filter(
         worker_id: str, now: datetime, attempts: Mapping[str, str], groups: Sequence[str] = (), part: int = 0
     ) -> dict[str, Any]:
-        # still allowed (SPEC F8, F31): no workers or groups named, this worker named, or one of
+        # still allowed: no workers or groups named, this worker named, or one of
         # its groups named
         anyone = {
             "$and": [
@@ -88,7 +88,7 @@ class MongoPing:
             # a single-document update: its _id too (the whole shard key, see one_task)
             **({"_id": keys[0]} if len(keys) == 1 else {}),
             "part": part,
-            WS: {
+            WORKER_STATES: {
                 "$elemMatch": {
                     "worker_id": worker_id,
                     "attempt": {"$in": list(attempts.values())},
@@ -198,7 +198,7 @@ class MongoPing:
                 # applied on the primary, not yet on a majority (a plain write's 64, or a bulk
                 # write's 65 holding write-concern errors only): the read below tells
 
-        projection = {"key": 1, "option": 1, WS: 1, "state.cancelled": 1, "state.stop": 1}
+        projection = {"key": 1, "option": 1, WORKER_STATES: 1, "state.cancelled": 1, "state.stop": 1}
         if params.reports:
             for name in ("checkpoint", "progress"):
                 projection |= {f"state.{name}.attempt": 1, f"state.{name}.seq": 1}

@@ -47,7 +47,7 @@ from mscheduler.drivers.mongo.common import (
     UPDATED_INDEX,
     WAKE,
     WORKER_INDEX,
-    WS,
+    WORKER_STATES,
     T,
     admin_read,
     by_keys,
@@ -97,7 +97,7 @@ def list_query(params: ListParams) -> tuple[dict[str, Any], list[tuple[str, int]
             filter_["key"] = key_range
     order = [(path, way) for path in (*fields.rank, *((fields.time,) if fields.time else ()), "key")]
     if params.worker_id is not None:
-        filter_[f"{WS}.worker_id"] = params.worker_id
+        filter_[f"{WORKER_STATES}.worker_id"] = params.worker_id
     if params.group is not None:
         filter_["option.specific_groups"] = params.group
         filter_.update(AIMED_AT_GROUPS)  # implied by the equality; stated for the partial index
@@ -323,10 +323,10 @@ class MongoTaskQueries:
             # never while an attempt holds a live lease (refused: Operations names it); the
             # running entries whose holders are gone are settled first, as the lease pass would
             live = {"$elemMatch": {"status": "running", "ping_expire_time": {"$gt": now_out}}}
-            filter_["$nor"] = [{WS: live}, {"state.history.worker_states": live}]
+            filter_["$nor"] = [{WORKER_STATES: live}, {"state.history.worker_states": live}]
             stages = [expired_entries_stage(params.now, literal(params.now))]
             generation = {"$ifNull": ["$state.generation", 0]}
-            record = {"generation": generation, "restart_time": now, "worker_states": f"${WS}"}
+            record = {"generation": generation, "restart_time": now, "worker_states": f"${WORKER_STATES}"}
             change = {
                 "state.history": {
                     "$slice": [  # the last MAX_HISTORY generations: a bounded document
@@ -340,7 +340,7 @@ class MongoTaskQueries:
                     ]
                 },
                 "state.generation": {"$add": [generation, 1]},
-                WS: literal([]),
+                WORKER_STATES: literal([]),
                 "state.cancelled": None,
                 "state.expired_at": None,
                 "state.broken": None,

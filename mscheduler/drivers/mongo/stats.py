@@ -1,4 +1,4 @@
-"""Statistics of ``MongoDriver`` (SPEC F27) as aggregation pipelines; definitions in
+"""Statistics of ``MongoDriver`` as aggregation pipelines; definitions in
 ``mscheduler.domain.stats``, the same numbers in Python in ``memory_stats.py`` (one conformance test).
 
 Two aggregations, each read through a named index of ``mongo_common.INDEXES`` (``hint``), so
@@ -43,7 +43,7 @@ from mscheduler.drivers.mongo.common import (
     ALL_STATUSES,
     FINISHED_INDEX,
     STATS_COUNTS_INDEX,
-    WS,
+    WORKER_STATES,
     T,
     admin_read,
     from_mongo,
@@ -131,7 +131,7 @@ def finished_pipeline(params: StatsParams) -> list[dict[str, Any]]:
     match["state.status"] = {"$in": list(FINISHED_STATUSES)}  # one index range per status
 
     succeeded_entries = {
-        "$filter": {"input": f"${WS}", "as": "e", "cond": {"$eq": ["$$e.status", "succeeded"]}}
+        "$filter": {"input": f"${WORKER_STATES}", "as": "e", "cond": {"$eq": ["$$e.status", "succeeded"]}}
     }
     succeeded = {"$eq": ["$status", "succeeded"]}
     others = {"$subtract": ["$entries", {"$size": "$ok"}]}
@@ -149,7 +149,7 @@ def finished_pipeline(params: StatsParams) -> list[dict[str, Any]]:
                 "name": 1,
                 "status": "$state.status",
                 "finish": "$state.finish_time",
-                "entries": {"$size": f"${WS}"},
+                "entries": {"$size": f"${WORKER_STATES}"},
                 "ok": {
                     "$map": {
                         "input": succeeded_entries,

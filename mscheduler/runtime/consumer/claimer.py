@@ -133,7 +133,7 @@ class ConsumerClaimer:
                 max_entries=self.max_attempt_entries,
                 groups=self.groups,
                 # the partitions the queue says have work (all, when it does not know), from a
-                # random one: a hot partition never makes the others wait (issue 18.9)
+                # random one: a hot partition never makes the others wait
                 parts=self._parts_to_visit(known if exact else None),
             )
             # Shielded: a stop that cancels the claimer mid-claim must not orphan tasks the

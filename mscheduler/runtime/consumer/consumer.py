@@ -1,13 +1,13 @@
 """The Consumer: claims tasks, runs handlers, keeps leases alive, writes outcomes.
 
-Side tasks, each named and supervised (one dying stops the consumer loudly, STYLE 6):
+Side tasks, each named and supervised (one dying stops the consumer loudly):
 
 * ``poller`` and ``watcher`` (``Discovery``, discovery.py): fill the wake-up queue;
 * ``claimer`` (claimer.py): sleeps until a task may be claimable, then claims up to the free slots;
-* ``pinger`` (pinger.py): one write per interval renews the leases of all running attempts (SPEC G2);
+* ``pinger`` (pinger.py): one write per interval renews the leases of all running attempts;
 * ``finisher`` (finisher.py): writes outcomes in batches (whatever piled up while the last write
   was in flight);
-* ``heartbeat``: the worker registry (remote stop, SPEC F9) and the server clock offset.
+* ``heartbeat``: the worker registry (remote stop) and the server clock offset.
 
 This module holds the constructor, registration, the lifecycle and supervision, and the small
 parts (events, child tasks, planner, storage errors, heartbeat). The claimer, the pinger, the
@@ -111,7 +111,7 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         oldest entries that do not count (released, revoked, snoozed).
     :param grace_period: on graceful stop, how long running handlers may take to finish before
         they are cancelled and their leases released.
-    :param groups: the groups this consumer belongs to (SPEC F31): it also runs tasks whose
+    :param groups: the groups this consumer belongs to: it also runs tasks whose
         ``specific_groups`` name one of them.
     :param limits_interval: seconds between reads of which flow limits (``Operations.set_limit``)
         cover this consumer's names; a new or removed limit applies from the next read. Limit
@@ -258,7 +258,7 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         self.error: BaseException | None = None
         self.stop_reason: str | None = None  # why it stopped (or is stopping): see ``state``
         self.rng = random.Random()  # retry jitter; tests may seed or replace it
-        # flow limits (SPEC G5): slots acquired before claims of limited names, see limiter.py
+        # flow limits: slots acquired before claims of limited names, see limiter.py
         self.limiter = Limiter(
             driver,
             refresh=limits_interval,
@@ -533,7 +533,7 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
                 log.warning("could not release %s: %s", task.key, exc)
 
     async def _wait_grace(self, waited: list[Any], deadline: float) -> None:
-        """Wait until ``waited`` are done, the grace period ends on the consumer's clock (STYLE 9)
+        """Wait until ``waited`` are done, the grace period ends on the consumer's clock
         or a second ``stop(grace=0)`` says to hurry."""
         remaining = deadline - self.clock.monotonic()
         if remaining <= 0 or self._hurry.is_set():

@@ -1,5 +1,5 @@
-"""The pinger of the Consumer: one write per interval renews the leases of all running attempts
-(SPEC G2), with the checkpoints and progress the handlers saved since the last ping.
+"""The pinger of the Consumer: one write per interval renews the leases of all running attempts,
+with the checkpoints and progress the handlers saved since the last ping.
 
 It is also where attempts are given up: an answer that says a lease is lost, revoked, cancelled
 or paused, a stop event from the change stream, or a lease past its trust limit while the store
@@ -109,7 +109,7 @@ class ConsumerPinger:
         return self._ping_now.is_set()
 
     async def ping_once(self) -> None:
-        """Renew every running attempt's lease in one write per lease length (SPEC G2), with the
+        """Renew every running attempt's lease in one write per lease length, with the
         checkpoints and progress the handlers saved since the last ping (same write)."""
         self._ping_now.clear()  # what is asked from here on goes with the next ping
         self._progress_set.clear()

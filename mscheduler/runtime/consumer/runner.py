@@ -337,7 +337,7 @@ class ConsumerRunner:
             and not self._fails_for_good(running, stat, error, final)
         ):
             # this consumer wrote the due time itself (a retry, a snooze): it wakes for it without
-            # waiting for its next poll, where no change stream tells it (issue 17 B8)
+            # waiting for its next poll, where no change stream tells it
             self.discovery.due_at(claimed.key, retry_at)
         if self.events is not None and accepted:
             kind = outcome_kind(stat, self._fails_for_good(running, stat, error, final))

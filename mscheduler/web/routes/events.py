@@ -1,4 +1,4 @@
-"""The event log over HTTP (SPEC F34, F41): ``GET /api/v1/events`` lists recorded events,
+"""The event log over HTTP: ``GET /api/v1/events`` lists recorded events,
 ``GET /api/v1/events/stream`` follows new ones as server-sent events.
 
 Both read ``mscheduler.services.events.Events`` over the app's store and take the same filters (a task

@@ -1,4 +1,4 @@
-"""Remote executors over HTTP (SPEC F30): ``POST /api/v1/executors/lease``, ``/ping`` and
+"""Remote executors over HTTP: ``POST /api/v1/executors/lease``, ``/ping`` and
 ``/report``, for workers that do not speak MongoDB.
 
 Each route calls one ``RemoteExecutors`` method (``mscheduler.remote``), which keeps the Python
