@@ -73,24 +73,7 @@ def decide(
     overlap and after-completion rules, then ``plan_step``; ``outcome`` is the previous run's task
     (None if ``needs_outcome`` is False, or the task is gone)."""
     fields: dict[str, Any] = {}
-    consecutive: int = doc["consecutive_failures"]
-    running = False
-    run_end: datetime | None = doc.get("last_run_end_time")
-    if needs_outcome(doc):
-        if outcome is None:  # the task was removed: its outcome will never be known
-            fields.update(last_run_status="missing", last_run_seen=True, last_run_end_time=now)
-            run_end = now
-        elif outcome.status in _TERMINAL:
-            run_end = outcome.end_time or now
-            fields.update(last_run_status=outcome.status, last_run_seen=True, last_run_end_time=run_end)
-            if outcome.status == TaskStatus.FAILED.value:
-                consecutive += 1
-            elif outcome.status == TaskStatus.SUCCEEDED.value:
-                consecutive = 0
-        else:
-            running = outcome.status in _UNFINISHED
-            fields["last_run_status"] = outcome.status
-
+    consecutive, running, run_end = _record_outcome(doc, outcome, now, fields)
     error = bool(doc.get("error")) or consecutive >= doc["max_consecutive_failures"]
     awaiting: bool = doc["awaiting"]
     next_fire: datetime | None = doc["next_fire_time"]
@@ -162,6 +145,32 @@ def decide(
     return PlanDecision(
         tuple(tasks), PlanAdvance(doc["plan_id"], doc["version"], doc["next_fire_time"], fields)
     )
+
+
+def _record_outcome(
+    doc: Mapping[str, Any], outcome: RunOutcome | None, now: datetime, fields: dict[str, Any]
+) -> tuple[int, bool, datetime | None]:
+    """The previous run's outcome into ``fields`` (when the step needs it): the failure streak
+    after it, whether the run is still pending or running, and when it ended."""
+    consecutive: int = doc["consecutive_failures"]
+    running = False
+    run_end: datetime | None = doc.get("last_run_end_time")
+    if not needs_outcome(doc):
+        return consecutive, running, run_end
+    if outcome is None:  # the task was removed: its outcome will never be known
+        fields.update(last_run_status="missing", last_run_seen=True, last_run_end_time=now)
+        run_end = now
+    elif outcome.status in _TERMINAL:
+        run_end = outcome.end_time or now
+        fields.update(last_run_status=outcome.status, last_run_seen=True, last_run_end_time=run_end)
+        if outcome.status == TaskStatus.FAILED.value:
+            consecutive += 1
+        elif outcome.status == TaskStatus.SUCCEEDED.value:
+            consecutive = 0
+    else:
+        running = outcome.status in _UNFINISHED
+        fields["last_run_status"] = outcome.status
+    return consecutive, running, run_end
 
 
 class Planner(PeriodicService):
