@@ -110,17 +110,32 @@ _TEMPORARY += (
 _PRE_RATE_SLOT = {"$eq": [{"$ifNull": ["$$s.v.b", None]}, None]}
 
 
+_RATED = {"$ne": [{"$ifNull": ["$rate_n", None]}, None]}
+_PERIOD = "$rate_period_ms"
+
+
 def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
     """``mscheduler.domain.limits.grant`` as update stages, over the slots and the rate buckets as
     ``{k, v}`` arrays (``$objectToArray``), written back as objects: what changed is a few fields
     (the grants, the pruned slots, one bucket), so the write's oplog delta does not grow with the
-    limit. Temporary fields start with ``_`` and are projected away at the end."""
+    limit. Temporary fields start with ``_`` and are projected away at the end. The stages, in
+    the domain's words: the rate window's buckets, the slots and starts that stay, the room and
+    the grants, the limit written back."""
     mine = checked_tokens(params.attempts)
-    ended = checked_tokens(params.release)
-    k = len(mine)
-    now_ms = epoch_ms(params.now)
-    rated = {"$ne": [{"$ifNull": ["$rate_n", None]}, None]}
-    period = "$rate_period_ms"
+    return [
+        *_window_stages(epoch_ms(params.now)),
+        _kept_stage(params, mine),
+        *_grant_stages(len(mine)),
+        _written_stage(params, mine),
+        {"$project": dict.fromkeys(_TEMPORARY, 0)},
+    ]
+
+
+def _window_stages(now_ms: int) -> list[dict[str, Any]]:
+    """The rate's bucket width (``_w``), the current bucket (``_cur``), the first bucket of the
+    window (``_low``) and the starts as ``{k, v}`` (``_starts_in``; counted with another width:
+    all in the bucket of the latest, conservatively)."""
+    rated, period = _RATED, _PERIOD
     as_long = {
         "$map": {
             "input": {"$objectToArray": {"$ifNull": ["$starts", {}]}},
@@ -194,15 +209,14 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
             },
         }
     }
-    given_back = {
-        "$size": {
-            "$filter": {
-                "input": "$_slots_in",
-                "as": "s",
-                "cond": {"$and": [{"$in": ["$$s.k", literal(mine)]}, {"$eq": ["$$s.v.b", "$$e.k"]}]},
-            }
-        }
-    }
+    return [stage1, stage2]
+
+
+def _kept_stage(params: AcquireParams, mine: list[str]) -> dict[str, Any]:
+    """What stays: the live slots but this worker's ended ones and the asked attempts' earlier
+    grants (``_slots``), the starts inside the window less the starts of those grants given back
+    (``_starts``), and how many pre-rate slots leave now (``_pre_rate_gone``)."""
+    ended = checked_tokens(params.release)
     ours = {"$eq": ["$$s.v.w", literal(holder_id(params.worker_id))]}
     stage3 = {
         "$set": {
@@ -242,33 +256,57 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
                     },
                 }
             },
-            "_starts": {
-                "$cond": [
-                    rated,
-                    {
-                        "$filter": {
+            "_starts": _starts_kept(mine),
+        }
+    }
+    return stage3
+
+
+def _starts_kept(mine: list[str]) -> dict[str, Any]:
+    """The rate's buckets inside the window, less the starts of the asked attempts' earlier
+    grants (given back: they start again now); none without a rate."""
+    given_back = {
+        "$size": {
+            "$filter": {
+                "input": "$_slots_in",
+                "as": "s",
+                "cond": {"$and": [{"$in": ["$$s.k", literal(mine)]}, {"$eq": ["$$s.v.b", "$$e.k"]}]},
+            }
+        }
+    }
+    kept: dict[str, Any] = {
+        "$cond": [
+            _RATED,
+            {
+                "$filter": {
+                    "input": {
+                        "$map": {
                             "input": {
-                                "$map": {
-                                    "input": {
-                                        "$filter": {
-                                            "input": "$_starts_in",
-                                            "as": "e",
-                                            "cond": {"$gte": [{"$toLong": "$$e.k"}, "$_low"]},
-                                        }
-                                    },
+                                "$filter": {
+                                    "input": "$_starts_in",
                                     "as": "e",
-                                    "in": {"k": "$$e.k", "v": {"$subtract": ["$$e.v", given_back]}},
+                                    "cond": {"$gte": [{"$toLong": "$$e.k"}, "$_low"]},
                                 }
                             },
                             "as": "e",
-                            "cond": {"$gt": ["$$e.v", 0]},
+                            "in": {"k": "$$e.k", "v": {"$subtract": ["$$e.v", given_back]}},
                         }
                     },
-                    [],
-                ]
+                    "as": "e",
+                    "cond": {"$gt": ["$$e.v", 0]},
+                }
             },
-        }
+            [],
+        ]
     }
+    return kept
+
+
+def _grant_stages(k: int) -> list[dict[str, Any]]:
+    """The starts in the window (``_recent``: live pre-rate slots count while the limit has a
+    rate), the room left under ``max_running`` and the rate for ``k`` asked attempts, the grants
+    (``_granted``) and what the current bucket gains (``_add``)."""
+    rated = _RATED
     stage4 = {
         "$set": {
             "_start_keys": {"$map": {"input": "$_starts", "as": "e", "in": {"$toLong": "$$e.k"}}},
@@ -295,6 +333,13 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
     stage7 = {"$set": {"_granted": {"$max": [0, "$_room"]}}}
     # what the current bucket gains: the grants' starts and those of the pre-rate slots leaving
     stage7b = {"$set": {"_add": {"$add": ["$_granted", {"$cond": [rated, "$_pre_rate_gone", 0]}]}}}
+    return [stage4, stage5, stage6, stage7, stage7b]
+
+
+def _written_stage(params: AcquireParams, mine: list[str]) -> dict[str, Any]:
+    """The limit written back as objects: the kept slots and the granted ones, the bumped
+    buckets, and the summary the reply is projected to (``live``, ``recent``, ``retry_ms``)."""
+    rated, period = _RATED, _PERIOD
     asked = [{"a": a, "i": i} for i, a in enumerate(mine)]
     picked = {"$filter": {"input": literal(asked), "as": "r", "cond": {"$lt": ["$$r.i", "$_room"]}}}
     new_slots = {
@@ -353,18 +398,7 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
             },
         }
     }
-    return [
-        stage1,
-        stage2,
-        stage3,
-        stage4,
-        stage5,
-        stage6,
-        stage7,
-        stage7b,
-        stage8,
-        {"$project": dict.fromkeys(_TEMPORARY, 0)},
-    ]
+    return stage8
 
 
 def slots_pipeline(params: SlotsParams) -> list[dict[str, Any]]:
