@@ -14,7 +14,7 @@ import logging
 import os
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -38,6 +38,9 @@ from mscheduler.cli.common import (
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.observability.logs import configure_logging
 from mscheduler.operations import Operations
+
+if TYPE_CHECKING:
+    from mscheduler.web.guards import ApiLimits
 
 TOKENS_ENV = "MSCHEDULER_API_TOKENS"
 TOKENS_FILE_ENV = "MSCHEDULER_API_TOKENS_FILE"
@@ -134,6 +137,38 @@ async def serve(
             await client.close()
 
 
+def _check_web_extra() -> None:
+    """Exit 2 naming the extra when the web server's packages are not installed."""
+    try:
+        import uvicorn  # noqa: F401
+
+        import mscheduler.web  # noqa: F401
+    except ImportError as exc:
+        raise exit_with(
+            CliError(
+                f"the REST API needs its extra: pip install 'mscheduler[web]' ({exc})", exit_code=EXIT_USAGE
+            )
+        ) from None
+
+
+def _api_limits(
+    max_body_mb: float, streams_per_token: int, streams_total: int, waits_per_token: int, waits_total: int
+) -> ApiLimits:
+    """The caps of the command's options (a bad value: ``CliError``, exit 2)."""
+    from mscheduler.web.guards import ApiLimits
+
+    try:
+        return ApiLimits(
+            max_body_bytes=int(max_body_mb * 1024 * 1024),
+            streams_per_token=streams_per_token,
+            streams_total=streams_total,
+            waits_per_token=waits_per_token,
+            waits_total=waits_total,
+        )
+    except InvalidInput as exc:
+        raise CliError(str(exc), exit_code=EXIT_USAGE) from None
+
+
 @app.command(short_help="Serve the REST API and the web dashboard (needs mscheduler[web]).")
 def web(
     mongodb_uri: UriOpt,
@@ -182,30 +217,10 @@ def web(
     streams and long-poll waits beyond their caps per token and in all get a 429. Exits 2 on bad
     arguments or tokens, 3 if MongoDB cannot be reached at start.
     """
-    try:
-        import uvicorn  # noqa: F401
-
-        import mscheduler.web  # noqa: F401
-    except ImportError as exc:
-        raise exit_with(
-            CliError(
-                f"the REST API needs its extra: pip install 'mscheduler[web]' ({exc})", exit_code=EXIT_USAGE
-            )
-        ) from None
+    _check_web_extra()
     configure_logging(logging.INFO, "text")
     try:
-        from mscheduler.web.guards import ApiLimits
-
-        try:
-            limits = ApiLimits(
-                max_body_bytes=int(max_body_mb * 1024 * 1024),
-                streams_per_token=streams_per_token,
-                streams_total=streams_total,
-                waits_per_token=waits_per_token,
-                waits_total=waits_total,
-            )
-        except InvalidInput as exc:
-            raise CliError(str(exc), exit_code=EXIT_USAGE) from None
+        limits = _api_limits(max_body_mb, streams_per_token, streams_total, waits_per_token, waits_total)
         tokens = load_tokens(tokens_file)
         asyncio.run(
             serve(

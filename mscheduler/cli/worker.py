@@ -191,16 +191,8 @@ async def run_workers(
             await client.close()
 
 
-async def _run_consumers(
-    consumers: list[Consumer],
-    target: Any,
-    grace: float | None,
-    server_selection_timeout_ms: int,
-    say: Say,
-    metrics_port: int | None,
-) -> int:
-    await ensure_consumers_reach_mongodb(consumers, server_selection_timeout_ms)
-    metrics = _worker_metrics(consumers, metrics_port, say) if metrics_port is not None else None
+async def _start_all(consumers: list[Consumer], metrics: Any) -> None:
+    """Start every consumer; if one cannot start, stop those that did (and the metrics server)."""
     started: list[Consumer] = []
     try:
         for consumer in consumers:
@@ -211,6 +203,19 @@ async def _run_consumers(
         if metrics is not None:
             metrics.close()
         raise CliError(f"consumer {consumer.worker_id} could not start: {one_line(str(exc), 300)}") from exc
+
+
+async def _run_consumers(
+    consumers: list[Consumer],
+    target: Any,
+    grace: float | None,
+    server_selection_timeout_ms: int,
+    say: Say,
+    metrics_port: int | None,
+) -> int:
+    await ensure_consumers_reach_mongodb(consumers, server_selection_timeout_ms)
+    metrics = _worker_metrics(consumers, metrics_port, say) if metrics_port is not None else None
+    await _start_all(consumers, metrics)
     if isinstance(target, App) and target.plans:
         created = await target.add_plans(Operations(consumers[0].driver))
         if created:
