@@ -19,7 +19,7 @@ import random
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
@@ -587,6 +587,22 @@ def demo_prefix() -> str:
     return f"demo_{secrets.token_hex(4)}_"
 
 
+def _run_quietly(report: Coroutine[Any, Any, DemoReport]) -> DemoReport:
+    """Run the demo, its handlers' failures on purpose kept out of the consumer's log; a
+    refusal is one line and an exit."""
+    consumer_log = logging.getLogger("mscheduler.consumer")
+    on_purpose = _FailsOnPurpose()
+    consumer_log.addFilter(on_purpose)
+    try:
+        return asyncio.run(report)
+    except CliError as exc:
+        raise exit_with(exc) from None
+    except MSchedulerError as exc:
+        raise exit_with(CliError(f"the demo could not run: {one_line(str(exc), limit=300)}")) from None
+    finally:
+        consumer_log.removeFilter(on_purpose)
+
+
 def _progress_bar() -> tuple[Progress, Callable[[int, int, dict[str, int]], None]]:
     """The demo's progress bar, and the callback that moves it (done, total, counts by state)."""
     progress = Progress(
@@ -676,17 +692,7 @@ def demo(
         with progress:
             return await run_demo(MemoryDriver(), config=config, on_progress=on_progress)
 
-    consumer_log = logging.getLogger("mscheduler.consumer")
-    on_purpose = _FailsOnPurpose()
-    consumer_log.addFilter(on_purpose)
-    try:
-        report = asyncio.run(in_memory() if mongodb_uri is None else on_mongo(mongodb_uri))
-    except CliError as exc:
-        raise exit_with(exc) from None
-    except MSchedulerError as exc:
-        raise exit_with(CliError(f"the demo could not run: {one_line(str(exc), limit=300)}")) from None
-    finally:
-        consumer_log.removeFilter(on_purpose)
+    report = _run_quietly(in_memory() if mongodb_uri is None else on_mongo(mongodb_uri))
     for renderable in report_renderables(report):
         out.print(renderable)
     raise typer.Exit(0 if report.ok else 1)
