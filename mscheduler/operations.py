@@ -33,6 +33,7 @@ from mscheduler.domain.exceptions import (
     UnknownLimit,
     UnknownPlan,
     UnknownTask,
+    error_reason,
 )
 from mscheduler.domain.family import MAP, dependents, final_steps, map_items, step_graph
 from mscheduler.domain.limits import Limit, LimitInfo, Rate, checked_limit, from_storage
@@ -67,6 +68,7 @@ from mscheduler.domain.plans import (
     option_to_storage,
     plan_state,
     refire_time,
+    run_status_of,
 )
 from mscheduler.domain.schedule import to_storage_dict
 from mscheduler.domain.state import live_attempts
@@ -93,6 +95,7 @@ from mscheduler.drivers.base import (
 )
 from mscheduler.publishing import (
     DEFAULT_MAX_PARAMS_BYTES,
+    checked_by,
     checked_max_params_bytes,
     insert_families,
     prepared_families,
@@ -109,8 +112,6 @@ MANY_AT_ONCE = 16  # restarts of restart_many in flight at once
 PLAN_CHANGE_TRIES = 10  # compare-and-set tries of a plan change racing planners
 CONTROL_TRIES = 10  # a task control refused, but the task's status allows it on re-read: again
 REASON_MAX = 2000
-BY_MAX = 200
-
 _PENDING, _RUNNING = TaskStatus.PENDING.value, TaskStatus.RUNNING.value
 _SUCCEEDED, _FAILED = TaskStatus.SUCCEEDED.value, TaskStatus.FAILED.value
 _EXPIRED, _CANCELLED = TaskStatus.EXPIRED.value, TaskStatus.CANCELLED.value
@@ -274,10 +275,15 @@ class OperatorApi(Protocol):
     # -- publishing
     async def list_handlers(self) -> list[HandlerInfo]: ...
     async def send(
-        self, task: Task, *, reset_finished: bool = False, allow_unknown: bool = False
+        self, task: Task, *, reset_finished: bool = False, allow_unknown: bool = False, by: str | None = None
     ) -> bool: ...
     async def send_many(
-        self, tasks: Sequence[Task], *, reset_finished: bool = False, allow_unknown: bool = False
+        self,
+        tasks: Sequence[Task],
+        *,
+        reset_finished: bool = False,
+        allow_unknown: bool = False,
+        by: str | None = None,
     ) -> list[bool]: ...
 
     # -- task control
@@ -544,17 +550,27 @@ class Operations:
             for name, schemas in sorted(found.items())
         ]
 
-    async def send(self, task: Task, *, reset_finished: bool = False, allow_unknown: bool = False) -> bool:
+    async def send(
+        self, task: Task, *, reset_finished: bool = False, allow_unknown: bool = False, by: str | None = None
+    ) -> bool:
         """Publish ``task`` unless its key exists; True if this call created (or reset)
         it. The rules are ``Publisher.send``'s, from the same code (``mscheduler.publishing``),
         and the task is checked at the door (``send_many``): the REST API's ``POST
-        /api/v1/tasks`` and ``mscheduler tasks send`` are this call."""
+        /api/v1/tasks`` and ``mscheduler tasks send`` are this call (``by``: who sends, the
+        token's ``api:<name>``)."""
         if not isinstance(task, Task):
             raise InvalidInput(f"send() takes a Task, got {type(task).__name__}")
-        return (await self.send_many([task], reset_finished=reset_finished, allow_unknown=allow_unknown))[0]
+        return (
+            await self.send_many([task], reset_finished=reset_finished, allow_unknown=allow_unknown, by=by)
+        )[0]
 
     async def send_many(
-        self, tasks: Sequence[Task], *, reset_finished: bool = False, allow_unknown: bool = False
+        self,
+        tasks: Sequence[Task],
+        *,
+        reset_finished: bool = False,
+        allow_unknown: bool = False,
+        by: str | None = None,
     ) -> list[bool]:
         """Publish many tasks (``Publisher.send_many``'s rules): every task is checked before
         anything is written; a bool per task, in order, True where it was created (or reset).
@@ -563,12 +579,14 @@ class Operations:
         worker handles is refused, naming the names that are handled (``allow_unknown=True``: a
         worker that is not running yet will take it), and params are validated against the
         JSON schema the live workers publish for the name (``InvalidInput`` with ``field``, the
-        path of the first field at fault)."""
+        path of the first field at fault). ``by``: who sends (the ``sent`` events and a reset's
+        history record it)."""
         if isinstance(tasks, (str, bytes, Task)) or not isinstance(tasks, Sequence):
             raise InvalidInput(f"tasks: a list of Tasks, got {type(tasks).__name__}")
         for flag, value in (("reset_finished", reset_finished), ("allow_unknown", allow_unknown)):
             if not isinstance(value, bool):
                 raise InvalidInput(f"{flag}: must be True or False")
+        by = checked_by(by)
         now = await self._now()
         families = prepared_families(
             tasks, now=now, reset_finished=reset_finished, max_params_bytes=self.max_params_bytes
@@ -577,7 +595,9 @@ class Operations:
             await self.driver.prepare()  # checked, never built here: `mscheduler setup` builds
             self._tasks_checked = True
         await self._check_at_the_door(families, allow_unknown, single=len(tasks) == 1)
-        return await insert_families(self.driver, families, self.clock.now, reset_finished=reset_finished)
+        return await insert_families(
+            self.driver, families, self.clock.now, reset_finished=reset_finished, by=by
+        )
 
     async def _handlers(self, fresh: bool) -> dict[str, HandlerInfo]:
         """The live handlers by name, read again when ``fresh`` or older than ``HANDLERS_FRESH``."""
@@ -711,7 +731,7 @@ class Operations:
         given: restarted, refused (with the status and the rule) or unknown. Keys are validated
         first: bad input (``InvalidInput``) restarts nothing. ``Publisher.send_many(...,
         reset_finished=True)`` is the other way to run tasks again: it re-creates missing keys and
-        resets succeeded / failed ones with new params, keeping no history."""
+        resets succeeded / failed ones with new params (their attempts kept in the history)."""
         return await restart_each(
             checked_keys(keys), lambda key: self.restart(key, force=force, deadline=deadline)
         )
@@ -1098,7 +1118,9 @@ class Operations:
         key = doc.get("last_run_key")
         if key is not None and not doc.get("last_run_seen", True):
             outcome = (await self.driver.get_run_outcomes([key])).get(key)
-            doc["last_run_status"] = outcome.status if outcome is not None else "missing"
+            doc["last_run_status"] = (
+                run_status_of(plan_id, outcome.status, outcome.plan_id) if outcome is not None else "missing"
+            )
         return PlanInfo.from_storage(doc)
 
     async def list_plans(
@@ -1232,8 +1254,13 @@ async def change_option(
         raise InvalidInput(f"change: an OptionChange, got {type(change).__name__}")
     try:
         option = change.apply(info.option)
-    except (InvalidInput, ValidationError) as exc:
+    except InvalidInput as exc:
         raise InvalidInput(f"invalid option change for {key!r}: {exc}") from exc
+    except ValidationError as exc:  # where and why, without pydantic's links or the values
+        reasons = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {error_reason(e)}" for e in exc.errors(include_url=False)
+        )
+        raise InvalidInput(f"invalid option change for {key!r}: {reasons}") from exc
     stored = option.to_storage(info.create_time)
     try:
         if not await driver.update_option(UpdateOptionParams(key, stored, now, by)):
@@ -1433,13 +1460,6 @@ def checked_keys(keys: object) -> list[str]:
     if len(checked) > MANY_MAX:
         raise InvalidInput(f"keys: at most {MANY_MAX} keys at once, got {len(checked)}")
     return checked
-
-
-def checked_by(by: str | None) -> str | None:
-    """Who did an operator action (an API token's ``api:<name>``): kept as given."""
-    if by is not None:
-        _check_text(by, "by", BY_MAX)
-    return by
 
 
 def _limit_key(key: object) -> str:

@@ -13,12 +13,13 @@ May import: ``mscheduler.drivers`` and ``mscheduler.domain``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.exceptions import InvalidInput, KeyTaken
 from mscheduler.domain.family import GRAPH, SEQUENTIAL, MapExpansion
 from mscheduler.domain.model import DEFAULT_MAX_PARAMS_BYTES as DEFAULT_MAX_PARAMS_BYTES
 from mscheduler.domain.model import (
@@ -30,6 +31,7 @@ from mscheduler.domain.model import (
     child_key,
     encoded_size,
     item_key,
+    reserved_key,
     step_needs,
 )
 from mscheduler.domain.plans import occurrence_key, run_task
@@ -47,6 +49,18 @@ SEND_MANY_BATCH = 1000  # documents per insert command
 # a batch's option objects and their storage forms, by id (``prepare``)
 StoredOptions = dict[int, tuple[TaskOption, dict[str, Any]]]
 MAX_PARAMS_BYTES_LIMIT = 8 * 1024 * 1024
+
+
+BY_MAX = 200  # characters of a sender's name (``by``)
+
+
+def checked_by(by: object) -> str | None:
+    """Who sends (``by``): a short line of text, or None."""
+    if by is None:
+        return None
+    if not isinstance(by, str) or not by or len(by) > BY_MAX or not by.isprintable():
+        raise InvalidInput(f"by: a name of 1 to {BY_MAX} printable characters")
+    return by
 
 
 def checked_max_params_bytes(value: int) -> int:
@@ -123,13 +137,22 @@ def _map_of(child: Child) -> dict[str, Any] | None:
 
 def run_documents(plan_id: str, fire_time: datetime, template: Mapping[str, Any]) -> list[NewTask]:
     """The documents of a plan's run at ``fire_time`` (its template: a plan's ``task``): one task,
-    or a task with children (the parent first), each keyed by the occurrence."""
+    or a task with children (the parent first), each keyed by the occurrence. The run (the task,
+    or the parent) records its plan (``plan_id``): a planner that finds its run key held by a task
+    it did not make knows it is not its own run."""
     if not template.get("children"):
         option = TaskOption.from_storage(template["option"])
         key = occurrence_key(plan_id, fire_time)
-        return [NewTask(key, template["name"], template.get("params"), option.to_storage(fire_time))]
+        return [
+            NewTask(
+                key, template["name"], template.get("params"), option.to_storage(fire_time), plan_id=plan_id
+            )
+        ]
     task = run_task(plan_id, fire_time, template)
-    return expand(task, lambda one: NewTask(one.key, one.name, one.params, one.option.to_storage(fire_time)))
+    run, *children = expand(
+        task, lambda one: NewTask(one.key, one.name, one.params, one.option.to_storage(fire_time))
+    )
+    return [replace(run, plan_id=plan_id), *children]
 
 
 def child_names(task: Task) -> list[str]:
@@ -152,13 +175,14 @@ def family(task: Task, reset_finished: bool, prepare_one: Callable[[Task], NewTa
     return expand(task, prepare_one)
 
 
-def batches(families: list[list[NewTask]]) -> list[list[list[NewTask]]]:
-    """Families grouped into insert commands of about ``SEND_MANY_BATCH`` documents; a family
-    (a parent and its children) is never split between two commands."""
+def batches(families: list[list[NewTask]], limit: int | None = None) -> list[list[list[NewTask]]]:
+    """Families grouped into insert commands of about ``limit`` documents (``SEND_MANY_BATCH``
+    by default); a family (a parent and its children) is never split between two commands."""
+    limit = SEND_MANY_BATCH if limit is None else limit
     grouped: list[list[list[NewTask]]] = []
-    size = SEND_MANY_BATCH
+    size = limit
     for one in families:
-        if size + len(one) > SEND_MANY_BATCH:
+        if size + len(one) > limit:
             grouped.append([])
             size = 0
         grouped[-1].append(one)
@@ -175,10 +199,14 @@ def prepared_families(
     trace: Mapping[str, str] | None = None,
 ) -> list[list[NewTask]]:
     """Every task checked and prepared before anything is written: a non-``Task`` (named by its
-    position), params over the cap, a key given twice (children included) are ``InvalidInput``."""
+    position), params over the cap, a key given twice (children included), a key the scheduler
+    makes itself (``reserved_key``: a plan's run, a child's) are ``InvalidInput``."""
     for i, task in enumerate(tasks):
         if not isinstance(task, Task):
             raise InvalidInput(f"send_many() takes Tasks, got {type(task).__name__} at index {i}")
+        reason = reserved_key(task.key)
+        if reason is not None:
+            raise InvalidInput(f"task {task.key!r} cannot be sent: {reason}")
 
     stored_options: StoredOptions = {}
 
@@ -196,6 +224,18 @@ def prepared_families(
     return families
 
 
+async def check_children_free(driver: Driver, families: list[list[NewTask]]) -> None:
+    """A parent never adopts a task it did not make: ``KeyTaken`` when one of its children's
+    keys is held by a task that is not that parent's child (one read, of the children's keys,
+    and only for sends with children)."""
+    parent_of = {t.key: t.parent for one in families if len(one) > 1 for t in one[1:]}
+    if not parent_of:
+        return
+    for doc in await driver.get_tasks(list(parent_of)):
+        if doc.get("parent") != parent_of[doc["key"]]:
+            raise KeyTaken(doc["key"], f"parent {parent_of[doc['key']]!r}")
+
+
 async def insert_families(
     driver: Driver,
     families: list[list[NewTask]],
@@ -203,13 +243,21 @@ async def insert_families(
     *,
     reset_finished: bool = False,
     session: Any = None,
+    by: str | None = None,
 ) -> list[bool]:
     """Insert prepared families, one command per batch; per family, whether its first document
-    (the task, or a parent) was created (or reset)."""
+    (the task, or a parent) was created (or reset). A driver's ``insert_batch`` makes its
+    batches smaller (the memory driver's: others run between them). ``by``: who sends (the
+    ``sent`` events and a reset's history say so). A child's key held by another task refuses
+    the whole send (``check_children_free``), before anything is written."""
+    await check_children_free(driver, families)
     created: list[bool] = []
-    for batch in batches(families):
+    limit = min(SEND_MANY_BATCH, getattr(driver, "insert_batch", SEND_MANY_BATCH))
+    for n, batch in enumerate(batches(families, limit)):
+        if n:
+            await asyncio.sleep(0)  # a store that never waits still lets the loop turn between batches
         docs = [t for one in batch for t in one]
-        results = await driver.insert_tasks(InsertParams(docs, now(), reset_finished, session))
+        results = await driver.insert_tasks(InsertParams(docs, now(), reset_finished, session, by))
         first = 0
         for one in batch:
             created.append(results[first])

@@ -34,6 +34,14 @@ from mscheduler.cli.common import (
     one_line,
     plain_say,
 )
+from mscheduler.cli.web import (
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_KEEP_ALIVE_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    HeaderTimeoutOpt,
+    KeepAliveTimeoutOpt,
+    MaxConnectionsOpt,
+)
 from mscheduler.domain.exceptions import InvalidInput, MSchedulerError
 from mscheduler.drivers.memory.driver import MemoryDriver
 from mscheduler.drivers.memory.snapshot import load, save
@@ -72,12 +80,19 @@ def _import_failure(exc: CliError) -> str:
     return one_line(f"{lines[0]} {lines[-1].strip()}" if len(lines) > 1 else lines[0], limit=300)
 
 
+EARLY_BACKLOG = 128  # connections queued before the server takes the socket over
+
+
 def _listening(host: str, port: int) -> socket.socket:
-    """The server's socket, bound before anything starts (a taken port fails at once)."""
+    """The server's socket, bound before anything starts (a taken port fails at once) and
+    listening: a client that connects once the banner is printed waits in the backlog until the
+    server accepts, instead of being refused while the server starts (the server listens again
+    with its own backlog)."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(EARLY_BACKLOG)
     except OSError as exc:
         sock.close()
         raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
@@ -88,8 +103,10 @@ class _Server:
     """uvicorn's server without its signal handling: ``dev`` handles Ctrl-C itself (and uvicorn
     would raise the signal again after serving)."""
 
-    def __init__(self, app: Any, sock: socket.socket) -> None:
+    def __init__(self, app: Any, sock: socket.socket, settings: Any = None) -> None:
         import uvicorn
+
+        from mscheduler.web.serving import ServerSettings, uvicorn_config
 
         class Server(uvicorn.Server):
             @contextlib.contextmanager
@@ -99,7 +116,10 @@ class _Server:
             def install_signal_handlers(self) -> None:  # older uvicorn
                 return None
 
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+        settings = settings if settings is not None else ServerSettings()
+        config, self.guard = uvicorn_config(
+            app, settings, log_level="warning", access_log=False, lifespan="on"
+        )
         self.server = Server(config)
         self.sock = sock
 
@@ -119,9 +139,10 @@ async def run_dev(
     data: Path | None = None,
     save_every: float = DEFAULT_SAVE_EVERY,
     say: Say = plain_say,
+    server_settings: Any = None,
 ) -> int:
     """Run ``spec``'s app on an in-memory store with the API and the dashboard until SIGINT /
-    SIGTERM; the exit code."""
+    SIGTERM; the exit code. ``server_settings``: ``mscheduler.web.serving.ServerSettings``."""
     from mscheduler.web import ApiTokens, create_app
 
     application = load_app(spec)
@@ -143,7 +164,7 @@ async def run_dev(
         raise CliError(f"{spec}: {exc}", exit_code=EXIT_USAGE) from exc
     sock = _listening(host, port)
     operations = Operations(driver)
-    server = _Server(create_app(operations=operations, tokens=tokens), sock)
+    server = _Server(create_app(operations=operations, tokens=tokens), sock, server_settings)
     started: list[Consumer] = []
     try:
         for consumer in consumers:
@@ -196,7 +217,8 @@ async def _serve(
         f"  dashboard  {url}/ui/\n"
         f"  REST API   {url}/api/v1\n"
         f"  token      {token}   (admin: log in to the dashboard with it)\n"
-        f"  try        mscheduler tasks ls --api-url {url} --token {token}\n"
+        f"  try        export MSCHEDULER_TOKEN={token}; mscheduler tasks ls --api-url {url}\n"
+        "             (the token in the environment, not on a command line, where process lists show it)\n"
         f"Ctrl+C to stop"
     )
     try:
@@ -264,6 +286,9 @@ def dev(
         float, typer.Option(metavar="SECONDS", min=0.1, max=3600, help="With --data: how often to save.")
     ] = DEFAULT_SAVE_EVERY,
     log_level: Annotated[str, typer.Option(metavar="LEVEL", help="Logging level.")] = "WARNING",
+    max_connections: MaxConnectionsOpt = DEFAULT_MAX_CONNECTIONS,
+    header_timeout: HeaderTimeoutOpt = DEFAULT_HEADER_TIMEOUT,
+    keep_alive_timeout: KeepAliveTimeoutOpt = DEFAULT_KEEP_ALIVE_TIMEOUT,
 ) -> None:
     """Run the App MODULE:ATTR (e.g. examples.shop:app) on an in-memory store, with the REST API
     and the dashboard, until Ctrl+C: no MongoDB needed. The same App runs on MongoDB with
@@ -280,9 +305,27 @@ def dev(
     if not isinstance(level, int):
         raise exit_with(CliError(f"unknown log level {log_level!r}", exit_code=EXIT_USAGE))
     configure_logging(level, "text")
+    from mscheduler.web.serving import ServerSettings
+
+    try:
+        settings = ServerSettings(
+            max_connections=max_connections,
+            header_timeout=header_timeout,
+            keep_alive_timeout=keep_alive_timeout,
+        )
+    except InvalidInput as exc:
+        raise exit_with(CliError(str(exc), exit_code=EXIT_USAGE)) from None
     try:
         code = asyncio.run(
-            run_dev(target, host=host, port=port, token=token, data=data, save_every=save_every)
+            run_dev(
+                target,
+                host=host,
+                port=port,
+                token=token,
+                data=data,
+                save_every=save_every,
+                server_settings=settings,
+            )
         )
     except CliError as exc:
         raise exit_with(exc) from None

@@ -14,7 +14,7 @@ import logging
 import os
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
@@ -39,8 +39,24 @@ from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.observability.logs import configure_logging
 from mscheduler.operations import Operations
 
-if TYPE_CHECKING:
-    from mscheduler.web.guards import ApiLimits
+# ``mscheduler web`` and ``dev``: how the server treats connections (``ServerSettings`` of
+# mscheduler.web.serving, whose defaults these are: that module needs the web extra, the
+# options' help does not; a test keeps them equal)
+DEFAULT_MAX_CONNECTIONS = 1000
+DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_KEEP_ALIVE_TIMEOUT = 5.0
+MaxConnectionsOpt = Annotated[
+    int,
+    typer.Option(metavar="N", min=1, help="Connections open at once; one more closes the one idle longest."),
+]
+HeaderTimeoutOpt = Annotated[
+    float,
+    typer.Option(metavar="SECONDS", min=0.1, max=3600, help="Time a client has to send a request's headers."),
+]
+KeepAliveTimeoutOpt = Annotated[
+    float,
+    typer.Option(metavar="SECONDS", min=0.1, max=3600, help="Time an idle kept-alive connection stays open."),
+]
 
 TOKENS_ENV = "MSCHEDULER_API_TOKENS"
 TOKENS_FILE_ENV = "MSCHEDULER_API_TOKENS_FILE"
@@ -96,12 +112,15 @@ async def serve(
     events: bool = False,
     event_retention_days: float = 7.0,
     limits: Any = None,
+    server: Any = None,
 ) -> None:
-    """Connect, make sure the indexes exist, and serve until SIGINT / SIGTERM (uvicorn's)."""
+    """Connect, make sure the indexes exist, and serve until SIGINT / SIGTERM (uvicorn's), under
+    ``server`` (``mscheduler.web.serving.ServerSettings``: connections, timeouts)."""
     import uvicorn
 
     from mscheduler.drivers.mongo.driver import MongoDriver
     from mscheduler.web import create_app
+    from mscheduler.web.serving import ServerSettings, uvicorn_config
 
     client = None
     if operations_override is not None:
@@ -125,7 +144,8 @@ async def serve(
         web_app = create_app(
             operations=operations, tokens=tokens, metrics_public=metrics_public, limits=limits
         )
-        config = uvicorn.Config(web_app, host=host, port=port, log_config=None, access_log=True)
+        settings = server if server is not None else ServerSettings()
+        config, _ = uvicorn_config(web_app, settings, host=host, port=port, log_config=None, access_log=True)
         quiet_collector()
         plain_say(
             f"mscheduler web: serving the REST API on http://{host}:{port}/api/v1 and the dashboard on "
@@ -149,24 +169,6 @@ def _check_web_extra() -> None:
                 f"the REST API needs its extra: pip install 'mscheduler[web]' ({exc})", exit_code=EXIT_USAGE
             )
         ) from None
-
-
-def _api_limits(
-    max_body_mb: float, streams_per_token: int, streams_total: int, waits_per_token: int, waits_total: int
-) -> ApiLimits:
-    """The caps of the command's options (a bad value: ``CliError``, exit 2)."""
-    from mscheduler.web.guards import ApiLimits
-
-    try:
-        return ApiLimits(
-            max_body_bytes=int(max_body_mb * 1024 * 1024),
-            streams_per_token=streams_per_token,
-            streams_total=streams_total,
-            waits_per_token=waits_per_token,
-            waits_total=waits_total,
-        )
-    except InvalidInput as exc:
-        raise CliError(str(exc), exit_code=EXIT_USAGE) from None
 
 
 @app.command(short_help="Serve the REST API and the web dashboard (needs mscheduler[web]).")
@@ -206,6 +208,9 @@ def web(
         int, typer.Option(metavar="N", min=1, help="Long-poll leases one token may have waiting.")
     ] = 64,
     waits_total: Annotated[int, typer.Option(metavar="N", min=1, help="Long-poll leases in all.")] = 256,
+    max_connections: MaxConnectionsOpt = DEFAULT_MAX_CONNECTIONS,
+    header_timeout: HeaderTimeoutOpt = DEFAULT_HEADER_TIMEOUT,
+    keep_alive_timeout: KeepAliveTimeoutOpt = DEFAULT_KEEP_ALIVE_TIMEOUT,
     database: DatabaseOpt = None,
     prefix: PrefixOpt = "",
     server_selection_timeout_ms: TimeoutMs = None,
@@ -214,13 +219,32 @@ def web(
 
     Every request but /api/v1/health and /api/v1/openapi.json needs a bearer token: a read token
     may GET, changes need an admin token. Bodies above --max-body-mb are refused (413); event
-    streams and long-poll waits beyond their caps per token and in all get a 429. Exits 2 on bad
-    arguments or tokens, 3 if MongoDB cannot be reached at start.
+    streams and long-poll waits beyond their caps per token and in all get a 429. A client must
+    send a request's headers within --header-timeout; at most --max-connections are open (one
+    more closes the longest idle). Exits 2 on bad arguments or tokens, 3 if MongoDB cannot be
+    reached at start.
     """
     _check_web_extra()
     configure_logging(logging.INFO, "text")
     try:
-        limits = _api_limits(max_body_mb, streams_per_token, streams_total, waits_per_token, waits_total)
+        from mscheduler.web.guards import ApiLimits
+        from mscheduler.web.serving import ServerSettings
+
+        try:
+            limits = ApiLimits(
+                max_body_bytes=int(max_body_mb * 1024 * 1024),
+                streams_per_token=streams_per_token,
+                streams_total=streams_total,
+                waits_per_token=waits_per_token,
+                waits_total=waits_total,
+            )
+            server = ServerSettings(
+                max_connections=max_connections,
+                header_timeout=header_timeout,
+                keep_alive_timeout=keep_alive_timeout,
+            )
+        except InvalidInput as exc:
+            raise CliError(str(exc), exit_code=EXIT_USAGE) from None
         tokens = load_tokens(tokens_file)
         asyncio.run(
             serve(
@@ -235,6 +259,7 @@ def web(
                 events=events,
                 event_retention_days=event_retention_days,
                 limits=limits,
+                server=server,
             )
         )
     except CliError as exc:

@@ -275,6 +275,17 @@ def task_event(
     )
 
 
+def sent_detail(by: str | None, reset: bool) -> dict[str, Any] | None:
+    """The detail of a ``sent`` event: who sent the task (when known) and whether the send reset
+    a task that had ended (``reset_finished``)."""
+    detail: dict[str, Any] = {}
+    if by:
+        detail["by"] = by
+    if reset:
+        detail["reset"] = True
+    return detail or None
+
+
 def order_key(doc: Mapping[str, Any]) -> tuple[Any, ...]:
     """Where a stored event stands in a listing: ``(time, step, seq, id)`` (see the module)."""
     return (doc["time"], doc.get("step", 0), doc.get("seq", 0), doc["id"])

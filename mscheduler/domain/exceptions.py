@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -81,6 +82,16 @@ class TransitionRefused(MSchedulerError):
         self.rule = rule
 
 
+class KeyTaken(InvalidInput):
+    """A key the scheduler makes itself (a child's, a plan run's) is held by a task its maker did
+    not make: refused rather than adopted. Nothing was written."""
+
+    def __init__(self, key: str, maker: str) -> None:
+        super().__init__(f"key {key!r} is taken by a task that {maker} did not make: refused, not adopted")
+        self.key = key
+        self.maker = maker
+
+
 class HandlerSignal(MSchedulerError):
     """A handler raises a subclass to steer its task (not an error of mscheduler's)."""
 
@@ -140,3 +151,12 @@ class StorageError(MSchedulerError):
 
 class ConsumerStopped(MSchedulerError):
     """The consumer stopped because one of its side tasks died."""
+
+
+def error_reason(error: Mapping[str, Any]) -> str:
+    """A pydantic error's reason (one of ``ValidationError.errors()``), without the refused
+    value: what an answer of the API says never echoes its input."""
+    if error.get("type") == "union_tag_invalid":  # pydantic's message quotes the tag it got
+        ctx = error.get("ctx") or {}
+        return f"unknown {ctx.get('discriminator', 'kind')}: expected one of {ctx.get('expected_tags', '')}"
+    return str(error.get("msg", "invalid")).removeprefix("Value error, ")

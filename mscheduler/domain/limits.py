@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.exceptions import InvalidInput, error_reason
 from mscheduler.domain.model import validate_name
 
 MAX_RATE_N = 10_000  # starts per period
@@ -72,12 +72,12 @@ class Rate(BaseModel):
         """``"10/s"``, ``"1000/h"``, ``"5/2m"``, ``"100/500ms"`` (units ms, s, m / min, h, d)."""
         match = _RATE_RE.fullmatch(text) if isinstance(text, str) else None
         if match is None:
-            raise InvalidInput(f"invalid rate {text!r}: expected like '10/s', '1000/h' or '5/2m'")
+            raise InvalidInput("invalid rate: expected like '10/s', '1000/h' or '5/2m'")
         n, count, unit = int(match.group(1)), match.group(2), match.group(3)
         try:
             return cls(n=n, period=timedelta(seconds=float(count or 1) * _UNITS[unit]))
         except ValueError as exc:
-            raise InvalidInput(f"invalid rate {text!r}: {exc}") from exc
+            raise InvalidInput(f"invalid rate: {exc}") from exc
 
     def __str__(self) -> str:
         return f"{self.n}/{_ms(self.period)}ms"
@@ -142,7 +142,7 @@ def checked_limit(**fields: Any) -> Limit:
         reasons = []
         for error in exc.errors():
             where = ".".join(str(part) for part in error["loc"])
-            why = str(error["msg"]).removeprefix("Value error, ")
+            why = error_reason(error)
             reasons.append(f"{where}: {why}" if where else why)
         raise InvalidInput(f"invalid limit: {'; '.join(reasons)}") from exc
     except ValueError as exc:

@@ -28,6 +28,7 @@ from mscheduler.domain.model import (
     KEY_MAX_LEN,
     TaskInfo,
     TaskStatus,
+    has_control,
     validate_group,
     validate_name,
 )
@@ -180,7 +181,7 @@ def list_params(
     if status is not None:
         if not isinstance(status, str) or status not in {s.value for s in TaskStatus}:
             choices = ", ".join(s.value for s in TaskStatus)
-            raise InvalidInput(f"status: unknown status {_shown(status)} (one of {choices})")
+            raise InvalidInput(f"status: unknown status (one of {choices})")
         status = TaskStatus(status).value
     if name is not None:
         try:
@@ -233,7 +234,7 @@ def _sort(sort: object) -> tuple[str | None, bool]:
         return None, False
     if not isinstance(sort, str) or sort.lstrip("-") not in ORDERS or sort.startswith("--"):
         choices = ", ".join(ORDERS)
-        raise InvalidInput(f"sort: one of {choices}, with '-' in front for descending (got {_shown(sort)})")
+        raise InvalidInput(f"sort: one of {choices}, with '-' in front for descending")
     return sort.lstrip("-"), sort.startswith("-")
 
 
@@ -394,22 +395,19 @@ def prefix_end(prefix: str) -> str | None:
 # -- values ---------------------------------------------------------------------------------------
 
 
-def _shown(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _plain_string(value: object, field: str, max_len: int) -> str | None:
     """A string filter: compared as a value, never read as an operator; ``$`` is refused all the
     same, so an injection attempt fails loudly instead of matching nothing."""
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise InvalidInput(f"{field}: must be a non-empty string (got {_shown(value)})")
+        raise InvalidInput(f"{field}: must be a non-empty string (got a {type(value).__name__})")
     if len(value) > max_len:
         raise InvalidInput(f"{field}: longer than {max_len} characters")
     if "$" in value or "\x00" in value:
         raise InvalidInput(f"{field}: must not contain '$' or NUL (filters are values, not operators)")
+    if has_control(value):
+        raise InvalidInput(f"{field}: must not contain control characters (no key or id holds one)")
     try:
         value.encode()
     except UnicodeEncodeError:
@@ -431,7 +429,7 @@ def _instant(value: object, field: str) -> datetime | None:
     if value is None:
         return None
     if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
-        raise InvalidInput(f"{field}: must be a timezone-aware datetime (got {_shown(value)})")
+        raise InvalidInput(f"{field}: must be a timezone-aware datetime (got a {type(value).__name__})")
     try:
         value = value.astimezone(UTC)
         extra = value.microsecond % 1000

@@ -34,7 +34,7 @@ from pydantic import (
     model_validator,
 )
 
-from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.exceptions import InvalidInput, error_reason
 from mscheduler.domain.retry import AnyRetryPolicy, FixedRetry, RetryPolicy
 
 KEY_MAX_LEN = 512
@@ -99,17 +99,15 @@ def _utc_ms(value: datetime) -> datetime:
 
 
 def _refusal(what: str, fields: Iterable[str], exc: ValidationError) -> str:
-    """One line saying which fields were refused and why (pydantic's errors, made readable)."""
+    """One line saying which fields were refused and why (pydantic's errors, made readable),
+    without the refused values: an answer of the API never echoes its input."""
     reasons = []
     for error in exc.errors(include_url=False):
         field = ".".join(str(part) for part in error["loc"])
-        message = str(error["msg"]).removeprefix("Value error, ")
+        message = error_reason(error)
         if error["type"] == "extra_forbidden":
             reasons.append(f"unknown field {field!r} (the fields are {', '.join(fields)})")
             continue
-        if error["type"] != "value_error":
-            shown = repr(error["input"])
-            message += f" (got {shown if len(shown) <= 60 else shown[:57] + '...'})"
         # the message may name its field already ("key must be a non-empty string")
         named = field and re.search(rf"\b{re.escape(str(error['loc'][-1]))}\b", message)
         reasons.append(message if not field or named else f"{field}: {message}")
@@ -419,13 +417,23 @@ def _lost_retry_table(policy: RetryPolicy) -> tuple[int, ...]:
     return tuple(out)
 
 
+# C0 and C1 control characters and DEL: never in an identifier (a key, a worker or plan id), which
+# routes carry in their paths, logs print and terminals show
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def has_control(text: str) -> bool:
+    """Does ``text`` hold a control character (new line, escape, NUL, ...)?"""
+    return _CONTROL.search(text) is not None
+
+
 def validate_key(key: object) -> str:
     if not isinstance(key, str) or not key:
         raise ValueError("key must be a non-empty string")
     if len(key) > KEY_MAX_LEN:
         raise ValueError(f"key is longer than {KEY_MAX_LEN} characters")
-    if "\x00" in key:
-        raise ValueError("key must not contain NUL")
+    if has_control(key):
+        raise ValueError("key must not contain control characters (new lines, tabs, escapes, NUL)")
     return key
 
 
@@ -433,28 +441,32 @@ GROUP_PREFIX = "g:"  # a group's claimer token is "<name>|g:<group>" (mscheduler
 
 
 def validate_worker_id(worker_id: object) -> str:
-    """1-200 characters, not starting with '$' nor with ``g:`` (a group's token)."""
+    """1-200 characters, no control character, not starting with '$' nor with ``g:`` (a group's
+    token)."""
     if (
         not isinstance(worker_id, str)
         or not worker_id
         or len(worker_id) > 200
         or worker_id.startswith(("$", GROUP_PREFIX))
+        or has_control(worker_id)
     ):
-        raise ValueError(f"invalid worker id {worker_id!r} (1-200 characters, not starting with '$' or 'g:')")
+        raise ValueError(
+            "invalid worker id (1-200 characters, no control characters, not starting with '$' or 'g:')"
+        )
     return worker_id
 
 
 def validate_group(group: object) -> str:
     """A group name: like a task name (letters, digits, '_', '.', ':', '-')."""
     if not isinstance(group, str) or not _NAME_RE.fullmatch(group):
-        raise ValueError(f"invalid group {group!r}: 1-200 characters, letters, digits, '_', '.', ':', '-'")
+        raise ValueError("invalid group: 1-200 characters, letters, digits, '_', '.', ':', '-'")
     return group
 
 
 def validate_name(name: object) -> str:
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):  # match() lets "job\n" through
         raise ValueError(
-            f"invalid task name {name!r}: 1-200 characters, letters, digits, '_', '.', ':', '-', "
+            "invalid task name: 1-200 characters, letters, digits, '_', '.', ':', '-', "
             "starting with a letter or '_'"
         )
     return name
@@ -539,6 +551,25 @@ def item_key(step_key: str, index: int) -> str:
     """The key of a map step's item ``index`` (0-based): derived from the step's key and the
     item's position, so a fan-out done twice (a crash mid-insert) never makes an item twice."""
     return child_key(step_key, str(index))
+
+
+PLAN_KEY_PREFIX = "plan:"  # a plan's run tasks: ``plan:<plan id>:<fire time>`` (domain.plans)
+
+
+def reserved_key(key: str) -> str | None:
+    """Why ``key`` is one the scheduler makes itself, or None. A plan's run keys
+    (``plan:<plan id>:<fire time>``) and child keys (``<parent key>/<child name>``) are
+    predictable, so a sender that could create one first would take the run's or the child's
+    place: no send creates them (a send of one is ``InvalidInput``), only the planner and a
+    parent's own send do."""
+    if key.startswith(PLAN_KEY_PREFIX):
+        return f"keys starting with {PLAN_KEY_PREFIX!r} are made by plans for their runs"
+    if CHILD_KEY_SEPARATOR in key:
+        return (
+            f"keys with {CHILD_KEY_SEPARATOR!r} are child tasks' (<parent key>/<child name>), made with "
+            "their parent"
+        )
+    return None
 
 
 class Child(_UserInput):

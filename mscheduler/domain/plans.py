@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.model import (
     MAX_CHILDREN,
+    PLAN_KEY_PREFIX,
     Child,
     OptionChange,
     Params,
@@ -36,6 +37,7 @@ from mscheduler.domain.model import (
     TaskName,
     TaskOption,
     children_given,
+    has_control,
 )
 from mscheduler.domain.schedule import (
     AtSchedule,
@@ -69,13 +71,14 @@ PLANNER_STATES = (PlanState.ACTIVE.value, PlanState.AWAITING_COMPLETION.value)
 
 
 def validate_plan_id(value: object) -> str:
-    """A plan id: 1-200 characters, no NUL or '|', not starting with '$' (raises ValueError)."""
+    """A plan id: 1-200 characters, no control character or '|', not starting with '$' (raises
+    ValueError)."""
     if not isinstance(value, str) or not value:
         raise ValueError("plan_id must be a non-empty string")
     if len(value) > PLAN_ID_MAX_LEN:
         raise ValueError(f"plan_id is longer than {PLAN_ID_MAX_LEN} characters")
-    if "\x00" in value or "|" in value or value.startswith("$"):
-        raise ValueError("plan_id must not contain NUL or '|', nor start with '$'")
+    if has_control(value) or "|" in value or value.startswith("$"):
+        raise ValueError("plan_id must not contain control characters or '|', nor start with '$'")
     return value
 
 
@@ -83,16 +86,32 @@ def occurrence_key(plan_id: str, fire_time: datetime) -> str:
     """The task key of the plan's occurrence at ``fire_time``: the same in every process, so
     the unique key index makes a second task for one occurrence impossible."""
     when = utc_ms(fire_time)
-    return f"plan:{plan_id}:{when.strftime('%Y-%m-%dT%H:%M:%S')}.{when.microsecond // 1000:03d}Z"
+    return f"{PLAN_KEY_PREFIX}{plan_id}:{when.strftime('%Y-%m-%dT%H:%M:%S')}.{when.microsecond // 1000:03d}Z"
 
 
 _OCCURRENCE_SUFFIX = len(":2000-01-01T00:00:00.000Z")
 
 
+# A plan's last run whose key a task the plan did not make holds (stored without the plan's
+# ``plan_id``): the plan does not take that task for its run, and is parked in the error state
+TAKEN_RUN_STATUS = "taken"
+
+
+def run_status_of(plan_id: str, status: str, maker: str | None) -> str:
+    """What a plan records of its run task: the task's status if the plan made it (``maker``, the
+    task's stored ``plan_id``), else ``TAKEN_RUN_STATUS``."""
+    return status if maker == plan_id else TAKEN_RUN_STATUS
+
+
 def plan_of_key(key: str) -> str | None:
     """The plan id of an occurrence task's key (``occurrence_key``'s inverse), else None."""
-    if key.startswith("plan:") and len(key) > 5 + _OCCURRENCE_SUFFIX and key[-_OCCURRENCE_SUFFIX] == ":":
-        return key[5:-_OCCURRENCE_SUFFIX]
+    prefix = len(PLAN_KEY_PREFIX)
+    if (
+        key.startswith(PLAN_KEY_PREFIX)
+        and len(key) > prefix + _OCCURRENCE_SUFFIX
+        and key[-_OCCURRENCE_SUFFIX] == ":"
+    ):
+        return key[prefix:-_OCCURRENCE_SUFFIX]
     return None
 
 

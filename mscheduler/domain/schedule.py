@@ -108,7 +108,7 @@ from pydantic import (
 )
 
 from mscheduler.domain.clock import truncate_ms
-from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.exceptions import InvalidInput, error_reason
 
 _MS = timedelta(milliseconds=1)
 _ONE_DAY = timedelta(days=1)
@@ -152,7 +152,7 @@ def _iana_names() -> frozenset[str]:
 def check_zone_name(name: str) -> str:
     """Validate an IANA time zone name (raises ValueError, for use inside pydantic validators)."""
     if name != "UTC" and name not in _iana_names():
-        raise ValueError(f"unknown time zone {name!r}: use an IANA name such as 'Europe/Berlin' or 'UTC'")
+        raise ValueError("unknown time zone: use an IANA name such as 'Europe/Berlin' or 'UTC'")
     return name
 
 
@@ -219,7 +219,7 @@ def invalid_input(what: str, exc: ValidationError) -> InvalidInput:
         if isinstance(inner, _FieldErrors):  # a nested value's own __init__ refused it
             fields.extend((".".join(filter(None, (loc, sub))), msg) for sub, msg in inner.fields)
         else:
-            fields.append((loc, str(err["msg"]).removeprefix("Value error, ")))
+            fields.append((loc, error_reason(err)))
     return _FieldErrors(what, fields)
 
 
@@ -450,13 +450,13 @@ class CronSchedule(Schedule):
         value = " ".join(value.split())
         expanded = CRON_MACROS.get(value.lower(), value)
         if len(expanded.split()) not in (5, 6):
-            raise ValueError(f"cron expression {value!r} must have 5 or 6 fields (or be a macro like @daily)")
+            raise ValueError("a cron expression must have 5 or 6 fields (or be a macro like @daily)")
         try:
             next(CronSim(expanded, datetime(2000, 1, 1)))
         except StopIteration:
-            raise ValueError(f"cron expression {value!r} never fires") from None
+            raise ValueError("the cron expression never fires") from None
         except Exception as exc:  # cronsim raises CronSimError, but odd input can raise others
-            raise ValueError(f"invalid cron expression {value!r}: {exc}") from None
+            raise ValueError(f"invalid cron expression: {exc}") from None
         return value
 
     @property

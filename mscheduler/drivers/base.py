@@ -64,6 +64,9 @@ class NewTask:
     # The sender's W3C trace context (mscheduler.observability.tracing), stored as the top-level ``trace``:
     # apart from params and options, so no hash and no claim filter sees it.
     trace: Mapping[str, str] | None = None
+    # A plan's run: the plan that made it (stored as the top-level ``plan_id``): a planner that
+    # finds its run's key held by a task without it did not make that task, and does not adopt it
+    plan_id: str | None = None
 
 
 DEFAULT_MAX_ENTRIES = 100
@@ -74,10 +77,17 @@ MAX_HISTORY = 20
 
 @dataclass(slots=True, frozen=True)
 class InsertParams:
+    """Tasks to insert. ``reset_finished``: a task that ended (succeeded or failed) is reset to
+    pending with the new params and option, its attempts kept in ``state.history`` as an
+    earlier generation (``{generation, restart_time, worker_states, action: "reset", by}``).
+    ``by``: who sends (an API token's ``api:<name>``, a caller's own words): in the ``sent``
+    events and a reset's history record."""
+
     tasks: Sequence[NewTask]
     now: datetime
     reset_finished: bool = False
     session: Any = None
+    by: str | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -422,6 +432,7 @@ class RunOutcome:
     key: str
     status: str
     end_time: datetime | None
+    plan_id: str | None = None  # the plan that made the task (None: a task no plan made)
 
 
 @dataclass(slots=True, frozen=True)
@@ -962,7 +973,21 @@ def new_task_document(
     doc.update(family_fields(task))
     if task.trace:
         doc["trace"] = dict(task.trace)
+    if task.plan_id is not None:
+        doc["plan_id"] = task.plan_id
     return doc
+
+
+def reset_record(state: Mapping[str, Any], now: datetime, by: str | None) -> dict[str, Any]:
+    """What a reset (``InsertParams.reset_finished``) keeps of the generation it ends, in
+    ``state.history``: its attempts, when and by whom it was reset."""
+    return {
+        "generation": state.get("generation", 0),
+        "restart_time": now,
+        "worker_states": state["worker_states"],
+        "action": "reset",
+        "by": by,
+    }
 
 
 def family_fields(task: NewTask) -> dict[str, Any]:

@@ -331,6 +331,7 @@ class EventPoller:
                     if len(page) < POLL_PAGE:
                         break
                     after = (page[-1]["written"], page[-1]["id"])
+                    await asyncio.sleep(0)  # a page at a time: others run between (a store that never waits)
             except StorageError as exc:
                 if exc.config:
                     raise

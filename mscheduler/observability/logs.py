@@ -46,15 +46,34 @@ def plain_text(text: str) -> str:
     return CONTROL_CHARS.sub(_picture, text)
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line: new lines and carriage returns written as ``\\n`` and ``\\r``."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 class TextFormatter(logging.Formatter):
     """``TEXT_FORMAT`` lines with control characters made visible (``plain_text``): a worker's
-    log shows handlers' errors, which hold whatever the task's code put there."""
+    log shows handlers' errors and the API's log shows keys, which hold whatever a client put
+    there. A record is one line (its message's new lines written ``\\n``), so no value can
+    print a line that looks like another record; a traceback follows on lines indented by two
+    spaces (never at the start of a line, where a record's time is)."""
 
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
 
     def format(self, record: logging.LogRecord) -> str:
-        return plain_text(super().format(record))
+        record.message = one_line(record.getMessage())
+        if self.usesTime():
+            record.asctime = self.formatTime(record, self.datefmt)
+        text = self.formatMessage(record)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        blocks = [record.exc_text] if record.exc_text else []
+        if record.stack_info:
+            blocks.append(self.formatStack(record.stack_info))
+        for block in blocks:
+            text += "".join(f"\n  {line}" for line in block.splitlines())
+        return plain_text(text)
 
 
 def _jsonable(value: Any) -> Any:

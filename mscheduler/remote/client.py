@@ -78,7 +78,6 @@ from mscheduler.operations import (
     RestartOutcome,
     TaskCount,
     WorkerView,
-    checked_by,
     checked_keys,
     checked_mark,
     checked_plan_listing,
@@ -90,6 +89,7 @@ from mscheduler.operations import (
     restart_each,
     worker_cursor_position,
 )
+from mscheduler.publishing import checked_by
 from mscheduler.runtime.consumer.runner import RunTimedOut
 from mscheduler.services.events import Event, Events, checked_page
 
@@ -812,16 +812,25 @@ class RemoteOperations:
             for h in await self._call("GET", "/handlers")
         ]
 
-    async def send(self, task: Task, *, reset_finished: bool = False, allow_unknown: bool = False) -> bool:
+    async def send(
+        self, task: Task, *, reset_finished: bool = False, allow_unknown: bool = False, by: str | None = None
+    ) -> bool:
         if not isinstance(task, Task):
             raise InvalidInput(f"send() takes a Task, got {type(task).__name__}")
-        return (await self.send_many([task], reset_finished=reset_finished, allow_unknown=allow_unknown))[0]
+        sent = await self.send_many([task], reset_finished=reset_finished, allow_unknown=allow_unknown, by=by)
+        return sent[0]
 
     async def send_many(
-        self, tasks: Sequence[Task], *, reset_finished: bool = False, allow_unknown: bool = False
+        self,
+        tasks: Sequence[Task],
+        *,
+        reset_finished: bool = False,
+        allow_unknown: bool = False,
+        by: str | None = None,
     ) -> list[bool]:
         """``POST /api/v1/tasks`` in batches of ``SEND_BATCH`` (each checked whole by the API, at
-        the door as ``Operations.send_many``)."""
+        the door as ``Operations.send_many``; the API records its token as ``by``)."""
+        checked_by(by)
         if isinstance(tasks, (str, bytes, Task)) or not isinstance(tasks, Sequence):
             raise InvalidInput(f"tasks: a list of Tasks, got {type(tasks).__name__}")
         for i, task in enumerate(tasks):

@@ -53,7 +53,6 @@ from mscheduler.domain.exceptions import (
     LeaseLost,
     MSchedulerError,
     StorageError,
-    UnknownTask,
 )
 from mscheduler.domain.limits import DEFAULT_SLOT_LEASE
 from mscheduler.domain.model import (
@@ -894,8 +893,10 @@ class RemoteExecutors:
 
     async def report(self, worker_id: str, key: str, attempt: str, report: AttemptResult) -> Reported:
         """Record an attempt's outcome by the consumer's rules (``mscheduler.domain.outcomes``). Raises
-        ``UnknownTask`` (no such task), ``LeaseLost`` (the attempt no longer holds the task: its
-        lease expired or was taken over, the task was cancelled or paused; nothing written)."""
+        ``LeaseLost`` (nothing written) when the attempt no longer holds the task (its lease expired
+        or was taken over, the task was cancelled or paused) — saying why only to the worker whose
+        attempt it is: no such task and another worker's attempt are answered alike
+        (``no_attempt``), so a report cannot tell whether a task exists or what its status is."""
         worker_id = check_worker_id(worker_id)
         validate_key_input(key)
         _check_attempt(attempt)
@@ -905,8 +906,8 @@ class RemoteExecutors:
         doc: dict[str, Any] | None = None
         if report.outcome == "failed":  # the retry policy and the budget need the task's state
             doc = await self.driver.get_task(key)
-            if doc is None:
-                raise UnknownTask(key)
+            if doc is None or _entry(doc, worker_id, attempt) is None:
+                raise no_attempt(key, worker_id)
         outcome = self._outcome(report, doc, worker_id, attempt, now)
         params = FinishParams(
             key,
@@ -995,16 +996,14 @@ class RemoteExecutors:
     ) -> bool:
         """Why the store refused a report: True when this very outcome was recorded already (a
         report sent again), else the error to answer with."""
-        if doc is None:
-            raise UnknownTask(key)
-        entry = _entry(doc, worker_id, attempt)
+        entry = _entry(doc, worker_id, attempt) if doc is not None else None
         if entry is not None and entry["status"] == outcome.status:
             return True
         self.stats["refused"] += 1
+        if doc is None or entry is None:
+            raise no_attempt(key, worker_id)
         state = doc["state"]
-        if entry is None:
-            why = f"worker {worker_id!r} has no attempt {attempt!r} on it"
-        elif entry["status"] == "running":
+        if entry["status"] == "running":
             why = f"the lease of attempt {attempt!r} expired at {entry['ping_expire_time'].isoformat()}"
         else:
             why = f"attempt {attempt!r} is {entry['status']} (its lease moved on)"
@@ -1088,6 +1087,14 @@ def _check_report(report: AttemptResult) -> None:
         raise InvalidInput("a final failure has no retry_after")
     if report.outcome != "succeeded" and report.result is not None:
         raise InvalidInput("a result goes with succeeded reports only")
+
+
+def no_attempt(key: str, worker_id: str) -> LeaseLost:
+    """The answer to a report of an attempt this worker does not hold on the task: the same
+    whether the task exists or not, and whatever its status (nothing to learn by probing)."""
+    return LeaseLost(
+        f"worker {worker_id!r} holds no such attempt on task {key!r}; the outcome was not recorded"
+    )
 
 
 def _entry(doc: Mapping[str, Any], worker_id: str, attempt: str) -> dict[str, Any] | None:

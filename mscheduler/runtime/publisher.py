@@ -31,6 +31,7 @@ from mscheduler.observability.tracing import tracer_for
 from mscheduler.operations import change_option, live_handlers, warn_if_unhandled
 from mscheduler.publishing import (
     DEFAULT_MAX_PARAMS_BYTES,
+    checked_by,
     checked_max_params_bytes,
     child_names,
     insert_families,
@@ -104,21 +105,26 @@ class Publisher:
         self._names_checked |= new
         await warn_if_unhandled(self.driver, new, self.clock.now(), log)
 
-    async def send(self, task: Task, *, reset_finished: bool = False, session: Any = None) -> bool:
+    async def send(
+        self, task: Task, *, reset_finished: bool = False, session: Any = None, by: str | None = None
+    ) -> bool:
         """Publish ``task`` unless its key exists; True if this call created (or reset) it.
 
         A task that exists is left alone, running or not; with ``reset_finished=True`` a task that
-        ended (succeeded or failed) is reset to pending with the new params and options. A task
-        sent with ``unique_by="params"`` is not created (False) while a pending or running task
-        has the same name and params, nor reset then. Pass a
-        PyMongo ``session`` to insert inside your own transaction.
+        ended (succeeded or failed) is reset to pending with the new params and options (its
+        attempts kept in its history as an earlier generation). A task sent with
+        ``unique_by="params"`` is not created (False) while a pending or running task has the same
+        name and params, nor reset then. Pass a PyMongo ``session`` to insert inside
+        your own transaction. ``by``: who sends, in the ``sent`` event and a reset's
+        history. Keys the scheduler makes itself (``plan:...``, ``<parent>/<child>``) are refused.
         """
+        by = checked_by(by)
         if self._tracer is not None and isinstance(task, Task):
             with self._tracer.sending([task.key], [task.name]):
-                return await self._send(task, reset_finished, session)
-        return await self._send(task, reset_finished, session)
+                return await self._send(task, reset_finished, session, by)
+        return await self._send(task, reset_finished, session, by)
 
-    async def _send(self, task: Task, reset_finished: bool, session: Any) -> bool:
+    async def _send(self, task: Task, reset_finished: bool, session: Any, by: str | None) -> bool:
         if not isinstance(task, Task):
             raise InvalidInput(f"send() takes a Task, got {type(task).__name__}")
         families = prepared_families(
@@ -131,7 +137,7 @@ class Publisher:
         await self._setup()
         created = (
             await insert_families(
-                self.driver, families, self.clock.now, reset_finished=reset_finished, session=session
+                self.driver, families, self.clock.now, reset_finished=reset_finished, session=session, by=by
             )
         )[0]
         self._emit_sent([task], [created])
@@ -139,17 +145,25 @@ class Publisher:
         return created
 
     async def send_many(
-        self, tasks: Iterable[Task], *, reset_finished: bool = False, session: Any = None
+        self,
+        tasks: Iterable[Task],
+        *,
+        reset_finished: bool = False,
+        session: Any = None,
+        by: str | None = None,
     ) -> list[bool]:
         """Publish many tasks, one round trip per ``SEND_MANY_BATCH``; a bool per task, in order."""
         tasks = list(tasks)
+        by = checked_by(by)
         if self._tracer is not None:
             keys = [t.key for t in tasks if isinstance(t, Task)]
             with self._tracer.sending(keys, [t.name for t in tasks if isinstance(t, Task)]):
-                return await self._send_many(tasks, reset_finished, session)
-        return await self._send_many(tasks, reset_finished, session)
+                return await self._send_many(tasks, reset_finished, session, by)
+        return await self._send_many(tasks, reset_finished, session, by)
 
-    async def _send_many(self, tasks: list[Task], reset_finished: bool, session: Any) -> list[bool]:
+    async def _send_many(
+        self, tasks: list[Task], reset_finished: bool, session: Any, by: str | None
+    ) -> list[bool]:
         families = prepared_families(
             tasks,
             now=self.clock.now(),
@@ -159,7 +173,7 @@ class Publisher:
         )
         await self._setup()
         created = await insert_families(
-            self.driver, families, self.clock.now, reset_finished=reset_finished, session=session
+            self.driver, families, self.clock.now, reset_finished=reset_finished, session=session, by=by
         )
         self._emit_sent(tasks, created)
         await self._warn_if_unhandled({n for t in tasks for n in child_names(t)})

@@ -22,10 +22,10 @@ new events: the store's change stream where there is one, polling otherwise).
 from __future__ import annotations
 
 import asyncio
-import builtins
+import contextlib
 import logging
-from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections import OrderedDict, deque
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -54,7 +54,16 @@ DEFAULT_FLUSH_INTERVAL = 1.0  # seconds a consumer's events wait at most before 
 DEFAULT_FLUSH_SIZE = 500  # events that make a flush at once
 DEFAULT_MAX_BUFFER = 10_000  # events a consumer keeps while the store does not take them
 LIST_LIMIT_MAX = 1000
-POLL_PAGE = 500
+POLL_PAGE = 50  # events a replay reads per page (then the loop turns)
+DEFAULT_MAX_REPLAY = 3600.0  # seconds back a subscription's ``since`` may reach
+MAX_REPLAY_LIMIT = 7 * 24 * 3600.0
+# event ids a subscription remembers at most (the newest), to hand each out once: what a burst
+# stores within ``poll_overlap`` beyond it may be handed out twice after a reconnection (a
+# subscriber that fell behind the shared stream reads the overlap again)
+MAX_SEEN = 200_000
+# the events of one stored instant a replay holds back to tell them in the order they happened
+REPLAY_GROUP_MAX = 5_000
+RECENT_EVENTS = 4096  # events read lately, shared by this reader's subscriptions (read once)
 
 
 class Event(BaseModel):
@@ -167,13 +176,31 @@ class EventRecorder:
                 )
 
     async def flush(self) -> bool:
-        """Write what is buffered in one insert. False if the store did not take it (a transient
-        error: the events are kept for the next try); configuration errors are raised."""
+        """Write what is buffered in one insert (a driver's ``insert_batch`` at a time where it
+        has one: the memory driver's, whose insert never lets the loop turn). False if the store
+        did not take it (a transient error: the events are kept for the next try); configuration
+        errors are raised."""
         if not self._buffer:
             return True
-        batch = list(self._buffer)
-        self._buffer.clear()
-        self._full.clear()
+        limit = getattr(self.driver, "insert_batch", None)
+        while self._buffer:
+            buffer = self._buffer
+            batch = (
+                list(buffer) if limit is None else [buffer.popleft() for _ in range(min(limit, len(buffer)))]
+            )
+            if limit is None:
+                buffer.clear()
+            if not buffer:
+                self._full.clear()
+            if not await self._write(batch):
+                return False
+            if buffer:
+                await asyncio.sleep(0)  # the next part: others run between
+        self.flushes += 1
+        self._warned = False
+        return True
+
+    async def _write(self, batch: list[dict[str, Any]]) -> bool:
         try:
             self.written += await self.driver.insert_events(InsertEventsParams(batch, self.clock.now()))
         except StorageError as exc:
@@ -188,8 +215,6 @@ class EventRecorder:
             self._trim()
             log.warning("could not write %d events (%s); trying again", len(batch), exc)
             return False
-        self.flushes += 1
-        self._warned = False
         return True
 
     async def run(self) -> None:
@@ -260,6 +285,9 @@ class Events:
     :param poll_overlap: how far back (seconds of ``written`` time) each poll reads again, for
         events whose insert was in flight while the previous poll read: longer than an insert
         with its retries takes. Events already seen are not handed out twice.
+    :param max_replay: how far back (seconds) a subscription's ``since`` may reach: a replay
+        reads every event stored since, so this bounds what one subscriber can ask the store
+        for (older events: ``list``, a page at a time).
     """
 
     def __init__(
@@ -269,13 +297,22 @@ class Events:
         clock: Clock | None = None,
         poll_interval: float = 1.0,
         poll_overlap: float = 30.0,
+        max_replay: float = DEFAULT_MAX_REPLAY,
     ) -> None:
         if not 0 < poll_interval <= 3600 or not 0 <= poll_overlap <= 3600:
             raise InvalidInput("poll_interval must be in (0, 3600] and poll_overlap in [0, 3600] seconds")
+        if isinstance(max_replay, bool) or not isinstance(max_replay, int | float):
+            raise InvalidInput("max_replay: a number of seconds")
+        if not 0 < max_replay <= MAX_REPLAY_LIMIT:
+            raise InvalidInput(f"max_replay: more than 0 and at most {MAX_REPLAY_LIMIT:.0f} seconds (a week)")
         self.driver = driver
         self.clock = clock if isinstance(clock, ServerClock) else ServerClock(clock)
         self.poll_interval = poll_interval
         self.poll_overlap = timedelta(seconds=poll_overlap)
+        self.max_replay = timedelta(seconds=max_replay)
+        # the newest events its subscriptions handed out, by id (a stored event never changes):
+        # each subscriber of an event gets the same object, validated once
+        self._recent: OrderedDict[str, Event] = OrderedDict()
         self._synced = False
         self.polling = False  # the last subscription fell back to polling
 
@@ -350,12 +387,20 @@ class Events:
             async for event in events.subscribe(plans=["nightly"], kinds=["succeeded", "failed"]):
                 ...
 
-        From now, or from events stored since ``since``. Each event once, none left out while it
-        is within the retention: on a change stream (resumed after errors), else polling by
-        stored time (``poll_interval``, re-reading ``poll_overlap``).
+        From now, or from events stored since ``since`` (at most ``max_replay`` back: further is
+        ``InvalidInput``), read a page at a time. Each event once, none left out while it is
+        within the retention: on a change stream (resumed after errors), else polling by stored
+        time (``poll_interval``, re-reading ``poll_overlap``).
         """
         query = self._query(keys, names, kinds, plans)
-        return self._subscribe(query, _time(since, "since"))
+        start = _time(since, "since")
+        if start is not None and start < self.clock.now() - self.max_replay:
+            reach = self.max_replay.total_seconds()
+            raise InvalidInput(
+                f"since: at most {reach:g} seconds back (the replay limit); list older events a "
+                "page at a time instead"
+            )
+        return self._subscribe(query, start)
 
     async def _subscribe(self, query: EventQuery, since: datetime | None) -> AsyncIterator[Event]:
         # Compared at the stored precision: ``written`` is kept in milliseconds, so an event
@@ -390,15 +435,20 @@ class Events:
             try:
                 if replay_from is not None or stream.polled:
                     # the stream is open: what is stored since is complete (a shared poller may
-                    # have handed out events stored since ``start`` before this one joined)
-                    for doc in await self._unseen(query, replay_from or seen.replay_from(start), seen):
-                        if doc["written"] >= start:
-                            yield Event.from_storage(doc)
+                    # have handed out events stored since ``start`` before this one joined); what
+                    # the replay hands out of the stream's time may come again from the stream
+                    seen.keep_from = truncate_ms(self.clock.now()) - self.poll_overlap
+                    replay = self._replay(query, replay_from or seen.replay_from(start), seen)
+                    async with contextlib.aclosing(replay):
+                        async for doc in replay:
+                            if doc["written"] >= start:
+                                yield self._event(doc)
                     replay_from = None
                 async for doc in stream:
                     backoff = 0.1
                     if seen.first(doc):
-                        yield Event.from_storage(doc)
+                        seen.keep_from = None  # past the replay: the overlap is enough again
+                        yield self._event(doc)
                 return  # the stream ended (closed by the server): a subscription ends with it
             except ResumeTokenLost:
                 replay_from = seen.replay_from(start)
@@ -414,7 +464,17 @@ class Events:
             finally:
                 await stream.aclose()
 
-    async def _stored(self, query: EventQuery, written_from: datetime) -> AsyncIterator[dict[str, Any]]:
+    def _event(self, doc: Mapping[str, Any]) -> Event:
+        event = self._recent.get(doc["id"])
+        if event is None:
+            event = self._recent[doc["id"]] = Event.from_storage(doc)
+            if len(self._recent) > RECENT_EVENTS:
+                self._recent.popitem(last=False)
+        return event
+
+    async def _stored(
+        self, query: EventQuery, written_from: datetime
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """Stored events with ``written >= written_from`` in (written, id) order, page by page."""
         after: tuple[datetime, str] | None = None
         while True:
@@ -436,35 +496,65 @@ class Events:
             if len(page) < POLL_PAGE:
                 return
             after = (page[-1]["written"], page[-1]["id"])
+            await asyncio.sleep(0)  # a page at a time: others run between (a store that never waits)
 
-    async def _unseen(
+    async def _replay(
         self, query: EventQuery, written_from: datetime, seen: _Seen
-    ) -> builtins.list[dict[str, Any]]:
-        """Stored events not handed out yet, in time order (a consumer's batch is stored at once;
-        this tells its events in the order they happened)."""
-        found = [doc async for doc in self._stored(query, written_from) if seen.first(doc)]
-        found.sort(key=order_key)
-        return found
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """Stored events not handed out yet, page by page in stored order; the events of one
+        stored instant (a consumer's batch is stored at once) in the order they happened. Holds
+        a page and one instant's events (at most ``REPLAY_GROUP_MAX``), whatever the log holds."""
+        group: list[dict[str, Any]] = []
+        stored = self._stored(query, written_from)
+        async with contextlib.aclosing(stored):
+            async for doc in stored:
+                if group and (doc["written"] != group[0]["written"] or len(group) >= REPLAY_GROUP_MAX):
+                    group.sort(key=order_key)
+                    for one in group:
+                        yield one
+                    group = []
+                if seen.first(doc):
+                    group.append(doc)
+        group.sort(key=order_key)
+        for one in group:
+            yield one
 
 
 class _Seen:
-    """Ids of the events handed out lately (within the overlap), and the newest stored time."""
+    """Ids of the events handed out lately and the newest stored time. O(1) per event: ids are
+    forgotten oldest first, in the order they were met, once they are older than the overlap
+    before the newest — except those stored since ``keep_from`` (the live stream's start, while
+    a replay runs: its events may come again from the stream) — and beyond ``cap`` in any case.
+    (Two queues and a set: some 50 bytes an id, the id and time being the events' own.)"""
 
-    def __init__(self, overlap: timedelta) -> None:
+    def __init__(self, overlap: timedelta, cap: int = MAX_SEEN) -> None:
         self.overlap = overlap
-        self.ids: dict[str, datetime] = {}
+        self.cap = cap
+        self.ids: set[str] = set()
+        self._order: deque[str] = deque()  # the ids, in the order met
+        self._written: deque[datetime] = deque()  # their stored times, alike
         self.horizon: datetime | None = None
+        self.keep_from: datetime | None = None
 
     def first(self, doc: Mapping[str, Any]) -> bool:
         """True the first time an event id is met (then remembered, for the overlap)."""
-        if doc["id"] in self.ids:
+        event_id: str = doc["id"]
+        ids = self.ids
+        if event_id in ids:
             return False
         written: datetime = doc["written"]
-        self.ids[doc["id"]] = written
+        ids.add(event_id)
+        self._order.append(event_id)
+        self._written.append(written)
         if self.horizon is None or written > self.horizon:
             self.horizon = written
-        if len(self.ids) > 2000:
-            self.prune(self.horizon - self.overlap)
+        low = self.horizon - self.overlap
+        if self.keep_from is not None and self.keep_from < low:
+            low = self.keep_from
+        order, times = self._order, self._written
+        while order and (times[0] < low or len(order) > self.cap):  # each id leaves once
+            times.popleft()
+            ids.discard(order.popleft())
         return True
 
     def replay_from(self, start: datetime) -> datetime:
@@ -472,10 +562,6 @@ class _Seen:
         if self.horizon is None:
             return start
         return max(start, self.horizon - self.overlap)
-
-    def prune(self, low: datetime) -> None:
-        if len(self.ids) > 1000:
-            self.ids = {i: w for i, w in self.ids.items() if w >= low}
 
 
 _OUTCOME_KINDS = {

@@ -231,15 +231,19 @@ class KitPublisher(Publisher):
         await self.kit.run(key, max_time=limit)
         return await super().wait(key, timeout=0)
 
-    async def send(self, task: Task, *, reset_finished: bool = False, session: Any = None) -> bool:
-        created = await super().send(task, reset_finished=reset_finished, session=session)
+    async def send(
+        self, task: Task, *, reset_finished: bool = False, session: Any = None, by: str | None = None
+    ) -> bool:
+        created = await super().send(task, reset_finished=reset_finished, session=session, by=by)
         if self.kit.eager and isinstance(task, Task):
             await self.kit.run(task.key)
         return created
 
-    async def send_many(self, tasks: Any, *, reset_finished: bool = False, session: Any = None) -> list[bool]:
+    async def send_many(
+        self, tasks: Any, *, reset_finished: bool = False, session: Any = None, by: str | None = None
+    ) -> list[bool]:
         tasks = list(tasks)
-        created = await super().send_many(tasks, reset_finished=reset_finished, session=session)
+        created = await super().send_many(tasks, reset_finished=reset_finished, session=session, by=by)
         if self.kit.eager:
             for task in tasks:
                 await self.kit.run(task.key)

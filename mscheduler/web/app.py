@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mscheduler.domain.exceptions import (
     InvalidInput,
     MSchedulerError,
+    error_reason,
 )
 from mscheduler.domain.version import __version__
 from mscheduler.operations import Operations
@@ -52,7 +53,16 @@ from mscheduler.web.deps import (
     domain_error,
     log,
 )
-from mscheduler.web.guards import AnswerCache, ApiHeaders, ApiLimits, BodyLimit, Slots, too_large_detail
+from mscheduler.web.guards import (
+    AnswerCache,
+    ApiHeaders,
+    ApiLimits,
+    BodyLimit,
+    SendRate,
+    Slots,
+    WorkerIds,
+    too_large_detail,
+)
 from mscheduler.web.routes import ROUTERS
 
 # -- errors ---------------------------------------------------------------------------------------
@@ -63,7 +73,7 @@ def _validation_detail(exc: RequestValidationError) -> str:
     reasons = []
     for error in exc.errors():
         loc = ".".join(str(part) for part in error.get("loc", ()))
-        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+        message = error_reason(error)
         reasons.append(f"{loc}: {message}" if loc else message)
     text = "; ".join(reasons) or "invalid request"
     return text if len(text) <= 1000 else text[:997] + "..."
@@ -180,6 +190,8 @@ def create_app(
     app.state.stats_cache = AnswerCache(limits.stats_cache_seconds)
     app.state.streams = Slots("event streams", limits.streams_per_token, limits.streams_total)
     app.state.waits = Slots("waiting leases", limits.waits_per_token, limits.waits_total)
+    app.state.publish_rate = SendRate(limits.publish_rate, limits.publish_burst)
+    app.state.executor_workers = WorkerIds(limits.workers_per_token)
     app.state.executors = executors or RemoteExecutors(operations.driver, clock=operations.clock)
     for router in ROUTERS:
         app.include_router(router, prefix=API)

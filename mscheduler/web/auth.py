@@ -49,6 +49,10 @@ TOKEN_MAX_LEN = 512
 ENTROPY_REFUSED = 40
 ENTROPY_WARNED = 80
 TOKEN_NAME_RE = re.compile(r"[A-Za-z0-9_.:@-]{1,64}")
+# What a publish token may be given beyond sending new tasks (``may=reset``): ``reset``, re-run a
+# task that ended by sending its key again (``POST /tasks?reset_finished=true``: its params and
+# option replaced). An admin token may do everything.
+PERMISSIONS = frozenset({"reset"})
 WORKER_PREFIX_MAX = 200
 BINDING_ITEMS_MAX = 100
 
@@ -70,6 +74,7 @@ class Token:
     :param worker_prefix: executor tokens: lease, ping and report only as worker ids starting so.
     :param tasks: executor tokens: lease only these task names (None: any).
     :param groups: executor tokens: claim as a member of these worker groups only (None: any).
+    :param may: publish tokens: what else they may do (``PERMISSIONS``: ``"reset"``).
     """
 
     token: str = field(repr=False)
@@ -77,6 +82,7 @@ class Token:
     worker_prefix: str | None = None
     tasks: tuple[str, ...] | None = None
     groups: tuple[str, ...] | None = None
+    may: tuple[str, ...] = ()
 
     @property
     def bound(self) -> bool:
@@ -92,6 +98,11 @@ class Identity:
     worker_prefix: str | None = None
     tasks: frozenset[str] | None = None
     groups: frozenset[str] | None = None
+    may: frozenset[str] = frozenset()
+
+    def allows(self, permission: str) -> bool:
+        """May this token do ``permission`` (``PERMISSIONS``)? An admin token may do everything."""
+        return self.role is Role.ADMIN or permission in self.may
 
     @property
     def by(self) -> str:
@@ -151,7 +162,12 @@ def _checked_token(spec: Token | str, role: Role, n: int) -> Token:
         raise InvalidInput(f"{where}: worker_prefix must be 1-{WORKER_PREFIX_MAX} printable characters")
     tasks = _checked_list(spec.tasks, validate_name, f"{where}: tasks")
     groups = _checked_list(spec.groups, validate_group, f"{where}: groups")
-    return Token(token, name, prefix, tasks, groups)
+    may = spec.may
+    if isinstance(may, str) or not isinstance(may, Iterable) or not set(may) <= PERMISSIONS:
+        raise InvalidInput(f"{where}: may is a list of {', '.join(sorted(PERMISSIONS))}")
+    if may and role is not Role.PUBLISH:
+        raise InvalidInput(f"{where}: may= gives a publish token more (an admin token may do everything)")
+    return Token(token, name, prefix, tasks, groups, tuple(sorted(set(may))))
 
 
 def _checked_list(values: object, validate: Callable[[object], str], where: str) -> tuple[str, ...] | None:
@@ -228,6 +244,7 @@ class ApiTokens:
                     checked.worker_prefix,
                     frozenset(checked.tasks) if checked.tasks is not None else None,
                     frozenset(checked.groups) if checked.groups is not None else None,
+                    frozenset(checked.may),
                 )
                 entries.append((digest, identity))
         if not entries:
@@ -263,7 +280,7 @@ class ApiTokens:
         return tuple(identity.name for _, identity in self._entries)
 
 
-_LIST_ATTRIBUTES = {"tasks", "groups"}
+_LIST_ATTRIBUTES = {"tasks", "groups", "may"}
 _ATTRIBUTES = {"name", "worker_prefix", *_LIST_ATTRIBUTES}
 
 
@@ -272,9 +289,10 @@ def parse_tokens(
 ) -> ApiTokens:
     """Tokens from items separated by commas or new lines (``#`` starts a comment line). An item
     is ``role:TOKEN``, optionally followed by ``name=NAME`` and, for an executor token,
-    ``worker_prefix=PREFIX``, ``tasks=a|b`` and ``groups=g1|g2`` (separated by spaces), e.g.
-    ``admin:0123... name=alice`` or ``executor:ef01... name=resizers worker_prefix=resizer-
-    tasks=resize|thumbnail``. The error names the item's position, never the token."""
+    ``worker_prefix=PREFIX``, ``tasks=a|b`` and ``groups=g1|g2``, for a publish token
+    ``may=reset`` (separated by spaces), e.g. ``admin:0123... name=alice`` or ``executor:ef01...
+    name=resizers worker_prefix=resizer- tasks=resize|thumbnail``. The error names the item's
+    position, never the token."""
     by_role: dict[str, list[Token]] = {role.value: [] for role in Role}
     items = [
         item.strip()
@@ -297,8 +315,8 @@ def parse_tokens(
             key, eq, value = attribute.partition("=")
             if not eq or key not in _ATTRIBUTES or key in fields:
                 raise InvalidInput(
-                    f"{source}: item #{n}: {key!r} is not one of name=, worker_prefix=, tasks=, groups= "
-                    "(each at most once)"
+                    f"{source}: item #{n}: {key!r} is not one of name=, worker_prefix=, tasks=, groups=, "
+                    "may= (each at most once)"
                 )
             fields[key] = tuple(value.split("|")) if key in _LIST_ATTRIBUTES else value
         by_role[role].append(Token(token.strip(), **fields))  # type: ignore[arg-type]

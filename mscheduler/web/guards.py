@@ -18,6 +18,7 @@ headers every answer carries.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -28,6 +29,7 @@ from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.services.events import MAX_REPLAY_LIMIT
 from mscheduler.web.deps import HttpError
 
 MIB = 1024 * 1024
@@ -45,6 +47,14 @@ class ApiLimits:
     :param waits_total: long-poll leases all tokens may have waiting.
     :param retry_after_seconds: the ``Retry-After`` of a 429.
     :param stats_cache_seconds: ``GET /stats`` answers are reused this long (0: computed each time).
+    :param replay_seconds: how far back an event stream's ``since`` (or ``Last-Event-ID``) may
+        reach (a 422 beyond): a replay reads every event stored since.
+    :param workers_per_token: worker ids one executor token may lease as (its workers, registered
+        at their first lease); a lease as one more is a 429 ``too_many_workers``.
+    :param publish_rate: tasks per second one token may send (``POST /tasks``), None: no cap;
+        beyond it a 429 ``too_many_sends`` with ``Retry-After``.
+    :param publish_burst: tasks one token may send at once when it has sent nothing for a while
+        (with ``publish_rate``); a batch above it is refused (422).
     """
 
     max_body_bytes: int = 4 * MIB
@@ -54,6 +64,10 @@ class ApiLimits:
     waits_total: int = 256
     retry_after_seconds: int = 5
     stats_cache_seconds: float = 1.0
+    replay_seconds: float = 3600.0
+    workers_per_token: int = 64
+    publish_rate: float | None = None
+    publish_burst: int = 1000
 
     def __post_init__(self) -> None:
         for name in (
@@ -62,6 +76,8 @@ class ApiLimits:
             "streams_total",
             "waits_per_token",
             "waits_total",
+            "workers_per_token",
+            "publish_burst",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -72,6 +88,14 @@ class ApiLimits:
             raise InvalidInput("retry_after_seconds: an integer from 1 to 3600")
         if not isinstance(self.stats_cache_seconds, (int, float)) or not 0 <= self.stats_cache_seconds <= 60:
             raise InvalidInput("stats_cache_seconds: from 0 to 60")
+        if not _number(self.replay_seconds) or not 0 < self.replay_seconds <= MAX_REPLAY_LIMIT:
+            raise InvalidInput(f"replay_seconds: more than 0 and at most {MAX_REPLAY_LIMIT:.0f} (a week)")
+        if self.publish_rate is not None and (not _number(self.publish_rate) or not self.publish_rate > 0):
+            raise InvalidInput("publish_rate: tasks per second, more than 0 (or None: no cap)")
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
 
 
 class BodyTooLarge(HTTPException):
@@ -164,6 +188,75 @@ class Slots:
 
     def held(self, holder: str | None = None) -> int:
         return self._all if holder is None else self._held[holder]
+
+
+WORKER_IDLE_SECONDS = 600.0  # a worker id that has not leased for this long no longer counts
+
+
+class WorkerIds:
+    """The worker ids each executor token leases as (``ApiLimits.workers_per_token``): each
+    lease as a new id registers a worker in the store, so a token may have at most that many
+    that leased within ``idle`` seconds; one more is refused (``admit`` says why). Bounded:
+    at most ``per_token`` ids per token are remembered."""
+
+    def __init__(
+        self, per_token: int, idle: float = WORKER_IDLE_SECONDS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.per_token = per_token
+        self.idle = idle
+        self.clock = clock
+        self._seen: dict[str, dict[str, float]] = {}  # token name -> worker id -> last lease
+
+    def admit(self, holder: str, worker_id: str) -> str | None:
+        now = self.clock()
+        seen = self._seen.setdefault(holder, {})
+        if worker_id not in seen and len(seen) >= self.per_token:
+            for old in [w for w, when in seen.items() if now - when > self.idle]:
+                del seen[old]
+            if len(seen) >= self.per_token:
+                return (
+                    f"this token leases as {len(seen)} worker ids (at most {self.per_token} per token "
+                    f"within {self.idle:g} s): reuse a worker id"
+                )
+        seen[worker_id] = now
+        return None
+
+
+class SendRate:
+    """Tasks each token may send (``ApiLimits.publish_rate`` a second, ``publish_burst`` at once:
+    a bucket per token that refills at the rate). ``take`` answers beyond it: a 429
+    ``too_many_sends`` with ``Retry-After`` (when the bucket holds the batch again), a batch
+    above the burst a 422 (it could never go). No rate: nothing is counted."""
+
+    def __init__(self, rate: float | None, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # token name -> (tasks left, when)
+
+    def take(self, holder: str, count: int) -> None:
+        rate = self.rate
+        if rate is None:
+            return
+        if count > self.burst:
+            raise HttpError(
+                422,
+                "invalid_input",
+                f"a batch of {count} tasks is more than this server sends at once "
+                f"for a token ({self.burst}): send smaller batches",
+            )
+        now = self.clock()
+        left, when = self._buckets.get(holder, (float(self.burst), now))
+        left = min(float(self.burst), left + (now - when) * rate)
+        if left < count:
+            wait = max(1, math.ceil((count - left) / rate))
+            raise HttpError(
+                429,
+                "too_many_sends",
+                f"this token may send {rate:g} tasks a second ({self.burst} at once): try again in {wait} s",
+                headers={"Retry-After": str(wait)},
+            )
+        self._buckets[holder] = (left - count, now)
 
 
 API_HEADERS = ((b"x-content-type-options", b"nosniff"), (b"cache-control", b"no-store"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,11 @@ def test_a_token_is_made_when_none_is_given() -> None:
         token = re.search(r"token +(\S{20,})", proc.output)
         url = re.search(r"REST API +(http://127\.0\.0\.1:\d+)", proc.output)
         assert token and url
+        # the CLI is shown taking the token from the environment: a command line's arguments
+        # are in every process list
+        tried = re.search(r"^ +try +(.*)$", proc.output, re.MULTILINE)
+        assert tried is not None and "--token" not in tried.group(1)
+        assert f"export MSCHEDULER_TOKEN={token.group(1)}" in tried.group(1)
         whoami = httpx.get(
             f"{url.group(1)}/api/v1/whoami", headers={"Authorization": f"Bearer {token.group(1)}"}
         )
@@ -161,12 +167,26 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], says: str) -> None:
     assert says in err and err.count("\n") == 1 and err.startswith("error: ")
 
 
-def test_a_file_that_is_not_a_snapshot_is_exit_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ("my notes", "is not a snapshot"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),  # was: a RecursionError traceback, exit 1
+        (
+            '{"format": "mscheduler-memory-snapshot", "version": 1, "tasks": [{"key": "k", "name": "job", '
+            '"params": {"$code": "x"}}], "plans": [], "limits": [], "events": []}',
+            "a Code, which the store never writes",  # was: loaded silently
+        ),
+    ],
+    ids=["notes", "deep", "bson-code"],
+)
+def test_a_file_that_is_not_a_snapshot_is_exit_2(tmp_path: Path, content: str, says: str) -> None:
     data = tmp_path / "notes.json"
-    data.write_text("my notes")
+    data.write_text(content)
     code, _, err, _ = run([*command(), "dev", APP, "--port", "0", "--data", str(data)])
-    assert code == 2 and "--data:" in err and "is not a snapshot" in err, err
-    assert data.read_text() == "my notes"  # left as it was
+    assert code == 2 and "--data:" in err and says in err, err
+    assert err.count("\n") == 1 and err.startswith("error: ")  # one line
+    assert data.read_text() == content  # left as it was
 
 
 def test_a_taken_port_is_exit_1() -> None:
@@ -203,3 +223,17 @@ def test_worker_refuses_a_store_for_a_target_that_builds_its_own() -> None:
         [*command(), "worker", "tests.acceptance.worker_app:factory", "--mongodb-uri", "mongodb://x/"]
     )
     assert code == 2 and "builds its own store" in err, err
+
+
+def test_the_socket_listens_before_the_banner_is_printed() -> None:
+    """The banner (``Ctrl+C to stop``, the URLs) is printed before the server's first loop
+    turn; a client that connects as soon as it reads it is queued, not refused (on a loaded
+    machine the server may take a while to take the socket over)."""
+    from mscheduler.cli.dev import _listening
+
+    sock = _listening("127.0.0.1", 0)
+    try:
+        with socket.create_connection(sock.getsockname()[:2], timeout=5):
+            pass
+    finally:
+        sock.close()

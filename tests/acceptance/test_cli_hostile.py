@@ -16,7 +16,7 @@ from mscheduler import Consumer, MemoryDriver, Operations, Publisher, Task, Task
 from mscheduler.cli import common as cli_ops
 from mscheduler.domain.plans import Plan
 from mscheduler.domain.schedule import EverySchedule, PlanTiming
-from mscheduler.drivers.base import WorkerInfo
+from mscheduler.drivers.base import InsertParams, NewTask, WorkerInfo
 from tests.acceptance.support import cli
 
 LINK_KEY = "[link=http://evil.example/x]invoice-42[/link]"
@@ -27,12 +27,12 @@ ERROR = f"boom {CLEAR}\x1b]8;;http://evil.example\x1b\\\\click\x1b]8;;\x1b\\\\ [
 
 async def _seed(driver: MemoryDriver) -> None:
     publisher = Publisher(driver)
-    await publisher.send_many(
-        [
-            Task(LINK_KEY, "job", {}),
-            Task("bad-1", "boom", {"note": CLEAR}, option=TaskOption(max_unexpected_retries=0)),
-        ]
-    )
+    await publisher.send(Task("bad-1", "boom", {"note": CLEAR}, option=TaskOption(max_unexpected_retries=0)))
+    # a key with '/' is no longer sent (a child's): written below the rules, as a store of
+    # another build could hold it; the CLI must show it as typed all the same
+    now = datetime.now(UTC)
+    linked = NewTask(LINK_KEY, "job", {}, TaskOption().to_storage(now))
+    assert await driver.insert_tasks(InsertParams([linked], now)) == [True]
     consumer = Consumer(driver, worker_id=MARKUP_WORKER, concurrency=1, poll_interval=0.01)
 
     async def boom(params: object) -> None:
@@ -82,8 +82,10 @@ def test_markup_in_stored_text_is_shown_as_typed(store: MemoryDriver) -> None:
 
 
 def test_refusals_naming_stored_text_are_plain_too(store: MemoryDriver) -> None:
-    code, _, err = cli("tasks", "show", f"nope{CLEAR}[/]")
-    assert code == 1 and "\x1b" not in err and "[/]" in err
+    code, _, err = cli("tasks", "show", "nope[/]")
+    assert code == 1 and "[/]" in err  # markup shown as typed
+    code, _, err = cli("tasks", "show", f"nope{CLEAR}")
+    assert code == 2 and "\x1b" not in err and "control characters" in err  # no key holds one
 
 
 def test_plain_text_keeps_lengths_tabs_and_new_lines() -> None:

@@ -148,6 +148,9 @@ def _page(browser: Any, **options: Any) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1400, "height": 900}, **options)
     page = context.new_page()
     page.set_default_timeout(5000)
+    # a first load fetches the scripts and styles from a server that shares 2 cores with the
+    # rest of the suite: it gets longer than a wait for a render
+    page.set_default_navigation_timeout(20_000)
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
     page.on("console", lambda msg: errors.append(f"console: {msg.text}") if msg.type == "error" else None)

@@ -258,3 +258,21 @@ async def test_the_memory_driver_keeps_the_newest_events_up_to_its_cap() -> None
         )
     assert [d["key"] for d in await driver.list_events(EventQuery())] == ["k2", "k3", "k4"]
     assert driver.events_dropped == 2
+
+
+async def test_a_sent_event_names_who_sent_and_says_when_it_reset(events: Store) -> None:
+    from mscheduler.drivers.base import InsertParams
+
+    store = events
+    await store.driver.insert_tasks(InsertParams([store.task("s")], store.now, by="api:shop"))
+    await store.driver.insert_tasks(InsertParams([store.task("anon")], store.now))
+    claimed = await store.claim_one("w1")
+    assert claimed is not None
+    assert await store.done(claimed, "w1") is True
+    store.advance(1)
+    reset = InsertParams([store.task(claimed.key)], store.now, reset_finished=True, by="api:ops")
+    assert await store.driver.insert_tasks(reset) == [True]
+    sent = [(d["key"], d["detail"]) for d in await listed(store, kinds=["sent"])]
+    first = {"s": {"by": "api:shop"}, "anon": {}}
+    assert sent[:2] == [("s", first["s"]), ("anon", first["anon"])]
+    assert sent[2] == (claimed.key, {"by": "api:ops", "reset": True})

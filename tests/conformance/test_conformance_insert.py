@@ -139,3 +139,36 @@ async def test_insert_keeps_names_and_lists_in_creation_order(store: Store) -> N
     await store.add("a", name="second")
     tasks = await store.driver.list_tasks(ListParams())
     assert [(t["key"], t["name"]) for t in tasks] == [("b", "first"), ("a", "second")]
+
+
+async def test_a_reset_keeps_the_ended_attempts_in_the_history_with_who_reset(store: Store) -> None:
+    await store.add("r", params={"v": 1}, max_unexpected_retries=0)
+    claimed = await store.claim_one("w1")
+    assert claimed is not None and await store.done(claimed, "w1", result="first") is True
+    before = (await store.get("r"))["state"]["worker_states"]
+    store.advance(1)
+    params = InsertParams([store.task("r", params={"v": 2})], store.now, True, None, "api:ops")
+    assert await store.driver.insert_tasks(params) == [True]
+    await store.check_all()
+    state = (await store.get("r"))["state"]
+    assert state["worker_states"] == [] and state["generation"] == 1
+    assert state["history"] == [
+        {
+            "generation": 0,
+            "restart_time": store.now,
+            "worker_states": before,
+            "action": "reset",
+            "by": "api:ops",
+        }
+    ]
+    # a second reset adds a second record; the first stays as it was
+    claimed = await store.claim_one("w1")
+    assert claimed is not None and await store.done(claimed, "w1") is True
+    store.advance(1)
+    again = InsertParams([store.task("r", params={"v": 3})], store.now, True, None, None)
+    assert await store.driver.insert_tasks(again) == [True]
+    history = (await store.get("r"))["state"]["history"]
+    assert [(h["generation"], h["by"], len(h["worker_states"])) for h in history] == [
+        (0, "api:ops", 1),
+        (1, None, 1),
+    ]

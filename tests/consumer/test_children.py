@@ -308,7 +308,7 @@ async def test_bad_input_is_refused_and_changes_nothing(harness: Harness, caplog
         Task("t", "etl", children=["a", "a"])
     with pytest.raises(InvalidInput, match="at least 1"):
         Task("t", "etl", children=[])
-    with pytest.raises(InvalidInput, match=re.escape("invalid task name 'a|b'")):
+    with pytest.raises(InvalidInput, match=re.escape("invalid task name: 1-200")):
         Task("t", "etl", children=["a|b"])
     with pytest.raises(InvalidInput, match="children_mode needs children"):
         Task("t", "etl", children_mode="parallel")
@@ -366,4 +366,8 @@ async def test_send_many_keeps_each_family_in_one_insert(harness: Harness, monke
     assert inserts == [["f0", "f0/a", "f0/b"], ["f1", "f1/a", "f1/b"], ["f2", "f2/a", "f2/b", "plain"]]
     assert await harness.publisher.send_many(tasks[:1]) == [False]
     with pytest.raises(InvalidInput, match="twice"):
+        await harness.publisher.send_many(
+            [Task("x", "etl", children=["a"]), Task("x", "etl", children=["b"])]
+        )
+    with pytest.raises(InvalidInput, match="child tasks'"):  # a child's key is made with its parent only
         await harness.publisher.send_many([Task("x", "etl", children=["a"]), Task("x/a", "work")])

@@ -144,3 +144,29 @@ def test_records_go_to_the_stderr_of_the_moment(monkeypatch: pytest.MonkeyPatch)
     logging.getLogger("mscheduler.test").info("after the swap")
     assert second.getvalue().splitlines() == [second.getvalue().strip()]  # one record, no error
     assert second.getvalue().rstrip().endswith("INFO mscheduler.test: after the swap")
+
+
+def test_a_text_record_is_one_line_whatever_its_values_hold() -> None:
+    from mscheduler.observability.logs import TextFormatter
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(TextFormatter())
+    logger = logging.getLogger("mscheduler.test_text_logs")
+    logger.addHandler(handler)
+    logger.propagate = False
+    forged = "k\n2030-01-01 00:00:00,000 INFO mscheduler.web: all good\r\x1b[2J"
+    try:
+        logger.warning("task %s failed", forged)
+        try:
+            raise RuntimeError(f"bad key {forged}")
+        except RuntimeError:
+            logger.exception("while sending %s", forged)
+    finally:
+        logger.removeHandler(handler)
+    lines = stream.getvalue().splitlines()
+    records = [line for line in lines if not line.startswith("  ")]
+    assert len(records) == 2  # each record one line; nothing looks like a third record
+    assert records[0].endswith("task k\\n2030-01-01 00:00:00,000 INFO mscheduler.web: all good\\r␛[2J failed")
+    assert all(line.startswith("  ") for line in lines[2:])
+    assert any(line.startswith("  RuntimeError: bad key") for line in lines)

@@ -46,6 +46,12 @@ def test_a_valid_task_keeps_its_fields() -> None:
         ("", "non-empty string"),
         ("x" * (KEY_MAX_LEN + 1), f"longer than {KEY_MAX_LEN}"),
         ("a\x00b", "NUL"),
+        ("a\nb", "control characters"),
+        ("a\rb", "control characters"),
+        ("tab\there", "control characters"),
+        ("esc\x1b[2J", "control characters"),
+        ("del\x7f", "control characters"),
+        ("c1\x85", "control characters"),
     ],
 )
 def test_bad_keys_are_refused(key: str, message: str) -> None:
@@ -59,7 +65,7 @@ def test_a_key_of_the_maximum_length_is_fine() -> None:
 
 
 def test_a_non_string_key_is_refused() -> None:
-    with pytest.raises(InvalidInput, match=r"invalid task: key: Input should be a valid string \(got 123\)"):
+    with pytest.raises(InvalidInput, match=r"invalid task: key: Input should be a valid string$"):
         Task(123, "job")  # type: ignore[arg-type]
 
 
@@ -168,8 +174,8 @@ def test_every_refused_field_is_named_at_once() -> None:
     with pytest.raises(InvalidInput) as exc:
         TaskOption(priority=10**9, max_unexpected_retries=-1)
     text = _error_text(exc)
-    assert "priority: Input should be less than or equal to 1000000 (got 1000000000)" in text
-    assert "max_unexpected_retries: Input should be greater than or equal to 0 (got -1)" in text
+    assert "priority: Input should be less than or equal to 1000000" in text
+    assert "max_unexpected_retries: Input should be greater than or equal to 0" in text
 
 
 def test_a_long_refused_value_is_shortened_in_the_message() -> None:
@@ -219,7 +225,7 @@ def test_option_defaults() -> None:
         ({"retry_delay": timedelta(seconds=-1)}, "between 0 and 366 days"),
         ({"worker_timeout": timedelta(days=367)}, "between 0 and 366 days"),
         ({"run_at": datetime(2030, 1, 1)}, "timezone-aware"),
-        ({"priority": 1_000_001}, "priority: Input should be less than or equal to 1000000 (got 1000001)"),
+        ({"priority": 1_000_001}, "priority: Input should be less than or equal to 1000000"),
         ({"priority": -1_000_001}, "priority: Input should be greater than or equal"),
         ({"priority": "high"}, "priority: Input should be a valid integer"),
         ({"concurrent_worker_cnt": 0}, "concurrent_worker_cnt: Input should be greater than or equal"),

@@ -44,6 +44,7 @@ EXPECTED = [
     "HandlerSignal",
     "InvalidInput",
     "Jitter",
+    "KeyTaken",
     "LeaseLost",
     "LimitInfo",
     "ListParams",

@@ -4,6 +4,7 @@ the same way, unique hashes still held — and a file that is not a snapshot is 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -106,3 +107,54 @@ async def test_a_snapshot_goes_into_an_empty_store_only(tmp_path: Path) -> None:
     save(driver, path, clock.now())
     with pytest.raises(InvalidInput, match="into an empty store only"):
         load(driver, path)
+
+
+async def _saved(tmp_path: Path) -> dict[str, Any]:
+    """A real snapshot, as plain JSON to tamper with."""
+    clock = FakeClock()
+    driver = MemoryDriver(clock=clock, events=True)
+    await Operations(driver, clock=clock).send(Task("k", "job", {"n": 1}), allow_unknown=True)
+    path = tmp_path / "good.json"
+    save(driver, path, clock.now())
+    loaded: dict[str, Any] = json.loads(path.read_text())
+    return loaded
+
+
+@pytest.mark.parametrize(
+    ("tamper", "says"),
+    [
+        (lambda d: d["tasks"][0].update(params={"$code": "function () { return 1 }"}), "a Code, which"),
+        (lambda d: d["tasks"][0]["params"].update(n={"$regex": ".*", "$options": ""}), "a Regex, which"),
+        (lambda d: d["tasks"][0].update(key="k\n2030-01-01 INFO forged"), "control characters"),
+        (lambda d: d["tasks"][0].update(name="not a name"), "invalid task name"),
+        (lambda d: d["events"][0].update(detail={"by": {"$oid": "5f1d7f0e8f1b2c3d4e5f6a7b"}}), "ObjectId"),
+        (lambda d: d["tasks"][0].update(params={"$where": "1"}), "field name"),
+        (lambda d: d["limits"].append({"_id": "$bad", "names": []}), "invalid task name"),
+        (lambda d: d["tasks"][0].update(params=_nested(200)), "nested deeper than 64 levels"),
+    ],
+    ids=["code", "regex", "newline-key", "bad-name", "oid-in-event", "operator-key", "bad-limit", "deep"],
+)
+async def test_a_hostile_snapshot_is_refused_whole(tmp_path: Path, tamper: Any, says: str) -> None:
+    data = await _saved(tmp_path)
+    tamper(data)
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps(data))
+    driver = MemoryDriver()
+    with pytest.raises(InvalidInput) as refused:
+        load(driver, path)
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+    assert not driver._tasks and not driver._events  # nothing was put in
+
+
+def test_a_snapshot_nested_past_the_parser_is_one_clear_refusal(tmp_path: Path) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(InvalidInput, match="nested too deeply"):
+        load(MemoryDriver(), path)
+
+
+def _nested(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = {"a": value}
+    return value

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -97,7 +98,7 @@ async def test_the_default_cap_lets_a_full_report_through_and_stops_a_huge_one(
     }
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
         response = await http.post("/api/v1/executors/report", json=report, headers=EXEC)
-        assert response.status_code == 404  # admitted (no such task), not refused for its size
+        assert response.status_code == 409  # admitted (no such attempt), not refused for its size
         huge = report | {"result": "r" * (5 * 1024 * 1024)}
         refused = await http.post("/api/v1/executors/report", json=huge, headers=EXEC)
         assert refused.status_code == 413
@@ -162,7 +163,10 @@ async def test_streams_are_capped_per_token_and_in_all_and_their_slots_come_back
         await _until(lambda: slots.held() == 0)
         assert not log_driver._event_streams
         await publisher(log_driver).send(Task("t1", "job", None))  # an event to replay
-        since: dict[str, str | int] = {"max_events": 1, "since": "2000-01-01T00:00:00Z"}
+        since: dict[str, str | int] = {
+            "max_events": 1,
+            "since": (log_driver.clock.now() - timedelta(seconds=1)).isoformat(),
+        }
         again = await http.get("/api/v1/events/stream", headers=READ, params=since)
         assert again.status_code == 200 and "event: sent" in again.text
         await _until(lambda: slots.held() == 0)  # a stream that ended gives its slot back
@@ -205,7 +209,9 @@ async def test_by_default_a_token_has_64_leases_waiting(driver: CountingDriver) 
             await asyncio.sleep(0)
         assert not any(w.done() for w in waiting)
         late = await asyncio.wait_for(
-            http.post("/api/v1/executors/lease", json=lease | {"worker_id": "ex-64"}, headers=EXEC), 5
+            # a worker id it leases as already: one more id would be refused first (64 per token)
+            http.post("/api/v1/executors/lease", json=lease | {"worker_id": "ex-0"}, headers=EXEC),
+            5,
         )
         assert late.status_code == 429 and late.json()["error"] == "too_many_waits"
         for w in waiting:

@@ -113,7 +113,8 @@ async def test_bad_input_starts_nothing(client: httpx.AsyncClient, driver: Count
     assert (
         await client.post("/api/v1/bulk", json={"action": "cancel", "keys": ["a"]}, headers=READ)
     ).status_code == 403
-    assert (await client.get("/api/v1/bulk/nope", headers=READ)).status_code == 404
+    assert (await client.get("/api/v1/bulk/0123456789abcdef", headers=READ)).status_code == 404
+    assert (await client.get("/api/v1/bulk/nope", headers=READ)).status_code == 422  # not an id: bad input
     assert (await client.get("/api/v1/bulk", headers=READ)).json() == []
 
 

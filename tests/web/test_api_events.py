@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -160,6 +161,29 @@ async def test_the_stream_replays_since_a_time_and_resumes_after_the_last_event_
 
     bad = await log_client.get("/api/v1/events/stream", headers=READ | {"Last-Event-ID": "42"})
     assert bad.status_code == 422
+
+
+async def test_the_stream_reaches_back_at_most_the_replay_limit(log_driver: CountingDriver) -> None:
+    from mscheduler.web.guards import ApiLimits
+
+    await _send(log_driver, "a")
+    app = create_app(
+        operations=Operations(log_driver, clock=log_driver.clock),
+        tokens=TOKENS,
+        limits=ApiLimits(replay_seconds=60),
+    )
+    old = (log_driver.clock.now() - timedelta(seconds=61)).isoformat()
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        refused = await http.get("/api/v1/events/stream", headers=READ, params={"since": old})
+        assert refused.status_code == 422
+        assert "since: at most 60 seconds back" in refused.json()["detail"]
+        stale_id = f"{old}/anything"
+        resumed = await http.get("/api/v1/events/stream", headers=READ | {"Last-Event-ID": stale_id})
+        assert resumed.status_code == 422
+        recent = (log_driver.clock.now() - timedelta(seconds=59)).isoformat()
+        ok = await http.get("/api/v1/events/stream", headers=READ, params={"since": recent, "max_events": 1})
+        assert [json.loads(m["data"])["key"] for m in _messages(ok.text)] == ["a"]
 
 
 async def test_the_stream_tells_new_events_as_they_are_stored(

@@ -12,13 +12,15 @@ import pytest
 
 from mscheduler import InvalidInput, Operations, Publisher, Task, TaskStatus
 from mscheduler.drivers.base import ClaimParams, FinishParams
-from mscheduler.web import ApiTokens, create_app
+from mscheduler.web import ApiTokens, Token, create_app
 from tests.web.support import ADMIN, ADMIN_TOKEN, READ, READ_TOKEN, CountingDriver, live_worker
 
 TASKS = "/api/v1/tasks"
 PUBLISH_TOKEN = "publish-token-0123456789abcdef"
+RESETTER_TOKEN = "publish-may-reset-0123456789abcdef"
 EXECUTOR_TOKEN = "executor-token-0123456789abcdef"
 PUBLISH = {"Authorization": f"Bearer {PUBLISH_TOKEN}"}
+RESETTER = {"Authorization": f"Bearer {RESETTER_TOKEN}"}
 EXECUTOR = {"Authorization": f"Bearer {EXECUTOR_TOKEN}"}
 
 
@@ -31,7 +33,10 @@ async def handled(driver: CountingDriver) -> None:
 @pytest.fixture
 async def client(operations: Operations) -> Any:
     tokens = ApiTokens(
-        admin=[ADMIN_TOKEN], read=[READ_TOKEN], publish=[PUBLISH_TOKEN], executor=[EXECUTOR_TOKEN]
+        admin=[ADMIN_TOKEN],
+        read=[READ_TOKEN],
+        publish=[PUBLISH_TOKEN, Token(RESETTER_TOKEN, name="resetter", may=("reset",))],
+        executor=[EXECUTOR_TOKEN],
     )
     app = create_app(operations=operations, tokens=tokens)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
@@ -81,10 +86,21 @@ async def test_reset_finished_resets_an_ended_task(
     await driver.finish([FinishParams("r-1", "w1", claimed.attempt, now, "failed", None, error, None, True)])
     assert (await operations.get_task("r-1")).status is TaskStatus.FAILED
     body = {"key": "r-1", "name": "job", "params": {"v": 2}}
-    answer = await client.post(TASKS, params={"reset_finished": "true"}, json=body, headers=PUBLISH)
+    # a plain publish token sends new tasks only: re-running and rewriting a finished one is more
+    refused = await client.post(TASKS, params={"reset_finished": "true"}, json=body, headers=PUBLISH)
+    assert refused.status_code == 403 and "may=reset" in refused.json()["detail"]
+    assert (await operations.get_task("r-1")).params == {"v": 1}
+    answer = await client.post(TASKS, params={"reset_finished": "true"}, json=body, headers=RESETTER)
     assert answer.status_code == 201 and answer.json()["created"] is True
     info = await operations.get_task("r-1")
     assert info.status is TaskStatus.PENDING and info.params == {"v": 2}
+    # the earlier attempt is kept in the history, with who reset it; the sent event names them
+    stored = await driver.get_task("r-1")
+    assert stored is not None
+    history = stored["state"]["history"]
+    assert [(h["action"], h["by"], [e["attempt"] for e in h["worker_states"]]) for h in history] == [
+        ("reset", "api:resetter", [claimed.attempt])
+    ]
 
 
 @pytest.mark.parametrize(

@@ -143,15 +143,22 @@ async def test_a_late_report_after_the_lease_moved_on_is_refused_with_409(
     assert (await task_of(http, "t1"))["worker_states"][1]["result"] == "on time"
 
 
-async def test_an_unknown_task_is_404_and_a_stranger_is_409(
+async def test_an_unknown_task_and_a_stranger_s_attempt_are_answered_alike(
     http: httpx.AsyncClient, driver: CountingDriver
 ) -> None:
-    missing = await report(http, {"key": "nope", "attempt": "abc"}, outcome="succeeded")
-    assert (missing.status_code, missing.json()["error"]) == (404, "not_found")
+    # a report cannot tell whether a task exists, nor its status, unless the attempt is the
+    # reporting worker's own: the same 409 for both, naming nothing it did not send
     await publisher(driver).send(Task("t1", "job", None))
     [task] = (await lease(http, "ex-1"))["tasks"]
-    stranger = await report(http, task, "ex-2", outcome="failed")
-    assert (stranger.status_code, stranger.json()["error"]) == (409, "lease_lost")
+    for outcome in ("succeeded", "failed"):
+        missing = await report(http, {"key": "nope", "attempt": task["attempt"]}, "ex-2", outcome=outcome)
+        stranger = await report(http, task, "ex-2", outcome=outcome)
+        answers = [
+            (r.status_code, r.json()["error"], r.json()["detail"].replace("'nope'", "'t1'"))
+            for r in (missing, stranger)
+        ]
+        assert answers[0] == answers[1] and answers[0][:2] == (409, "lease_lost"), answers
+        assert "running" not in stranger.text and "pending" not in stranger.text
     assert (await task_of(http, "t1"))["status"] == "running"
 
 

@@ -31,6 +31,7 @@ from mscheduler.domain.events import (
     EventKind,
     expired_event,
     lost_lease_event,
+    sent_detail,
     task_event,
 )
 from mscheduler.domain.exceptions import InvalidInput
@@ -77,6 +78,7 @@ from mscheduler.drivers.base import (
     new_task_document,
     paused_entry,
     report_fields,
+    reset_record,
     settlement,
     stop_record,
     trim_entries,
@@ -114,6 +116,9 @@ class MemoryDriver(
     """
 
     in_process = True  # ``Publisher.wait`` is told of its task's every write (``follow_task``)
+    # documents per ``insert_tasks`` a publisher sends: an insert runs on the event loop without
+    # a pause, so a large batch is inserted a few hundred at a time, others running between
+    insert_batch = 50
 
     def __init__(
         self,
@@ -391,25 +396,31 @@ class MemoryDriver(
                 doc["params"] = copy_doc(task.params)
                 doc["unique_hash"] = task.unique_hash
                 doc["option"] = dict(task.option)
-                doc["state"]["worker_states"] = []
-                doc["state"].pop("checkpoint", None)  # a fresh run starts from scratch
-                doc["state"].pop("progress", None)
-                doc["state"].pop("broken", None)
-                doc["state"].pop("marked", None)  # a status set by hand ends with the generation
-                # a new generation (its events come after the earlier ones; no history is kept)
-                doc["state"]["generation"] = doc["state"].get("generation", 0) + 1
+                state = doc["state"]
+                # a new generation: its events come after the earlier ones, whose attempts stay
+                # in the history with who reset it
+                history = state.setdefault("history", [])
+                history.append(reset_record(state, params.now, params.by))
+                del history[:-MAX_HISTORY]  # the last MAX_HISTORY generations: a bounded document
+                state["worker_states"] = []
+                state.pop("checkpoint", None)  # a fresh run starts from scratch
+                state.pop("progress", None)
+                state.pop("broken", None)
+                state.pop("marked", None)  # a status set by hand ends with the generation
+                state["generation"] = state.get("generation", 0) + 1
                 self._write(doc, params.now)
                 created.append(True)
             else:
                 created.append(False)
         if self.record_events:
             sent = [t for t, c in zip(params.tasks, created, strict=True) if c]
-            events = [
-                task_event(
-                    self.event_writer, EventKind.SENT, t.key, t.name, params.now, self._tasks[t.key]["state"]
+            events = []
+            for t in sent:
+                state = self._tasks[t.key]["state"]
+                detail = sent_detail(params.by, state.get("generation", 0) > 0)
+                events.append(
+                    task_event(self.event_writer, EventKind.SENT, t.key, t.name, params.now, state, detail)
                 )
-                for t in sent
-            ]
             self._record(events, params.now)
         return created
 

@@ -10,13 +10,19 @@ made most of a full collection's work). They are unpacked when read. A stream's 
 is the sequence number of the last event it handed out; reopening from a token the cap has
 dropped raises ``ResumeTokenLost``. As in the rest of ``MemoryDriver``, no operation awaits
 inside, so each is atomic on the event loop.
+
+Two indexes keep a read from scanning the whole log, as the Mongo driver's indexes do: the
+events in ``(written, id)`` order (a poller's or a replay's page starts where the last one ended:
+a bisection, then only the page is read) and each task key's events (a task's history).
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import heapq
 import itertools
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -139,6 +145,11 @@ class MemoryEvents:
     max_events: int
     _events: OrderedDict[str, tuple[int, Packed]]
     _event_streams: list[_MemoryEventStream]
+    # (written, id) of every stored event, sorted, from ``_by_written_start`` on (the entries
+    # before it were dropped by the cap; cut off now and then)
+    _by_written: list[tuple[datetime, str]]
+    _by_written_start: int
+    _event_ids_of_key: dict[str, deque[str]]  # each key's event ids, in insertion order
 
     def _init_events(self, record: bool, max_events: int = DEFAULT_MAX_EVENTS) -> None:
         if not isinstance(max_events, int) or max_events < 1:
@@ -149,7 +160,46 @@ class MemoryEvents:
         self._events = OrderedDict()
         self._event_seq = itertools.count(1)
         self._event_streams = []
+        self._by_written = []
+        self._by_written_start = 0
+        self._event_ids_of_key = {}
         self.events_dropped = 0  # dropped by the cap
+
+    def _index_event(self, doc: dict[str, Any]) -> None:
+        position = (doc["written"], doc["id"])
+        order = self._by_written
+        if not order or order[-1] < position:
+            order.append(position)  # the usual case: stored after every other one
+        else:
+            bisect.insort(order, position, lo=self._by_written_start)
+        self._event_ids_of_key.setdefault(doc["key"], deque()).append(doc["id"])
+
+    def _drop_oldest_event(self) -> None:
+        """Drop the oldest stored event (the cap) from the log and its indexes."""
+        event_id, (_, packed) = self._events.popitem(last=False)
+        doc = _Fields(packed)
+        self.events_dropped += 1
+        ids = self._event_ids_of_key[doc["key"]]
+        ids.popleft()  # the key's oldest: the log's oldest is every key's oldest
+        if not ids:
+            del self._event_ids_of_key[doc["key"]]
+        order, start = self._by_written, self._by_written_start
+        position = (doc["written"], event_id)
+        if order[start] == position:
+            self._by_written_start = start = start + 1
+            if start > 4096 and start * 2 > len(order):
+                del order[:start]
+                self._by_written_start = 0
+        else:  # stored out of written order (a writer's clock behind another's): rare
+            del order[bisect.bisect_left(order, position, lo=start)]
+
+    def restore_events(self, docs: Sequence[dict[str, Any]]) -> None:
+        """Put stored events (a snapshot's, with their ``written``) into an empty log."""
+        for doc in docs:
+            self._events[doc["id"]] = (next(self._event_seq), pack_event(doc))
+            self._index_event(doc)
+            if len(self._events) > self.max_events:
+                self._drop_oldest_event()
 
     def _store_events(self, docs: Sequence[Mapping[str, Any]], now: datetime) -> int:
         """Store events now (no await: atomic with the write that caused them)."""
@@ -161,10 +211,10 @@ class MemoryEvents:
             doc["written"] = now
             seq = next(self._event_seq)
             self._events[doc["id"]] = (seq, pack_event(doc))
+            self._index_event(doc)
             stored += 1
             if len(self._events) > self.max_events:
-                self._events.popitem(last=False)
-                self.events_dropped += 1
+                self._drop_oldest_event()
             for stream in self._event_streams:
                 if matches(doc, stream.query):
                     stream.put(seq, _copy(doc))
@@ -183,17 +233,42 @@ class MemoryEvents:
         """Every stored event, oldest first (new documents: a snapshot's)."""
         return (unpack_event(packed) for _, packed in self._events.values())
 
-    def load_event(self, doc: Mapping[str, Any]) -> None:
-        """Store an event as it was stored before (a snapshot's), after those stored so far."""
-        self._events[doc["id"]] = (next(self._event_seq), pack_event(doc))
-
     async def list_events(self, query: EventQuery) -> list[dict[str, Any]]:
-        found = [fields for _, packed in self._events.values() if matches(fields := _Fields(packed), query)]
         if query.by_written:
-            found.sort(key=lambda d: (d["written"], d["id"]))
+            return self._by_written_page(query)
+        wanted = query.skip + query.limit
+        if query.keys:  # a task's history: its own events only
+            ids = (i for key in query.keys for i in self._event_ids_of_key.get(key, ()))
+            candidates = (self._events[i][1] for i in ids)
         else:
-            found.sort(key=order_key)
-        return [unpack_event(d.packed) for d in found[query.skip : query.skip + query.limit]]
+            candidates = (packed for _, packed in self._events.values())
+        found = heapq.nsmallest(
+            wanted,
+            (fields for packed in candidates if matches(fields := _Fields(packed), query)),
+            key=order_key,
+        )
+        return [unpack_event(d.packed) for d in found[query.skip :]]
+
+    def _by_written_page(self, query: EventQuery) -> list[dict[str, Any]]:
+        """One page in ``(written, id)`` order from the index: a bisection to where the page
+        starts (``after``, ``written_from``), then the events from there until the page is full."""
+        order, low = self._by_written, self._by_written_start
+        if query.after is not None:
+            low = bisect.bisect_right(order, tuple(query.after), lo=low)
+        if query.written_from is not None:
+            low = max(low, bisect.bisect_left(order, (query.written_from,), lo=low))
+        skip, found = query.skip, []
+        for i in range(low, len(order)):
+            packed = self._events[order[i][1]][1]
+            if not matches(_Fields(packed), query):
+                continue
+            if skip:
+                skip -= 1
+                continue
+            found.append(unpack_event(packed))
+            if len(found) >= query.limit:
+                break
+        return found
 
     async def open_event_stream(self, query: EventQuery, resume_token: Any = None) -> EventStream:
         last = next(reversed(self._events.values()))[0] if self._events else 0

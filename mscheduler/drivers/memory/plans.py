@@ -119,5 +119,7 @@ class MemoryPlans:
             if doc is None:
                 continue
             ends = [e["end_time"] for e in doc["state"]["worker_states"] if e.get("end_time") is not None]
-            outcomes[key] = RunOutcome(key, doc["state"]["status"], max(ends) if ends else None)
+            outcomes[key] = RunOutcome(
+                key, doc["state"]["status"], max(ends) if ends else None, doc.get("plan_id")
+            )
         return outcomes

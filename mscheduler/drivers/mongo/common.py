@@ -34,6 +34,7 @@ from mscheduler.domain.partitions import part_of
 from mscheduler.domain.state import ANYONE, CHILD_ENDED_BADLY, LIVE, TERMINAL
 from mscheduler.drivers.base import (
     ENTRY_FIELDS,
+    MAX_HISTORY,
     ChangeEvent,
     ChangeStreamUnsupported,
     ResumeTokenLost,
@@ -724,6 +725,54 @@ def expired_entries_stage(now: datetime, retry_at: Any) -> dict[str, Any]:
     return rebuild_entries(match, {"end_time": now}, expressions)
 
 
+def with_history_record(record: dict[str, Any]) -> dict[str, Any]:
+    """``state.history`` with ``record`` (an expression of the generation that ends) appended,
+    the last ``MAX_HISTORY`` kept: a bounded document. ``[record]`` is a ``$map`` over one
+    element: an array literal's field paths are not evaluated by mongomock."""
+    appended = {
+        "$concatArrays": [
+            {"$ifNull": ["$state.history", []]},
+            {"$map": {"input": literal([0]), "as": "x", "in": record}},
+        ]
+    }
+    return {"$slice": [appended, -MAX_HISTORY]}
+
+
+def reset_pipeline(
+    doc: dict[str, Any], state: dict[str, Any], now: datetime, by: str | None
+) -> list[dict[str, Any]]:
+    """A reset of a task that ended (``InsertParams.reset_finished``) as an update pipeline: the
+    new params, option and derived ``state`` fields of ``doc``, a new generation, and the ending
+    generation's attempts kept in ``state.history`` with when and by whom (the memory driver's
+    ``reset_record``)."""
+    generation = {"$ifNull": ["$state.generation", 0]}
+    record = {
+        "generation": generation,
+        "restart_time": literal(now),
+        "worker_states": f"${WORKER_STATES}",
+        "action": literal("reset"),
+        "by": literal(by),
+    }
+    changes: dict[str, Any] = {
+        "params": literal(doc["params"]),
+        "option": literal(doc["option"]),
+        "unique_hash": literal(doc["unique_hash"]),
+        **{f"state.{k}": literal(v) for k, v in state.items()},
+        "state.generation": {"$add": [generation, 1]},
+        # claimable again: the change stream passes it
+        WAKE: bump_wake(),
+    }
+    # a fresh run starts from scratch: no checkpoint, no progress (and a status set by hand ends
+    # with the generation, as a restart's does)
+    cleared = ("state.broken", "state.marked", "state.checkpoint", "state.progress")
+    # the record first, in a stage of its own: it reads the attempts the next stage replaces
+    return [
+        {"$set": {"state.history": with_history_record(record)}},
+        {"$set": changes},
+        {"$project": dict.fromkeys(cleared, 0)},
+    ]
+
+
 def expired_history_stage(now: datetime) -> dict[str, Any]:
     """The running entries of earlier generations (``state.history``) whose lease ended become
     ``lost``: an attempt is never left running for ever, whichever generation holds it (entries
@@ -736,6 +785,8 @@ def expired_history_stage(now: datetime) -> dict[str, Any]:
         "generation": "$$h.generation",
         "restart_time": "$$h.restart_time",
         "worker_states": entries,
+        "action": "$$h.action",  # a reset's (absent fields stay absent)
+        "by": "$$h.by",
     }
     history = {"$map": {"input": "$state.history", "as": "h", "in": generation}}
     return {"$set": {"state.history": history}}

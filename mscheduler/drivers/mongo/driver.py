@@ -87,7 +87,6 @@ from mscheduler.drivers.mongo.common import (
     SHARD_KEY,
     TASKS,
     UNIQUE_LIVE_INDEX,
-    WAKE,
     WAKEUP_INDEX,
     WORKER_STATES,
     WORKERS,
@@ -106,6 +105,7 @@ from mscheduler.drivers.mongo.common import (
     may_roll_back,
     one_task,
     rebuild_entries,
+    reset_pipeline,
     resolved,
     storage_error,
     task_indexes,
@@ -792,23 +792,7 @@ class MongoDriver(
             state = dict(doc["state"])
             state.pop("create_time")
             state["reset_mark"] = mark
-            update = {
-                "$set": to_mongo(
-                    {"params": doc["params"], "option": doc["option"], "unique_hash": doc["unique_hash"]}
-                    | {f"state.{k}": v for k, v in state.items()}
-                ),
-                # a fresh run starts from scratch: no checkpoint, no progress
-                # (and a status set by hand ends with the generation, as a restart's does)
-                "$unset": {
-                    "state.broken": "",
-                    "state.marked": "",
-                    "state.checkpoint": "",
-                    "state.progress": "",
-                },
-                # a new generation: its events come after the earlier ones (no history is kept);
-                # claimable again: the change stream passes it (``wake``)
-                "$inc": {"state.generation": 1, WAKE: 1},
-            }
+            update = reset_pipeline(doc, state, params.now, params.by)
             # never while an attempt holds a live lease (a succeeded task may still run one whose
             # slot an edit of concurrent_worker_cnt took away): dropping it would let the reset
             # task be claimed beside it

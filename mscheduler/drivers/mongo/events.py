@@ -43,6 +43,7 @@ from mscheduler.domain.events import (
     EventWriter,
     expired_event,
     lost_lease_event,
+    sent_detail,
     task_event,
 )
 from mscheduler.domain.exceptions import InvalidInput, StorageError
@@ -277,7 +278,15 @@ class MongoEvents:
         generations = await self._insert_tasks_only(params)
         if self.record_events:
             sent = [
-                task_event(self.event_writer, EventKind.SENT, t.key, t.name, params.now, {"generation": g})
+                task_event(
+                    self.event_writer,
+                    EventKind.SENT,
+                    t.key,
+                    t.name,
+                    params.now,
+                    {"generation": g},
+                    sent_detail(params.by, g > 0),
+                )
                 for t, g in zip(params.tasks, generations, strict=True)
                 if g is not None
             ]

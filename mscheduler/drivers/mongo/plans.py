@@ -192,7 +192,7 @@ class MongoPlans:
     async def get_run_outcomes(self, keys: Sequence[str]) -> dict[str, RunOutcome]:
         if not keys:
             return {}
-        projection = {"_id": 0, "key": 1, "state.status": 1, "state.worker_states.end_time": 1}
+        projection = {"_id": 0, "key": 1, "plan_id": 1, "state.status": 1, "state.worker_states.end_time": 1}
 
         async def read() -> list[dict[str, Any]]:
             filter_ = by_keys(list(keys), self.partitions)
@@ -208,7 +208,7 @@ class MongoPlans:
                 if isinstance(e.get("end_time"), datetime)
             ]
             outcomes[doc["key"]] = RunOutcome(
-                doc["key"], state.get("status", "pending"), max(ends) if ends else None
+                doc["key"], state.get("status", "pending"), max(ends) if ends else None, doc.get("plan_id")
             )
         return outcomes
 

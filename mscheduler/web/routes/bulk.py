@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
+from fastapi import Path as FastPath
 
 from mscheduler.operations import BulkOutcome
 from mscheduler.web import bulk as jobs_module
@@ -90,9 +91,13 @@ async def list_bulk(request: Request) -> list[BulkJobOut]:
     return [_job_out(job, results_limit=0) for job in _jobs(request).all()]
 
 
+# a job's id (``BulkJobs.start``: 16 hex digits): anything else is refused as bad input
+JobId = Annotated[str, FastPath(pattern="^[0-9a-f]{1,64}$")]
+
+
 @bulk.get("/{job_id}", response_model=BulkJobOut, responses=_NO_JOB, summary="A bulk action's progress")
 async def get_bulk(
-    job_id: str,
+    job_id: JobId,
     request: Request,
     results_from: Annotated[int, Query(ge=0, le=10**6)] = 0,
     results_limit: Annotated[int, Query(ge=0, le=10_000)] = 1000,
@@ -105,7 +110,7 @@ async def get_bulk(
 
 
 @bulk.post("/{job_id}/stop", response_model=BulkJobOut, status_code=202, responses=_NO_JOB)
-async def stop_bulk(job_id: str, request: Request) -> BulkJobOut:
+async def stop_bulk(job_id: JobId, request: Request) -> BulkJobOut:
     """Stop after the page it is on (what was done stays done)."""
     jobs = _jobs(request)
     job = jobs.get(job_id)

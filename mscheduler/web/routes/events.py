@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from typing import Annotated, Any
@@ -39,6 +40,7 @@ from mscheduler.web.models import ErrorOut
 HEARTBEAT_SECONDS = 15.0
 EVENT_LOG_OFF = "the event log is off: turn it on in the store (MongoDriver(db, events=True))"
 LAST_EVENT_ID_MAX = 2000
+SSE_BATCH = 200  # events sent in one write at most (those waiting when the stream writes)
 
 
 class EventPageOut(BaseModel):
@@ -64,9 +66,17 @@ def event_log(request: Request, operations: Ops) -> Events:
         raise HttpError(409, "event_log_off", EVENT_LOG_OFF)
     reader: Events | None = getattr(request.app.state, "events", None)
     if reader is None or reader.driver is not operations.driver:
-        reader = Events(operations.driver)
+        limits = request.app.state.limits
+        reader = Events(operations.driver, clock=operations.clock, max_replay=limits.replay_seconds)
         request.app.state.events = reader
     return reader
+
+
+def sse_texts(request: Request) -> SseTexts:
+    texts: SseTexts | None = getattr(request.app.state, "sse_texts", None)
+    if texts is None:
+        texts = request.app.state.sse_texts = SseTexts()
+    return texts
 
 
 Log = Annotated[Events, Depends(event_log)]
@@ -122,8 +132,11 @@ def public_event(event: Event) -> Event:
     """The event with an opaque id: the stored id of an attempt's event holds the attempt's
     token (``key|attempt|kind``), which only admin tokens may see. Deterministic, so a stream's
     ``Last-Event-ID`` and a listing name an event alike."""
-    digest = hashlib.sha256(event.id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    return event.model_copy(update={"id": f"e{digest}"})
+    return event.model_copy(update={"id": public_id(event.id)})
+
+
+def public_id(event_id: str) -> str:
+    return "e" + hashlib.sha256(event_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def sse_id(event: Event) -> str:
@@ -145,8 +158,27 @@ def parse_sse_id(value: str) -> tuple[datetime, str]:
 
 
 def sse_message(event: Event) -> str:
-    data = json.dumps(event.model_dump(mode="json"), separators=(",", ":"))
-    return f"id: {sse_id(event)}\nevent: {event.kind.value}\ndata: {data}\n\n"
+    return f"id: {sse_id(event)}\nevent: {event.kind.value}\ndata: {event.model_dump_json()}\n\n"
+
+
+class SseTexts:
+    """The stream text of the events sent lately, by (event id, shown to a read token): every
+    stream of the app sends an event, so it is encoded once, not once per stream."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._texts: OrderedDict[tuple[str, bool], str] = OrderedDict()
+
+    def of(self, event: Event, public: bool) -> tuple[str, str]:
+        """The event's text and the id the client sees (opaque for a read token)."""
+        key = (event.id, public)
+        text = self._texts.get(key)
+        if text is None:
+            shown = public_event(event) if public else event
+            text = self._texts[key] = sse_message(shown)
+            if len(self._texts) > self.size:
+                self._texts.popitem(last=False)
+        return text, (public_id(event.id) if public else event.id)
 
 
 async def _pump(source: AsyncIterator[Event], queue: asyncio.Queue[Event | BaseException]) -> None:
@@ -159,9 +191,16 @@ async def _pump(source: AsyncIterator[Event], queue: asyncio.Queue[Event | BaseE
 
 
 async def _sse(
-    source: AsyncIterator[Event], skip_id: str | None, max_events: int | None, *, public: bool = False
+    source: AsyncIterator[Event],
+    skip_id: str | None,
+    max_events: int | None,
+    texts: SseTexts,
+    *,
+    public: bool = False,
 ) -> AsyncIterator[str]:
-    queue: asyncio.Queue[Event | BaseException] = asyncio.Queue(maxsize=100)
+    """The stream's text: the events waiting are sent together, in one write (at most
+    ``SSE_BATCH``): a replay or a burst costs a write per batch, not per event."""
+    queue: asyncio.Queue[Event | BaseException] = asyncio.Queue(maxsize=SSE_BATCH)
     pump = asyncio.create_task(_pump(source, queue))
     sent = 0
     try:
@@ -176,15 +215,21 @@ async def _sse(
             except TimeoutError:
                 yield ": keep-alive\n\n"
                 continue
-            if isinstance(item, BaseException):
-                yield f"event: error\ndata: {json.dumps({'error': type(item).__name__})}\n\n"
-                return
-            if public:
-                item = public_event(item)
-            if skip_id is not None and item.id == skip_id:
-                continue  # the client's Last-Event-ID: it has this one
-            yield sse_message(item)
-            sent += 1
+            parts: list[str] = []
+            while True:
+                if isinstance(item, BaseException):
+                    parts.append(f"event: error\ndata: {json.dumps({'error': type(item).__name__})}\n\n")
+                    yield "".join(parts)
+                    return
+                text, shown_id = texts.of(item, public)
+                if skip_id is None or shown_id != skip_id:  # the client's Last-Event-ID: it has this one
+                    parts.append(text)
+                    sent += 1
+                if queue.empty() or (max_events is not None and sent >= max_events):
+                    break
+                item = queue.get_nowait()
+            if parts:
+                yield "".join(parts)
     finally:  # the client went away (the response is cancelled) or the stream ended
         pump.cancel()
         # the subscription is closed whatever happens here: the response's cancellation is
@@ -227,7 +272,10 @@ async def stream_events(
     name: NameQ = None,
     kinds: KindsQ = None,
     plan: PlanQ = None,
-    since: Annotated[IsoTime | None, Query(description="replay events stored since (with offset)")] = None,
+    since: Annotated[
+        IsoTime | None,
+        Query(description="replay events stored since (with offset; at most ApiLimits.replay_seconds back)"),
+    ] = None,
     max_events: Annotated[int | None, Query(ge=1, le=10**6, description="end after this many")] = None,
     last_event_id: Annotated[str | None, Header(description="resume after this event")] = None,
 ) -> StreamingResponse:
@@ -248,7 +296,7 @@ async def stream_events(
     try:
         source = log.subscribe(keys=key, names=name, kinds=wanted, plans=plan, since=since)
         return _HeldStream(
-            _sse(source, skip_id, max_events, public=who.role is not Role.ADMIN),
+            _sse(source, skip_id, max_events, sse_texts(request), public=who.role is not Role.ADMIN),
             release,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},

@@ -218,12 +218,15 @@ async def lease(body: LeaseIn, service: Service, request: Request, who: Who) -> 
     claimed only with a free slot of the limit (``max_running``, ``rate``), shared with every
     consumer and executor; a full limit makes its names wait while the others are leased.
     A bound executor token leases only as its worker ids, names and groups (403); a lease that
-    would wait beyond the caps on waits per token or in all is a 429 with ``Retry-After``."""
+    would wait beyond the caps on waits per token or in all, or as one worker id more than a
+    token may lease as (``ApiLimits.workers_per_token``), is a 429 with ``Retry-After``."""
     _check_binding(who, body.worker_id, body.names, body.groups)
+    retry = str(request.app.state.limits.retry_after_seconds)
+    if (refusal := request.app.state.executor_workers.admit(who.name, body.worker_id)) is not None:
+        raise HttpError(429, "too_many_workers", refusal, headers={"Retry-After": retry})
     waits: Slots = request.app.state.waits
     waiting = body.wait_seconds > 0
     if waiting and (refusal := waits.acquire(who.name)) is not None:
-        retry = str(request.app.state.limits.retry_after_seconds)
         raise HttpError(429, "too_many_waits", refusal, headers={"Retry-After": retry})
     leasing = asyncio.ensure_future(
         service.lease(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from mscheduler.domain.listing import CURSOR_MAX_LEN, LIST_LIMIT_MAX, TaskFilters
@@ -16,6 +16,7 @@ from mscheduler.web.deps import (
     ERROR_ANSWERS,
     NOT_FOUND_ANSWER,
     REFUSED_ANSWER,
+    HttpError,
     IsoTime,
     Ops,
     Who,
@@ -45,8 +46,14 @@ tasks = APIRouter(prefix="/tasks", tags=["tasks"], dependencies=COMMON_DEPENDENC
 async def send_tasks(
     body: SendIn,
     operations: Ops,
+    who: Who,
+    request: Request,
     reset_finished: Annotated[
-        bool, Query(description="reset a task with this key that has ended (succeeded or failed)")
+        bool,
+        Query(
+            description="reset a task with this key that has ended (succeeded or failed): an admin "
+            "token, or a publish token given may=reset"
+        ),
     ] = False,
     allow_unknown: Annotated[
         bool, Query(description="send it even if no live worker handles its name (one is on its way)")
@@ -54,21 +61,34 @@ async def send_tasks(
 ) -> JSONResponse:
     """Send one task (the body is a task: ``key``, ``name``, ``params``, ``option``, ...) or many
     (``{"tasks": [...]}``), with ``Publisher.send`` / ``send_many``'s rules (``Operations.send``):
-    a key that exists is left alone, params over the size cap or a key given twice refuse the
-    request (422, nothing written). Checked at the door: a name no live worker handles is
-    refused (422, naming the handled ones; ``allow_unknown=true`` sends it anyway), and params
-    the handler's published JSON schema refuses are a 422 whose ``field`` is the path at fault.
-    201 when at least one task was created, 200 when none was; ``created`` says which. An admin
-    or publish token."""
+    a key that exists is left alone, params over the size cap, a key given twice or a key the
+    scheduler makes itself (``plan:...``, ``<parent>/<child>``) refuse the request (422, nothing
+    written). Checked at the door: a name no live worker handles is refused (422, naming the
+    handled ones; ``allow_unknown=true`` sends it anyway), and params the handler's published
+    JSON schema refuses are a 422 whose ``field`` is the path at fault. 201 when at least one
+    task was created, 200 when none was; ``created`` says which. An admin or publish token;
+    ``reset_finished`` needs an admin token or a publish token given ``may=reset`` (403). The
+    ``sent`` events name the token (``by: api:<name>``)."""
+    if reset_finished and not who.allows("reset"):
+        raise HttpError(
+            403,
+            "forbidden",
+            "reset_finished re-runs and rewrites a finished task: an admin token, or a publish token "
+            "given may=reset",
+        )
+    count = len(body.tasks) if isinstance(body, TaskBatchIn) else 1
+    request.app.state.publish_rate.take(who.name, count)
     if isinstance(body, TaskBatchIn):
         created = await operations.send_many(
-            body.tasks, reset_finished=reset_finished, allow_unknown=allow_unknown
+            body.tasks, reset_finished=reset_finished, allow_unknown=allow_unknown, by=who.by
         )
         out: SentOut | SentManyOut = SentManyOut(
             tasks=[SentOut(key=t.key, created=c) for t, c in zip(body.tasks, created, strict=True)]
         )
     else:
-        made = await operations.send(body, reset_finished=reset_finished, allow_unknown=allow_unknown)
+        made = await operations.send(
+            body, reset_finished=reset_finished, allow_unknown=allow_unknown, by=who.by
+        )
         created = [made]
         out = SentOut(key=body.key, created=made)
     return JSONResponse(out.model_dump(mode="json"), status_code=201 if any(created) else 200)

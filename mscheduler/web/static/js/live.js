@@ -1,7 +1,8 @@
 // Live updates: the API's event stream (GET /events/stream, server-sent events) read with
 // fetch, so the token goes in the Authorization header — never in the URL, where an
 // EventSource would have to put it and the server's access log would keep it. On a dropped
-// connection it reconnects (Last-Event-ID: no event is missed or shown twice); when the stream
+// connection it reconnects (Last-Event-ID: no event is missed or shown twice; after an absence
+// longer than the server replays, from now, with a redraw); when the stream
 // is refused (the event log is off: 409; too many streams: 429; a server without it: 404) the
 // dashboard falls back to polling, and tries the stream again later.
 
@@ -72,6 +73,12 @@ export function startLive({ onEvent, onState, onPoll, onUnauthorized }) {
       return retry();
     }
     if (response.status === 401) return onUnauthorized();
+    if (response.status === 422 && lastId) {
+      // away longer than the server replays (or an id it no longer takes): go on from now; the
+      // redraw when the stream is live shows what changed meanwhile
+      lastId = null;
+      return connect();
+    }
     if (!response.ok) {
       let detail = response.statusText;
       try {
