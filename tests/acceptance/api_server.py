@@ -12,6 +12,7 @@ from typing import Any
 
 from mscheduler import Operations
 from mscheduler.web import ApiTokens, create_app
+from mscheduler.web.guards import ApiLimits
 
 ADMIN_TOKEN = "cli-admin-token-0123456789"
 READ_TOKEN = "cli-read-token-0123456789"
@@ -22,11 +23,11 @@ TOKENS = ApiTokens(admin=[ADMIN_TOKEN], read=[READ_TOKEN], publish=[PUBLISH_TOKE
 class ApiServer:
     """``create_app`` under uvicorn in a background thread; ``serve(ops)`` points it at a store."""
 
-    def __init__(self, operations: Operations) -> None:
+    def __init__(self, operations: Operations, limits: ApiLimits | None = None) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.app = create_app(operations=operations, tokens=TOKENS, metrics=False)
+        self.app = create_app(operations=operations, tokens=TOKENS, metrics=False, limits=limits)
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.server: Any = None

@@ -23,7 +23,7 @@ import inspect
 import json
 import re
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -45,7 +45,9 @@ from mscheduler import (
 from mscheduler.domain.schedule import EverySchedule
 from mscheduler.drivers.base import ClaimParams, FinishParams
 from mscheduler.services.children import ChildSync
+from mscheduler.services.events import MAX_REPLAY_LIMIT, Events
 from mscheduler.web import ApiTokens, create_app
+from mscheduler.web.guards import ApiLimits
 from tests.scenarios.cold_world import KEYS, LAYOUT_IDS, LAYOUTS, NAME, STEPS, World, keys, make_world
 
 Case = Callable[[World, Operations], Awaitable[None]]
@@ -334,6 +336,8 @@ async def test_remote_executors_lease_ping_and_report_in_every_partition(world: 
 CliCase = tuple[
     Callable[[World], Coroutine[Any, Any, Any]], list[list[str]], Callable[[World], Coroutine[Any, Any, bool]]
 ]
+REPLAY_FROM = (datetime.now(UTC) - timedelta(days=3)).isoformat()
+
 CLI_KEYS = keys("t", 4)  # one task in each partition of 4: a command per key is one process each
 
 
@@ -434,7 +438,9 @@ CLI: dict[str, CliCase] = {
     "workers stop": (World.worker, [["workers", "stop", "w-live"]], _worker_stopped),
     "stats": (_pending, [["stats", "--json"]], _true),
     "events ls": (_pending, [["events", "ls"]], _true),
-    "events tail": (_pending, [["events", "tail", "--since", "2000-01-01T00:00:00Z", "--count", "4"]], _true),
+    # the seeded events are two hours old on the command's clock (and on the API server's): both
+    # are given a replay limit of a week (``REPLAY_FROM``: three days back)
+    "events tail": (_pending, [["events", "tail", "--since", REPLAY_FROM, "--count", "4"]], _true),
 }
 # the store's own commands: not over the API
 STORE_ONLY = {"maintenance", "check"}
@@ -480,6 +486,8 @@ def on_store(monkeypatch: pytest.MonkeyPatch) -> Callable[[World], None]:
     from mscheduler.cli import check as cli_check
     from mscheduler.cli import common as cli_ops
 
+    monkeypatch.setattr(cli_ops, "Events", functools.partial(Events, max_replay=MAX_REPLAY_LIMIT))
+
     def point(world: World) -> None:
         if world.database is None:
             monkeypatch.setattr(cli_ops, "operations_override", lambda: Operations(world.admin))
@@ -501,7 +509,7 @@ async def _reachable(*args: Any, **kwargs: Any) -> float:
 def api() -> Iterator[Any]:
     from tests.acceptance.api_server import ApiServer
 
-    server = ApiServer(Operations(_placeholder()))
+    server = ApiServer(Operations(_placeholder()), limits=ApiLimits(replay_seconds=MAX_REPLAY_LIMIT))
     server.start()
     yield server
     server.stop()
