@@ -1,4 +1,4 @@
-"""Statistics of ``MongoDriver`` (SPEC F27) as aggregation pipelines; definitions in
+"""Statistics of ``MongoDriver`` as aggregation pipelines; definitions in
 ``mscheduler.domain.stats``, the same numbers in Python in ``memory_stats.py`` (one conformance test).
 
 Two aggregations, each read through a named index of ``mongo_common.INDEXES`` (``hint``), so
@@ -43,13 +43,13 @@ from mscheduler.drivers.mongo.common import (
     ALL_STATUSES,
     FINISHED_INDEX,
     STATS_COUNTS_INDEX,
-    WS,
+    WORKER_STATES,
     T,
-    _in,
-    _lit,
-    _out,
-    _resolve,
     admin_read,
+    from_mongo,
+    literal,
+    resolved,
+    to_mongo,
 )
 
 
@@ -64,7 +64,7 @@ def counts_pipeline(params: StatsParams) -> list[dict[str, Any]]:
         "$and": [
             {"$eq": ["$state.status", "pending"]},
             {"$ne": [{"$ifNull": [claim_at, None]}, None]},  # null sorts below every date
-            {"$lte": [claim_at, _lit(params.now)]},
+            {"$lte": [claim_at, literal(params.now)]},
         ]
     }
     return [
@@ -123,15 +123,15 @@ def finished_pipeline(params: StatsParams) -> list[dict[str, Any]]:
     window's and the throughput hour's starts."""
     assert params.window is not None
     low, high = finished_range(params.now, params.window)
-    window_start = _out(params.now - params.window)
-    first_bucket = _out(hour_start(params.now))
-    match: dict[str, Any] = {"state.finish_time": {"$gte": _out(low), "$lte": _out(high)}}
+    window_start = to_mongo(params.now - params.window)
+    first_bucket = to_mongo(hour_start(params.now))
+    match: dict[str, Any] = {"state.finish_time": {"$gte": to_mongo(low), "$lte": to_mongo(high)}}
     if params.names is not None:
         match["name"] = {"$in": list(params.names)}
     match["state.status"] = {"$in": list(FINISHED_STATUSES)}  # one index range per status
 
     succeeded_entries = {
-        "$filter": {"input": f"${WS}", "as": "e", "cond": {"$eq": ["$$e.status", "succeeded"]}}
+        "$filter": {"input": f"${WORKER_STATES}", "as": "e", "cond": {"$eq": ["$$e.status", "succeeded"]}}
     }
     succeeded = {"$eq": ["$status", "succeeded"]}
     others = {"$subtract": ["$entries", {"$size": "$ok"}]}
@@ -149,7 +149,7 @@ def finished_pipeline(params: StatsParams) -> list[dict[str, Any]]:
                 "name": 1,
                 "status": "$state.status",
                 "finish": "$state.finish_time",
-                "entries": {"$size": f"${WS}"},
+                "entries": {"$size": f"${WORKER_STATES}"},
                 "ok": {
                     "$map": {
                         "input": succeeded_entries,
@@ -210,10 +210,10 @@ class MongoStats:
 
     async def _aggregate(self, what: str, pipeline: list[dict[str, Any]], index: str) -> list[dict[str, Any]]:
         async def read() -> list[dict[str, Any]]:
-            cursor = await _resolve(
+            cursor = await resolved(
                 self.tasks.aggregate(pipeline, hint=index, allowDiskUse=True, maxTimeMS=ADMIN_READ_MS)
             )
-            return [_in(doc) async for doc in cursor]
+            return [from_mongo(doc) async for doc in cursor]
 
         return await self._call(what, lambda: admin_read(what, read))
 
