@@ -1,9 +1,6 @@
 """mscheduler: a durable asyncio task scheduler on MongoDB."""
 
 import importlib
-import sys
-import types
-import warnings
 from typing import TYPE_CHECKING
 
 from mscheduler.domain.version import __version__ as __version__
@@ -89,8 +86,6 @@ __all__ = [
 
 
 if TYPE_CHECKING:
-    from importlib.machinery import ModuleSpec
-
     from mscheduler.domain.exceptions import (
         ConsumerStopped,
         Fail,
@@ -167,9 +162,9 @@ if TYPE_CHECKING:
     from mscheduler.services.retention import Retention, RetentionService
     from mscheduler.testing.clock import FakeClock
 
-# Every public name is imported when first asked for (``from mscheduler import Task`` works as
-# ever): ``import mscheduler`` alone, as the command line's ``--version`` and ``--help`` do, loads
-# none of PyMongo, pydantic or httpx.
+# Every public name is imported when first asked for (``from mscheduler import Task``): ``import
+# mscheduler`` alone, as the command line's ``--version`` and ``--help`` do, loads none of
+# PyMongo, pydantic or httpx.
 _LAZY = {
     **dict.fromkeys(
         (
@@ -274,93 +269,3 @@ def __getattr__(name: str) -> object:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-
-
-# -- modules that moved when the package was split into layers (2026-11) ------------------------
-# Old import paths keep working: ``import mscheduler.schedule`` gives ``mscheduler.domain.schedule``
-# (the same module object) with a DeprecationWarning naming the new path. Prefer
-# ``from mscheduler import ...``: every type a user constructs is there.
-_MOVED = {
-    f"mscheduler.{old}": f"mscheduler.{new}"
-    for old, new in (
-        ("clock", "domain.clock"),
-        ("exceptions", "domain.exceptions"),
-        ("family", "domain.family"),
-        ("limits", "domain.limits"),
-        ("listing", "domain.listing"),
-        ("model", "domain.model"),
-        ("outcomes", "domain.outcomes"),
-        ("plans", "domain.plans"),
-        ("retry", "domain.retry"),
-        ("schedule", "domain.schedule"),
-        ("state", "domain.state"),
-        ("stats", "domain.stats"),
-        ("unique", "domain.unique"),
-        ("drivers.events_common", "domain.events"),
-        ("consumer", "runtime.consumer"),
-        ("consumer.claimer", "runtime.consumer.claimer"),
-        ("consumer.consumer", "runtime.consumer.consumer"),
-        ("consumer.discovery", "runtime.consumer.discovery"),
-        ("consumer.finisher", "runtime.consumer.finisher"),
-        ("consumer.limiter", "runtime.consumer.limiter"),
-        ("consumer.pinger", "runtime.consumer.pinger"),
-        ("consumer.reports", "runtime.consumer.reports"),
-        ("consumer.runner", "runtime.consumer.runner"),
-        ("publisher", "runtime.publisher"),
-        ("executor_client", "remote.client"),
-        ("service", "services.base"),
-        ("planner", "services.planner"),
-        ("expiry", "services.expiry"),
-        ("retention", "services.retention"),
-        ("children", "services.children"),
-        ("events", "services.events"),
-        ("logs", "observability.logs"),
-        ("metrics", "observability.metrics"),
-        ("tracing", "observability.tracing"),
-        ("faults", "testing.faults"),
-        ("drivers.memory_children", "drivers.memory.children"),
-        ("drivers.memory_events", "drivers.memory.events"),
-        ("drivers.memory_limits", "drivers.memory.limits"),
-        ("drivers.memory_listing", "drivers.memory.listing"),
-        ("drivers.memory_maintenance", "drivers.memory.maintenance"),
-        ("drivers.memory_plans", "drivers.memory.plans"),
-        ("drivers.memory_stats", "drivers.memory.stats"),
-        ("drivers.mongo_children", "drivers.mongo.children"),
-        ("drivers.mongo_common", "drivers.mongo.common"),
-        ("drivers.mongo_events", "drivers.mongo.events"),
-        ("drivers.mongo_limits", "drivers.mongo.limits"),
-        ("drivers.mongo_maintenance", "drivers.mongo.maintenance"),
-        ("drivers.mongo_ping", "drivers.mongo.ping"),
-        ("drivers.mongo_plans", "drivers.mongo.plans"),
-        ("drivers.mongo_queries", "drivers.mongo.queries"),
-        ("drivers.mongo_stats", "drivers.mongo.stats"),
-        ("drivers.mongo_workers", "drivers.mongo.workers"),
-    )
-}
-
-
-class _MovedModules:
-    """Finds an old module path and hands out the module at its new one (see ``_MOVED``): a
-    meta path finder and loader (``importlib.abc``'s protocols, without importing them)."""
-
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> "ModuleSpec | None":
-        if fullname not in _MOVED:
-            return None
-        import importlib.util
-
-        return importlib.util.spec_from_loader(fullname, self)  # type: ignore[arg-type]
-
-    def create_module(self, spec: "ModuleSpec") -> types.ModuleType:
-        return types.ModuleType(spec.name)  # a stand-in: exec_module puts the real one in its place
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        new = _MOVED[module.__name__]
-        warnings.warn(
-            f"{module.__name__} moved to {new}; import from there, or from mscheduler",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        sys.modules[module.__name__] = importlib.import_module(new)
-
-
-sys.meta_path.insert(0, _MovedModules())

@@ -4,8 +4,10 @@ operation validates its input, takes the time from the server-corrected clock, a
 named driver operation.
 
 Workers (list, remote stop), tasks (get, list, count; cancel, pause, resume, remove, restart) and
-plans. Each task control is one compare-and-set in the store on the task's status: it is applied
-whole or refused (``TransitionRefused``, nothing changed).
+plans. ``OperatorApi`` is the contract: ``Operations`` and ``RemoteOperations`` (the same
+methods over the REST API) both satisfy it. Each task control is one compare-and-set in the
+store on the task's status: it is applied whole or refused (``TransitionRefused``, nothing
+changed).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 from typing_extensions import Unpack
@@ -231,6 +233,121 @@ def worker_cursor_position(cursor: str) -> tuple[datetime, str]:
     return when, worker_id
 
 
+class OperatorApi(Protocol):
+    """The operator contract: what the CLI calls, on the store (``Operations``) or over the REST
+    API (``RemoteOperations``), both with these signatures (mypy checks it where the CLI takes
+    one; ``tests/unit/test_operator_api.py`` compares every public method's). The methods'
+    documentation is ``Operations``'."""
+
+    # -- workers
+    async def list_workers(
+        self, *, limit: int = WORKERS_PAGE_MAX, after: str | None = None, live: bool = False
+    ) -> list[WorkerView]: ...
+    async def request_worker_stop(self, worker_id: str) -> bool: ...
+
+    # -- flow limits
+    async def set_limit(
+        self,
+        key: str,
+        *,
+        names: Sequence[str] | None = None,
+        max_running: int | None = None,
+        rate: Rate | str | None = None,
+    ) -> LimitInfo: ...
+    async def get_limit(self, key: str) -> LimitInfo: ...
+    async def list_limits(self) -> list[LimitInfo]: ...
+    async def remove_limit(self, key: str) -> None: ...
+
+    # -- tasks
+    async def get_task(self, key: str) -> TaskInfo: ...
+    async def get_tasks(self, keys: Sequence[str]) -> dict[str, TaskInfo]: ...
+    async def page_tasks(self, **filters: Unpack[TaskFilters]) -> TaskPage: ...
+    async def count_tasks(self, *, cap: int = COUNT_CAP, **filters: Unpack[TaskFilters]) -> TaskCount: ...
+    async def list_tasks(self, **filters: Unpack[TaskFilters]) -> list[TaskInfo]: ...
+    async def count_by_status(self) -> dict[str, int]: ...
+    async def stats(
+        self,
+        *,
+        window: timedelta | float | None = DEFAULT_STATS_WINDOW,
+        names: Sequence[str] | None = None,
+        statuses: Sequence[str] | None = None,
+        on_step: StatsStep | None = None,
+    ) -> TaskStats: ...
+    async def key_waits(self, *, names: Sequence[str] | None = None, limit: int = 100) -> list[KeyWait]: ...
+
+    # -- publishing
+    async def list_handlers(self) -> list[HandlerInfo]: ...
+    async def send(
+        self, task: Task, *, reset_finished: bool = False, allow_unknown: bool = False, by: str | None = None
+    ) -> bool: ...
+    async def send_many(
+        self,
+        tasks: Sequence[Task],
+        *,
+        reset_finished: bool = False,
+        allow_unknown: bool = False,
+        by: str | None = None,
+    ) -> list[bool]: ...
+
+    # -- task control
+    async def cancel(self, key: str, reason: str = "", *, by: str | None = None) -> TaskInfo: ...
+    async def pause(self, key: str, *, stop_running: bool = False, by: str | None = None) -> TaskInfo: ...
+    async def resume(self, key: str, *, by: str | None = None) -> TaskInfo: ...
+    async def remove(self, key: str, *, force: bool = False, by: str | None = None) -> None: ...
+    async def restart(
+        self, key: str, *, force: bool = False, by: str | None = None, deadline: datetime | None = None
+    ) -> TaskInfo: ...
+    async def restart_many(
+        self, keys: Sequence[str], *, force: bool = False, deadline: datetime | None = None
+    ) -> dict[str, RestartOutcome]: ...
+    async def control_many(
+        self,
+        action: str,
+        keys: Sequence[str],
+        *,
+        reason: str = "",
+        force: bool = False,
+        stop_running: bool = False,
+        by: str | None = None,
+    ) -> list[BulkOutcome]: ...
+    async def control_matching(
+        self,
+        action: str,
+        *,
+        reason: str = "",
+        force: bool = False,
+        stop_running: bool = False,
+        by: str | None = None,
+        page_size: int = BULK_PAGE,
+        **filters: Unpack[TaskFilters],
+    ) -> AsyncIterator[list[BulkOutcome]]: ...
+    async def edit(self, key: str, change: OptionChange, *, by: str | None = None) -> TaskOption: ...
+
+    # -- child tasks and workflows
+    async def set_status(
+        self, key: str, status: str, *, reason: str = "", by: str = "operator"
+    ) -> TaskInfo: ...
+    async def set_child_status(
+        self, key: str, child: str, status: str, *, reason: str = "", by: str = "operator"
+    ) -> TaskInfo: ...
+    async def restart_child(self, key: str, child: str, *, force: bool = False) -> TaskInfo: ...
+    async def workflow(self, key: str) -> WorkflowInfo: ...
+    async def restart_step(self, key: str, step: str, *, by: str | None = None) -> WorkflowInfo: ...
+
+    # -- plans
+    async def add_plan(self, plan: Plan) -> PlanInfo: ...
+    async def get_plan(self, plan_id: str) -> PlanInfo: ...
+    async def list_plans(
+        self, *, state: str | None = None, limit: int = 100, skip: int = 0
+    ) -> list[PlanInfo]: ...
+    async def run_plan_now(self, plan_id: str) -> TaskInfo: ...
+    async def suspend_plan(self, plan_id: str) -> PlanInfo: ...
+    async def resume_plan(self, plan_id: str) -> PlanInfo: ...
+    async def skip_plan(self, plan_id: str, n: int = 1) -> PlanInfo: ...
+    async def edit_plan(self, plan_id: str, **changes: Any) -> PlanInfo: ...
+    async def remove_plan(self, plan_id: str) -> None: ...
+
+
 class Operations:
     """Operator operations over one store.
 
@@ -307,7 +424,7 @@ class Operations:
         False if no running consumer has that id (unknown, or stopped already)."""
         return await self.driver.request_worker_stop(checked_worker_id(worker_id), await self._now())
 
-    # -- flow limits (SPEC G5) ----------------------------------------------------------------
+    # -- flow limits ----------------------------------------------------------------
 
     async def set_limit(
         self,
@@ -356,9 +473,9 @@ class Operations:
         return TaskInfo.from_storage(doc)
 
     async def get_tasks(self, keys: Sequence[str]) -> dict[str, TaskInfo]:
-        """Many tasks in one read (SPEC F18), keyed by key in the order given; unknown keys are
+        """Many tasks in one read, keyed by key in the order given; unknown keys are
         left out. At most ``MANY_MAX`` distinct keys; a bad key is ``InvalidInput``."""
-        checked = _checked_keys(keys)
+        checked = checked_keys(keys)
         docs = {doc["key"]: doc for doc in await self.driver.get_tasks(checked)} if checked else {}
         return {key: TaskInfo.from_storage(docs[key]) for key in checked if key in docs}
 
@@ -369,8 +486,8 @@ class Operations:
         creation time ``created_from`` / ``created_to`` and finish time ``finished_from`` /
         ``finished_to`` (``[from, to)``; finished tasks only: a restart takes a task out); each
         combination is one bounded index range (docs/design.md). ``limit`` (default 100) tasks a
-        page; pass ``next_cursor`` back as ``cursor`` with the same filters for the next page;
-        ``skip`` still works but reads every skipped task (deprecated). Every value is checked
+        page; pass ``next_cursor`` back as ``cursor`` with the same filters for the next page.
+        Every value is checked
         (``InvalidInput``, nothing queried)."""
         params = list_params(**filters)
         return task_page(params, await self.driver.list_tasks(params))
@@ -381,7 +498,7 @@ class Operations:
         ``cap`` index keys take. The count a bulk action's confirmation shows."""
         if not isinstance(cap, int) or isinstance(cap, bool) or not 1 <= cap <= COUNT_MAX:
             raise InvalidInput(f"cap: an integer from 1 to {COUNT_MAX}")
-        params = list_params(**{k: v for k, v in filters.items() if k not in ("cursor", "limit", "skip")})
+        params = list_params(**{k: v for k, v in filters.items() if k not in ("cursor", "limit")})
         counted = await self.driver.count_tasks(params, cap)
         return TaskCount(counted, counted >= cap)
 
@@ -402,7 +519,7 @@ class Operations:
         statuses: Sequence[str] | None = None,
         on_step: StatsStep | None = None,
     ) -> TaskStats:
-        """Statistics (SPEC F27; definitions in ``mscheduler.domain.stats``): counts by status and name,
+        """Statistics (definitions in ``mscheduler.domain.stats``): counts by status and name,
         the oldest due pending task's age, and over the ``window`` (a timedelta or seconds, 1
         minute to 7 days) first- and second-attempt success rates, duration p50 / p95 per name,
         and the last hour's throughput per minute. ``window=None``: counts and ages only (one
@@ -446,7 +563,7 @@ class Operations:
     async def send(
         self, task: Task, *, reset_finished: bool = False, allow_unknown: bool = False, by: str | None = None
     ) -> bool:
-        """Publish ``task`` unless its key exists (SPEC F1); True if this call created (or reset)
+        """Publish ``task`` unless its key exists; True if this call created (or reset)
         it. The rules are ``Publisher.send``'s, from the same code (``mscheduler.publishing``),
         and the task is checked at the door (``send_many``): the REST API's ``POST
         /api/v1/tasks`` and ``mscheduler tasks send`` are this call (``by``: who sends, the
@@ -484,7 +601,7 @@ class Operations:
         families = prepared_families(
             tasks, now=now, reset_finished=reset_finished, max_params_bytes=self.max_params_bytes
         )
-        if not self._tasks_checked:  # the unique key index before the first insert (SPEC F1)
+        if not self._tasks_checked:  # the unique key index before the first insert
             await self.driver.prepare()  # checked, never built here: `mscheduler setup` builds
             self._tasks_checked = True
         await self._check_at_the_door(families, allow_unknown, single=len(tasks) == 1)
@@ -528,7 +645,7 @@ class Operations:
         ``state.cancelled`` and the event; every control takes it)."""
         checked_reason(reason)
         rule = "only a pending or running task can be cancelled"
-        return await self._change(key, "cancel", _UNFINISHED, rule, reason=reason, by=_checked_by(by))
+        return await self._change(key, "cancel", _UNFINISHED, rule, reason=reason, by=checked_by(by))
 
     async def pause(self, key: str, *, stop_running: bool = False, by: str | None = None) -> TaskInfo:
         """Stop claims of a pending or running task until ``resume``; refused on a finished task.
@@ -545,20 +662,20 @@ class Operations:
             raise InvalidInput("stop_running: must be True or False")
         rule = "a finished task cannot be paused"
         return await self._change(
-            key, "pause", _UNFINISHED, rule, stop_running=stop_running, by=_checked_by(by)
+            key, "pause", _UNFINISHED, rule, stop_running=stop_running, by=checked_by(by)
         )
 
     async def resume(self, key: str, *, by: str | None = None) -> TaskInfo:
         """Make a paused task claimable again. Refused on a finished task."""
         rule = "a finished task cannot be resumed"
-        return await self._change(key, "resume", _UNFINISHED, rule, by=_checked_by(by))
+        return await self._change(key, "resume", _UNFINISHED, rule, by=checked_by(by))
 
     async def remove(self, key: str, *, force: bool = False, by: str | None = None) -> None:
         """Delete a task that is not running; a running one only with ``force=True`` (it is
         cancelled first, so its handler is stopped as by ``cancel``). A task with children is removed
         with its children (children first, each under the same rule); a child only with its
         parent."""
-        by = _checked_by(by)
+        by = checked_by(by)
         doc = await self.driver.get_task(_checked(validate_key, key, "key"))
         if doc is not None and doc.get("parent") is not None:
             rule = f"a child task is removed with its parent ({doc['parent']!r})"
@@ -595,7 +712,7 @@ class Operations:
             rule = "a task with children is not restarted with force: restart_child(..., force=True)"
             raise TransitionRefused(key, "restart", info.status.value, rule)
         try:
-            return await self._change(key, "restart", statuses, rule, by=_checked_by(by), deadline=deadline)
+            return await self._change(key, "restart", statuses, rule, by=checked_by(by), deadline=deadline)
         except UniqueParamsTaken as exc:  # unique_by="params": one live task per params hash
             held = f"live task {exc.holder!r}" if exc.holder else "a live task"
             status = (await self.get_task(key)).status.value
@@ -619,14 +736,14 @@ class Operations:
     async def restart_many(
         self, keys: Sequence[str], *, force: bool = False, deadline: datetime | None = None
     ) -> dict[str, RestartOutcome]:
-        """``restart`` of each key (SPEC F18: re-run many lost or failed tasks), each its own
+        """``restart`` of each key (re-run many lost or failed tasks), each its own
         compare-and-set under the same rules, a few at a time; the outcome per key, in the order
         given: restarted, refused (with the status and the rule) or unknown. Keys are validated
         first: bad input (``InvalidInput``) restarts nothing. ``Publisher.send_many(...,
         reset_finished=True)`` is the other way to run tasks again: it re-creates missing keys and
         resets succeeded / failed ones with new params (their attempts kept in the history)."""
         return await restart_each(
-            _checked_keys(keys), lambda key: self.restart(key, force=force, deadline=deadline)
+            checked_keys(keys), lambda key: self.restart(key, force=force, deadline=deadline)
         )
 
     async def control_many(
@@ -643,7 +760,7 @@ class Operations:
         compare-and-set under the action's rules, a few at a time; the outcome per key in the
         order given. Keys and options are checked first: bad input changes nothing."""
         run = self._bulk_action(action, reason=reason, force=force, stop_running=stop_running, by=by)
-        return await self._bulk(run, _checked_keys(keys))
+        return await self._bulk(run, checked_keys(keys))
 
     async def control_matching(
         self,
@@ -665,9 +782,7 @@ class Operations:
         run = self._bulk_action(action, reason=reason, force=force, stop_running=stop_running, by=by)
         if not isinstance(page_size, int) or isinstance(page_size, bool) or not 1 <= page_size <= MANY_MAX:
             raise InvalidInput(f"page_size: an integer from 1 to {MANY_MAX}")
-        selected: dict[str, Any] = {
-            k: v for k, v in filters.items() if k not in ("sort", "cursor", "limit", "skip")
-        }
+        selected: dict[str, Any] = {k: v for k, v in filters.items() if k not in ("sort", "cursor", "limit")}
         now = await self._now() + timedelta(milliseconds=1)
         created_to = selected.get("created_to")
         if created_to is None or (
@@ -699,7 +814,7 @@ class Operations:
             if not isinstance(value, bool):
                 raise InvalidInput(f"{name}: must be True or False")
         checked_reason(reason)
-        by = _checked_by(by)
+        by = checked_by(by)
         calls: dict[str, Callable[[str], Awaitable[Any]]] = {
             "cancel": lambda key: self.cancel(key, reason, by=by),
             "pause": lambda key: self.pause(key, stop_running=stop_running, by=by),
@@ -731,19 +846,19 @@ class Operations:
         return [outcomes[key] for key in keys]
 
     async def edit(self, key: str, change: OptionChange, *, by: str | None = None) -> TaskOption:
-        """Change a pending or running task's options (F26: due time, priority, retry budget or
+        """Change a pending or running task's options (due time, priority, retry budget or
         policy, targeting, ...) under the live-option rules of ``change_option``. Refused on a
         finished task (restart it instead)."""
         info = await self.get_task(key)
         if info.status.value not in _UNFINISHED:
             rule = "only a pending or running task can be edited (restart a finished one)"
             raise TransitionRefused(key, "edit", info.status.value, rule)
-        return await change_option(self.driver, key, change, await self._now(), by=_checked_by(by))
+        return await change_option(self.driver, key, change, await self._now(), by=checked_by(by))
 
     # -- child tasks (mscheduler.services.children) ------------------------------------------------------
 
     async def set_status(self, key: str, status: str, *, reason: str = "", by: str = "operator") -> TaskInfo:
-        """Set a task's status by hand (SPEC F18): ``succeeded`` (a step done by hand: the task
+        """Set a task's status by hand: ``succeeded`` (a step done by hand: the task
         is pending, failed, cancelled or expired, nothing running) or ``failed`` (a pending task,
         nothing running). Recorded as ``state.marked`` {status, reason, by, time}; the task is
         not claimed again until a restart (which clears it). A child's parent is synced. A task
@@ -766,7 +881,7 @@ class Operations:
     async def set_child_status(
         self, key: str, child: str, status: str, *, reason: str = "", by: str = "operator"
     ) -> TaskInfo:
-        """Set the status of the child ``child`` of task ``key`` (SPEC F18): ``succeeded`` or
+        """Set the status of the child ``child`` of task ``key``: ``succeeded`` or
         ``failed`` by hand (``set_status``), ``cancelled`` (``cancel``) or ``pending``
         (``restart``: a failed, cancelled or expired child runs again). The parent is synced:
         marking a sequential step done starts the next one. Returns the child."""
@@ -876,7 +991,7 @@ class Operations:
         succeeded again (a fanned-out map step's items are removed: it fans out again). Refused
         (``TransitionRefused``, nothing changed) while the step or a dependent is pending or
         running, or the workflow is cancelled. Returns the workflow."""
-        by = _checked_by(by)
+        by = checked_by(by)
         parent = await self.get_task(key)
         doc = await self.driver.get_task(parent.key)
         definition = (doc or {}).get("children")
@@ -1137,7 +1252,7 @@ class Operations:
 async def change_option(
     driver: Driver, key: str, change: OptionChange, now: datetime, *, by: str | None = None
 ) -> TaskOption:
-    """The live option change (SPEC F8), the one definition ``Publisher.update_option`` and
+    """The live option change, the one definition ``Publisher.update_option`` and
     ``Operations.edit`` share: merged and validated as a whole, then one pipeline update that
     re-derives the state. Removing a running worker from ``specific_worker_ids`` stops it at its
     next ping; a new ``ping_interval`` applies from the next ping; the rest from the next claim."""
@@ -1349,23 +1464,12 @@ async def restart_each(
 
 def checked_keys(keys: object) -> list[str]:
     """Distinct valid keys, in the order given (at most ``MANY_MAX``); else ``InvalidInput``."""
-    return _checked_keys(keys)
-
-
-def _checked_keys(keys: object) -> list[str]:
-    """Distinct valid keys, in the order given (at most ``MANY_MAX``); else ``InvalidInput``."""
     if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
         raise InvalidInput(f"keys: a list of task keys, got {type(keys).__name__}")
     checked = list(dict.fromkeys(_checked(validate_key, key, f"keys[{i}]") for i, key in enumerate(keys)))
     if len(checked) > MANY_MAX:
         raise InvalidInput(f"keys: at most {MANY_MAX} keys at once, got {len(checked)}")
     return checked
-
-
-def _checked_by(by: str | None) -> str | None:
-    """Who did an operator action (an API token's ``api:<name>``): kept as given (the rule is
-    ``publishing.checked_by``'s, a sender's)."""
-    return checked_by(by)
 
 
 def _limit_key(key: object) -> str:

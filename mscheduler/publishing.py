@@ -1,6 +1,6 @@
 """Publishing, written once: what ``Publisher.send`` / ``send_many`` and ``Operations.send`` /
 ``send_many`` (the REST API's ``POST /api/v1/tasks``) both call, so that a task sent from Python
-and one sent over HTTP meet the same validation, size cap and idempotency by key (SPEC F1).
+and one sent over HTTP meet the same validation, size cap and idempotency by key.
 
 ``publish`` turns ``Task`` objects into the documents to insert (a task with children: the
 parent, then its children, in one command), refuses bad input before anything is written, and

@@ -18,12 +18,12 @@ from mscheduler.cli.common import (
     URI_TIMEOUT_HINT,
     CliError,
     TimeoutMs,
-    _database,
-    _fail,
-    _one_line,
     app,
+    database_of,
     ensure_reachable,
+    exit_with,
     mongo_client,
+    one_line,
     out,
     redact,
 )
@@ -90,51 +90,7 @@ async def check_server(database: Any, *, prefix: str = "", create_indexes: bool 
     """What ``mscheduler check`` reports after connecting: version, replica set, streams, indexes."""
     driver = MongoDriver(database, prefix=prefix)
     info = await driver.server_info()
-    lines: list[CheckLine] = []
-    version = info.get("version")
-    if version:
-        too_old = _version_tuple(version) < MIN_SERVER_VERSION
-        need = ".".join(map(str, MIN_SERVER_VERSION))
-        lines.append(
-            CheckLine(
-                "server version",
-                FAIL if too_old else OK,
-                f"{version}" + (f" (need >= {need})" if too_old else ""),
-            )
-        )
-    else:
-        lines.append(
-            CheckLine("server version", WARN, f"unknown ({info.get('version_error', 'no buildInfo')})")
-        )
-
-    if "hello_error" in info:
-        lines.append(
-            CheckLine("replica set", WARN, f"could not ask the server (hello failed: {info['hello_error']})")
-        )
-    elif info.get("replica_set"):
-        primary = info.get("is_primary")
-        lines.append(
-            CheckLine(
-                "replica set",
-                OK if primary else FAIL,
-                f"{info['replica_set']}, "
-                + (
-                    "connected to the primary; transactions available"
-                    if primary
-                    else "not connected to a primary (writes will fail)"
-                ),
-            )
-        )
-    else:
-        lines.append(
-            CheckLine(
-                "replica set",
-                WARN,
-                "none (standalone server or mongos): transactions (send(session=...)) need a replica set",
-            )
-        )
-
-    lines.append(await layout_line(driver))
+    lines = [_version_line(info), _replica_set_line(info), await layout_line(driver)]
     reason = await probe_change_stream(driver)
     if reason is None:
         lines.append(CheckLine("change streams", OK, "supported: consumers are told about new tasks at once"))
@@ -142,7 +98,46 @@ async def check_server(database: Any, *, prefix: str = "", create_indexes: bool 
         lines.append(
             CheckLine("change streams", WARN, f"unavailable ({reason}); consumers fall back to polling")
         )
+    lines.append(await _indexes_line(driver, create_indexes))
+    return lines
 
+
+def _version_line(info: dict[str, Any]) -> CheckLine:
+    version = info.get("version")
+    if not version:
+        return CheckLine("server version", WARN, f"unknown ({info.get('version_error', 'no buildInfo')})")
+    too_old = _version_tuple(version) < MIN_SERVER_VERSION
+    need = ".".join(map(str, MIN_SERVER_VERSION))
+    return CheckLine(
+        "server version", FAIL if too_old else OK, f"{version}" + (f" (need >= {need})" if too_old else "")
+    )
+
+
+def _replica_set_line(info: dict[str, Any]) -> CheckLine:
+    if "hello_error" in info:
+        return CheckLine(
+            "replica set", WARN, f"could not ask the server (hello failed: {info['hello_error']})"
+        )
+    if not info.get("replica_set"):
+        return CheckLine(
+            "replica set",
+            WARN,
+            "none (standalone server or mongos): transactions (send(session=...)) need a replica set",
+        )
+    primary = info.get("is_primary")
+    return CheckLine(
+        "replica set",
+        OK if primary else FAIL,
+        f"{info['replica_set']}, "
+        + (
+            "connected to the primary; transactions available"
+            if primary
+            else "not connected to a primary (writes will fail)"
+        ),
+    )
+
+
+async def _indexes_line(driver: MongoDriver, create_indexes: bool) -> CheckLine:
     collection = driver.namespace
     try:
         present = set(await driver.index_names())
@@ -151,28 +146,22 @@ async def check_server(database: Any, *, prefix: str = "", create_indexes: bool 
             await driver.setup()
             present = set(await driver.index_names())
             still = [name for name in EXPECTED_INDEXES if name not in present]
-            lines.append(
-                CheckLine(
-                    "indexes",
-                    FAIL if still else OK,
-                    f"created {', '.join(missing)} on {collection}"
-                    + (f"; still missing {', '.join(still)}" if still else ""),
-                )
+            return CheckLine(
+                "indexes",
+                FAIL if still else OK,
+                f"created {', '.join(missing)} on {collection}"
+                + (f"; still missing {', '.join(still)}" if still else ""),
             )
-        elif missing:
-            lines.append(
-                CheckLine(
-                    "indexes",
-                    WARN,
-                    f"missing on {collection}: {', '.join(missing)} "
-                    "(run `mscheduler setup` or this check with --create-indexes; workers do not build them)",
-                )
+        if missing:
+            return CheckLine(
+                "indexes",
+                WARN,
+                f"missing on {collection}: {', '.join(missing)} "
+                "(run `mscheduler setup` or this check with --create-indexes; workers do not build them)",
             )
-        else:
-            lines.append(CheckLine("indexes", OK, f"all {len(EXPECTED_INDEXES)} present on {collection}"))
+        return CheckLine("indexes", OK, f"all {len(EXPECTED_INDEXES)} present on {collection}")
     except Exception as exc:  # a report: every failure is information
-        lines.append(CheckLine("indexes", FAIL, f"could not read or create indexes on {collection}: {exc}"))
-    return lines
+        return CheckLine("indexes", FAIL, f"could not read or create indexes on {collection}: {exc}")
 
 
 @app.command(short_help="Check that a MongoDB server is ready for the scheduler.")
@@ -207,7 +196,7 @@ def check(
         client = mongo_client(mongodb_uri, server_selection_timeout_ms)
         try:
             rtt = await ensure_reachable(client, redact(mongodb_uri), hint=URI_TIMEOUT_HINT)
-            db = _database(client, database, "mscheduler")
+            db = database_of(client, database, "mscheduler")
             return rtt, await check_server(db, prefix=prefix, create_indexes=create_indexes), db.name
         finally:
             await client.close()
@@ -215,9 +204,9 @@ def check(
     try:
         rtt, lines, db_name = asyncio.run(run())
     except CliError as exc:
-        raise _fail(exc) from None
+        raise exit_with(exc) from None
     except MSchedulerError as exc:
-        raise _fail(CliError(f"the check could not run: {_one_line(str(exc), limit=300)}")) from None
+        raise exit_with(CliError(f"the check could not run: {one_line(str(exc), limit=300)}")) from None
     lines.insert(
         0, CheckLine("connection", OK, f"{redact(mongodb_uri)} answered in {rtt:.0f} ms (database {db_name})")
     )

@@ -49,12 +49,12 @@ from mscheduler.domain.exceptions import (
 )
 from mscheduler.drivers.mongo.driver import MongoDriver
 from mscheduler.observability.logs import CONTROL_CHARS, plain_text
-from mscheduler.operations import Operations
+from mscheduler.operations import Operations, OperatorApi
 from mscheduler.remote.client import ApiRefused, ApiUnreachable, NotAnApi, RemoteEvents, RemoteOperations
 from mscheduler.services.events import Events
 
 # What an operator command calls: the store's operations, or the same methods over the REST API.
-Ops = Operations | RemoteOperations
+Ops = OperatorApi
 
 DEFAULT_SERVER_SELECTION_MS = 2000
 
@@ -152,16 +152,16 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
-def _fail(exc: CliError) -> typer.Exit:
+def exit_with(exc: CliError) -> typer.Exit:
     err.print(Text("error: ", style="bold red") + Text(str(exc)))
     return typer.Exit(exc.exit_code)
 
 
-def _needs(companion: str, given: dict[str, bool], why: str) -> None:
+def refuse_without(companion: str, given: dict[str, bool], why: str) -> None:
     """Refuse options that do nothing without ``companion`` (exit 2) rather than ignore them."""
     ignored = [name for name, present in given.items() if present]
     if ignored:
-        raise _fail(
+        raise exit_with(
             CliError(
                 f"{', '.join(ignored)} {'needs' if len(ignored) == 1 else 'need'} {companion} ({why})",
                 exit_code=2,
@@ -188,7 +188,7 @@ def redact(uri: str) -> str:
     )
 
 
-def _one_line(text: str, limit: int = 200) -> str:
+def one_line(text: str, limit: int = 200) -> str:
     """PyMongo's message without its topology dump and timeout details, on one line."""
     text = re.split(r",? Timeout: |,? Topology Description: | \(configured timeouts", text)[0]
     text = " ".join(text.split())
@@ -210,7 +210,7 @@ def mongo_setting_error(exc: BaseException) -> str | None:
     if isinstance(exc, ConfigurationError) or (
         isinstance(exc, (ValueError, TypeError, UserWarning)) and _raised_by(exc, "pymongo")
     ):
-        return _one_line(str(exc)) or type(exc).__name__
+        return one_line(str(exc)) or type(exc).__name__
     return None
 
 
@@ -236,7 +236,7 @@ def mongo_client(uri: str, server_selection_ms: int | None) -> Any:
         raise CliError(f"invalid MongoDB URI {redact(uri)!r}: {reason}", exit_code=2) from exc
 
 
-def _servers(client: Any) -> str:
+def server_addresses(client: Any) -> str:
     """The client's server addresses (never its credentials)."""
     try:
         addresses = list(client.topology_description.server_descriptions())
@@ -252,7 +252,7 @@ def _why_unreachable(exc: BaseException, client: Any) -> str:
         errors = [str(d.error) for d in descriptions if d.error is not None]
     except Exception:
         errors = []
-    reason = _one_line(errors[0] if errors else str(exc), limit=120)
+    reason = one_line(errors[0] if errors else str(exc), limit=120)
     return reason + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
 
 
@@ -286,13 +286,12 @@ async def ensure_reachable(
         ) from exc
     except (ExecutionTimeout, NetworkTimeout) as exc:
         raise CliError(
-            f"MongoDB at {where} did not answer a ping within {waited} ms "
-            f"({_one_line(str(exc), 120)}); {hint}"
+            f"MongoDB at {where} did not answer a ping within {waited} ms ({one_line(str(exc), 120)}); {hint}"
         ) from exc
     except OperationFailure as exc:
-        raise CliError(f"MongoDB at {where} refused the connection: {_one_line(str(exc))}") from exc
+        raise CliError(f"MongoDB at {where} refused the connection: {one_line(str(exc))}") from exc
     except PyMongoError as exc:
-        raise CliError(f"cannot talk to MongoDB at {where}: {_one_line(str(exc))}") from exc
+        raise CliError(f"cannot talk to MongoDB at {where}: {one_line(str(exc))}") from exc
     return (time.perf_counter() - started) * 1000
 
 
@@ -342,7 +341,7 @@ def _short_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc, limit=-6)).rstrip()
 
 
-def _database(client: Any, name: str | None, fallback: str) -> Any:
+def database_of(client: Any, name: str | None, fallback: str) -> Any:
     return client[name] if name else client.get_default_database(fallback)
 
 
@@ -374,7 +373,7 @@ T = TypeVar("T")
 operations_override: Callable[[], Ops] | None = None
 
 
-def _typer(name: str, help: str) -> typer.Typer:
+def command_group(name: str, help: str) -> typer.Typer:
     return typer.Typer(
         name=name,
         help=help,
@@ -479,7 +478,7 @@ async def connect(conn: Connection) -> AsyncIterator[Ops]:
             await ensure_reachable(client, redact(conn.uri), hint=URI_TIMEOUT_HINT)
         except CliError as exc:
             raise CliError(str(exc), exit_code=EXIT_STORAGE) from exc
-        db = _database(client, conn.database, "mscheduler")
+        db = database_of(client, conn.database, "mscheduler")
         yield Operations(MongoDriver(db, prefix=conn.prefix))
     finally:
         await client.close()
@@ -512,7 +511,7 @@ def in_cli_words(message: str) -> str:
 def refusal(exc: MSchedulerError) -> CliError:
     """The one-line error and exit code of a refusal from ``Operations`` (in the command
     line's words: ``--force``, not ``force=True``)."""
-    message = in_cli_words(_one_line(str(exc), limit=300))
+    message = in_cli_words(one_line(str(exc), limit=300))
     if isinstance(exc, ApiUnreachable):
         return CliError(message, exit_code=EXIT_STORAGE)
     if isinstance(exc, ApiRefused):
@@ -530,7 +529,10 @@ def refusal(exc: MSchedulerError) -> CliError:
 
 def event_log(ops: Ops) -> Events | RemoteEvents:
     """The event log of the store, or of the API's store."""
-    return ops.events if isinstance(ops, RemoteOperations) else Events(ops.driver)
+    if isinstance(ops, RemoteOperations):
+        return ops.events
+    assert isinstance(ops, Operations)
+    return Events(ops.driver)
 
 
 def run(conn: Connection, body: Callable[[Ops], Awaitable[T]]) -> T:
@@ -543,9 +545,9 @@ def run(conn: Connection, body: Callable[[Ops], Awaitable[T]]) -> T:
     try:
         return asyncio.run(go())
     except CliError as exc:
-        raise _fail(exc) from None
+        raise exit_with(exc) from None
     except MSchedulerError as exc:
-        raise _fail(refusal(exc)) from None
+        raise exit_with(refusal(exc)) from None
 
 
 _KW = inspect.Parameter.KEYWORD_ONLY
@@ -582,25 +584,25 @@ def _connection(
     if operations_override is not None:  # the testing hook: the store is set up already
         return Connection(mongodb_uri, database, prefix, server_selection_timeout_ms)
     if api_url is not None and mongodb_uri is not None:
-        raise _fail(CliError("give --mongodb-uri or --api-url, not both", exit_code=EXIT_USAGE))
+        raise exit_with(CliError("give --mongodb-uri or --api-url, not both", exit_code=EXIT_USAGE))
     if api_url is None and mongodb_uri is None:
         mongodb_uri, api_url = os.environ.get(URI_ENV) or None, os.environ.get(API_URL_ENV) or None
         if api_url is not None and mongodb_uri is not None:
             message = f"{URI_ENV} and {API_URL_ENV} are both set: pass --mongodb-uri or --api-url"
-            raise _fail(CliError(message, exit_code=EXIT_USAGE))
+            raise exit_with(CliError(message, exit_code=EXIT_USAGE))
     if api_url is None:
         if mongodb_uri is None:
-            raise _fail(
+            raise exit_with(
                 CliError(
                     f"no store: give --mongodb-uri URI (or {URI_ENV}), or --api-url URL with --token "
                     f"TOKEN (or {API_URL_ENV} and {TOKEN_ENV})",
                     exit_code=EXIT_USAGE,
                 )
             )
-        _needs("--api-url", {"--token": token is not None}, "a token is for the REST API")
+        refuse_without("--api-url", {"--token": token is not None}, "a token is for the REST API")
         return Connection(mongodb_uri, database, prefix, server_selection_timeout_ms)
     token = token or os.environ.get(TOKEN_ENV) or None
-    _needs(
+    refuse_without(
         "--mongodb-uri",
         {
             "--database": database is not None,
@@ -610,7 +612,7 @@ def _connection(
         "with --api-url the API's server chooses its store",
     )
     if not token:
-        raise _fail(CliError("--api-url needs --token TOKEN (or MSCHEDULER_TOKEN)", exit_code=EXIT_USAGE))
+        raise exit_with(CliError("--api-url needs --token TOKEN (or MSCHEDULER_TOKEN)", exit_code=EXIT_USAGE))
     return Connection(None, api_url=api_url, token=token)
 
 
@@ -653,7 +655,7 @@ def connected(command: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
-def _when(value: datetime | None) -> str:
+def shown_time(value: datetime | None) -> str:
     return "" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
 
 
@@ -661,7 +663,7 @@ def print_json(value: Any) -> None:
     out.print_json(json.dumps(value, default=str))
 
 
-def _done(message: str) -> None:
+def say_done(message: str) -> None:
     out.print(Text(message))
 
 
@@ -671,7 +673,7 @@ KeyArg = Annotated[str, typer.Argument(metavar="KEY", hidden=True)]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Allow it on a task the rule protects.")]
 
 
-def _instant(value: str | None, option: str) -> datetime | None:
+def parse_instant(value: str | None, option: str) -> datetime | None:
     """An ISO-8601 time with its offset (``2030-01-01T00:00:00Z``) from a command-line option."""
     if value is None:
         return None
@@ -681,12 +683,12 @@ def _instant(value: str | None, option: str) -> datetime | None:
         parsed = None
     if parsed is None or parsed.tzinfo is None:
         message = f"{option}: an ISO-8601 time with its offset, e.g. 2030-01-01T00:00:00Z"
-        raise _fail(CliError(message, exit_code=EXIT_USAGE))
+        raise exit_with(CliError(message, exit_code=EXIT_USAGE))
     return parsed
 
 
 def usage(message: str) -> typer.Exit:
-    return _fail(CliError(_one_line(message, limit=300), exit_code=EXIT_USAGE))
+    return exit_with(CliError(one_line(message, limit=300), exit_code=EXIT_USAGE))
 
 
 def invalid(exc: ValidationError | InvalidInput, what: str) -> typer.Exit:
@@ -724,7 +726,7 @@ def json_value(text: str | None, option: str) -> Any:
         raise usage(f"{option}: not JSON ({exc})") from None
 
 
-def _option_fields(
+def option_fields(
     priority: int | None,
     run_at: str | None,
     deadline: str | None,
@@ -736,9 +738,9 @@ def _option_fields(
     if priority is not None:
         fields["priority"] = priority
     if run_at is not None:
-        fields["run_at"] = _instant(run_at, "--run-at")
+        fields["run_at"] = parse_instant(run_at, "--run-at")
     if deadline is not None:
-        fields["deadline"] = _instant(deadline, "--deadline")
+        fields["deadline"] = parse_instant(deadline, "--deadline")
     if max_retries is not None:
         fields["max_unexpected_retries"] = max_retries
     if retry_delay is not None:

@@ -19,7 +19,7 @@ import random
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
@@ -36,15 +36,15 @@ from mscheduler.cli.common import (
     URI_TIMEOUT_HINT,
     CliError,
     TimeoutMs,
-    _database,
-    _fail,
-    _needs,
-    _one_line,
     app,
+    database_of,
     ensure_reachable,
+    exit_with,
     mongo_client,
+    one_line,
     out,
     redact,
+    refuse_without,
 )
 from mscheduler.domain.exceptions import InvalidInput, MSchedulerError
 from mscheduler.domain.listing import ListParams
@@ -384,32 +384,41 @@ def check_report(
 ) -> list[Check]:
     """Read the stored tasks back and check that every path of the demo really happened."""
     by_key = {t.key: t for t in report.tasks}
-    checks: list[Check] = []
-    checks.append(
-        Check(
-            "consumers healthy",
-            not crashed,
-            "all consumers ran to the end"
-            if not crashed
-            else f"died: {[(c.worker_id, c.error) for c in crashed]}",
-        )
+    healthy = Check(
+        "consumers healthy",
+        not crashed,
+        "all consumers ran to the end"
+        if not crashed
+        else f"died: {[(c.worker_id, c.error) for c in crashed]}",
     )
+    return [
+        healthy,
+        _end_states_check(report, config, by_key),
+        _retries_check(report),
+        _budget_check(config, by_key),
+        _pings_check(report, config, by_key),
+        _targeting_check(report, config),
+        _fan_out_check(by_key),
+    ]
+
+
+def _end_states_check(report: DemoReport, config: DemoConfig, by_key: dict[str, TaskInfo]) -> Check:
     wrong = [
         f"{key}: {by_key[key].status.value if key in by_key else 'missing'} (expected {want})"
         for key, want in report.expected.items()
         if key not in by_key or by_key[key].status.value != want
     ]
-    checks.append(
-        Check(
-            "end states",
-            not wrong and report.finished_in_time,
-            f"{report.total - len(wrong)}/{report.total} tasks reached their expected end state"
-            + ("" if report.finished_in_time else f" (timed out after {config.timeout:.0f}s)")
-            + (f"; wrong: {', '.join(wrong[:5])}" if wrong else ""),
-        )
+    return Check(
+        "end states",
+        not wrong and report.finished_in_time,
+        f"{report.total - len(wrong)}/{report.total} tasks reached their expected end state"
+        + ("" if report.finished_in_time else f" (timed out after {config.timeout:.0f}s)")
+        + (f"; wrong: {', '.join(wrong[:5])}" if wrong else ""),
     )
 
-    # Retries: each flaky task failed fail_times times, then succeeded, and waited retry_delay.
+
+def _retries_check(report: DemoReport) -> Check:
+    """Each flaky task failed fail_times times, then succeeded, and waited retry_delay."""
     problems = []
     retried = 0
     for info in (t for t in report.tasks if kind_of(t.key) == FLAKY):
@@ -424,82 +433,77 @@ def check_report(
                 problems.append(
                     f"{info.key}: retried at {after.start_time:%H:%M:%S.%f}, before its retry time"
                 )
-    checks.append(
-        Check(
-            "retries",
-            not problems and retried > 0,
-            f"{retried} failed attempts retried, then succeeded" if not problems else "; ".join(problems[:3]),
-        )
+    return Check(
+        "retries",
+        not problems and retried > 0,
+        f"{retried} failed attempts retried, then succeeded" if not problems else "; ".join(problems[:3]),
     )
 
+
+def _budget_check(config: DemoConfig, by_key: dict[str, TaskInfo]) -> Check:
     doomed = by_key.get(f"{DOOMED}-000")
     tries = config.doomed_retries + 1
     doomed_ok = (
         doomed is not None and _statuses(doomed) == ["failed"] * tries and doomed.last_error is not None
     )
-    checks.append(
-        Check(
-            "retry budget",
-            doomed_ok,
-            f"{DOOMED}-000 failed for good after {tries} attempts: "
-            f"{doomed.last_error.message if doomed and doomed.last_error else '?'}"
-            if doomed_ok
-            else f"{DOOMED}-000 attempts: {_statuses(doomed) if doomed else 'missing'} "
-            f"(expected {tries} failed)",
-        )
+    return Check(
+        "retry budget",
+        doomed_ok,
+        f"{DOOMED}-000 failed for good after {tries} attempts: "
+        f"{doomed.last_error.message if doomed and doomed.last_error else '?'}"
+        if doomed_ok
+        else f"{DOOMED}-000 attempts: {_statuses(doomed) if doomed else 'missing'} (expected {tries} failed)",
     )
 
-    # Pings: the long task outlived its claim lease and its worker_timeout, so its finish was only
-    # accepted because pings moved ping_expire_time forward; the stored entry shows it moved.
+
+def _pings_check(report: DemoReport, config: DemoConfig, by_key: dict[str, TaskInfo]) -> Check:
+    """The long task outlived its claim lease and its worker_timeout, so its finish was only
+    accepted because pings moved ping_expire_time forward; the stored entry shows it moved."""
     long_task = by_key.get(f"{LONG}-000")
     entry = long_task.worker_states[-1] if long_task and long_task.worker_states else None
     if long_task is None or entry is None or entry.end_time is None:
-        checks.append(Check("pings", False, f"{LONG}-000 has no finished attempt"))
-    else:
-        claim_expiry = entry.start_time + config.claim_lease
-        moved = entry.ping_expire_time - claim_expiry
-        ran = entry.end_time - entry.start_time
-        pings = sum(w.pings for w in report.workers)
-        ok = (
-            _statuses(long_task) == ["succeeded"]
-            and entry.ping_expire_time > claim_expiry
-            and ran > config.worker_timeout
-            and pings > 0
-        )
-        checks.append(
-            Check(
-                "pings",
-                ok,
-                f"{LONG}-000 ran {ran.total_seconds():.1f}s on one lease; ping_expire_time moved "
-                f"{moved.total_seconds():+.1f}s past the claim's expiry ({pings} pings)",
-            )
-        )
+        return Check("pings", False, f"{LONG}-000 has no finished attempt")
+    claim_expiry = entry.start_time + config.claim_lease
+    moved = entry.ping_expire_time - claim_expiry
+    ran = entry.end_time - entry.start_time
+    pings = sum(w.pings for w in report.workers)
+    ok = (
+        _statuses(long_task) == ["succeeded"]
+        and entry.ping_expire_time > claim_expiry
+        and ran > config.worker_timeout
+        and pings > 0
+    )
+    return Check(
+        "pings",
+        ok,
+        f"{LONG}-000 ran {ran.total_seconds():.1f}s on one lease; ping_expire_time moved "
+        f"{moved.total_seconds():+.1f}s past the claim's expiry ({pings} pings)",
+    )
 
+
+def _targeting_check(report: DemoReport, config: DemoConfig) -> Check:
     target = target_worker(config)
     aimed = [t for t in report.tasks if kind_of(t.key) == TARGETED]
     strays = [f"{t.key}@{w.worker_id}" for t in aimed for w in t.worker_states if w.worker_id != target]
-    checks.append(
-        Check(
-            "targeting",
-            bool(aimed) and not strays if config.targeted else not strays,
-            f"{len(aimed)} tasks ran only on {target}"
-            if not strays
-            else f"ran elsewhere: {', '.join(strays[:5])}",
-        )
+    return Check(
+        "targeting",
+        bool(aimed) and not strays if config.targeted else not strays,
+        f"{len(aimed)} tasks ran only on {target}"
+        if not strays
+        else f"ran elsewhere: {', '.join(strays[:5])}",
     )
 
+
+def _fan_out_check(by_key: dict[str, TaskInfo]) -> Check:
     fan = by_key.get(f"{FANOUT}-000")
     fan_workers = (
         sorted({w.worker_id for w in fan.worker_states if w.status is AttemptStatus.SUCCEEDED}) if fan else []
     )
-    checks.append(
-        Check(
-            "fan-out",
-            fan is not None and fan.success_cnt == FANOUT_WORKERS and len(fan_workers) == FANOUT_WORKERS,
-            f"{FANOUT}-000 ran once on each of {', '.join(fan_workers) or 'no worker'}",
-        )
+    return Check(
+        "fan-out",
+        fan is not None and fan.success_cnt == FANOUT_WORKERS and len(fan_workers) == FANOUT_WORKERS,
+        f"{FANOUT}-000 ran once on each of {', '.join(fan_workers) or 'no worker'}",
     )
-    return checks
 
 
 # -- presentation ----------------------------------------------------------------------------------
@@ -583,6 +587,41 @@ def demo_prefix() -> str:
     return f"demo_{secrets.token_hex(4)}_"
 
 
+def _run_quietly(report: Coroutine[Any, Any, DemoReport]) -> DemoReport:
+    """Run the demo, its handlers' failures on purpose kept out of the consumer's log; a
+    refusal is one line and an exit."""
+    consumer_log = logging.getLogger("mscheduler.consumer")
+    on_purpose = _FailsOnPurpose()
+    consumer_log.addFilter(on_purpose)
+    try:
+        return asyncio.run(report)
+    except CliError as exc:
+        raise exit_with(exc) from None
+    except MSchedulerError as exc:
+        raise exit_with(CliError(f"the demo could not run: {one_line(str(exc), limit=300)}")) from None
+    finally:
+        consumer_log.removeFilter(on_purpose)
+
+
+def _progress_bar() -> tuple[Progress, Callable[[int, int, dict[str, int]], None]]:
+    """The demo's progress bar, and the callback that moves it (done, total, counts by state)."""
+    progress = Progress(
+        TextColumn("[bold]tasks"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[states]}"),
+        TimeElapsedColumn(),
+        console=out,
+    )
+    bar = progress.add_task("tasks", total=None, states="")
+
+    def on_progress(done: int, total: int, counts: dict[str, int]) -> None:
+        states = " ".join(f"{state} {n}" for state, n in sorted(counts.items()) if n)
+        progress.update(bar, completed=done, total=total, states=states)
+
+    return progress, on_progress
+
+
 @app.command(short_help="Run a mixed batch on several consumers and check every outcome.")
 def demo(
     mongodb_uri: Annotated[
@@ -616,7 +655,7 @@ def demo(
     check fails, 2 on bad arguments.
     """
     if mongodb_uri is None:
-        _needs(
+        refuse_without(
             "--mongodb-uri",
             {
                 "--database": database is not None,
@@ -632,25 +671,13 @@ def demo(
             ("mscheduler demo", "bold"), f" {where}: {config.workers} workers x {config.concurrency} slots"
         )
     )
-    progress = Progress(
-        TextColumn("[bold]tasks"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[states]}"),
-        TimeElapsedColumn(),
-        console=out,
-    )
-    bar = progress.add_task("tasks", total=None, states="")
-
-    def on_progress(done: int, total: int, counts: dict[str, int]) -> None:
-        states = " ".join(f"{state} {n}" for state, n in sorted(counts.items()) if n)
-        progress.update(bar, completed=done, total=total, states=states)
+    progress, on_progress = _progress_bar()
 
     async def on_mongo(uri: str) -> DemoReport:
         client = mongo_client(uri, server_selection_timeout_ms)
         try:
             await ensure_reachable(client, redact(uri), hint=URI_TIMEOUT_HINT)
-            db = _database(client, database, "mscheduler_demo")
+            db = database_of(client, database, "mscheduler_demo")
             with progress:
                 report, prefix = await run_demo_on_database(
                     db, config=config, on_progress=on_progress, keep=keep
@@ -665,17 +692,7 @@ def demo(
         with progress:
             return await run_demo(MemoryDriver(), config=config, on_progress=on_progress)
 
-    consumer_log = logging.getLogger("mscheduler.consumer")
-    on_purpose = _FailsOnPurpose()
-    consumer_log.addFilter(on_purpose)
-    try:
-        report = asyncio.run(in_memory() if mongodb_uri is None else on_mongo(mongodb_uri))
-    except CliError as exc:
-        raise _fail(exc) from None
-    except MSchedulerError as exc:
-        raise _fail(CliError(f"the demo could not run: {_one_line(str(exc), limit=300)}")) from None
-    finally:
-        consumer_log.removeFilter(on_purpose)
+    report = _run_quietly(in_memory() if mongodb_uri is None else on_mongo(mongodb_uri))
     for renderable in report_renderables(report):
         out.print(renderable)
     raise typer.Exit(0 if report.ok else 1)

@@ -1,4 +1,4 @@
-"""``mscheduler dev APP``: the whole scheduler in one process with no database (SPEC G7) — an
+"""``mscheduler dev APP``: the whole scheduler in one process with no database — an
 in-memory store, the consumers (with their planners) of ``APP``, the REST API and the dashboard —
 until Ctrl-C. ``APP`` is an ``mscheduler.App`` (``module:attribute``, as ``worker`` takes), the
 same object ``mscheduler worker`` runs against MongoDB.
@@ -24,7 +24,16 @@ from typing import Annotated, Any
 
 import typer
 
-from mscheduler.cli.common import EXIT_USAGE, CliError, Say, _fail, _one_line, app, import_target, plain_say
+from mscheduler.cli.common import (
+    EXIT_USAGE,
+    CliError,
+    Say,
+    app,
+    exit_with,
+    import_target,
+    one_line,
+    plain_say,
+)
 from mscheduler.cli.web import (
     DEFAULT_HEADER_TIMEOUT,
     DEFAULT_KEEP_ALIVE_TIMEOUT,
@@ -68,7 +77,7 @@ def load_app(spec: str) -> App:
 def _import_failure(exc: CliError) -> str:
     """The user's module raised on import: its last line (the exception), on one line."""
     lines = [line for line in str(exc).splitlines() if line.strip()]
-    return _one_line(f"{lines[0]} {lines[-1].strip()}" if len(lines) > 1 else lines[0], limit=300)
+    return one_line(f"{lines[0]} {lines[-1].strip()}" if len(lines) > 1 else lines[0], limit=300)
 
 
 EARLY_BACKLOG = 128  # connections queued before the server takes the socket over
@@ -165,7 +174,7 @@ async def run_dev(
     except MSchedulerError as exc:
         await asyncio.gather(*(c.stop(grace=0) for c in started), return_exceptions=True)
         sock.close()
-        raise CliError(f"{spec} could not start: {_one_line(str(exc), 300)}") from exc
+        raise CliError(f"{spec} could not start: {one_line(str(exc), 300)}") from exc
     return await _serve(application, consumers, server, driver, data, save_every, restored, token, say)
 
 
@@ -242,12 +251,12 @@ async def _save_every(driver: MemoryDriver, path: Path | None, seconds: float) -
     """Write the store every ``seconds`` (serialised on the loop: one instant; written in a thread)."""
     from bson import json_util
 
-    from mscheduler.drivers.memory.snapshot import _JSON, dump, write_text
+    from mscheduler.drivers.memory.snapshot import CANONICAL_JSON, dump, write_text
 
     assert path is not None
     while True:
         await asyncio.sleep(seconds)
-        text = json_util.dumps(dump(driver, datetime.now(UTC)), json_options=_JSON)
+        text = json_util.dumps(dump(driver, datetime.now(UTC)), json_options=CANONICAL_JSON)
         try:
             await asyncio.to_thread(write_text, path, text)
         except OSError as exc:
@@ -291,10 +300,10 @@ def dev(
         import mscheduler.web  # noqa: F401
     except ImportError as exc:
         hint = f"dev serves the REST API: pip install 'mscheduler[web]' ({exc})"
-        raise _fail(CliError(hint, exit_code=EXIT_USAGE)) from None
+        raise exit_with(CliError(hint, exit_code=EXIT_USAGE)) from None
     level = logging.getLevelName(log_level.upper())
     if not isinstance(level, int):
-        raise _fail(CliError(f"unknown log level {log_level!r}", exit_code=EXIT_USAGE))
+        raise exit_with(CliError(f"unknown log level {log_level!r}", exit_code=EXIT_USAGE))
     configure_logging(level, "text")
     from mscheduler.web.serving import ServerSettings
 
@@ -305,7 +314,7 @@ def dev(
             keep_alive_timeout=keep_alive_timeout,
         )
     except InvalidInput as exc:
-        raise _fail(CliError(str(exc), exit_code=EXIT_USAGE)) from None
+        raise exit_with(CliError(str(exc), exit_code=EXIT_USAGE)) from None
     try:
         code = asyncio.run(
             run_dev(
@@ -319,7 +328,7 @@ def dev(
             )
         )
     except CliError as exc:
-        raise _fail(exc) from None
+        raise exit_with(exc) from None
     except KeyboardInterrupt:
-        raise _fail(CliError("interrupted while starting", exit_code=130)) from None
+        raise exit_with(CliError("interrupted while starting", exit_code=130)) from None
     raise typer.Exit(code)

@@ -14,20 +14,20 @@ from mscheduler.cli.common import (
     Connection,
     JsonOpt,
     Ops,
-    _instant,
-    _typer,
     app,
+    command_group,
     connected,
     err,
     event_log,
     out,
+    parse_instant,
     print_json,
     run,
 )
 from mscheduler.cli.render import event_line, event_rows
 from mscheduler.services.events import LIST_LIMIT_MAX, Event
 
-events_app = _typer(
+events_app = command_group(
     "events",
     "List and follow recorded task events. Writers record them with MongoDriver(db, "
     "events=True). Exits 2 on bad input, 3 if MongoDB fails.",
@@ -61,7 +61,7 @@ def events_ls(
     as_json: JsonOpt = False,
 ) -> None:
     """List events in time order, filtered by task, name, kind, plan, worker and time."""
-    first, last = _instant(since, "--since"), _instant(until, "--until")
+    first, last = parse_instant(since, "--since"), parse_instant(until, "--until")
 
     async def listing(ops: Ops) -> list[Event]:
         return await event_log(ops).list(
@@ -99,7 +99,7 @@ def events_tail(
 ) -> None:
     """Print new events as they are stored, one a line (--json: one JSON object a line), from
     now or from --since; until Ctrl+C or --count events."""
-    first = _instant(since, "--since")
+    first = parse_instant(since, "--since")
 
     async def follow(ops: Ops) -> int:
         seen = 0

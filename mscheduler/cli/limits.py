@@ -14,18 +14,18 @@ from rich.table import Table
 from mscheduler.cli.common import (
     Connection,
     JsonOpt,
-    _done,
-    _typer,
-    _when,
     app,
+    command_group,
     connected,
     out,
     print_json,
     run,
+    say_done,
+    shown_time,
 )
 from mscheduler.domain.limits import LimitInfo
 
-limits_app = _typer(
+limits_app = command_group(
     "limits",
     "List, show, set and remove flow limits. A limit caps the attempts running at once "
     "and / or the starts per period of its task names across the cluster. Exits 1 for an "
@@ -79,14 +79,14 @@ def limit_detail(info: LimitInfo) -> list[Table]:
         ("running", str(info.running)),
         ("rate", _rate(info)),
         ("starts in window", str(info.recent_starts) if info.limit.rate is not None else ""),
-        ("updated", _when(info.update_time)),
+        ("updated", shown_time(info.update_time)),
     ):
         head.add_row(field, value)
     holders = Table(title="slots")
     for column in ("worker", "attempt", "expires"):
         holders.add_column(column)
     for worker_id, attempt, expire in info.holders:
-        holders.add_row(worker_id, attempt, _when(expire))
+        holders.add_row(worker_id, attempt, shown_time(expire))
     return [head, holders]
 
 
@@ -145,7 +145,7 @@ def limits_set(
         print_json(_json(info))
         return
     values = ", ".join(v for v in (f"max running {_max(info)}" if _max(info) else "", _rate(info)) if v)
-    _done(f"set limit {info.limit.key!r} on {', '.join(info.limit.names)}: {values}")
+    say_done(f"set limit {info.limit.key!r} on {', '.join(info.limit.names)}: {values}")
 
 
 @limits_app.command("rm", short_help="Remove a flow limit.")
@@ -156,7 +156,7 @@ def limits_rm(
 ) -> None:
     """Remove limit KEY: its names are unlimited from every consumer's next limit refresh."""
     run(conn, lambda ops: ops.remove_limit(key))
-    _done(f"removed limit {key!r}")
+    say_done(f"removed limit {key!r}")
 
 
 app.add_typer(limits_app)

@@ -26,10 +26,10 @@ from mscheduler.cli.common import (
     Connection,
     JsonOpt,
     Ops,
-    _fail,
     app,
     connected,
     err,
+    exit_with,
     print_json,
     run,
 )
@@ -149,6 +149,21 @@ async def run_until_stopped(ops: Operations, found: list[PeriodicService]) -> di
     return tally(found)
 
 
+def _retention(succeeded: str, failed: str, cancelled: str, expired: str) -> Retention:
+    """The retention periods of the command's options (a bad one: exit 2)."""
+    try:
+        return Retention(
+            succeeded=parse_period(succeeded, "--keep-succeeded"),
+            failed=parse_period(failed, "--keep-failed"),
+            cancelled=parse_period(cancelled, "--keep-cancelled"),
+            expired=parse_period(expired, "--keep-expired"),
+        )
+    except CliError as exc:
+        raise exit_with(exc) from None
+    except InvalidInput as exc:
+        raise exit_with(CliError(str(exc), exit_code=EXIT_USAGE)) from None
+
+
 @app.command(short_help="Expiry, planner and retention passes without a consumer (or --once).")
 @connected
 def maintenance(
@@ -195,23 +210,9 @@ def maintenance(
     Exits 0 when done or stopped, 1 on a refusal, 2 on bad arguments, 3 when the store is
     unreachable.
     """
-    try:
-        kept = (
-            Retention(
-                succeeded=parse_period(keep_succeeded, "--keep-succeeded"),
-                failed=parse_period(keep_failed, "--keep-failed"),
-                cancelled=parse_period(keep_cancelled, "--keep-cancelled"),
-                expired=parse_period(keep_expired, "--keep-expired"),
-            )
-            if retention
-            else None
-        )
-    except CliError as exc:
-        raise _fail(exc) from None
-    except InvalidInput as exc:
-        raise _fail(CliError(str(exc), exit_code=EXIT_USAGE)) from None
+    kept = _retention(keep_succeeded, keep_failed, keep_cancelled, keep_expired) if retention else None
     if not (expiry or planner or kept is not None):
-        raise _fail(CliError("nothing to run: every pass is switched off", exit_code=EXIT_USAGE))
+        raise exit_with(CliError("nothing to run: every pass is switched off", exit_code=EXIT_USAGE))
     if not once:
         configure_logging(logging.INFO, "text")
 

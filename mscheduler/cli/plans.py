@@ -18,17 +18,17 @@ from mscheduler.cli.common import (
     JsonOpt,
     PriorityOpt,
     RetriesOpt,
-    _done,
-    _instant,
-    _option_fields,
-    _typer,
     app,
+    command_group,
     connected,
     invalid,
     json_value,
+    option_fields,
     out,
+    parse_instant,
     print_json,
     run,
+    say_done,
     usage,
 )
 from mscheduler.cli.render import plan_detail, plan_rows
@@ -37,7 +37,7 @@ from mscheduler.domain.model import TaskOption
 from mscheduler.domain.plans import Plan
 from mscheduler.domain.schedule import PlanTiming
 
-plans_app = _typer("plans", f"List, show and steer recurring plans. {EXITS}")
+plans_app = command_group("plans", f"List, show and steer recurring plans. {EXITS}")
 
 
 PlanArg = Annotated[str, typer.Argument(metavar="ID", hidden=True)]
@@ -81,7 +81,7 @@ def plans_suspend(
 ) -> None:
     """Suspend plan ID: no occurrence is made until it is resumed."""
     info = run(conn, lambda ops: ops.suspend_plan(plan_id))
-    _done(f"suspended plan {info.plan_id!r} ({info.state.value})")
+    say_done(f"suspended plan {info.plan_id!r} ({info.state.value})")
 
 
 @plans_app.command("resume", short_help="Resume a suspended or failing plan.")
@@ -92,7 +92,7 @@ def plans_resume(
 ) -> None:
     """Resume plan ID if suspended or parked in the error state."""
     info = run(conn, lambda ops: ops.resume_plan(plan_id))
-    _done(f"resumed plan {info.plan_id!r} ({info.state.value})")
+    say_done(f"resumed plan {info.plan_id!r} ({info.state.value})")
 
 
 @plans_app.command("skip", short_help="Skip a plan's next N occurrences.")
@@ -104,7 +104,7 @@ def plans_skip(
 ) -> None:
     """Skip the next N occurrences of plan ID (default 1; sets the count: 0 cancels skips)."""
     info = run(conn, lambda ops: ops.skip_plan(plan_id, n))
-    _done(f"plan {info.plan_id!r} skips its next {info.skip_next} occurrence(s)")
+    say_done(f"plan {info.plan_id!r} skips its next {info.skip_next} occurrence(s)")
 
 
 @plans_app.command("remove", short_help="Delete a plan (its tasks stay).")
@@ -115,7 +115,7 @@ def plans_remove(
 ) -> None:
     """Delete plan ID; the tasks it already made stay."""
     run(conn, lambda ops: ops.remove_plan(plan_id))
-    _done(f"removed plan {plan_id!r}")
+    say_done(f"removed plan {plan_id!r}")
 
 
 @plans_app.command("add", short_help="Create a plan (cron, interval or once).")
@@ -148,15 +148,15 @@ def plans_add(
         kinds = [k for k, v in (("--cron", cron), ("--every", every), ("--at", at)) if v is not None]
         if len(kinds) != 1:
             raise usage("give exactly one of --cron EXPR, --every SECONDS, --at TIME")
-        first = _instant(start, "--start")
+        first = parse_instant(start, "--start")
         schedule: dict[str, Any]
         if cron is not None:
             schedule = {"kind": "cron", "expression": cron}
         elif every is not None:
             schedule = {"kind": "every", "interval": every, "start": first or datetime.now(UTC)}
         else:
-            schedule = {"kind": "at", "at": _instant(at, "--at")}
-        fields = _option_fields(priority, None, None, max_retries, None, None)
+            schedule = {"kind": "at", "at": parse_instant(at, "--at")}
+        fields = option_fields(priority, None, None, max_retries, None, None)
         try:
             plan = Plan(
                 plan_id=plan_id,
@@ -168,7 +168,7 @@ def plans_add(
                         "schedule": schedule,
                         "tz": tz,
                         "start": first,
-                        "end": _instant(end, "--end"),
+                        "end": parse_instant(end, "--end"),
                         "repeat": repeat,
                     }
                 ),

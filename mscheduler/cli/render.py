@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
-from mscheduler.cli.common import Ops, _one_line, _when, event_log
+from mscheduler.cli.common import Ops, event_log, one_line, shown_time
 from mscheduler.domain.model import TaskInfo
 from mscheduler.domain.plans import PlanInfo
 from mscheduler.services.events import LIST_LIMIT_MAX, Event
@@ -27,8 +27,8 @@ def task_rows(tasks: list[TaskInfo], *, finished: bool = False) -> Table:
         error = t.last_error
         cells = [t.key, t.name, t.status.value, str(len(t.worker_states)), "yes" if t.paused else ""]
         if finished:
-            cells.append(_when(t.finish_time))
-        cells += [_when(t.update_time), f"{error.type}: {error.message}" if error else ""]
+            cells.append(shown_time(t.finish_time))
+        cells += [shown_time(t.update_time), f"{error.type}: {error.message}" if error else ""]
         table.add_row(*cells)
     return table
 
@@ -46,7 +46,7 @@ def attempt_counts(t: TaskInfo) -> str:
 
 
 def one_line_json(value: Any, limit: int = 200) -> str:
-    return _one_line(json.dumps(value, default=str), limit=limit)
+    return one_line(json.dumps(value, default=str), limit=limit)
 
 
 def task_detail(t: TaskInfo) -> list[Table]:
@@ -56,15 +56,15 @@ def task_detail(t: TaskInfo) -> list[Table]:
     rows = [
         ("name", t.name),
         ("status", t.status.value + (" (paused)" if t.paused else "")),
-        ("created", _when(t.create_time)),
-        ("updated", _when(t.update_time)),
-        ("next due", _when(t.next_due)),
+        ("created", shown_time(t.create_time)),
+        ("updated", shown_time(t.update_time)),
+        ("next due", shown_time(t.next_due)),
         ("attempts", attempt_counts(t)),
         ("running", str(t.running_cnt)),
     ]
     if t.progress is not None:
         text = f"{t.progress.fraction:.0%}" + (f" {t.progress.message}" if t.progress.message else "")
-        rows.append(("progress", f"{text} (at {_when(t.progress.time)})"))
+        rows.append(("progress", f"{text} (at {shown_time(t.progress.time)})"))
     if t.results:  # every worker's with concurrent_worker_cnt > 1 (as publisher.wait returns)
         rows.append(
             ("result", one_line_json(t.results if t.option.concurrent_worker_cnt > 1 else t.results[0]))
@@ -78,7 +78,9 @@ def task_detail(t: TaskInfo) -> list[Table]:
         timeline.add_column(column)
     for n, w in enumerate(t.worker_states, 1):
         error = f"{w.error.type}: {w.error.message}" if w.error else ""
-        timeline.add_row(str(n), w.worker_id, w.status.value, _when(w.start_time), _when(w.end_time), error)
+        timeline.add_row(
+            str(n), w.worker_id, w.status.value, shown_time(w.start_time), shown_time(w.end_time), error
+        )
     return [head, timeline]
 
 
@@ -91,7 +93,7 @@ def plan_rows(plans: list[PlanInfo]) -> Table:
             p.plan_id,
             p.name,
             p.state.value,
-            _when(p.next_fire_time),
+            shown_time(p.next_fire_time),
             str(p.runs_made),
             p.last_run_status or "",
         )
@@ -105,15 +107,15 @@ def plan_detail(p: PlanInfo) -> Table:
     for field, value in (
         ("name", p.name),
         ("state", p.state.value),
-        ("next fire", _when(p.next_fire_time)),
+        ("next fire", shown_time(p.next_fire_time)),
         ("runs made", str(p.runs_made)),
         ("skipped", str(p.skipped_cnt)),
         ("skip next", str(p.skip_next)),
         ("last run", p.last_run_key or ""),
         ("last run status", p.last_run_status or ""),
         ("failures in a row", str(p.consecutive_failures)),
-        ("created", _when(p.create_time)),
-        ("updated", _when(p.update_time)),
+        ("created", shown_time(p.create_time)),
+        ("updated", shown_time(p.update_time)),
     ):
         table.add_row(field, value)
     return table
@@ -126,13 +128,13 @@ def event_rows(found: list[Event], title: str) -> Table:
     for e in found:
         detail = ", ".join(f"{k}={v}" for k, v in e.detail.items() if v not in (None, "", {}))
         table.add_row(
-            _when(e.time),
+            shown_time(e.time),
             e.kind.value,
             e.key,
             e.name,
             e.worker_id or "",
             "" if e.attempt is None else str(e.attempt),
-            _one_line(detail, limit=120),
+            one_line(detail, limit=120),
         )
     return table
 
@@ -140,7 +142,7 @@ def event_rows(found: list[Event], title: str) -> Table:
 def event_line(e: Event) -> str:
     who = f" {e.worker_id}#{e.attempt}" if e.worker_id else ""
     detail = ", ".join(f"{k}={v}" for k, v in e.detail.items() if v not in (None, "", {}))
-    return _one_line(f"{e.time.isoformat()} {e.kind.value:<10} {e.key} ({e.name}){who} {detail}".rstrip())
+    return one_line(f"{e.time.isoformat()} {e.kind.value:<10} {e.key} ({e.name}){who} {detail}".rstrip())
 
 
 LAST_EVENTS = 10
@@ -158,7 +160,9 @@ def task_extras(info: Any, events: list[Event]) -> list[Table]:
     rows = []
     if info.checkpoint is not None:
         data = one_line_json(info.checkpoint.data)
-        rows.append(("checkpoint", f"{data} (at {_when(info.checkpoint.time)}, {info.checkpoint.worker_id})"))
+        rows.append(
+            ("checkpoint", f"{data} (at {shown_time(info.checkpoint.time)}, {info.checkpoint.worker_id})")
+        )
     if info.parent is not None:
         rows.append(("parent", info.parent))
     if rows:

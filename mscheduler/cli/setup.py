@@ -1,4 +1,4 @@
-"""``mscheduler setup``: make a MongoDB store ready, once, before its workers start (issue 18.8).
+"""``mscheduler setup``: make a MongoDB store ready, once, before its workers start.
 
 Index building is an administrator's step: ``createIndexes`` waits for the commit quorum of a
 replica set, which a consumer's start should not (and a fleet of consumers should not all try).
@@ -20,12 +20,12 @@ from mscheduler.cli.common import (
     URI_TIMEOUT_HINT,
     CliError,
     TimeoutMs,
-    _database,
-    _fail,
-    _one_line,
     app,
+    database_of,
     ensure_reachable,
+    exit_with,
     mongo_client,
+    one_line,
     out,
     redact,
 )
@@ -114,7 +114,7 @@ def setup(
         client = mongo_client(mongodb_uri, server_selection_timeout_ms)
         try:
             await ensure_reachable(client, redact(mongodb_uri), hint=URI_TIMEOUT_HINT)
-            db = _database(client, database, "mscheduler")
+            db = database_of(client, database, "mscheduler")
             retention = timedelta(days=event_retention_days)
             made, notes = await setup_store(
                 db,
@@ -131,9 +131,9 @@ def setup(
     try:
         made, notes, db_name = asyncio.run(run())
     except CliError as exc:
-        raise _fail(exc) from None
+        raise exit_with(exc) from None
     except MSchedulerError as exc:
-        raise _fail(CliError(f"setup failed: {_one_line(str(exc), limit=300)}")) from None
+        raise exit_with(CliError(f"setup failed: {one_line(str(exc), limit=300)}")) from None
     table = Table(title=f"mscheduler setup: {db_name}")
     table.add_column("collection")
     table.add_column("indexes")

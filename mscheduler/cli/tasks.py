@@ -32,20 +32,20 @@ from mscheduler.cli.common import (
     RetryDelayOpt,
     RunAtOpt,
     WorkerOpt,
-    _done,
-    _fail,
-    _instant,
-    _option_fields,
-    _typer,
     app,
+    command_group,
     connected,
     err,
+    exit_with,
     invalid,
     json_value,
+    option_fields,
     out,
+    parse_instant,
     print_json,
     read_text,
     run,
+    say_done,
     usage,
 )
 from mscheduler.cli.render import last_events, task_detail, task_extras, task_rows
@@ -56,7 +56,7 @@ from mscheduler.services.events import LIST_LIMIT_MAX
 # -- tasks ----------------------------------------------------------------------------------------
 
 
-tasks_app = _typer("tasks", f"List, show and steer tasks. {EXITS}")
+tasks_app = command_group("tasks", f"List, show and steer tasks. {EXITS}")
 
 
 @tasks_app.command("ls", short_help="List tasks, oldest first.")
@@ -92,9 +92,6 @@ def tasks_ls(
         str | None, typer.Option(metavar="CURSOR", help="Go on from a previous page (same filters).")
     ] = None,
     limit: Annotated[int, typer.Option(metavar="N", help="At most N tasks (1-1000).")] = 50,
-    skip: Annotated[
-        int, typer.Option(metavar="N", help="Skip the first N tasks (deprecated: use --cursor).")
-    ] = 0,
     sort: Annotated[
         str | None,
         typer.Option(
@@ -110,9 +107,9 @@ def tasks_ls(
     name, key prefix, worker, group, creation and finish time. When more tasks follow, the next
     page's --cursor is printed after the table (with --json: on stderr, stdout stays a JSON
     list)."""
-    since, until = _instant(created_from, "--created-from"), _instant(created_to, "--created-to")
-    done_since = _instant(finished_from, "--finished-from")
-    done_until = _instant(finished_to, "--finished-to")
+    since, until = parse_instant(created_from, "--created-from"), parse_instant(created_to, "--created-to")
+    done_since = parse_instant(finished_from, "--finished-from")
+    done_until = parse_instant(finished_to, "--finished-to")
     page = run(
         conn,
         lambda ops: ops.page_tasks(
@@ -127,7 +124,6 @@ def tasks_ls(
             group=group,
             cursor=cursor,
             limit=limit,
-            skip=skip,
             sort=sort,
         ),
     )
@@ -199,7 +195,7 @@ def tasks_restart_step(
     """Run the finished step STEP of workflow KEY again, and every step that depends on it
     (refused while one of them is pending or running)."""
     graph = run(conn, lambda ops: ops.restart_step(key, step, by="cli"))
-    _done(f"restarted step {step!r} of {graph.key!r} (now {graph.status.value})")
+    say_done(f"restarted step {step!r} of {graph.key!r} (now {graph.status.value})")
 
 
 @tasks_app.command("cancel", short_help="Cancel a pending or running task.")
@@ -211,7 +207,7 @@ def tasks_cancel(
 ) -> None:
     """Cancel task KEY if pending or running (a running handler stops at its next ping)."""
     info = run(conn, lambda ops: ops.cancel(key, reason))
-    _done(f"cancelled task {info.key!r} (now {info.status.value})")
+    say_done(f"cancelled task {info.key!r} (now {info.status.value})")
 
 
 @tasks_app.command("pause", short_help="Stop claims of a task until resumed.")
@@ -234,7 +230,7 @@ def tasks_pause(
     stopping = (
         f"; {info.running_cnt} running attempt(s) told to stop" if stop_running and info.running_cnt else ""
     )
-    _done(f"paused task {info.key!r} ({info.status.value}{stopping})")
+    say_done(f"paused task {info.key!r} ({info.status.value}{stopping})")
 
 
 @tasks_app.command("resume", short_help="Make a paused task claimable again.")
@@ -245,7 +241,7 @@ def tasks_resume(
 ) -> None:
     """Make the paused task KEY claimable again."""
     info = run(conn, lambda ops: ops.resume(key))
-    _done(f"resumed task {info.key!r} ({info.status.value})")
+    say_done(f"resumed task {info.key!r} ({info.status.value})")
 
 
 @tasks_app.command("set-status", short_help="Set a task's (or a child's) status by hand.")
@@ -267,7 +263,7 @@ def tasks_set_status(
         info = run(conn, lambda ops: ops.set_status(key, status, reason=reason, by="cli"))
     else:
         info = run(conn, lambda ops: ops.set_child_status(key, child, status, reason=reason, by="cli"))
-    _done(f"task {info.key!r} is now {info.status.value}")
+    say_done(f"task {info.key!r} is now {info.status.value}")
 
 
 @tasks_app.command("restart", short_help="Run failed, cancelled or expired tasks again.")
@@ -292,11 +288,11 @@ def tasks_restart(
     restarted, exit 1 if any was not."""
     if bool(keys) == (status is not None) or (name is not None and status is None):
         message = "give KEY... or --status STATUS [--name NAME], not both"
-        raise _fail(CliError(message, exit_code=EXIT_USAGE))
-    new_deadline = _instant(deadline, "--deadline")
+        raise exit_with(CliError(message, exit_code=EXIT_USAGE))
+    new_deadline = parse_instant(deadline, "--deadline")
     if keys and len(keys) == 1 and not as_json:
         info = run(conn, lambda ops: ops.restart(keys[0], force=force, deadline=new_deadline))
-        _done(f"restarted task {info.key!r} (now {info.status.value})")
+        say_done(f"restarted task {info.key!r} (now {info.status.value})")
         return
     show_progress = not as_json and err.is_terminal
 
@@ -317,7 +313,7 @@ def tasks_remove(
 ) -> None:
     """Delete task KEY unless running (a running one with --force: cancelled first)."""
     run(conn, lambda ops: ops.remove(key, force=force))
-    _done(f"removed task {key!r}")
+    say_done(f"removed task {key!r}")
 
 
 @tasks_app.command("send", short_help="Send a task (idempotent by key).")
@@ -365,7 +361,7 @@ def tasks_send(
     field). --fair-key puts it in a tenant's lane (among due tasks of one priority, claims
     rotate across keys); --aging raises its priority by one level per SECONDS it waits. With
     --api-url it goes through POST /api/v1/tasks (an admin or publish token)."""
-    fields = _option_fields(priority, run_at, deadline, max_retries, retry_delay, specific_worker)
+    fields = option_fields(priority, run_at, deadline, max_retries, retry_delay, specific_worker)
     if fair_key is not None:
         fields["fair_key"] = fair_key
     if aging is not None:
@@ -388,7 +384,9 @@ def tasks_send(
     if as_json:
         print_json({"key": task.key, "created": created})
     else:
-        _done(f"sent task {task.key!r} ({name})" if created else f"task {task.key!r} exists (left as it is)")
+        say_done(
+            f"sent task {task.key!r} ({name})" if created else f"task {task.key!r} exists (left as it is)"
+        )
 
 
 @tasks_app.command("edit", short_help="Change a pending or running task's options.")
@@ -406,7 +404,7 @@ def tasks_edit(
     as_json: JsonOpt = False,
 ) -> None:
     """Change options of task KEY (pending or running); options left out stay."""
-    fields = _option_fields(priority, run_at, deadline, max_retries, retry_delay, specific_worker)
+    fields = option_fields(priority, run_at, deadline, max_retries, retry_delay, specific_worker)
     if any_worker:
         if specific_worker:
             raise usage("--any-worker and --specific-worker exclude each other")
@@ -422,7 +420,7 @@ def tasks_edit(
         print_json(option.model_dump(mode="json"))
     else:
         changed = ", ".join(f"{f}={getattr(option, f)}" for f in sorted(change.model_fields_set))
-        _done(f"edited task {key!r}: {changed}")
+        say_done(f"edited task {key!r}: {changed}")
 
 
 RESTART_BATCH = 100  # keys per Operations.restart_many call (its own limit is MANY_MAX)

@@ -27,10 +27,10 @@ from mscheduler.cli.common import (
     PrefixOpt,
     TimeoutMs,
     UriOpt,
-    _database,
-    _fail,
     app,
+    database_of,
     ensure_reachable,
+    exit_with,
     mongo_client,
     plain_say,
     redact,
@@ -133,7 +133,7 @@ async def serve(
             await client.close()
             raise CliError(str(exc), exit_code=EXIT_STORAGE) from exc
         driver = MongoDriver(
-            _database(client, database, "mscheduler"),
+            database_of(client, database, "mscheduler"),
             prefix=prefix,
             events=events,
             event_retention=timedelta(days=event_retention_days),
@@ -155,6 +155,20 @@ async def serve(
     finally:
         if client is not None:
             await client.close()
+
+
+def _check_web_extra() -> None:
+    """Exit 2 naming the extra when the web server's packages are not installed."""
+    try:
+        import uvicorn  # noqa: F401
+
+        import mscheduler.web  # noqa: F401
+    except ImportError as exc:
+        raise exit_with(
+            CliError(
+                f"the REST API needs its extra: pip install 'mscheduler[web]' ({exc})", exit_code=EXIT_USAGE
+            )
+        ) from None
 
 
 @app.command(short_help="Serve the REST API and the web dashboard (needs mscheduler[web]).")
@@ -210,16 +224,7 @@ def web(
     more closes the longest idle). Exits 2 on bad arguments or tokens, 3 if MongoDB cannot be
     reached at start.
     """
-    try:
-        import uvicorn  # noqa: F401
-
-        import mscheduler.web  # noqa: F401
-    except ImportError as exc:
-        raise _fail(
-            CliError(
-                f"the REST API needs its extra: pip install 'mscheduler[web]' ({exc})", exit_code=EXIT_USAGE
-            )
-        ) from None
+    _check_web_extra()
     configure_logging(logging.INFO, "text")
     try:
         from mscheduler.web.guards import ApiLimits
@@ -258,6 +263,6 @@ def web(
             )
         )
     except CliError as exc:
-        raise _fail(exc) from None
+        raise exit_with(exc) from None
     except KeyboardInterrupt:
-        raise _fail(CliError("interrupted while starting", exit_code=130)) from None
+        raise exit_with(CliError("interrupted while starting", exit_code=130)) from None

@@ -25,18 +25,18 @@ from mscheduler.cli.common import (
     PrefixOpt,
     Say,
     TimeoutMs,
-    _database,
-    _fail,
-    _one_line,
-    _servers,
     app,
+    database_of,
     ensure_reachable,
+    exit_with,
     import_target,
     log,
     log_say,
     mongo_client,
+    one_line,
     plain_say,
     redact,
+    server_addresses,
     user_code_failed,
 )
 from mscheduler.domain.exceptions import InvalidInput, MSchedulerError
@@ -106,7 +106,7 @@ async def ensure_consumers_reach_mongodb(consumers: list[Consumer], timeout_ms: 
         seen.add(id(client))
         await ensure_reachable(
             client,
-            f"{_servers(client)} (consumer {consumer.worker_id})",
+            f"{server_addresses(client)} (consumer {consumer.worker_id})",
             timeout_ms=timeout_ms,
             hint=f"to wait longer, pass {TIMEOUT_OPTION}",
         )
@@ -148,7 +148,7 @@ async def app_consumers(app: App, spec: str, store: Store, timeout_ms: int) -> t
     client = mongo_client(store.uri, timeout_ms)
     try:
         await ensure_reachable(client, redact(store.uri), timeout_ms=timeout_ms, hint=URI_TIMEOUT_HINT)
-        driver = MongoDriver(_database(client, store.database, "mscheduler"), prefix=store.prefix)
+        driver = MongoDriver(database_of(client, store.database, "mscheduler"), prefix=store.prefix)
         return app.consumers(driver), client
     except InvalidInput as exc:
         await client.close()
@@ -191,6 +191,20 @@ async def run_workers(
             await client.close()
 
 
+async def _start_all(consumers: list[Consumer], metrics: Any) -> None:
+    """Start every consumer; if one cannot start, stop those that did (and the metrics server)."""
+    started: list[Consumer] = []
+    try:
+        for consumer in consumers:
+            await consumer.start()
+            started.append(consumer)
+    except MSchedulerError as exc:
+        await asyncio.gather(*(c.stop(grace=0) for c in started), return_exceptions=True)
+        if metrics is not None:
+            metrics.close()
+        raise CliError(f"consumer {consumer.worker_id} could not start: {one_line(str(exc), 300)}") from exc
+
+
 async def _run_consumers(
     consumers: list[Consumer],
     target: Any,
@@ -201,16 +215,7 @@ async def _run_consumers(
 ) -> int:
     await ensure_consumers_reach_mongodb(consumers, server_selection_timeout_ms)
     metrics = _worker_metrics(consumers, metrics_port, say) if metrics_port is not None else None
-    started: list[Consumer] = []
-    try:
-        for consumer in consumers:
-            await consumer.start()
-            started.append(consumer)
-    except MSchedulerError as exc:
-        await asyncio.gather(*(c.stop(grace=0) for c in started), return_exceptions=True)
-        if metrics is not None:
-            metrics.close()
-        raise CliError(f"consumer {consumer.worker_id} could not start: {_one_line(str(exc), 300)}") from exc
+    await _start_all(consumers, metrics)
     if isinstance(target, App) and target.plans:
         created = await target.add_plans(Operations(consumers[0].driver))
         if created:
@@ -331,7 +336,7 @@ def worker(
     """
     level = logging.getLevelName(log_level.upper())
     if not isinstance(level, int):
-        raise _fail(CliError(f"unknown log level {log_level!r}", exit_code=2))
+        raise exit_with(CliError(f"unknown log level {log_level!r}", exit_code=2))
     configure_logging(level, log_format.value)
     say = log_say if log_format is LogFormat.JSON else plain_say
     try:
@@ -354,9 +359,9 @@ def worker(
         if log_format is LogFormat.JSON:
             log.error("error: %s", exc, extra={"exit_code": exc.exit_code})
             raise typer.Exit(exc.exit_code) from None
-        raise _fail(exc) from None
+        raise exit_with(exc) from None
     except KeyboardInterrupt:  # Ctrl+C before the consumers were up (their handlers not installed)
-        raise _fail(CliError("interrupted while starting", exit_code=130)) from None
+        raise exit_with(CliError("interrupted while starting", exit_code=130)) from None
     raise typer.Exit(code)
 
 
@@ -377,7 +382,7 @@ async def run_planner(
     client = mongo_client(uri, server_selection_timeout_ms)
     try:
         await ensure_reachable(client, redact(uri), hint=URI_TIMEOUT_HINT)
-        driver = MongoDriver(_database(client, database, "mscheduler"))
+        driver = MongoDriver(database_of(client, database, "mscheduler"))
         await driver.prepare()  # built by `mscheduler setup`: a store without them is refused here
         clock = ServerClock()
         await clock.sync(driver.server_time)
@@ -440,7 +445,7 @@ def planner(
             )
         )
     except CliError as exc:
-        raise _fail(exc) from None
+        raise exit_with(exc) from None
     except KeyboardInterrupt:
-        raise _fail(CliError("interrupted while starting", exit_code=130)) from None
+        raise exit_with(CliError("interrupted while starting", exit_code=130)) from None
     raise typer.Exit(code)

@@ -17,18 +17,18 @@ from mscheduler.cli.common import (
     CliError,
     Connection,
     JsonOpt,
-    _done,
-    _fail,
-    _typer,
-    _when,
     app,
+    command_group,
     connected,
+    exit_with,
     out,
     print_json,
     run,
+    say_done,
+    shown_time,
 )
 
-workers_app = _typer(
+workers_app = command_group(
     "workers", f"List registered workers and the task names they handle; ask one to stop. {EXITS}"
 )
 
@@ -59,7 +59,7 @@ def workers_ls(
             str(w.running_cnt),
             "yes" if w.live else "no",
             "requested" if w.stop_requested else "",
-            _when(w.last_seen),
+            shown_time(w.last_seen),
         )
     out.print(table)
 
@@ -108,8 +108,8 @@ def workers_stop(
 ) -> None:
     """Ask the running worker WORKER_ID to stop gracefully (at its next heartbeat)."""
     if not run(conn, lambda ops: ops.request_worker_stop(worker_id)):
-        raise _fail(CliError(f"no running worker with id {worker_id!r}", exit_code=EXIT_REFUSED))
-    _done(f"asked worker {worker_id!r} to stop")
+        raise exit_with(CliError(f"no running worker with id {worker_id!r}", exit_code=EXIT_REFUSED))
+    say_done(f"asked worker {worker_id!r} to stop")
 
 
 app.add_typer(workers_app)

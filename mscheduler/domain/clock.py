@@ -1,8 +1,8 @@
-"""All time goes through one seam (STYLE 9).
+"""All time goes through one seam.
 
 Lease times are computed against the database server's clock: ``ServerClock`` adds an offset
 estimated from the server's own time (``hello``'s ``localTime``), so workers whose clocks disagree
-still agree on when a lease ends (SPEC G1). Tests use ``FakeClock`` and move time explicitly.
+still agree on when a lease ends. Tests use ``FakeClock`` and move time explicitly.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class ClockTimeout:
     block is cancelled once ``seconds`` of the clock's time have passed and ``TimeoutError`` is
     raised from it; ``expired`` says so. A cancel from elsewhere during the block is left as it
     is (a ``CancelledError``), even if the time ran out too. Under a ``FakeClock`` the time runs
-    only when the test moves it, as every other time of the consumer does (STYLE 9)."""
+    only when the test moves it, as every other time of the consumer does."""
 
     def __init__(self, clock: Clock, seconds: float) -> None:
         self.clock = clock
@@ -102,7 +102,7 @@ class SystemClock:
 
 
 class ServerClock:
-    """A local clock corrected to the database server's clock (SPEC G1).
+    """A local clock corrected to the database server's clock.
 
     ``sync`` asks the server for its time a few times and keeps the sample with the shortest
     round trip (NTP-style midpoint estimate). After a sync, ``now()`` is that server time plus

@@ -1,4 +1,4 @@
-"""What an event document is (SPEC F34): its kinds, its stored form and its id rules.
+"""What an event document is: its kinds, its stored form and its id rules.
 
 Shared by both drivers (which record the events a store-level write causes: ``sent``,
 ``expired``, ``lease_lost`` of a lease pass, the operators' controls, ``edited``) and by
@@ -11,7 +11,7 @@ was lost; two consumers' lease passes marking the same entry): the same event ge
 edited) an id names its writer and the writer's sequence number, so two events of one kind in one
 millisecond never share one.
 
-Order (issue 17 A3): every writer (a store's driver, a consumer's or an API server's recorder) is
+Order: every writer (a store's driver, a consumer's or an API server's recorder) is
 an ``EventWriter`` with a random id and its own monotonic sequence, stamped on each event it
 makes (``writer``, ``seq``). A task's events are listed by ``(time, step, seq, id)``: ``time`` in
 milliseconds; ``step`` puts the events of one millisecond in the causal order of the task's

@@ -1,4 +1,4 @@
-"""Cluster-wide flow limits (SPEC G5): at most ``max_running`` attempts at once, and at most ``rate``
+"""Cluster-wide flow limits: at most ``max_running`` attempts at once, and at most ``rate``
 starts per period, per task name or per named limit shared by several names.
 
 A limit lives in the store (collection ``mscheduler_limits``, one document per limit key), so every
@@ -236,28 +236,15 @@ def counted_starts(doc: Mapping[str, Any], now: datetime) -> dict[str, int]:
         return {}
     period = doc["rate_period_ms"]
     width = bucket_width(period)
-    starts = doc.get("starts") or {}
-    if isinstance(starts, list):  # the layout before issue 18: a log of {a, t} (t in epoch ms)
-        cutoff = epoch_ms(now) - period
-        return {str(s["t"]): 1 for s in starts if s["t"] > cutoff}
-    starts = dict(starts)
+    starts = dict(doc.get("starts") or {})
     if doc.get("starts_w", width) != width:
         return starts
     low = window_floor(epoch_ms(now), period, width)
     return {k: n for k, n in starts.items() if int(k) >= low}
 
 
-# the bucket of a slot of the layout before issue 18 on a limit with a rate: its start is among
-# the converted starts (not a pre-rate slot), in no bucket of its own (no start to give back)
-CONVERTED_BUCKET = "old"
-
-
 def _slots(doc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    slots = doc.get("slots") or {}
-    if isinstance(slots, list):  # the layout before issue 18 (an array of {a, w, e}), until an acquire
-        counted = CONVERTED_BUCKET if doc.get("rate_n") is not None else None
-        return {s["a"]: {"w": s["w"], "e": s["e"], "b": counted} for s in slots}
-    return dict(slots)
+    return dict(doc.get("slots") or {})
 
 
 def from_storage(doc: Mapping[str, Any], now: datetime) -> LimitInfo:

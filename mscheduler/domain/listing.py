@@ -75,12 +75,11 @@ class ListParams:
     a ``finish_time`` (pending, running, or restarted) is in no finished range. ``after_key``
     (with ``after_time``, the order's time, in the time orders) is the sort key of the previous
     page's last task: the page starts strictly after it (cursor paging: a deep page costs what
-    the first does). ``skip`` is kept for compatibility (it reads and drops ``skip`` entries)."""
+    the first does)."""
 
     status: str | None = None
     name: str | None = None
     limit: int = 100
-    skip: int = 0
     key_prefix: str | None = None
     worker_id: str | None = None
     created_from: datetime | None = None
@@ -150,7 +149,6 @@ class TaskFilters(TypedDict, total=False):
     group: str | None
     cursor: str | None
     limit: int
-    skip: int
     sort: str | None
 
 
@@ -167,7 +165,6 @@ def list_params(
     group: object = None,
     cursor: object = None,
     limit: object = 100,
-    skip: object = 0,
     sort: object = None,
 ) -> ListParams:
     """The driver's params for a listing, every value checked (``InvalidInput`` naming the field).
@@ -204,13 +201,10 @@ def list_params(
     finished_from, finished_to = _range(finished_from, finished_to, "finished")
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= LIST_LIMIT_MAX:
         raise InvalidInput(f"limit: must be an integer from 1 to {LIST_LIMIT_MAX}")
-    if not isinstance(skip, int) or isinstance(skip, bool) or skip < 0:
-        raise InvalidInput("skip: must be a non-negative integer")
     params = ListParams(
         status=status,
         name=name,
         limit=limit + 1,
-        skip=skip,
         key_prefix=key_prefix,
         worker_id=worker_id,
         created_from=created_from,
@@ -223,8 +217,6 @@ def list_params(
     )
     if cursor is None:
         return params
-    if skip:
-        raise InvalidInput("skip: cannot be combined with a cursor (the cursor says where to go on)")
     position = decode_position(cursor, params.order, descending)
     return replace(
         params,

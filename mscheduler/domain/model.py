@@ -52,7 +52,7 @@ PARAMS_MAX_DEPTH = 32
 
 
 class TaskStatus(StrEnum):
-    """A task's state, derived from its worker entries (SPEC F7)."""
+    """A task's state, derived from its worker entries."""
 
     PENDING = "pending"
     RUNNING = "running"
@@ -159,7 +159,7 @@ _STORED_OPTIONS_MAX = 1024
 
 
 class TaskOption(_UserInput):
-    """How a task is run. Options are apart from the payload (STYLE 15)."""
+    """How a task is run. Options are apart from the payload."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -406,7 +406,7 @@ class TaskOption(_UserInput):
 
 
 class OptionChange(_UserInput):
-    """A live change to a task's options (SPEC F8). Fields left as None are unchanged."""
+    """A live change to a task's options. Fields left as None are unchanged."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -637,7 +637,7 @@ def reserved_key(key: str) -> str | None:
 
 
 class Child(_UserInput):
-    """One named step of a task with children (SPEC F15): ``name`` is the handler that runs it.
+    """One named step of a task with children: ``name`` is the handler that runs it.
 
     ``params``: the child's own params (None: the parent's). ``option``: a ``TaskOption`` used as
     the child's, or an ``OptionChange`` applied to the parent's (None: the parent's option).
@@ -760,7 +760,7 @@ class Task(_UserInput):
     # steps it ``needs`` have succeeded (set by itself when a child has needs or maps)
     children_mode: Literal["sequential", "parallel", "graph"] | None = None
     # "params": not created while a live (pending or running) task has the same name and params
-    # (SPEC F16; the hash is mscheduler.domain.unique.params_hash), reported like an existing key
+    # (the hash is mscheduler.domain.unique.params_hash), reported like an existing key
     unique_by: Literal["key", "params"] = "key"
 
     if TYPE_CHECKING:
@@ -829,7 +829,7 @@ class ErrorInfo(BaseModel):
 
 
 class WorkerState(BaseModel):
-    """One attempt by one worker (SPEC F24)."""
+    """One attempt by one worker."""
 
     worker_id: str
     attempt: str
@@ -880,7 +880,7 @@ class WorkflowInfo(BaseModel):
 
 
 class CheckpointInfo(BaseModel):
-    """What a handler last saved with ``ctx.checkpoint`` (SPEC F22): the next attempt starts
+    """What a handler last saved with ``ctx.checkpoint``: the next attempt starts
     from ``data``. ``seq`` numbers the saves of that attempt."""
 
     data: Any = None

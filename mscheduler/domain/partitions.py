@@ -1,4 +1,4 @@
-"""Partitions of a store's tasks (SPEC F28, issue 18.9): a task's partition is a hash of its key
+"""Partitions of a store's tasks: a task's partition is a hash of its key
 modulo the store's number of partitions ``P``, fixed when the store is set up.
 
 Every task document carries its partition (``part``); every claim, and every write about a task,

@@ -2,7 +2,7 @@
 
 Pure logic (no I/O, no asyncio, no storage): the consumer, the lease-expiry pass and the planner
 call it with the failures so far and an injected ``now`` and ``random.Random``, so the same inputs
-always give the same answer and tests are exact with a seed (issue 7, SPEC F13, F25).
+always give the same answer and tests are exact with a seed.
 
 A counted failure is a failed attempt or a lost lease (a released or revoked attempt does not
 count). ``k`` below is the number of counted failures so far, including the one that just

@@ -1,4 +1,4 @@
-"""Schedules and the planner's pure arithmetic: no I/O, no asyncio, no storage (issue 7, SPEC F36-F39).
+"""Schedules and the planner's pure arithmetic: no I/O, no asyncio, no storage.
 
 A plan's schedule says *when* its occurrences are; an occurrence is identified by its scheduled
 fire time (the task key is derived from (plan id, fire time)), so every function here is

@@ -1,7 +1,7 @@
 """Derived task state: one definition, computed from the worker entries and the options.
 
 Every write recomputes these fields, so they never drift from ``worker_states``. The memory
-driver calls ``derive`` directly; the Mongo driver's ``_derive_stages`` is the same function written
+driver calls ``derive`` directly; the Mongo driver's ``derive_stages`` is the same function written
 as an update pipeline, and the conformance suite checks that both agree.
 
 * ``running_cnt`` / ``success_cnt`` / ``fail_cnt``: entries running / succeeded / failed, lost

@@ -1,4 +1,4 @@
-"""Task statistics (SPEC F27): what each number means, and the one place they are put together.
+"""Task statistics: what each number means, and the one place they are put together.
 
 The drivers compute raw aggregates (``MongoDriver`` with aggregation pipelines in
 ``drivers/mongo_stats.py``, ``MemoryDriver`` in Python in ``drivers/memory_stats.py``) into a

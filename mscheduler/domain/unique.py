@@ -1,4 +1,4 @@
-"""Uniqueness by params (SPEC F16): the canonical hash of a task's name and params.
+"""Uniqueness by params: the canonical hash of a task's name and params.
 
 ``Task(..., unique_by="params")`` stores ``params_hash(name, params)`` with the task; while the
 task is pending or running, no other task with the same hash is created (a unique partial index

@@ -16,6 +16,11 @@ Rules every driver keeps:
 * A ping never revives an expired lease; ``expire_leases`` marks expired entries lost, which frees
   their slots and counts against the retry budget.
 * Derived fields (``mscheduler.domain.state``) are recomputed by every write.
+
+The params and results built per task and per write on the hot path (``NewTask``,
+``ClaimedTask``, ``FinishParams``, ``ChangeEvent``) are slotted dataclasses that are
+not frozen, read-only by convention: a frozen dataclass's ``__init__`` costs three times a plain
+one's.
 """
 
 from __future__ import annotations
@@ -36,8 +41,6 @@ from mscheduler.domain.state import derive, family_inputs, lifecycle, stopped_by
 from mscheduler.domain.stats import StatsStep, TaskStats
 
 
-# Not frozen (read-only by convention): one is built per task sent, and a frozen dataclass's
-# __init__ costs three times a plain one's (issue 21; ClaimedTask and FinishParams likewise).
 @dataclass(slots=True)
 class NewTask:
     """A validated task to insert (built by the Publisher from ``Task``)."""
@@ -104,7 +107,7 @@ class ClaimParams:
     # entries a task keeps: a claim that appends beyond it drops the oldest entries that do not
     # count (released, revoked, snoozed; see trim_entries)
     max_entries: int = DEFAULT_MAX_ENTRIES
-    groups: Sequence[str] = ()  # the worker's groups (SPEC F31): tasks aimed at them are claimable
+    groups: Sequence[str] = ()  # the worker's groups: tasks aimed at them are claimable
     # filled by the driver with the attempts whose claim outcome is unknown while others were
     # claimed (an error after the store may have applied it): the flow limiter keeps their slots
     uncertain: list[str] | None = None
@@ -123,8 +126,6 @@ class ClaimParams:
         _check_claimer(self.worker_id)
 
 
-# Not frozen (read-only by convention): one is built per task and per write on the hot path, and
-# a frozen dataclass's __init__ costs three times a plain one's (issue 21).
 @dataclass(slots=True)
 class ClaimedTask:
     key: str
@@ -152,7 +153,7 @@ class ClaimedTask:
 
 @dataclass(slots=True, frozen=True)
 class AttemptReport:
-    """What a handler asked to record with the next ping of its attempt (SPEC F22): a checkpoint
+    """What a handler asked to record with the next ping of its attempt: a checkpoint
     (``save_checkpoint``; ``checkpoint`` is its data, None included) and / or its progress
     (``{"fraction", "message"}``). ``seq`` numbers the reports of one attempt: the stored
     ``state.checkpoint`` / ``state.progress`` carry it, so a read-back tells whether this one
@@ -173,7 +174,7 @@ class PingParams:
     # key -> what to record on the task with this ping (fenced like the ping itself); the ping
     # stays one write command (a bulk write of per-task updates when there are reports)
     reports: Mapping[str, AttemptReport] = field(default_factory=dict)
-    worker_groups: Sequence[str] = ()  # still allowed if one of them is named (SPEC F31, F8)
+    worker_groups: Sequence[str] = ()  # still allowed if one of them is named
 
 
 @dataclass(slots=True)
@@ -188,8 +189,6 @@ class PingResult:
     recorded: list[str] = field(default_factory=list)  # keys whose report (checkpoint, progress) landed
 
 
-# Not frozen (read-only by convention): one is built per task and per write on the hot path, and
-# a frozen dataclass's __init__ costs three times a plain one's (issue 21).
 @dataclass(slots=True)
 class FinishParams:
     key: str
@@ -260,8 +259,6 @@ class Wakeup:
     lane: str | None = None  # the task's fairness key (a claim wake-up's lane)
 
 
-# Not frozen (read-only by convention): one is built per task and per write on the hot path, and
-# a frozen dataclass's __init__ costs three times a plain one's (issue 21).
 @dataclass(slots=True)
 class ChangeEvent:
     """A task changed: what a consumer needs to schedule a wake-up, without another read.
@@ -482,7 +479,7 @@ class WorkerInfo:
     names: Sequence[str]
     concurrency: int
     start_time: datetime
-    groups: Sequence[str] = ()  # the worker groups it serves (F31), shown by ``workers ls``
+    groups: Sequence[str] = ()  # the worker groups it serves, shown by ``workers ls``
     # (name, JSON schema of its params as JSON text) for each handler with a params model: what
     # a send over the API or the CLI is checked against (``mscheduler.domain.params_schema``)
     schemas: Sequence[tuple[str, str]] = ()
@@ -770,7 +767,7 @@ class Driver(Protocol):
     async def list_tasks(self, params: ListParams) -> list[dict[str, Any]]: ...
 
     async def count_tasks(self, params: ListParams, cap: int) -> int:
-        """How many tasks the listing's filters select (its order, cursor, skip and limit are
+        """How many tasks the listing's filters select (its order, cursor and limit are
         ignored), counting at most ``cap``: ``cap`` means "``cap`` or more"."""
         ...
 
@@ -842,7 +839,7 @@ class Driver(Protocol):
 
     # -- events (mscheduler.services.events; their own collection) --------------------------------------
 
-    # When True the store keeps an event log (SPEC F34): ``insert_tasks``, ``control_task``,
+    # When True the store keeps an event log: ``insert_tasks``, ``control_task``,
     # ``update_option`` and the expiry passes record their events in the same operation, and
     # consumers buffer theirs (claims, outcomes) for ``insert_events``.
     record_events: bool
@@ -1161,7 +1158,7 @@ def lost_retry_at(option: Mapping[str, Any], fail_cnt: int, now: datetime) -> da
 
 
 def allowed(option: Mapping[str, Any], worker_id: str, groups: Sequence[str] = ()) -> bool:
-    """May ``worker_id`` (a member of ``groups``) run a task with this option? (SPEC F31: a task
+    """May ``worker_id`` (a member of ``groups``) run a task with this option? (a task
     names workers and / or groups; none: anyone.)"""
     ids = option["specific_worker_ids"]
     named_groups = option.get("specific_groups") or ()
@@ -1172,7 +1169,7 @@ def allowed(option: Mapping[str, Any], worker_id: str, groups: Sequence[str] = (
 
 def busy_statuses(option: Mapping[str, Any]) -> tuple[str, ...]:
     """Entries of a worker that bar it from claiming the task again: running, and succeeded
-    unless ``same_worker_may_repeat`` (SPEC F33)."""
+    unless ``same_worker_may_repeat``."""
     return ("running",) if option.get("same_worker_may_repeat") is True else ("running", "succeeded")
 
 

@@ -1,4 +1,4 @@
-"""One change stream per process and collection, fanned out to every subscriber (issue 18.6).
+"""One change stream per process and collection, fanned out to every subscriber.
 
 A server's change stream turns every write of a collection into an event for each stream that
 watches it, before that stream's filters run: its cost grows with the streams times the writes.

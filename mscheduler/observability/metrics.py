@@ -1,4 +1,4 @@
-"""Prometheus metrics (SPEC G3): what this process did, and what the store holds.
+"""Prometheus metrics: what this process did, and what the store holds.
 
 Needs the ``metrics`` extra (``pip install 'mscheduler[metrics]'``, prometheus-client).
 

@@ -1,4 +1,4 @@
-"""OpenTelemetry spans (SPEC G3): optional, off by default, and free when off.
+"""OpenTelemetry spans: optional, off by default, and free when off.
 
 Turn it on per object (``Publisher(driver, tracing=True)``, ``Consumer(driver, tracing=True)``) or
 for every one made afterwards (``mscheduler.observability.tracing.enable()``); it needs ``opentelemetry-api``

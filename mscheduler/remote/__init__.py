@@ -1,4 +1,4 @@
-"""Remote executors over HTTP (SPEC F30): the protocol's server side (``executors``:
+"""Remote executors over HTTP: the protocol's server side (``executors``:
 ``RemoteExecutors``, which the REST API serves) and its Python client (``client``, needs httpx).
 
 May import: ``mscheduler.runtime`` and everything below it.

@@ -1,6 +1,6 @@
 """The Python clients of the REST API, over one httpx seam (``ApiHttp``): ``ExecutorClient`` for
-remote executors (``/api/v1/executors``, SPEC F30) and ``RemoteOperations``, ``Operations``'
-methods backed by the API (the CLI's ``--api-url``, SPEC G7).
+remote executors (``/api/v1/executors``) and ``RemoteOperations``, ``Operations``'
+methods backed by the API (the CLI's ``--api-url``).
 
 Remote executors are for workers that do not speak MongoDB (another language, another network);
 ``ExecutorClient`` shows the protocol and serves Python programs that must go through HTTP::
@@ -19,7 +19,7 @@ reports each outcome. An attempt whose ping says it is no longer ours (lost, rev
 paused) — or whose lease passes its end while pings fail — has its handler cancelled and
 reports nothing. ``lease``, ``ping`` and ``report`` are the single requests, for other loops.
 
-``RemoteOperations(url, token)`` has the methods of ``Operations`` the operator commands call and
+``RemoteOperations(url, token)`` satisfies ``OperatorApi``, as ``Operations`` does, and
 returns the same types, so every CLI command runs unchanged against either; the API's error
 answers become the domain's exceptions again (422 ``InvalidInput``, 404 ``UnknownTask`` / ...,
 409 ``TransitionRefused``, 5xx ``StorageError``) with the server's message. What the API's own
@@ -66,9 +66,18 @@ from mscheduler.domain.plans import Plan, PlanInfo, checked_plan_id
 from mscheduler.domain.stats import DEFAULT_WINDOW as DEFAULT_STATS_WINDOW
 from mscheduler.domain.stats import StatsStep, TaskStats
 from mscheduler.domain.stats import checked_input as checked_stats_input
+from mscheduler.drivers.base import WORKERS_PAGE_MAX
 from mscheduler.operations import (
+    BULK_ACTIONS,
+    BULK_PAGE,
+    COUNT_CAP,
+    COUNT_MAX,
+    MANY_AT_ONCE,
+    MANY_MAX,
+    BulkOutcome,
     HandlerInfo,
     RestartOutcome,
+    TaskCount,
     WorkerView,
     checked_keys,
     checked_mark,
@@ -79,7 +88,9 @@ from mscheduler.operations import (
     child_key_of,
     limit_input,
     restart_each,
+    worker_cursor_position,
 )
+from mscheduler.publishing import checked_by
 from mscheduler.runtime.consumer.runner import RunTimedOut
 from mscheduler.services.events import Event, Events, checked_page
 
@@ -533,6 +544,39 @@ class NotAnApi(ApiError):
 SEND_BATCH = 1000  # tasks per POST /api/v1/tasks (the API's own cap, MANY_MAX)
 
 
+BULK_POLL_SECONDS = 0.2  # how often a bulk job that has nothing new is asked again
+
+
+def _filter_query(filters: Any, extra: tuple[str, ...]) -> dict[str, Any]:
+    """The listing filters (and ``extra`` of them: cursor, sort) as the API's query values."""
+    query: dict[str, Any] = {}
+    for name in ("status", "name", "key_prefix", "worker_id", "group", *extra):
+        value = filters.get(name)
+        if value is not None:
+            query[name] = value
+    for name in ("created_from", "created_to", "finished_from", "finished_to"):
+        when = filters.get(name)
+        if isinstance(when, datetime):
+            query[name] = when.isoformat()
+    return query
+
+
+def _bulk_body(action: str, reason: str, force: bool, stop_running: bool, by: str | None) -> dict[str, Any]:
+    """A bulk request's action and options, checked as ``Operations`` checks them."""
+    if action not in BULK_ACTIONS:
+        raise InvalidInput(f"action: one of {', '.join(BULK_ACTIONS)}, got {action!r}")
+    for name, value in (("force", force), ("stop_running", stop_running)):
+        if not isinstance(value, bool):
+            raise InvalidInput(f"{name}: must be True or False")
+    checked_reason(reason)
+    checked_by(by)
+    return {"action": action, "reason": reason, "force": force, "stop_running": stop_running}
+
+
+def _outcome(data: dict[str, Any]) -> BulkOutcome:
+    return BulkOutcome(data["key"], data["outcome"], status=data.get("status"), rule=data.get("rule"))
+
+
 def _path(value: str) -> str:
     """A key or id as one path segment (a key may hold '/')."""
     return quote(value, safe="")
@@ -714,8 +758,17 @@ class RemoteOperations:
 
     # -- workers -----------------------------------------------------------------------------------
 
-    async def list_workers(self) -> list[WorkerView]:
-        return [_worker(w) for w in await self._call("GET", "/workers")]
+    async def list_workers(
+        self, *, limit: int = WORKERS_PAGE_MAX, after: str | None = None, live: bool = False
+    ) -> list[WorkerView]:
+        if not isinstance(limit, int) or not 1 <= limit <= WORKERS_PAGE_MAX:
+            raise InvalidInput(f"limit: must be an integer from 1 to {WORKERS_PAGE_MAX}")
+        if after is not None:
+            worker_cursor_position(after)  # the same refusal as Operations, before any request
+        query: dict[str, Any] = {"limit": limit} | ({"cursor": after} if after is not None else {})
+        if live:
+            query["live"] = "true"
+        return [_worker(w) for w in await self._call("GET", "/workers", params=query)]
 
     async def request_worker_stop(self, worker_id: str) -> bool:
         worker_id = checked_worker_id(worker_id)
@@ -760,16 +813,25 @@ class RemoteOperations:
             for h in await self._call("GET", "/handlers")
         ]
 
-    async def send(self, task: Task, *, reset_finished: bool = False, allow_unknown: bool = False) -> bool:
+    async def send(
+        self, task: Task, *, reset_finished: bool = False, allow_unknown: bool = False, by: str | None = None
+    ) -> bool:
         if not isinstance(task, Task):
             raise InvalidInput(f"send() takes a Task, got {type(task).__name__}")
-        return (await self.send_many([task], reset_finished=reset_finished, allow_unknown=allow_unknown))[0]
+        sent = await self.send_many([task], reset_finished=reset_finished, allow_unknown=allow_unknown, by=by)
+        return sent[0]
 
     async def send_many(
-        self, tasks: Sequence[Task], *, reset_finished: bool = False, allow_unknown: bool = False
+        self,
+        tasks: Sequence[Task],
+        *,
+        reset_finished: bool = False,
+        allow_unknown: bool = False,
+        by: str | None = None,
     ) -> list[bool]:
         """``POST /api/v1/tasks`` in batches of ``SEND_BATCH`` (each checked whole by the API, at
-        the door as ``Operations.send_many``)."""
+        the door as ``Operations.send_many``; the API records its token as ``by``)."""
+        checked_by(by)
         if isinstance(tasks, (str, bytes, Task)) or not isinstance(tasks, Sequence):
             raise InvalidInput(f"tasks: a list of Tasks, got {type(tasks).__name__}")
         for i, task in enumerate(tasks):
@@ -790,22 +852,36 @@ class RemoteOperations:
     async def get_task(self, key: str) -> TaskInfo:
         return TaskInfo.model_validate(await self._task_call("GET", key, "get"))
 
+    async def get_tasks(self, keys: Sequence[str]) -> dict[str, TaskInfo]:
+        """``Operations.get_tasks``: one request per key, a few at a time; unknown keys are
+        left out."""
+        checked = checked_keys(keys)
+        found: dict[str, TaskInfo] = {}
+
+        async def one(key: str) -> None:
+            with contextlib.suppress(UnknownTask):
+                found[key] = await self.get_task(key)
+
+        for start in range(0, len(checked), MANY_AT_ONCE):
+            await asyncio.gather(*(one(key) for key in checked[start : start + MANY_AT_ONCE]))
+        return {key: found[key] for key in checked if key in found}
+
     async def page_tasks(self, **filters: Unpack[TaskFilters]) -> TaskPage:
         checked = list_params(**filters)  # the same refusals as Operations, before any request
-        if checked.skip:
-            raise InvalidInput("skip: not available over the REST API; page with the cursor")
-        query: dict[str, Any] = {"limit": checked.limit - 1}  # the params ask for one more
-        for name in ("status", "name", "key_prefix", "worker_id", "group", "cursor", "sort"):
-            value = filters.get(name)
-            if value is not None:
-                query[name] = value
-        for name in ("created_from", "created_to", "finished_from", "finished_to"):
-            when = filters.get(name)
-            if isinstance(when, datetime):
-                query[name] = when.isoformat()
+        query = _filter_query(filters, ("cursor", "sort")) | {"limit": checked.limit - 1}  # (one more)
         answer = await self._call("GET", "/tasks", params=query)
         tasks = [TaskInfo.model_validate(t) for t in answer["tasks"]]
         return TaskPage(tasks, answer["next_cursor"], answer.get("prev_cursor"))
+
+    async def count_tasks(self, *, cap: int = COUNT_CAP, **filters: Unpack[TaskFilters]) -> TaskCount:
+        """``Operations.count_tasks``: the total of a one-task page (``with_total``)."""
+        if not isinstance(cap, int) or isinstance(cap, bool) or not 1 <= cap <= COUNT_MAX:
+            raise InvalidInput(f"cap: an integer from 1 to {COUNT_MAX}")
+        selected = {k: v for k, v in filters.items() if k not in ("cursor", "limit")}
+        list_params(**selected)
+        query = _filter_query(selected, ()) | {"limit": 1, "with_total": "true", "total_cap": cap}
+        answer = await self._call("GET", "/tasks", params=query)
+        return TaskCount(answer["total"], answer["total_capped"])
 
     async def list_tasks(self, **filters: Unpack[TaskFilters]) -> list[TaskInfo]:
         return (await self.page_tasks(**filters)).tasks
@@ -844,23 +920,33 @@ class RemoteOperations:
         answer = await self._call("GET", "/stats/keys", params=query)
         return [KeyWait.model_validate(row) for row in answer["keys"]]
 
-    async def cancel(self, key: str, reason: str = "") -> TaskInfo:
+    # The task controls take ``by`` as ``Operations``' do, checked alike; the API records the
+    # token's name as the author of every change it makes, whatever ``by`` says.
+
+    async def cancel(self, key: str, reason: str = "", *, by: str | None = None) -> TaskInfo:
         checked_reason(reason)
+        checked_by(by)
         return TaskInfo.model_validate(await self._task_call("POST", key, "cancel", body={"reason": reason}))
 
-    async def pause(self, key: str, *, stop_running: bool = False) -> TaskInfo:
+    async def pause(self, key: str, *, stop_running: bool = False, by: str | None = None) -> TaskInfo:
         if not isinstance(stop_running, bool):
             raise InvalidInput("stop_running: must be True or False")
+        checked_by(by)
         query = {"stop_running": "true" if stop_running else "false"}
         return TaskInfo.model_validate(await self._task_call("POST", key, "pause", params=query))
 
-    async def resume(self, key: str) -> TaskInfo:
+    async def resume(self, key: str, *, by: str | None = None) -> TaskInfo:
+        checked_by(by)
         return TaskInfo.model_validate(await self._task_call("POST", key, "resume"))
 
-    async def remove(self, key: str, *, force: bool = False) -> None:
+    async def remove(self, key: str, *, force: bool = False, by: str | None = None) -> None:
+        checked_by(by)
         await self._task_call("DELETE", key, "remove", params={"force": "true" if force else "false"})
 
-    async def restart(self, key: str, *, force: bool = False, deadline: datetime | None = None) -> TaskInfo:
+    async def restart(
+        self, key: str, *, force: bool = False, by: str | None = None, deadline: datetime | None = None
+    ) -> TaskInfo:
+        checked_by(by)
         query = {"force": "true" if force else "false"}
         if deadline is not None:
             if not isinstance(deadline, datetime) or deadline.tzinfo is None:
@@ -876,6 +962,65 @@ class RemoteOperations:
         return await restart_each(
             checked_keys(keys), lambda key: self.restart(key, force=force, deadline=deadline)
         )
+
+    async def control_many(
+        self,
+        action: str,
+        keys: Sequence[str],
+        *,
+        reason: str = "",
+        force: bool = False,
+        stop_running: bool = False,
+        by: str | None = None,
+    ) -> list[BulkOutcome]:
+        """``Operations.control_many`` in one ``POST /api/v1/bulk`` on the keys."""
+        body = _bulk_body(action, reason, force, stop_running, by) | {"keys": checked_keys(keys)}
+        answer = await self._call("POST", "/bulk", body=body)
+        return [_outcome(item) for item in answer["results"]]
+
+    async def control_matching(
+        self,
+        action: str,
+        *,
+        reason: str = "",
+        force: bool = False,
+        stop_running: bool = False,
+        by: str | None = None,
+        page_size: int = BULK_PAGE,
+        **filters: Unpack[TaskFilters],
+    ) -> AsyncIterator[list[BulkOutcome]]:
+        """``Operations.control_matching`` run by the API (``POST /api/v1/bulk`` on the filter: a
+        job the server runs page by page, at its own page size): yields the outcomes as the job
+        reports them. Stopping the iteration stops the job after its page. The server keeps a
+        job's first 10,000 outcomes: past them the job goes on, and nothing more is yielded."""
+        body = _bulk_body(action, reason, force, stop_running, by)
+        if not isinstance(page_size, int) or isinstance(page_size, bool) or not 1 <= page_size <= MANY_MAX:
+            raise InvalidInput(f"page_size: an integer from 1 to {MANY_MAX}")
+        selected = {k: v for k, v in filters.items() if k not in ("sort", "cursor", "limit")}
+        list_params(**selected)  # the same refusals as Operations, before any request
+        body["filter"] = _filter_query(selected, ())
+        job = await self._call("POST", "/bulk", body=body)
+        return self._follow_job(job["id"])
+
+    async def _follow_job(self, job_id: str) -> AsyncIterator[list[BulkOutcome]]:
+        """A bulk job's outcomes as they come, until it ends (stopped when the caller stops)."""
+        seen, state = 0, "running"
+        path = f"/bulk/{_path(job_id)}"
+        try:
+            while state == "running":
+                job = await self._call("GET", path, params={"results_from": seen})
+                state = job["state"]
+                outcomes = [_outcome(item) for item in job["results"]]
+                seen += len(outcomes)
+                if outcomes:
+                    yield outcomes
+                elif state == "running":
+                    await asyncio.sleep(BULK_POLL_SECONDS)
+            if state == "failed":
+                raise StorageError(f"the bulk action failed on the server: {job['error']}")
+        finally:
+            if state == "running":  # the caller stopped early: so does the job, after its page
+                await self._call("POST", f"{path}/stop")
 
     async def edit(self, key: str, change: OptionChange, *, by: str | None = None) -> TaskOption:
         """``Operations.edit`` (the API records ``by`` as its own)."""
@@ -951,6 +1096,16 @@ class RemoteOperations:
         checked = checked_plan_listing(state, limit, skip)
         query: dict[str, Any] = {"limit": limit, "skip": skip} | ({"state": checked} if checked else {})
         return [PlanInfo.model_validate(p) for p in await self._call("GET", "/plans", params=query)]
+
+    async def run_plan_now(self, plan_id: str) -> TaskInfo:
+        def refused(body: dict[str, Any]) -> MSchedulerError:
+            error = TransitionRefused(
+                plan_id, "run now", str(body.get("status", "")), str(body.get("rule", ""))
+            )
+            error.args = (body.get("detail", str(error)),)  # the server's words
+            return error
+
+        return TaskInfo.model_validate(await self._plan_call("POST", plan_id, "run", refused=refused))
 
     async def suspend_plan(self, plan_id: str) -> PlanInfo:
         return PlanInfo.model_validate(await self._plan_call("POST", plan_id, "suspend"))

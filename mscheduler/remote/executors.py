@@ -1,4 +1,4 @@
-"""Remote executors (SPEC F30): workers that do not speak MongoDB lease tasks, ping them and
+"""Remote executors: workers that do not speak MongoDB lease tasks, ping them and
 report their outcomes through a service (the REST API's ``/api/v1/executors`` routes call it).
 
 The rules are the Python consumer's, not copies of them: a lease is the same atomic claim
@@ -305,7 +305,7 @@ class _PendingFinish:
 
 class _Finisher:
     """Writes the outcomes of concurrent reports in batches: one ``finish`` command for what
-    piled up while the last was in flight (SPEC G2). Flow-limit slots of the attempts whose
+    piled up while the last was in flight. Flow-limit slots of the attempts whose
     outcome was written (or refused) are released alongside the next batch (the consumer's
     finisher does the same), or on their own once no report is waiting."""
 
@@ -456,7 +456,7 @@ class RemoteExecutors:
         self.maintenance_interval = maintenance_interval
         self.limits_interval = limits_interval
         self.rng = random.Random()  # retry jitter; tests may seed it
-        # flow limits (SPEC G5): the consumer's limiter, its slots stamped with each executor's id
+        # flow limits: the consumer's limiter, its slots stamped with each executor's id
         self.limiter = Limiter(
             driver,
             refresh=limits_interval,
@@ -796,23 +796,7 @@ class RemoteExecutors:
         last lease through this service (none if it leased elsewhere: give them)."""
         worker_id = check_worker_id(worker_id)
         member_of = self._groups.get(worker_id, ()) if groups is None else checked_groups(groups)
-        if not 1 <= len(items) <= MAX_PINGS:
-            raise InvalidInput(f"a ping names 1 to {MAX_PINGS} attempts")
-        if len({item.key for item in items}) != len(items):
-            raise InvalidInput("a ping names each task once")
-        reports: dict[str, AttemptReport] = {}
-        for item in items:
-            validate_key_input(item.key)
-            _check_attempt(item.attempt)
-            checkpoint = None
-            if item.save_checkpoint:
-                checkpoint = checked_checkpoint(item.checkpoint, self.max_checkpoint_bytes)
-            progress = None
-            if item.progress is not None:
-                progress = checked_progress(item.progress.get("fraction"), item.progress.get("message"))
-            if item.save_checkpoint or progress is not None:
-                self._seq += 1
-                reports[item.key] = AttemptReport(self._seq, item.save_checkpoint, checkpoint, progress)
+        reports = self._checked_reports(items)
         self.stats["pings"] += 1
         now = await self._now()
         held = await self._held_of(worker_id, items, now)
@@ -826,21 +810,7 @@ class RemoteExecutors:
             by_expire.setdefault(expire, {})[item.key] = item.attempt
             if attempt_held.slot is not None:
                 slots.setdefault(attempt_held.slot, {})[item.attempt] = expire
-        # The slots first, to the same expiry (the consumer's pinger does the same): a lease is
-        # never renewed past its slot. One whose slot is gone is not renewed (lost).
-        gone: set[str] = set()
-        if slots:
-            gone, unknown = await self.limiter.extend(now, worker_id, slots)
-            if unknown:  # not confirmed: renew nothing; the executor pings again (503)
-                raise StorageError(
-                    "could not extend the flow-limit slots of the pinged attempts", transient=True
-                )
-            self.stats["slot_lost"] += len(gone)
-            by_expire = {
-                expire: {k: a for k, a in attempts.items() if a not in gone}
-                for expire, attempts in by_expire.items()
-            }
-        renew = {expire: attempts for expire, attempts in by_expire.items() if attempts}
+        renew, gone = await self._extend_slots(now, worker_id, by_expire, slots)
         result = await self.driver.ping(PingParams(worker_id, now, renew, reports, worker_groups=member_of))
         recorded = set(result.recorded)
         answers = []
@@ -887,6 +857,52 @@ class RemoteExecutors:
         if self.limiter.releases:
             self._finisher_here().kick()
         return answers
+
+    def _checked_reports(self, items: Sequence[AttemptPing]) -> dict[str, AttemptReport]:
+        """A ping's items checked (``InvalidInput``, nothing written): the checkpoints and
+        progress to record, by key."""
+        if not 1 <= len(items) <= MAX_PINGS:
+            raise InvalidInput(f"a ping names 1 to {MAX_PINGS} attempts")
+        if len({item.key for item in items}) != len(items):
+            raise InvalidInput("a ping names each task once")
+        reports: dict[str, AttemptReport] = {}
+        for item in items:
+            validate_key_input(item.key)
+            _check_attempt(item.attempt)
+            checkpoint = None
+            if item.save_checkpoint:
+                checkpoint = checked_checkpoint(item.checkpoint, self.max_checkpoint_bytes)
+            progress = None
+            if item.progress is not None:
+                progress = checked_progress(item.progress.get("fraction"), item.progress.get("message"))
+            if item.save_checkpoint or progress is not None:
+                self._seq += 1
+                reports[item.key] = AttemptReport(self._seq, item.save_checkpoint, checkpoint, progress)
+        return reports
+
+    async def _extend_slots(
+        self,
+        now: datetime,
+        worker_id: str,
+        by_expire: dict[datetime, dict[str, str]],
+        slots: dict[str, dict[str, datetime]],
+    ) -> tuple[dict[datetime, dict[str, str]], set[str]]:
+        """The slots first, to the same expiry as the leases (the consumer's pinger does the
+        same): a lease is never renewed past its slot. Returns the leases to renew (those whose
+        slot is gone are not: lost) and the attempts whose slot is gone."""
+        gone: set[str] = set()
+        if slots:
+            gone, unknown = await self.limiter.extend(now, worker_id, slots)
+            if unknown:  # not confirmed: renew nothing; the executor pings again (503)
+                raise StorageError(
+                    "could not extend the flow-limit slots of the pinged attempts", transient=True
+                )
+            self.stats["slot_lost"] += len(gone)
+        renew = {
+            expire: {k: a for k, a in attempts.items() if a not in gone}
+            for expire, attempts in by_expire.items()
+        }
+        return {expire: attempts for expire, attempts in renew.items() if attempts}, gone
 
     async def _settle(self, params: FinishParams, slot: str | None) -> None:
         """Write the settlement of an attempt a ping told to stop; a failure is left to the lease

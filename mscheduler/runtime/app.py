@@ -1,4 +1,4 @@
-"""An application's handlers, consumers and plans, defined apart from the store (SPEC G7).
+"""An application's handlers, consumers and plans, defined apart from the store.
 
 ``App`` is a registry: handlers (``@app.handler(name)``, any kind ``Consumer.register`` takes),
 the consumers to run them (``app.consumer(...)``: which names, with which settings; one consumer

@@ -83,7 +83,7 @@ class Publisher:
 
     async def _setup(self) -> None:
         """Check the store before the first insert: uniqueness by key needs the unique index, and
-        a publisher may write to a store no consumer has used yet (SPEC F1). The indexes are
+        a publisher may write to a store no consumer has used yet. The indexes are
         built by ``mscheduler setup`` (on mongomock, here)."""
         if not self._set_up:
             await self.driver.prepare()
@@ -108,14 +108,14 @@ class Publisher:
     async def send(
         self, task: Task, *, reset_finished: bool = False, session: Any = None, by: str | None = None
     ) -> bool:
-        """Publish ``task`` unless its key exists (SPEC F1); True if this call created (or reset) it.
+        """Publish ``task`` unless its key exists; True if this call created (or reset) it.
 
         A task that exists is left alone, running or not; with ``reset_finished=True`` a task that
         ended (succeeded or failed) is reset to pending with the new params and options (its
         attempts kept in its history as an earlier generation). A task sent with
         ``unique_by="params"`` is not created (False) while a pending or running task has the same
-        name and params (SPEC F16), nor reset then. Pass a PyMongo ``session`` to insert inside
-        your own transaction (SPEC F20). ``by``: who sends, in the ``sent`` event and a reset's
+        name and params, nor reset then. Pass a PyMongo ``session`` to insert inside
+        your own transaction. ``by``: who sends, in the ``sent`` event and a reset's
         history. Keys the scheduler makes itself (``plan:...``, ``<parent>/<child>``) are refused.
         """
         by = checked_by(by)
@@ -194,7 +194,7 @@ class Publisher:
         poll_interval: float = 0.05,
         max_poll_interval: float = 1.0,
     ) -> Any:
-        """Wait until the task ends; return its result or raise ``TaskFailed`` (SPEC F11),
+        """Wait until the task ends; return its result or raise ``TaskFailed``,
         ``TaskExpired`` or ``TaskCancelled``.
 
         With ``concurrent_worker_cnt`` > 1 the result is the list of every worker's result. A
@@ -281,7 +281,7 @@ class Publisher:
         return step
 
     async def update_option(self, key: str, change: OptionChange) -> TaskOption:
-        """Change a task's options while it may be running (SPEC F8); returns the new options.
+        """Change a task's options while it may be running; returns the new options.
 
         Removing a running worker from ``specific_worker_ids`` stops it at its next ping; a new
         ``ping_interval`` applies from the next ping; the rest applies to the next claim.

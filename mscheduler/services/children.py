@@ -1,4 +1,4 @@
-"""Child tasks (SPEC F15): a task made of named steps, each run by the handler of its name.
+"""Child tasks: a task made of named steps, each run by the handler of its name.
 
 Layout (docs/design.md, "Child tasks: layout and the crash-safe follow-up"): every child is an
 ordinary task document (key ``<parent key>/<child name>``, with ``parent`` and ``position``), so

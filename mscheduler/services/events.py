@@ -1,4 +1,4 @@
-"""The task event log (SPEC F34) and subscriptions to it (F41: a plan's or task's results).
+"""The task event log and subscriptions to it (a plan's or task's results).
 
 An event says what happened to a task: ``sent``, ``claimed``, ``succeeded``, ``retried``,
 ``failed``, ``lease_lost``, ``cancelled``, ... (``EventKind``), with the task's key and name,

@@ -80,35 +80,7 @@ def decide(
     overlap and after-completion rules, then ``plan_step``; ``outcome`` is the previous run's task
     (None if ``needs_outcome`` is False, or the task is gone)."""
     fields: dict[str, Any] = {}
-    consecutive: int = doc["consecutive_failures"]
-    running = False
-    run_end: datetime | None = doc.get("last_run_end_time")
-    taken = False
-    if needs_outcome(doc):
-        if outcome is None:  # the task was removed: its outcome will never be known
-            fields.update(last_run_status="missing", last_run_seen=True, last_run_end_time=now)
-            run_end = now
-        elif run_status_of(doc["plan_id"], outcome.status, outcome.plan_id) == TAKEN_RUN_STATUS:
-            # a task the plan did not make holds its run's key: never taken for the plan's run
-            log.error(
-                "plan %s: its run's key %s is held by a task the plan did not make; parked in the "
-                "error state (remove that task, then resume the plan)",
-                doc["plan_id"],
-                outcome.key,
-            )
-            fields.update(last_run_status=TAKEN_RUN_STATUS, last_run_seen=True, last_run_end_time=now)
-            run_end, taken = now, True
-        elif outcome.status in _TERMINAL:
-            run_end = outcome.end_time or now
-            fields.update(last_run_status=outcome.status, last_run_seen=True, last_run_end_time=run_end)
-            if outcome.status == TaskStatus.FAILED.value:
-                consecutive += 1
-            elif outcome.status == TaskStatus.SUCCEEDED.value:
-                consecutive = 0
-        else:
-            running = outcome.status in _UNFINISHED
-            fields["last_run_status"] = outcome.status
-
+    consecutive, running, run_end, taken = _record_outcome(doc, outcome, now, fields)
     error = bool(doc.get("error")) or taken or consecutive >= doc["max_consecutive_failures"]
     awaiting: bool = doc["awaiting"]
     next_fire: datetime | None = doc["next_fire_time"]
@@ -180,6 +152,57 @@ def decide(
     return PlanDecision(
         tuple(tasks), PlanAdvance(doc["plan_id"], doc["version"], doc["next_fire_time"], fields)
     )
+
+
+def _record_outcome(
+    doc: Mapping[str, Any], outcome: RunOutcome | None, now: datetime, fields: dict[str, Any]
+) -> tuple[int, bool, datetime | None, bool]:
+    """The previous run's outcome into ``fields`` (when the step needs it): the failure streak
+    after it, whether the run is still pending or running, when it ended, and whether its key
+    is held by a task the plan did not make (the plan is then parked in the error state)."""
+    consecutive: int = doc["consecutive_failures"]
+    running = taken = False
+    run_end: datetime | None = doc.get("last_run_end_time")
+    if not needs_outcome(doc):
+        return consecutive, running, run_end, taken
+    if outcome is None:  # the task was removed: its outcome will never be known
+        fields.update(last_run_status="missing", last_run_seen=True, last_run_end_time=now)
+        run_end = now
+    elif run_status_of(doc["plan_id"], outcome.status, outcome.plan_id) == TAKEN_RUN_STATUS:
+        # a task the plan did not make holds its run's key: never taken for the plan's run
+        log.error(
+            "plan %s: its run's key %s is held by a task the plan did not make; parked in the "
+            "error state (remove that task, then resume the plan)",
+            doc["plan_id"],
+            outcome.key,
+        )
+        fields.update(last_run_status=TAKEN_RUN_STATUS, last_run_seen=True, last_run_end_time=now)
+        run_end, taken = now, True
+    elif outcome.status in _TERMINAL:
+        run_end = outcome.end_time or now
+        fields.update(last_run_status=outcome.status, last_run_seen=True, last_run_end_time=run_end)
+        if outcome.status == TaskStatus.FAILED.value:
+            consecutive += 1
+        elif outcome.status == TaskStatus.SUCCEEDED.value:
+            consecutive = 0
+    else:
+        running = outcome.status in _UNFINISHED
+        fields["last_run_status"] = outcome.status
+    return consecutive, running, run_end, taken
+    if outcome is None:  # the task was removed: its outcome will never be known
+        fields.update(last_run_status="missing", last_run_seen=True, last_run_end_time=now)
+        run_end = now
+    elif outcome.status in _TERMINAL:
+        run_end = outcome.end_time or now
+        fields.update(last_run_status=outcome.status, last_run_seen=True, last_run_end_time=run_end)
+        if outcome.status == TaskStatus.FAILED.value:
+            consecutive += 1
+        elif outcome.status == TaskStatus.SUCCEEDED.value:
+            consecutive = 0
+    else:
+        running = outcome.status in _UNFINISHED
+        fields["last_run_status"] = outcome.status
+    return consecutive, running, run_end
 
 
 class Planner(PeriodicService):

@@ -1,4 +1,4 @@
-"""Retention of finished tasks (SPEC F10): a small maintenance service.
+"""Retention of finished tasks: a small maintenance service.
 
 Finished tasks (succeeded, failed, cancelled, expired) are removed once they have been finished
 longer than their status's retention period, counted from ``state.finish_time`` (set by the

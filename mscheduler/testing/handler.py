@@ -1,4 +1,4 @@
-"""Run one handler once with a real ``TaskContext``, no consumer and no store (SPEC G9)::
+"""Run one handler once with a real ``TaskContext``, no consumer and no store::
 
     run = await run_handler(send_invoice, {"order_id": 42, "email": "ada@example.com"})
     assert run.outcome == "succeeded" and run.result == {...}

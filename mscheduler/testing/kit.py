@@ -1,4 +1,4 @@
-"""A scheduler for an app's tests, wired in one call on one fake clock (SPEC G9).
+"""A scheduler for an app's tests, wired in one call on one fake clock.
 
 ``scheduler_kit(app)`` builds a store (the memory driver, or ``MongoDriver`` on mongomock), a
 publisher, the app's consumers and an ``Operations``, every one of them on the same

@@ -48,8 +48,8 @@ from mscheduler.web.deps import (
     METRICS_PATH,
     OPENAPI_PATH,
     PUBLIC_PATHS,
+    HttpError,
     TokenAuth,
-    _ApiError,
     domain_error,
     log,
 )
@@ -80,13 +80,13 @@ def _validation_detail(exc: RequestValidationError) -> str:
 
 
 async def _on_api_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, _ApiError)
+    assert isinstance(exc, HttpError)
     return exc.response()
 
 
 async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return _ApiError(422, "invalid_input", _validation_detail(exc)).response()
+    return HttpError(422, "invalid_input", _validation_detail(exc)).response()
 
 
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -94,15 +94,15 @@ async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     all (400, made a 422 like every other refused input), a method the route lacks (405)."""
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 400:
-        return _ApiError(422, "invalid_input", f"body: {exc.detail}").response()
+        return HttpError(422, "invalid_input", f"body: {exc.detail}").response()
     if exc.status_code == 404:
-        return _ApiError(404, "not_found", "no such endpoint").response()
+        return HttpError(404, "not_found", "no such endpoint").response()
     if exc.status_code == 413:  # guards.BodyTooLarge: the body passed the cap while it was read
-        return _ApiError(
+        return HttpError(
             413, "payload_too_large", too_large_detail(request.app.state.limits.max_body_bytes)
         ).response()
     error = "method_not_allowed" if exc.status_code == 405 else "http_error"
-    return _ApiError(exc.status_code, error, str(exc.detail), headers=dict(exc.headers or {})).response()
+    return HttpError(exc.status_code, error, str(exc.detail), headers=dict(exc.headers or {})).response()
 
 
 async def _on_domain_error(request: Request, exc: Exception) -> JSONResponse:
@@ -200,7 +200,7 @@ def create_app(
         _mount_metrics(app, operations)
     if dashboard:
         mount_dashboard(app)
-    app.add_exception_handler(_ApiError, _on_api_error)
+    app.add_exception_handler(HttpError, _on_api_error)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(MSchedulerError, _on_domain_error)

@@ -1,5 +1,5 @@
 """What the app and every router share: the API's paths, the token middleware (``TokenAuth``),
-the error answer (``_ApiError``, ``domain_error``: an ``Operations`` error as HTTP), the query
+the error answer (``HttpError``, ``domain_error``: an ``Operations`` error as HTTP), the query
 guard (``known_query``: unknown or repeated parameters are a 422) and the ``Ops`` dependency.
 Routers import this module, never the app.
 """
@@ -56,7 +56,7 @@ HEALTH_PROBE_KEY = "mscheduler:health-probe"
 log = logging.getLogger("mscheduler.web")
 
 
-class _ApiError(Exception):
+class HttpError(Exception):
     """An error answer: HTTP status, machine-readable code, a sentence (never a token)."""
 
     def __init__(
@@ -82,8 +82,8 @@ class _ApiError(Exception):
         )
 
 
-def _unauthorized(detail: str) -> _ApiError:
-    return _ApiError(401, "unauthorized", detail, headers={"WWW-Authenticate": 'Bearer realm="mscheduler"'})
+def _unauthorized(detail: str) -> HttpError:
+    return HttpError(401, "unauthorized", detail, headers={"WWW-Authenticate": 'Bearer realm="mscheduler"'})
 
 
 class TokenAuth:
@@ -113,7 +113,7 @@ class TokenAuth:
             return
         await self.app(scope, receive, send)
 
-    def _refusal(self, scope: Scope) -> _ApiError | None:
+    def _refusal(self, scope: Scope) -> HttpError | None:
         values = [v for k, v in scope.get("headers", ()) if k == b"authorization"]
         if len(values) != 1:
             return _unauthorized("a bearer token is required (Authorization: Bearer <token>)")
@@ -127,12 +127,12 @@ class TokenAuth:
         role = identity.role
         if role is Role.EXECUTOR:  # the executor routes only, and nothing else (not even reads)
             if _scope_path(scope) not in EXECUTOR_PATHS:
-                return _ApiError(403, "forbidden", "an executor token may only use /api/v1/executors/...")
+                return HttpError(403, "forbidden", "an executor token may only use /api/v1/executors/...")
         elif role is Role.PUBLISH:  # sending tasks (and asking what it may do), nothing else
             if (scope["method"], _scope_path(scope)) not in PUBLISH_REQUESTS:
-                return _ApiError(403, "forbidden", "a publish token may only send tasks (POST /api/v1/tasks)")
+                return HttpError(403, "forbidden", "a publish token may only send tasks (POST /api/v1/tasks)")
         elif role is not Role.ADMIN and scope["method"] not in READ_METHODS:
-            return _ApiError(403, "forbidden", "this token may only read; changes need an admin token")
+            return HttpError(403, "forbidden", "this token may only read; changes need an admin token")
         state = scope.setdefault("state", {})
         state["role"] = role  # request.state.role: for GET /whoami
         state["identity"] = identity  # who: the author of operator actions, the caps per token
@@ -155,7 +155,7 @@ PUBLISH_REQUESTS = frozenset({("POST", f"{API}/tasks"), ("GET", f"{API}/whoami")
 
 
 # Declares the scheme in the OpenAPI schema; ``TokenAuth`` enforces it.
-_bearer = HTTPBearer(auto_error=False, description="an admin or read token")
+bearer = HTTPBearer(auto_error=False, description="an admin or read token")
 
 
 def _query_names(dependant: Any) -> set[str]:
@@ -185,11 +185,11 @@ async def known_query(request: Request) -> None:
         if name not in allowed:
             shown = name if len(name) <= 40 else name[:37] + "..."
             takes = ", ".join(sorted(allowed)) or "none"
-            raise _ApiError(
+            raise HttpError(
                 422, "invalid_input", f"unknown query parameter {shown!r} (this endpoint takes: {takes})"
             )
         if name in seen:
-            raise _ApiError(422, "invalid_input", f"query parameter {name!r} given more than once")
+            raise HttpError(422, "invalid_input", f"query parameter {name!r} given more than once")
         seen.add(name)
 
 
@@ -210,7 +210,7 @@ def ops(request: Request) -> Operations:
 Ops = Annotated[Operations, Depends(ops)]
 
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
+ERROR_ANSWERS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorOut, "description": text}
     for code, text in (
         (401, "no or unknown token"),
@@ -222,38 +222,38 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+NOT_FOUND_ANSWER: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorOut, "description": "no such task, plan or worker"}
 }
 
 
-_REFUSED: dict[int | str, dict[str, Any]] = {
+REFUSED_ANSWER: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorOut, "description": "refused by the status rules"}
 }
 
 
-_common = [Depends(_bearer), Depends(known_query)]
+COMMON_DEPENDENCIES = [Depends(bearer), Depends(known_query)]
 
 
-def domain_error(exc: Exception) -> _ApiError:
+def domain_error(exc: Exception) -> HttpError:
     """The HTTP answer of an error from ``Operations``."""
     if isinstance(exc, InvalidInput):
         if exc.field:
-            return _ApiError(422, "invalid_input", str(exc), field=exc.field)
-        return _ApiError(422, "invalid_input", str(exc))
+            return HttpError(422, "invalid_input", str(exc), field=exc.field)
+        return HttpError(422, "invalid_input", str(exc))
     if isinstance(exc, (UnknownTask, UnknownPlan, UnknownLimit)):
-        return _ApiError(404, "not_found", str(exc))
+        return HttpError(404, "not_found", str(exc))
     if isinstance(exc, LeaseLost):  # a remote executor's report or ping after its lease moved on
-        return _ApiError(409, "lease_lost", str(exc))
+        return HttpError(409, "lease_lost", str(exc))
     if isinstance(exc, TransitionRefused):
-        return _ApiError(409, "transition_refused", str(exc), status=exc.status, rule=exc.rule)
+        return HttpError(409, "transition_refused", str(exc), status=exc.status, rule=exc.rule)
     if isinstance(exc, StorageError) and exc.transient:
         log.warning("storage unavailable: %s", exc)
-        return _ApiError(
+        return HttpError(
             503, "storage_unavailable", "storage unavailable; try again", headers={"Retry-After": "1"}
         )
     log.error("request failed: %s: %s", type(exc).__name__, exc)
-    return _ApiError(500, "internal", "the server failed; see its log")
+    return HttpError(500, "internal", "the server failed; see its log")
 
 
 def json_answer(value: BaseModel, status_code: int = 200) -> Response:

@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.services.events import MAX_REPLAY_LIMIT
-from mscheduler.web.deps import _ApiError
+from mscheduler.web.deps import HttpError
 
 MIB = 1024 * 1024
 
@@ -150,7 +150,7 @@ class BodyLimit:
             await self._refuse(scope, receive, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await _ApiError(413, "payload_too_large", too_large_detail(self.max_bytes)).response()(
+        await HttpError(413, "payload_too_large", too_large_detail(self.max_bytes)).response()(
             scope, receive, send
         )
 
@@ -239,7 +239,7 @@ class SendRate:
         if rate is None:
             return
         if count > self.burst:
-            raise _ApiError(
+            raise HttpError(
                 422,
                 "invalid_input",
                 f"a batch of {count} tasks is more than this server sends at once "
@@ -250,7 +250,7 @@ class SendRate:
         left = min(float(self.burst), left + (now - when) * rate)
         if left < count:
             wait = max(1, math.ceil((count - left) / rate))
-            raise _ApiError(
+            raise HttpError(
                 429,
                 "too_many_sends",
                 f"this token may send {rate:g} tasks a second ({self.burst} at once): try again in {wait} s",

@@ -163,7 +163,7 @@ class TaskPageOut(BaseModel):
         None, description="with ?with_total=true: how many tasks the filters select (see total_capped)"
     )
     total_capped: bool | None = Field(
-        None, description="true: at least total (the count stopped at its cap, 100,000)"
+        None, description="true: at least total (the count stopped at total_cap)"
     )
 
 
@@ -205,7 +205,7 @@ class StopOut(BaseModel):
 
 
 class StatsOut(BaseModel):
-    """Counts by status now; ``details``: the whole of ``Operations.stats()`` (SPEC F27)."""
+    """Counts by status now; ``details``: the whole of ``Operations.stats()``."""
 
     counts: dict[str, int] = Field(description="tasks per status (statuses with none are 0)")
     total: int

@@ -69,42 +69,6 @@ async def test_expected_indexes_match_what_the_driver_creates() -> None:
     assert set(await driver.index_names()) - {"_id_"} == set(EXPECTED_INDEXES)
 
 
-async def test_setup_replaces_the_retired_finished_index_of_an_earlier_build() -> None:
-    """A store made before the finished listing has ``finished`` (status, finish_time, name);
-    setup creates ``finished_key`` (status, finish_time, key) and then drops it, and the
-    stats and retention reads hinted to the new index work."""
-    from datetime import timedelta
-
-    from mscheduler import Operations, Publisher, Task
-    from mscheduler.drivers.base import ClaimParams, FinishParams, PurgeParams
-    from mscheduler.testing.clock import FakeClock
-
-    database = mongomock_database()
-    old = MongoDriver(database)
-    await old.tasks.create_index(
-        [("state.status", 1), ("state.finish_time", 1), ("name", 1)], name="finished"
-    )
-    assert "finished" in await old.index_names()
-    clock = FakeClock()
-    driver = MongoDriver(database)
-    await driver.setup()
-    names = set(await driver.index_names())
-    assert "finished" not in names and "finished_key" in names
-    await driver.setup()  # again: nothing to drop, no error
-    assert set(await driver.index_names()) - {"_id_"} == set(EXPECTED_INDEXES)
-
-    await Publisher(driver, clock=clock).send(Task("t", "job"))
-    assert [c.key for c in await driver.claim(ClaimParams("w", ["job"], clock.now(), ["a1"]))] == ["t"]
-    assert await driver.finish([FinishParams("t", "w", "a1", clock.now(), "succeeded")]) == [True]
-    clock.advance(timedelta(seconds=1))
-    ops = Operations(driver, clock=clock)
-    stats = await ops.stats(window=timedelta(hours=1))
-    assert (stats.finished, stats.succeeded) == (1, 1)
-    assert [t.key for t in await ops.list_tasks(finished_to=clock.now())] == ["t"]
-    assert await driver.purge_finished(PurgeParams("succeeded", clock.now())) == 1
-    assert await ops.list_tasks() == []
-
-
 async def test_loader_accepts_consumers_lists_and_factories() -> None:
     consumers = await resolve_consumers(import_target("tests.acceptance.worker_app:sync_factory"), "x")
     assert [c.worker_id for c in consumers] == ["acc-sync"]

@@ -21,7 +21,7 @@ import pytest
 from mscheduler import Operations, TaskStatus, TransitionRefused
 from mscheduler.drivers.base import EventQuery, InsertParams, paused_error
 from mscheduler.drivers.memory.driver import MemoryDriver
-from mscheduler.drivers.mongo.common import _out
+from mscheduler.drivers.mongo.common import to_mongo
 from tests.conformance.support import Store
 
 LEASE = timedelta(seconds=30)
@@ -195,7 +195,7 @@ async def _legacy_restart(store: Store, key: str) -> None:
         return
     mongo: Any = store.driver
     fields = {"state.history": history, "state.worker_states": [], "state.generation": 1}
-    await mongo.tasks.update_one({"_id": key}, {"$set": _out(fields)})
+    await mongo.tasks.update_one({"_id": key}, {"$set": to_mongo(fields)})
 
 
 async def test_the_lease_pass_settles_running_entries_of_earlier_generations(store: Store) -> None:

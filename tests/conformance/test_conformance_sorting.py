@@ -172,16 +172,3 @@ async def test_counts_match_the_listing_and_stop_at_the_cap(store: Store, filter
         assert await operations.count_tasks(cap=2, **filters) == type(counted)(2, True)
     with pytest.raises(InvalidInput, match="cap"):
         await operations.count_tasks(cap=0)
-
-
-async def test_tasks_written_before_the_attempt_count_get_it_at_setup(store: Store) -> None:
-    from mscheduler.drivers.mongo.driver import MongoDriver
-
-    if not isinstance(store.driver, MongoDriver):
-        pytest.skip("the memory driver derives every field on every write; nothing older exists")
-    await _seed(store)
-    before = {t["key"]: t["state"]["attempt_cnt"] for t in await store.all_tasks()}
-    assert any(before.values())
-    await store.driver.tasks.update_many({}, {"$unset": {"state.attempt_cnt": ""}})  # an older build's
-    await store.driver.setup()
-    assert {t["key"]: t["state"]["attempt_cnt"] for t in await store.all_tasks()} == before

@@ -47,8 +47,7 @@ async def index_names(database: Any) -> set[str]:
 async def test_operations_send_checks_the_store_and_changes_no_index() -> None:
     database = mongomock_database()
     await MongoDriver(database).setup()
-    # an index an earlier build left (``setup`` drops it; a request must not: during a rolling
-    # upgrade the old servers' queries may still name it)
+    # an index this build does not make: a request path leaves it as it is
     await database["mscheduler_tasks"].create_index([("state.status", 1)], name="claim")
     before = await index_names(database)
     ops = Operations(MongoDriver(database, create_indexes=False))
@@ -350,34 +349,6 @@ async def test_counting_tasks_carries_the_operators_time_limit() -> None:
     driver.tasks.count_documents = counting
     assert await driver.count_tasks(ListParams(), 100) == 0
     assert seen and seen[0].get("maxTimeMS") == ADMIN_READ_MS
-
-
-# -- L1: tasks an earlier build left without a partition are placed one shard-key write each ------
-
-
-@pytest.mark.parametrize("partitions", [1, 4])
-async def test_setup_places_unplaced_tasks_one_document_at_a_time_on_a_sharded_store(partitions: int) -> None:
-    inner = mongomock_database()
-    await MongoDriver(inner, partitions=partitions, sharded=True).setup()
-    keys = [f"old-{i}" for i in range(6)]
-    await inner["mscheduler_tasks"].insert_many([{"_id": k, "key": k, "name": "job"} for k in keys])
-    driver = MongoDriver(inner, partitions=partitions, sharded=True)
-    recording = Recording(driver.tasks)
-    driver.tasks = recording
-    many: list[Any] = []
-    update_many = recording._inner.update_many
-
-    async def no_multi(*args: Any, **kwargs: Any) -> Any:
-        many.append(args[0])
-        return await update_many(*args, **kwargs)
-
-    recording._inner.update_many = no_multi
-    await driver.setup()
-    assert [f for f in many if "part" in f] == [], "no multi-document write of the shard-key field"
-    placing = [f for what, f, _ in recording.single if what == "UpdateOne"]
-    assert sorted(f["_id"] for f in placing) == keys and all(f["part"] is None for f in placing)
-    stored = {doc["_id"]: doc["part"] async for doc in inner["mscheduler_tasks"].find({})}
-    assert stored == {k: part_of(k, partitions) for k in keys}
 
 
 # -- L2: shard() again after the shards changed moves the zones ----------------------------------------

@@ -1,12 +1,10 @@
 """The package's shape (docs/design.md, "Map of the code"): the layers hold (import-linter), the
-tree stays small at the top, every subpackage says what it may import, the import paths the docs
-show work, and the paths the package had before it was split still import (with a warning)."""
+tree stays small at the top, every subpackage says what it may import, and the import paths the
+docs show work."""
 
 from __future__ import annotations
 
 import ast
-import importlib
-import json
 import os
 import re
 import shutil
@@ -16,8 +14,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-
-import mscheduler
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "mscheduler"
@@ -69,60 +65,6 @@ def test_the_top_level_is_small_and_shows_the_layers() -> None:
 def test_every_subpackage_says_what_it_holds_and_may_import(name: str) -> None:
     doc = ast.get_docstring(ast.parse((PACKAGE / name / "__init__.py").read_text()))
     assert doc and "May import" in doc, name
-
-
-def _old_paths() -> list[tuple[str, str]]:
-    return sorted(mscheduler._MOVED.items())
-
-
-def test_old_paths_are_listed() -> None:
-    old = dict(_old_paths())
-    assert old["mscheduler.schedule"] == "mscheduler.domain.schedule"
-    assert old["mscheduler.consumer.runner"] == "mscheduler.runtime.consumer.runner"
-    for new in old.values():
-        assert (PACKAGE.parent / (new.replace(".", "/") + ".py")).exists() or (
-            PACKAGE.parent / new.replace(".", "/") / "__init__.py"
-        ).exists(), new
-
-
-OLD_PATH_CHECK = """
-import importlib, json, sys, warnings
-seen = {}
-for old, new in json.loads(sys.argv[1]):
-    module = importlib.import_module(new)
-    with warnings.catch_warnings():  # an old parent package warns of itself first
-        warnings.simplefilter("ignore")
-        importlib.import_module(old.rpartition(".")[0])
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        got = importlib.import_module(old)
-    assert got is module is sys.modules[old], old
-    seen[old] = [str(w.message) for w in caught if w.category is DeprecationWarning]
-print(json.dumps(seen))
-"""
-
-
-def test_every_old_path_gives_the_moved_module_with_a_deprecation_warning() -> None:
-    # in a fresh interpreter: the module objects must be the very same, and nothing cached helps
-    pairs = _old_paths()
-    done = subprocess.run(
-        [sys.executable, "-c", OLD_PATH_CHECK, json.dumps(pairs)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout)
-    for old, new in pairs:
-        assert any(m.startswith(f"{old} moved to {new};") for m in seen[old]), (old, seen[old])
-
-
-def test_a_name_imported_from_an_old_path_is_the_same_object() -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from mscheduler.retry import ExponentialRetry  # type: ignore[import-not-found]
-    assert ExponentialRetry is importlib.import_module("mscheduler").ExponentialRetry
 
 
 def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
@@ -181,3 +123,29 @@ def test_a_deliberate_violation_breaks_the_contracts(
     done = _lint_imports(tmp_path)
     assert done.returncode != 0, done.stdout
     assert broken in done.stdout.replace("\n", " "), done.stdout
+
+
+# A reference to a document outside the repository (the spec's feature ids, the style guide's
+# rules, an issue's number) or a dated piece of history, in the package's comments or docstrings.
+OUTSIDE_REFERENCE = re.compile(r"SPEC [FG]?\d|STYLE \d|[Ii]ssue \d|\((?:19|20)\d\d-\d\d(?:-\d\d)?\)")
+
+
+def test_the_package_states_its_rules_without_outside_references() -> None:
+    found = [
+        f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if OUTSIDE_REFERENCE.search(line)
+    ]
+    assert not found, "say the rule itself:\n" + "\n".join(found)
+
+
+def test_the_outside_reference_check_sees_one() -> None:
+    for line in (
+        "# one write per ping (SPEC G2)",
+        "(STYLE 6)",
+        "see issue 18.9",
+        "split into layers (2026-11)",
+    ):
+        assert OUTSIDE_REFERENCE.search(line), line
+    assert not OUTSIDE_REFERENCE.search("JSON Schema (draft 2020-12)")

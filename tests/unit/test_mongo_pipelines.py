@@ -14,13 +14,13 @@ from bson.raw_bson import RawBSONDocument
 
 from mscheduler.drivers.base import ClaimParams, FinishParams
 from mscheduler.drivers.mongo.common import (
-    WS,
+    WORKER_STATES,
     _build_derive_stages,
-    _derive_stages,
-    _in,
-    _in_place,
     _millis,
-    _out,
+    derive_stages,
+    from_mongo,
+    from_mongo_in_place,
+    to_mongo,
 )
 from mscheduler.drivers.mongo.driver import MongoDriver
 
@@ -40,9 +40,9 @@ def wire(pipeline: list[Any]) -> bytes:
 
 @pytest.mark.parametrize("now", TIMES)
 def test_derive_stages_are_the_pipeline_built_afresh_and_the_same_bytes_raw(now: datetime) -> None:
-    fresh = _build_derive_stages(_out(now))
-    assert _derive_stages(now) == fresh
-    assert wire(_derive_stages(now, raw=True)) == wire(fresh)
+    fresh = _build_derive_stages(to_mongo(now))
+    assert derive_stages(now) == fresh
+    assert wire(derive_stages(now, raw=True)) == wire(fresh)
 
 
 @pytest.mark.parametrize(
@@ -53,9 +53,9 @@ def test_bson_milliseconds_as_pymongo_counts_them(now: datetime) -> None:
 
 
 def test_a_filled_template_shares_no_container_on_the_way_to_the_time() -> None:
-    first, second = _derive_stages(TIMES[0]), _derive_stages(TIMES[2])
-    assert first[0]["$set"]["state.update_time"] == {"$literal": _out(TIMES[0])}
-    assert second[0]["$set"]["state.update_time"] == {"$literal": _out(TIMES[2])}
+    first, second = derive_stages(TIMES[0]), derive_stages(TIMES[2])
+    assert first[0]["$set"]["state.update_time"] == {"$literal": to_mongo(TIMES[0])}
+    assert second[0]["$set"]["state.update_time"] == {"$literal": to_mongo(TIMES[2])}
     assert first[0] is not second[0] and first[-1] is not second[-1]
 
 
@@ -95,7 +95,7 @@ async def test_a_finish_sends_the_derive_stages_as_bson_with_the_bytes_of_the_di
     _, update = driver._finish_op(item)
     first, *derive = update
     assert all(isinstance(stage, RawBSONDocument) for stage in derive)
-    assert wire(update) == wire([first, *_derive_stages(item.now)])
+    assert wire(update) == wire([first, *derive_stages(item.now)])
 
 
 async def test_a_claim_sends_the_derive_stages_as_bson_with_the_bytes_of_the_dicts() -> None:
@@ -112,19 +112,19 @@ async def test_a_claim_sends_the_derive_stages_as_bson_with_the_bytes_of_the_dic
     (update,) = sent
     append, trim, *derive = update
     assert isinstance(trim, RawBSONDocument) and all(isinstance(stage, RawBSONDocument) for stage in derive)
-    assert wire(update) == wire([append, bson.decode(trim.raw), *_derive_stages(params.now)])
+    assert wire(update) == wire([append, bson.decode(trim.raw), *derive_stages(params.now)])
 
 
 def test_raw_derive_stages_of_alternating_times_are_each_times_bytes_in_a_list_of_its_own() -> None:
     # the stages of the latest time are kept for the next write of that time: a write of another
     # time in between must not get them, and no caller's list is another's
     times = [TIMES[0], TIMES[2], TIMES[2], TIMES[0], TIMES[3]]
-    lists = [_derive_stages(now, raw=True) for now in times]
+    lists = [derive_stages(now, raw=True) for now in times]
     for now, stages in zip(times, lists, strict=True):
-        assert wire(stages) == wire(_build_derive_stages(_out(now)))
+        assert wire(stages) == wire(_build_derive_stages(to_mongo(now)))
     assert len({id(stages) for stages in lists}) == len(lists)
     lists[1].append({"$set": {"x": 1}})
-    assert wire(_derive_stages(TIMES[2], raw=True)) == wire(_build_derive_stages(_out(TIMES[2])))
+    assert wire(derive_stages(TIMES[2], raw=True)) == wire(_build_derive_stages(to_mongo(TIMES[2])))
 
 
 def test_in_place_makes_the_datetimes_of_a_decoded_document_aware_as_in_does() -> None:
@@ -132,9 +132,9 @@ def test_in_place_makes_the_datetimes_of_a_decoded_document_aware_as_in_does() -
     doc = bson.decode(
         bson.encode({"a": naive, "b": [naive, {"c": naive, "d": "x"}], "e": {"f": [1, "s"]}, "g": None})
     )
-    expected = _in(bson.decode(bson.encode(doc)))
+    expected = from_mongo(bson.decode(bson.encode(doc)))
     entries = doc["b"]
-    assert _in_place(doc) is doc and doc["b"] is entries  # converted where it is
+    assert from_mongo_in_place(doc) is doc and doc["b"] is entries  # converted where it is
     assert doc == expected and doc["a"].tzinfo is UTC and doc["b"][1]["c"] == naive.replace(tzinfo=UTC)
 
 
@@ -149,12 +149,12 @@ async def test_the_claims_of_one_call_share_the_filter_and_each_sends_its_own_at
 
     driver.tasks.find_one_and_update = find_one_and_update
     assert await driver.claim(params) == []
-    attempts = [update[0]["$set"][WS]["$concatArrays"][1][0]["attempt"] for _, update in sent]
+    attempts = [update[0]["$set"][WORKER_STATES]["$concatArrays"][1][0]["attempt"] for _, update in sent]
     assert sorted(attempts) == ["a1", "a2", "a3"]
     fresh_filter = driver._claim_filter(params)
     assert all(filter_ == fresh_filter for filter_, _ in sent)
     for attempt, (_, update) in zip(attempts, sent, strict=True):
-        assert update[0]["$set"][WS]["$concatArrays"][1][0] == driver._claim_entry(params, attempt)
+        assert update[0]["$set"][WORKER_STATES]["$concatArrays"][1][0] == driver._claim_entry(params, attempt)
     # another call (another time) is built afresh
     later = ClaimParams("w1", ["job"], TIMES[2], ["a4"])
     assert await driver.claim(later) == []

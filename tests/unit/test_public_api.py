@@ -1,12 +1,18 @@
-"""The public API is deliberate (STYLE 13): a change to ``mscheduler.__all__`` must change this test."""
+"""The public surface is deliberate: ``mscheduler``, ``mscheduler.testing`` and ``mscheduler.web``
+(``create_app`` and its tokens) are public, each with an exact ``__all__`` a change must change
+here; everything else is internal by name, and no module of the package imports another's
+``_``-prefixed name (a name two modules share is public in the one that defines it)."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import pkgutil
 import tomllib
 from pathlib import Path
+
+import pytest
 
 import mscheduler
 
@@ -89,6 +95,21 @@ EXPECTED = [
     "WorkflowInfo",
 ]
 
+TESTING = [
+    "FakeClock",
+    "HandlerRun",
+    "KitPublisher",
+    "MisplacedTask",
+    "SchedulerKit",
+    "SkewedClock",
+    "mongomock_database",
+    "mongos_database",
+    "run_handler",
+    "scheduler_kit",
+]
+
+WEB = ["API", "ApiLimits", "ApiTokens", "Role", "Token", "create_app", "parse_tokens", "read_tokens_file"]
+
 # Exceptions defined in the package that users never catch, with the reason.
 INTERNAL_EXCEPTIONS = {
     "mscheduler.cli.common.CliError": "the command line's own message-and-exit-code carrier",
@@ -102,6 +123,7 @@ INTERNAL_EXCEPTIONS = {
     "mscheduler.testing.mongos.MisplacedTask": "the mongos stand-in refusing a write, as a server WriteError",
     "mscheduler.runtime.consumer.runner.RunTimedOut": "an attempt's error type, never raised to users",
     "mscheduler.web.guards.BodyTooLarge": "the body cap's signal inside the app, answered as a 413",
+    "mscheduler.web.deps.HttpError": "an error answer raised inside the app, answered as its JSON",
     "mscheduler.remote.client.ServerBusy": "a 429 to ExecutorClient: a transient StorageError",
 }
 
@@ -112,6 +134,49 @@ def test_all_is_exactly_the_expected_list() -> None:
     assert mscheduler.__all__ == EXPECTED
     assert mscheduler.__all__ == sorted(mscheduler.__all__)
     assert len(set(mscheduler.__all__)) == len(mscheduler.__all__)
+
+
+@pytest.mark.parametrize(("module", "expected"), [("mscheduler.testing", TESTING), ("mscheduler.web", WEB)])
+def test_the_other_public_modules_export_exactly_their_lists(module: str, expected: list[str]) -> None:
+    imported = importlib.import_module(module)
+    assert imported.__all__ == expected
+    namespace: dict[str, object] = {}
+    exec(f"from {module} import *", namespace)
+    assert sorted(k for k in namespace if k != "__builtins__") == sorted(expected)
+    for name in expected:
+        assert inspect.getdoc(getattr(imported, name)), f"{module}.{name} has no docstring"
+
+
+def _private_imports(source: str) -> list[str]:
+    """``from mscheduler... import _name`` (dunders aside) and imports of ``_``-prefixed modules."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith("mscheduler"):
+            continue
+        module = node.module or ""
+        if any(part.startswith("_") and not part.startswith("__") for part in module.split(".")):
+            found.append(module)
+        found += [
+            f"{module}.{a.name}" for a in node.names if a.name.startswith("_") and not a.name.endswith("__")
+        ]
+    return found
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    found = {
+        str(path.relative_to(REPO)): names
+        for path in sorted((REPO / "mscheduler").rglob("*.py"))
+        if (names := _private_imports(path.read_text()))
+    }
+    assert not found, f"give these a public name where they are defined: {found}"
+
+
+def test_the_private_import_check_sees_one() -> None:
+    assert _private_imports("from mscheduler.drivers.mongo.common import _helper, __version__") == [
+        "mscheduler.drivers.mongo.common._helper"
+    ]
+    assert _private_imports("from mscheduler.web import _internal") == ["mscheduler.web._internal"]
+    assert _private_imports("from os import _exit") == []
 
 
 def test_every_public_name_is_importable_and_documented() -> None:

@@ -1,4 +1,4 @@
-"""The memory driver's flow limits (SPEC G5): a dict of limit documents by key and a dict of which
+"""The memory driver's flow limits: a dict of limit documents by key and a dict of which
 limit covers each name (the Mongo unique index ``limits_names``'s twin). The rules are
 ``mscheduler.domain.limits.grant`` / ``settle``, the same the Mongo driver writes as pipelines; no
 operation awaits inside, so each is atomic on the event loop.

@@ -142,7 +142,7 @@ class MemoryListing:
 
     async def list_tasks(self, params: ListParams) -> list[dict[str, Any]]:
         wanted = _matcher(params)
-        want = params.skip + params.limit
+        want = params.limit
         if params.order in _WALKED:
             found: list[dict[str, Any]] = []
             for key in self._walk(params):
@@ -158,10 +158,10 @@ class MemoryListing:
             pick = heapq.nlargest if params.descending else heapq.nsmallest
             candidates = (self._tasks[k] for k in self._candidates(params))
             found = pick(want, (d for d in candidates if wanted(d)), key=sort_key)
-        return [copy_doc(d) for d in found[params.skip :]]
+        return [copy_doc(d) for d in found]
 
     async def count_tasks(self, params: ListParams, cap: int) -> int:
-        unpaged = replace(params, after_key=None, after_time=None, after_rank=None, skip=0)
+        unpaged = replace(params, after_key=None, after_time=None, after_rank=None)
         wanted = _matcher(unpaged)
         counted = 0
         keys = self._walk(unpaged) if unpaged.order in _WALKED else self._candidates(unpaged)

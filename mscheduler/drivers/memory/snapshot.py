@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 FORMAT = "mscheduler-memory-snapshot"
 VERSION = 1
 MAX_DEPTH = 64  # a task's params and results (32 levels) inside its document, with room to spare
-_JSON = json_util.JSONOptions(json_mode=json_util.JSONMode.CANONICAL, tz_aware=True)
+CANONICAL_JSON = json_util.JSONOptions(json_mode=json_util.JSONMode.CANONICAL, tz_aware=True)
 
 
 def dump(driver: MemoryDriver, now: datetime) -> dict[str, Any]:
@@ -144,7 +144,7 @@ def check_value(value: Any, where: str, depth: int = 0) -> None:
 
 def save(driver: MemoryDriver, path: Path, now: datetime) -> int:
     """Write the store to ``path`` (atomically: a temporary file renamed over it); its size."""
-    text = json_util.dumps(dump(driver, now), json_options=_JSON)
+    text = json_util.dumps(dump(driver, now), json_options=CANONICAL_JSON)
     return write_text(path, text)
 
 
@@ -169,7 +169,7 @@ def load(driver: MemoryDriver, path: Path) -> int:
     for a file that is not a snapshot (the driver is then not to be used: start afresh)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
-        data = json_util.loads(text, json_options=_JSON)
+        data = json_util.loads(text, json_options=CANONICAL_JSON)
     except OSError as exc:
         raise InvalidInput(f"cannot read the snapshot {str(path)!r}: {exc.strerror or exc}") from exc
     except ValueError as exc:

@@ -1,4 +1,4 @@
-"""Statistics of ``MemoryDriver`` (SPEC F27): the numbers of ``mongo_stats.py``'s pipelines,
+"""Statistics of ``MemoryDriver``: the numbers of ``mongo_stats.py``'s pipelines,
 computed in Python in one pass over the tasks (definitions in ``mscheduler.domain.stats``).
 
 Stored times have millisecond precision (every clock cuts to it, as BSON does) and the bounds

@@ -41,13 +41,13 @@ from mscheduler.drivers.mongo.common import (
     KEY_INDEX,
     PARENTS_INDEX,
     T,
-    _derive_stages,
-    _in,
-    _lit,
-    _resolve,
     admin_read,
     by_keys,
+    derive_stages,
+    from_mongo,
+    literal,
     one_task,
+    resolved,
     write_concern_only,
 )
 
@@ -103,7 +103,7 @@ class MongoChildren:
     ) -> list[dict[str, Any]]:
         async def read() -> list[dict[str, Any]]:
             cursor = self.tasks_primary.find(by_keys(keys, self.partitions), projection).hint(KEY_INDEX)
-            return [_in(doc) async for doc in cursor]
+            return [from_mongo(doc) async for doc in cursor]
 
         return await self._call(what, read)
 
@@ -129,13 +129,13 @@ class MongoChildren:
                 if plan.summary == doc["state"].get("children"):
                     continue
                 rev = doc["state"].get("children_rev")  # the compare-and-set
-                change = {"state.children": _lit(plan.summary), "state.children_rev": (rev or 0) + 1}
+                change = {"state.children": literal(plan.summary), "state.children_rev": (rev or 0) + 1}
                 written.append(doc["key"])
                 if doc.get("parent") is not None:
                     cascade.append(doc["parent"])
                 part = part_of(doc["key"], self.partitions)
                 filter_ = {**one_task(doc["key"], part), "state.children_rev": rev}
-                ops.append((part, UpdateOne(filter_, [{"$set": change}, *_derive_stages(params.now)])))
+                ops.append((part, UpdateOne(filter_, [{"$set": change}, *derive_stages(params.now)])))
             if not ops:
                 break
             matched, uncertain = await self._write_summaries(ops)
@@ -206,7 +206,7 @@ class MongoChildren:
         return matched, uncertain
 
     async def _unblock(self, keys: list[str], params: SyncParentsParams) -> None:
-        pipeline = [{"$set": {"state.blocked": False}}, *_derive_stages(params.now)]
+        pipeline = [{"$set": {"state.blocked": False}}, *derive_stages(params.now)]
         for part, of_part in by_part(keys, self.partitions).items():
             filter_ = {"key": {"$in": of_part}, "part": part, "state.blocked": True}
 
@@ -251,7 +251,7 @@ class MongoChildren:
 
         async def read() -> list[Any]:
             cursor = self.tasks_primary.find(filter_, RESULT_FIELDS).sort("position", 1).hint(FAMILY_INDEX)
-            return [result_of(_in(doc)) async for doc in cursor]
+            return [result_of(from_mongo(doc)) async for doc in cursor]
 
         return await self._call("read map step results", read)
 
@@ -263,7 +263,7 @@ class MongoChildren:
         ]
 
         async def read() -> dict[str, int]:
-            cursor = await _resolve(
+            cursor = await resolved(
                 self.tasks.aggregate(pipeline, hint=FAMILY_INDEX, maxTimeMS=ADMIN_READ_MS)
             )
             return {row["_id"]: int(row["n"]) async for row in cursor if isinstance(row["_id"], str)}
@@ -281,12 +281,12 @@ class MongoChildren:
         on_failure = params.on_failure
         summary = map_summary(await self._item_statuses(params.key), on_failure)
         change = {
-            "children": _lit({"mode": MAP, "count": params.count, "on_failure": on_failure}),
+            "children": literal({"mode": MAP, "count": params.count, "on_failure": on_failure}),
             "state.blocked": False,
-            "state.children": _lit(summary),
+            "state.children": literal(summary),
             "state.children_rev": 0,
         }
-        pipeline = [{"$set": change}, *_derive_stages(params.now)]
+        pipeline = [{"$set": change}, *derive_stages(params.now)]
 
         async def update() -> Any:
             return await self.tasks.update_one(filter_, pipeline)
@@ -307,7 +307,7 @@ class MongoChildren:
         pipeline = [
             {"$project": {"children": 0, "state.children": 0, "state.children_rev": 0}},
             {"$set": {"state.blocked": True}},
-            *_derive_stages(params.now),
+            *derive_stages(params.now),
         ]
         reset = 0
         for part, of_part in by_part(keys, self.partitions).items():
@@ -327,7 +327,7 @@ class MongoChildren:
             "children": {"$exists": False},
         }
         marked = {"status": params.status, "reason": params.reason, "by": params.by, "time": params.now}
-        pipeline = [{"$set": {"state.marked": _lit(marked)}}, *_derive_stages(params.now)]
+        pipeline = [{"$set": {"state.marked": literal(marked)}}, *derive_stages(params.now)]
 
         async def update() -> Any:
             return await self.tasks.update_one(filter_, pipeline)

@@ -52,7 +52,7 @@ TASKS = "mscheduler_tasks"
 WORKERS = "mscheduler_workers"
 META = "mscheduler_meta"  # the store's layout: its partitions, whether it is sharded
 
-WS = "state.worker_states"
+WORKER_STATES = "state.worker_states"
 TRANSIENT_ERRORS = (AutoReconnect, ConnectionFailure, NetworkTimeout, NotPrimaryError, ExecutionTimeout)
 # Server codes that a retry may fix: interrupted / shutting down / not primary / write conflict /
 # not yet initialized (94: a replica set that is starting).
@@ -70,7 +70,7 @@ class WriteMayRollBack(AutoReconnect):
 
 def may_roll_back(exc: BulkWriteError) -> bool:
     """A bulk write's write-concern errors say the primary stepped down or shut down."""
-    return bool(_write_concern_codes(exc) & RETRYABLE_WRITE_CONCERN_CODES)
+    return bool(write_concern_codes(exc) & RETRYABLE_WRITE_CONCERN_CODES)
 
 
 # Configuration errors no retry fixes: unauthorized, auth failed, unknown / unsatisfiable write
@@ -120,12 +120,8 @@ FAMILY_INDEX = "family"
 STATS_COUNTS_INDEX = "stats_counts"
 FINISHED_INDEX = "finished_key"
 LANES_INDEX = "lanes"
-# Index names of earlier builds that ``setup`` drops once their replacements exist: ``claim`` and
-# ``status`` (before the claimer tokens), ``finished`` (state.status, state.finish_time, name;
-# ``finished_key`` replaced it: the finished listing's order needs key), ``deadline`` (deadline,
-# status: range-first; ``status_deadline`` replaced it). An index whose keys or
-# options change keeps its name only if ``setup`` may rebuild it (drivers/mongo/indexes.py).
-RETIRED_INDEXES = ("finished", "claim", "status", "deadline")
+# An index whose keys or options change keeps its name only if ``setup`` may rebuild it
+# (drivers/mongo/indexes.py).
 
 
 def live_hash(unique_hash: Any) -> dict[str, Any]:
@@ -146,7 +142,7 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
     (
         # key last: the claim's ``key $nin exclude_keys`` is checked on the index keys, so tasks
         # this worker holds or already ran (fan-out) are skipped without fetching them
-        # the partition first: a claim names one (a sharded cluster's one shard, issue 18.9)
+        # the partition first: a claim names one (a sharded cluster's one shard)
         # claim_at after order_at: a task that ages may be in the order's range before it is due
         # (order_at <= claim_at); its due time is then checked on the index key, not fetched
         [
@@ -163,7 +159,10 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
     # wake-ups: the same equality, then due time (merged across tokens: no in-memory sort)
     ([("part", 1), ("state.claimers", 1), ("state.claim_at", 1)], {"name": WAKEUP_INDEX}),
     # the lease pass, one partition at a time
-    ([("part", 1), (f"{WS}.status", 1), (f"{WS}.ping_expire_time", 1)], {"name": LEASES_INDEX}),
+    (
+        [("part", 1), (f"{WORKER_STATES}.status", 1), (f"{WORKER_STATES}.ping_expire_time", 1)],
+        {"name": LEASES_INDEX},
+    ),
     # running entries of earlier generations (state.history): the lease pass's second range.
     # Partial: only documents holding one (none, unless an earlier build moved a running entry
     # there at a restart), so it is empty and costs nothing
@@ -171,7 +170,7 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
         [("part", 1), (HISTORY_RUNNING, 1), ("state.history.worker_states.ping_expire_time", 1)],
         {"name": LEASES_HISTORY_INDEX, "partialFilterExpression": {HISTORY_RUNNING: "running"}},
     ),
-    (f"{WS}.attempt", {"name": ATTEMPT_INDEX}),
+    (f"{WORKER_STATES}.attempt", {"name": ATTEMPT_INDEX}),
     # admin reads: list by status / by name (+ status) / all, newest page by cursor; counts
     ([("state.status", 1), ("state.create_time", 1), ("key", 1)], {"name": STATUS_INDEX}),
     ([("name", 1), ("state.status", 1), ("state.create_time", 1), ("key", 1)], {"name": NAME_INDEX}),
@@ -186,7 +185,7 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
     ),
     # list by worker: multikey on the entries' worker ids, then the listing order (a task with
     # several entries of one worker is returned once: the scan de-duplicates)
-    ([(f"{WS}.worker_id", 1), ("state.create_time", 1), ("key", 1)], {"name": WORKER_INDEX}),
+    ([(f"{WORKER_STATES}.worker_id", 1), ("state.create_time", 1), ("key", 1)], {"name": WORKER_INDEX}),
     # list by group: multikey on the groups a task is aimed at, then the listing order; partial,
     # so the (many) tasks aimed at no group cost nothing here
     (
@@ -275,87 +274,87 @@ def task_indexes(sharded: bool) -> list[tuple[Any, dict[str, Any]]]:
 # -- datetimes: naive UTC on the wire (as BSON holds them), aware UTC everywhere else -----------
 
 
-# values that _out and _in pass through as they are, by exact type: most of a document's values,
+# values that to_mongo and from_mongo pass through as they are, by exact type: most of a document's values,
 # skipped without a call (a subclass takes the general path)
-_AS_IS = frozenset({str, int, float, bool, type(None), bytes})
+AS_IS = frozenset({str, int, float, bool, type(None), bytes})
 
 
-def _out(value: Any) -> Any:
+def to_mongo(value: Any) -> Any:
     """Convert aware datetimes to naive UTC, recursively, for filters and updates."""
     kind = type(value)
     if kind is dict:
-        return {k: v if type(v) in _AS_IS else _out(v) for k, v in value.items()}
+        return {k: v if type(v) in AS_IS else to_mongo(v) for k, v in value.items()}
     if kind is list:
-        return [v if type(v) in _AS_IS else _out(v) for v in value]
+        return [v if type(v) in AS_IS else to_mongo(v) for v in value]
     if isinstance(value, datetime):
         if value.tzinfo is UTC:  # most times: one call, not two
             return value.replace(tzinfo=None)
         return value.astimezone(UTC).replace(tzinfo=None) if value.tzinfo else value
     if isinstance(value, dict):
-        return {k: _out(v) for k, v in value.items()}
+        return {k: to_mongo(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_out(v) for v in value]
+        return [to_mongo(v) for v in value]
     return value
 
 
-def _in(value: Any) -> Any:
+def from_mongo(value: Any) -> Any:
     """Make every datetime read from the database aware (UTC)."""
     kind = type(value)
     if kind is dict:
-        return {k: v if type(v) in _AS_IS else _in(v) for k, v in value.items()}
+        return {k: v if type(v) in AS_IS else from_mongo(v) for k, v in value.items()}
     if kind is list:
-        return [v if type(v) in _AS_IS else _in(v) for v in value]
+        return [v if type(v) in AS_IS else from_mongo(v) for v in value]
     if isinstance(value, datetime):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     if isinstance(value, dict):
-        return {k: _in(v) for k, v in value.items()}
+        return {k: from_mongo(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_in(v) for v in value]
+        return [from_mongo(v) for v in value]
     return value
 
 
-def _in_place(value: Any) -> Any:
-    """``_in`` for a document of our own (just decoded, nobody else holds it): its dicts and
+def from_mongo_in_place(value: Any) -> Any:
+    """``from_mongo`` for a document of our own (just decoded, nobody else holds it): its dicts and
     lists are changed where they are, not copied (a third of the cost on a task's document)."""
     kind = type(value)
     if kind is dict:
         for k, v in value.items():  # values replaced, keys unchanged: the iteration holds
-            if type(v) not in _AS_IS:
-                converted = _in_place(v)
+            if type(v) not in AS_IS:
+                converted = from_mongo_in_place(v)
                 if converted is not v:
                     value[k] = converted
         return value
     if kind is list:
         for i, v in enumerate(value):
-            if type(v) not in _AS_IS:
-                converted = _in_place(v)
+            if type(v) not in AS_IS:
+                converted = from_mongo_in_place(v)
                 if converted is not v:
                     value[i] = converted
         return value
-    return _in(value)
+    return from_mongo(value)
 
 
-def _lit(value: Any) -> dict[str, Any]:
-    return {"$literal": value if type(value) in _AS_IS else _out(value)}
+def literal(value: Any) -> dict[str, Any]:
+    return {"$literal": value if type(value) in AS_IS else to_mongo(value)}
 
 
 # -- pipeline pieces ------------------------------------------------------------------------------
 
 
-def _count(statuses: Sequence[str]) -> dict[str, Any]:
+def count_entries(statuses: Sequence[str]) -> dict[str, Any]:
     cond = (
         {"$eq": ["$$e.status", statuses[0]]}
         if len(statuses) == 1
         else {"$in": ["$$e.status", list(statuses)]}
     )
-    return {"$size": {"$filter": {"input": f"${WS}", "as": "e", "cond": cond}}}
+    return {"$size": {"$filter": {"input": f"${WORKER_STATES}", "as": "e", "cond": cond}}}
 
 
-_FAILURE_STATUSES = ["failed", "lost", "rejected"]
-_RETRY_STATUSES = [*_FAILURE_STATUSES, "snoozed"]  # entries whose retry_at sets the task's
+FAILURE_STATUSES = ["failed", "lost", "rejected"]
+_RETRY_STATUSES = [*FAILURE_STATUSES, "snoozed"]  # entries whose retry_at sets the task's
 
 
-def _derive_stages(now: datetime, *, raw: bool = False) -> list[Any]:
+def derive_stages(now: datetime, *, raw: bool = False) -> list[Any]:
     """``mscheduler.domain.state.derive`` as update-pipeline stages (``_build_derive_stages``),
     built once and filled in with ``now`` per write: only the containers on the way to ``now``
     are new, the rest is shared (never changed: PyMongo does not change a pipeline). ``raw``:
@@ -364,7 +363,7 @@ def _derive_stages(now: datetime, *, raw: bool = False) -> list[Any]:
     without the encoding."""
     if raw:
         return _RAW_DERIVE_STAGES.fill(now)
-    stages: list[Any] = _fill(_DERIVE_STAGES, _out(now))
+    stages: list[Any] = _fill(_DERIVE_STAGES, to_mongo(now))
     return stages
 
 
@@ -485,7 +484,9 @@ def _build_derive_stages(now: datetime) -> list[dict[str, Any]]:
     # null or missing: unlimited ($gt would say any count > null; $ne says missing != null, so the
     # missing case is folded into null first)
     budget = {"$ifNull": ["$option.max_unexpected_retries", None]}
-    final_entries = {"$filter": {"input": f"${WS}", "as": "e", "cond": {"$eq": ["$$e.final", True]}}}
+    final_entries = {
+        "$filter": {"input": f"${WORKER_STATES}", "as": "e", "cond": {"$eq": ["$$e.final", True]}}
+    }
     exhausted = {
         "$or": [
             {"$and": [{"$ne": [budget, None]}, {"$gt": ["$state.fail_cnt", budget]}]},
@@ -505,16 +506,16 @@ def _build_derive_stages(now: datetime) -> list[dict[str, Any]]:
     return [
         {
             "$set": {
-                "state.running_cnt": _count(["running"]),
-                "state.success_cnt": _count(["succeeded"]),
-                "state.fail_cnt": _count(_FAILURE_STATUSES),
-                "state.rejected_cnt": _count(["rejected"]),
+                "state.running_cnt": count_entries(["running"]),
+                "state.success_cnt": count_entries(["succeeded"]),
+                "state.fail_cnt": count_entries(FAILURE_STATUSES),
+                "state.rejected_cnt": count_entries(["rejected"]),
                 # Only failures set the retry time (as in derive): the latest of the failures'
                 # retry_at ($max of an array skips the nulls of the other entries)
                 "state.retry_at": {
                     "$max": {
                         "$map": {
-                            "input": f"${WS}",
+                            "input": f"${WORKER_STATES}",
                             "as": "e",
                             "in": {"$cond": [{"$in": ["$$e.status", _RETRY_STATUSES]}, "$$e.retry_at", None]},
                         }
@@ -531,7 +532,7 @@ def _build_derive_stages(now: datetime) -> list[dict[str, Any]]:
                         0,
                     ]
                 },
-                "state.update_time": _lit(now),
+                "state.update_time": literal(now),
             }
         },
         {
@@ -583,7 +584,7 @@ def _build_derive_stages(now: datetime) -> list[dict[str, Any]]:
         # task claimable by someone new (claimers changed to a non-empty list); it is top-level
         # so that a stream's leading $match on it is pushed down to the oplog scan (see
         # watch_pipeline), where pings and other writes that wake nobody are dropped
-        {"$set": {"_claimers": _claimers(), **claim_order_fields()}},
+        {"$set": {"_claimers": claimers_expression(), **claim_order_fields()}},
         {"$set": {"wake": _wake(), "state.claimers": "$_claimers"}},
         {"$project": {"_claimers": 0}},
         _lifecycle_stage(now),
@@ -632,7 +633,7 @@ def _lifecycle_stage(now: datetime) -> dict[str, Any]:
             "state.finish_time": {
                 "$cond": [
                     {"$and": [{"$in": ["$state.status", list(TERMINAL)]}, {"$eq": [open_children, 0]}]},
-                    {"$ifNull": ["$state.finish_time", _lit(now)]},
+                    {"$ifNull": ["$state.finish_time", literal(now)]},
                     None,
                 ]
             },
@@ -684,17 +685,21 @@ def claim_order_fields() -> dict[str, Any]:
     }
 
 
-def _claimers() -> dict[str, Any]:
+def claimers_expression() -> dict[str, Any]:
     """``state.claimers`` (see mscheduler.domain.state): ``name|worker`` per allowed worker that holds no
     running or succeeded entry, ``name|*`` for untargeted tasks, [] when not claimable. A $filter
     with ``$in``: the named workers in their order, as ``derive`` lists them (``$setDifference``
     would not keep it)."""
-    # with same_worker_may_repeat (SPEC F33) a success does not bar its worker, a running entry does
+    # with same_worker_may_repeat a success does not bar its worker, a running entry does
     busy_statuses = {"$cond": [{"$eq": ["$option.same_worker_may_repeat", True]}, ["running"], BUSY]}
     busy_workers = {
         "$map": {
             "input": {
-                "$filter": {"input": f"${WS}", "as": "e", "cond": {"$in": ["$$e.status", busy_statuses]}}
+                "$filter": {
+                    "input": f"${WORKER_STATES}",
+                    "as": "e",
+                    "cond": {"$in": ["$$e.status", busy_statuses]},
+                }
             },
             "as": "e",
             "in": "$$e.worker_id",
@@ -749,15 +754,21 @@ ALL_STATUSES = [status.value for status in TaskStatus]
 _ENTRY_REFS = {f: f"$$e.{f}" for f in ENTRY_FIELDS}  # each field of an entry as it is
 
 
-def _rebuild_entries(
+def rebuild_entries(
     match: dict[str, Any], changes: dict[str, Any], expressions: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """A ``$set`` of worker_states where entries matching ``match`` get ``changes`` (literals) and
     ``expressions`` (evaluated; our own, never user data)."""
-    rebuilt = _ENTRY_REFS | {f: _lit(v) for f, v in changes.items()}  # in ENTRY_FIELDS' order
+    rebuilt = _ENTRY_REFS | {f: literal(v) for f, v in changes.items()}  # in ENTRY_FIELDS' order
     if expressions:
         rebuilt |= expressions
-    return {"$set": {WS: {"$map": {"input": f"${WS}", "as": "e", "in": {"$cond": [match, rebuilt, "$$e"]}}}}}
+    return {
+        "$set": {
+            WORKER_STATES: {
+                "$map": {"input": f"${WORKER_STATES}", "as": "e", "in": {"$cond": [match, rebuilt, "$$e"]}}
+            }
+        }
+    }
 
 
 def expired_entries_stage(now: datetime, retry_at: Any) -> dict[str, Any]:
@@ -765,7 +776,7 @@ def expired_entries_stage(now: datetime, retry_at: Any) -> dict[str, Any]:
     ``now`` are settled — ``cancelled`` on a cancelled task, ``released`` (``Paused``) when a
     stopping pause listed them (nothing was lost), else ``lost`` with ``retry_at`` (an expression:
     the policy's delay after ``now``)."""
-    match = {"$and": [{"$eq": ["$$e.status", "running"]}, {"$lte": ["$$e.ping_expire_time", _lit(now)]}]}
+    match = {"$and": [{"$eq": ["$$e.status", "running"]}, {"$lte": ["$$e.ping_expire_time", literal(now)]}]}
     cancelled = {"$ne": [{"$ifNull": ["$state.cancelled", None]}, None]}
     paused = {
         "$and": [
@@ -780,10 +791,10 @@ def expired_entries_stage(now: datetime, retry_at: Any) -> dict[str, Any]:
 
     expressions = {
         "status": by_cause("cancelled", "released", "lost"),
-        "error": by_cause(_lit(cancelled_error()), _lit(paused_error()), _lit(lost_error())),
+        "error": by_cause(literal(cancelled_error()), literal(paused_error()), literal(lost_error())),
         "retry_at": by_cause(None, None, retry_at),
     }
-    return _rebuild_entries(match, {"end_time": now}, expressions)
+    return rebuild_entries(match, {"end_time": now}, expressions)
 
 
 def with_history_record(record: dict[str, Any]) -> dict[str, Any]:
@@ -793,7 +804,7 @@ def with_history_record(record: dict[str, Any]) -> dict[str, Any]:
     appended = {
         "$concatArrays": [
             {"$ifNull": ["$state.history", []]},
-            {"$map": {"input": _lit([0]), "as": "x", "in": record}},
+            {"$map": {"input": literal([0]), "as": "x", "in": record}},
         ]
     }
     return {"$slice": [appended, -MAX_HISTORY]}
@@ -809,16 +820,16 @@ def reset_pipeline(
     generation = {"$ifNull": ["$state.generation", 0]}
     record = {
         "generation": generation,
-        "restart_time": _lit(now),
-        "worker_states": f"${WS}",
-        "action": _lit("reset"),
-        "by": _lit(by),
+        "restart_time": literal(now),
+        "worker_states": f"${WORKER_STATES}",
+        "action": literal("reset"),
+        "by": literal(by),
     }
     changes: dict[str, Any] = {
-        "params": _lit(doc["params"]),
-        "option": _lit(doc["option"]),
-        "unique_hash": _lit(doc["unique_hash"]),
-        **{f"state.{k}": _lit(v) for k, v in state.items()},
+        "params": literal(doc["params"]),
+        "option": literal(doc["option"]),
+        "unique_hash": literal(doc["unique_hash"]),
+        **{f"state.{k}": literal(v) for k, v in state.items()},
         "state.generation": {"$add": [generation, 1]},
         # claimable again: the change stream passes it
         WAKE: bump_wake(),
@@ -837,10 +848,10 @@ def reset_pipeline(
 def expired_history_stage(now: datetime) -> dict[str, Any]:
     """The running entries of earlier generations (``state.history``) whose lease ended become
     ``lost``: an attempt is never left running for ever, whichever generation holds it (entries
-    rebuilt field by field, as ``_rebuild_entries`` does)."""
-    match = {"$and": [{"$eq": ["$$e.status", "running"]}, {"$lte": ["$$e.ping_expire_time", _lit(now)]}]}
+    rebuilt field by field, as ``rebuild_entries`` does)."""
+    match = {"$and": [{"$eq": ["$$e.status", "running"]}, {"$lte": ["$$e.ping_expire_time", literal(now)]}]}
     changes = {"status": "lost", "end_time": now, "error": lost_error()}
-    lost = {f: _lit(changes[f]) if f in changes else f"$$e.{f}" for f in ENTRY_FIELDS}
+    lost = {f: literal(changes[f]) if f in changes else f"$$e.{f}" for f in ENTRY_FIELDS}
     entries = {"$map": {"input": "$$h.worker_states", "as": "e", "in": {"$cond": [match, lost, "$$e"]}}}
     generation = {
         "generation": "$$h.generation",
@@ -853,7 +864,7 @@ def expired_history_stage(now: datetime) -> dict[str, Any]:
     return {"$set": {"state.history": history}}
 
 
-def _has_label(exc: BaseException, label: str) -> bool:
+def has_error_label(exc: BaseException, label: str) -> bool:
     return bool(getattr(exc, "has_error_label", lambda _: False)(label))
 
 
@@ -868,21 +879,21 @@ def write_concern_only(exc: BaseException | None) -> bool:
     return False
 
 
-def _is_transient(exc: PyMongoError) -> bool:
+def is_transient(exc: PyMongoError) -> bool:
     if isinstance(exc, TRANSIENT_ERRORS):
         return True
     if write_concern_only(exc):
         # Only the retryable codes: 64 (wtimeout) means applied on the primary but not yet on a
         # majority (retrying would wait again); 79 / 100 are configuration errors.
-        codes = _write_concern_codes(exc)
+        codes = write_concern_codes(exc)
         retryable = bool(codes) and codes <= RETRYABLE_WRITE_CONCERN_CODES
-        return retryable or _has_label(exc, "RetryableWriteError")
+        return retryable or has_error_label(exc, "RetryableWriteError")
     if isinstance(exc, OperationFailure) and exc.code in TRANSIENT_CODES:
         return True
-    return _has_label(exc, "RetryableWriteError")
+    return has_error_label(exc, "RetryableWriteError")
 
 
-def _write_concern_codes(exc: BaseException) -> set[int]:
+def write_concern_codes(exc: BaseException) -> set[int]:
     if isinstance(exc, WriteConcernError):
         return {exc.code} if exc.code is not None else set()
     if isinstance(exc, BulkWriteError):
@@ -890,7 +901,7 @@ def _write_concern_codes(exc: BaseException) -> set[int]:
     return set()
 
 
-def _translate(what: str, exc: Exception) -> StorageError:
+def storage_error(what: str, exc: Exception) -> StorageError:
     """A driver error as a StorageError, classified (see StorageError)."""
     if isinstance(exc, InvalidDocument):  # DocumentTooLarge and unencodable values: not PyMongoErrors
         return StorageError(f"{what} failed: {exc}", document=True)
@@ -899,11 +910,11 @@ def _translate(what: str, exc: Exception) -> StorageError:
         codes = {e.get("code") for e in exc.details.get("writeErrors", [])}
         if codes and codes <= DOCUMENT_CODES:
             return StorageError(f"{what} failed: {exc}", document=True)
-    if code in CONFIG_CODES or _write_concern_codes(exc) & CONFIG_CODES:
+    if code in CONFIG_CODES or write_concern_codes(exc) & CONFIG_CODES:
         return StorageError(f"{what} failed (configuration): {exc}", config=True)
     if code in DOCUMENT_CODES:
         return StorageError(f"{what} failed: {exc}", document=True)
-    transient = isinstance(exc, PyMongoError) and _is_transient(exc)
+    transient = isinstance(exc, PyMongoError) and is_transient(exc)
     return StorageError(f"{what} failed: {exc}", transient=transient)
 
 
@@ -930,12 +941,12 @@ async def read_page(
 
     async def read() -> list[dict[str, Any]]:
         cursor = collection.find(filter_, TASK_FIELDS).sort(sort).skip(skip).limit(limit).hint(index)
-        return [_in(doc) async for doc in cursor.max_time_ms(ADMIN_READ_MS)]
+        return [from_mongo(doc) async for doc in cursor.max_time_ms(ADMIN_READ_MS)]
 
     return await admin_read("a listing", read)
 
 
-async def _resolve(value: Any) -> Any:
+async def resolved(value: Any) -> Any:
     """PyMongo async returns coroutines where Motor returns cursors: accept both."""
     return await value if inspect.isawaitable(value) else value
 
@@ -943,9 +954,11 @@ async def _resolve(value: Any) -> Any:
 def stop_expression(action: str, now: datetime) -> dict[str, Any]:
     """``drivers.base.stop_record`` as a pipeline expression, over the entries before the change:
     {action, time, attempts of the running entries}, or null when nothing runs."""
-    running = {"$filter": {"input": f"${WS}", "as": "e", "cond": {"$eq": ["$$e.status", "running"]}}}
+    running = {
+        "$filter": {"input": f"${WORKER_STATES}", "as": "e", "cond": {"$eq": ["$$e.status", "running"]}}
+    }
     attempts = {"$map": {"input": running, "as": "e", "in": "$$e.attempt"}}
-    record = {"action": _lit(action), "time": _lit(now), "attempts": attempts}
+    record = {"action": literal(action), "time": literal(now), "attempts": attempts}
     return {"$cond": [{"$gt": [{"$size": attempts}, 0]}, record, None]}
 
 
@@ -1051,7 +1064,7 @@ def change_event(change: dict[str, Any], token: Any) -> ChangeEvent | None:
                 key=key,
                 # a stop alone does not name the task's name (the consumer looks it up by key)
                 name=token_name(claimers[0]) if claimers else "",
-                claim_at=_in(claim_at) if isinstance(claim_at, datetime) else None,
+                claim_at=from_mongo(claim_at) if isinstance(claim_at, datetime) else None,
                 lease_expiry=None,
                 specific_worker_ids=(),
                 token=token,
@@ -1060,7 +1073,7 @@ def change_event(change: dict[str, Any], token: Any) -> ChangeEvent | None:
                 stop=stop,
                 stop_attempts=stop_attempts,
             )
-        return event_for(_in(change["fullDocument"]), token=token)
+        return event_for(from_mongo(change["fullDocument"]), token=token)
     except (KeyError, TypeError, AttributeError, IndexError):
         return None
 
@@ -1081,13 +1094,13 @@ def watch_error(exc: OperationFailure, token: Any) -> Exception:
     # starts) is a passing state, reopened with backoff, not "no change streams here"
     if exc.code in CHANGE_STREAM_UNSUPPORTED_CODES:
         return ChangeStreamUnsupported(str(exc))
-    if token is not None and (exc.code in CHANGE_STREAM_TOKEN_LOST_CODES or not _is_transient(exc)):
+    if token is not None and (exc.code in CHANGE_STREAM_TOKEN_LOST_CODES or not is_transient(exc)):
         # history lost, or a token the server cannot parse (50811, 40647, 40649, ...): any
         # refusal of a given token that a retry will not fix means "start afresh"
         return ResumeTokenLost(str(exc))
-    return StorageError(f"change stream failed: {exc}", transient=_is_transient(exc) or exc.code == 303)
+    return StorageError(f"change stream failed: {exc}", transient=is_transient(exc) or exc.code == 303)
 
 
-# the stages of _derive_stages as templates: dicts, and raw BSON
+# the stages of derive_stages as templates: dicts, and raw BSON
 _DERIVE_STAGES = _template(_build_derive_stages(_NOW))
 _RAW_DERIVE_STAGES = _RawStages(_build_derive_stages(_NOW))

@@ -71,73 +71,52 @@ from mscheduler.drivers.base import (
     settlement,
 )
 from mscheduler.drivers.mongo.children import MongoChildren
-from mscheduler.drivers.mongo.common import (  # noqa: F401  (re-exported for tests and the CLI)
-    _AS_IS,
-    _FAILURE_STATUSES,
-    ALL_STATUSES,
+from mscheduler.drivers.mongo.common import (
+    AS_IS,
     ATTEMPT_INDEX,
-    ATTEMPTS_INDEX,
-    CHANGE_STREAM_TOKEN_LOST_CODES,
-    CHANGE_STREAM_UNSUPPORTED_CODES,
     CLAIM_INDEX,
     CLAIM_SORT,
     CONFIG_CODES,
-    CREATED_INDEX,
     DEADLINE_INDEX,
     DEFAULT_PARALLEL_CLAIMS,
-    DOCUMENT_CODES,
     FINISHED,
     HISTORY_RUNNING,
-    INDEX_NAMES,
-    INDEXES,
     KEY_INDEX,
     LEASES_HISTORY_INDEX,
     LEASES_INDEX,
     MAJORITY_WTIMEOUT_MS,
     MAX_SCANS,
     META,
-    NAME_INDEX,
-    RETIRED_INDEXES,
-    RETRYABLE_WRITE_CONCERN_CODES,
     SHARD_KEY,
-    STATUS_INDEX,
     TASKS,
-    TRANSIENT_CODES,
-    TRANSIENT_ERRORS,
     UNIQUE_LIVE_INDEX,
-    WAKE,
     WAKEUP_INDEX,
+    WORKER_STATES,
     WORKERS,
-    WS,
     T,
     WriteMayRollBack,
-    _claimers,
-    _count,
-    _derive_stages,
-    _has_label,
-    _in,
-    _in_place,
-    _is_transient,
-    _lit,
-    _out,
-    _rebuild_entries,
-    _resolve,
-    _translate,
-    _write_concern_codes,
     by_keys,
     change_event,
-    claim_order_fields,
+    derive_stages,
     expired_entries_stage,
     expired_history_stage,
+    from_mongo,
+    from_mongo_in_place,
+    is_transient,
+    literal,
     live_hash,
     log,
     may_roll_back,
     one_task,
-    read_page,
+    rebuild_entries,
     reset_pipeline,
+    resolved,
+    storage_error,
     task_indexes,
+    to_mongo,
     watch_error,
     watch_pipeline,
+    write_concern_codes,
     write_concern_only,
 )
 from mscheduler.drivers.mongo.events import EVENT_INDEXES, MongoEvents
@@ -213,7 +192,7 @@ def _claimed_task(doc: dict[str, Any], attempt: str) -> ClaimedTask:
     entries = state["worker_states"]
     position = next(i for i, e in enumerate(entries) if e["attempt"] == attempt)
     fail_cnt = state["fail_cnt"]
-    option = _in_place(doc["option"])
+    option = from_mongo_in_place(doc["option"])
     params, parent, trace, needs = doc.get("params"), doc.get("parent"), doc.get("trace"), doc.get("needs")
     checkpoint = (state.get("checkpoint") or {}).get("data")
     retry_at = state.get("retry_at")
@@ -221,18 +200,18 @@ def _claimed_task(doc: dict[str, Any], attempt: str) -> ClaimedTask:
     return ClaimedTask(
         key=doc["key"],
         name=doc["name"],
-        params=params if type(params) in _AS_IS else _in_place(params),
+        params=params if type(params) in AS_IS else from_mongo_in_place(params),
         option=option,
         attempt=attempt,
         attempt_no=position + 1,
-        ping_expire_time=_in(entries[position]["ping_expire_time"]),
+        ping_expire_time=from_mongo(entries[position]["ping_expire_time"]),
         fail_cnt=fail_cnt,
-        failure_times=failure_times(_in_place(entries)) if fail_cnt else (),
-        checkpoint=checkpoint if type(checkpoint) in _AS_IS else _in_place(checkpoint),
-        parent=parent if type(parent) in _AS_IS else _in_place(parent),
-        due_time=due_time({"option": option, "state": {"retry_at": retry_at and _in(retry_at)}}),
-        trace=trace if type(trace) in _AS_IS else _in_place(trace),
-        needs=needs if type(needs) in _AS_IS else _in_place(needs),
+        failure_times=failure_times(from_mongo_in_place(entries)) if fail_cnt else (),
+        checkpoint=checkpoint if type(checkpoint) in AS_IS else from_mongo_in_place(checkpoint),
+        parent=parent if type(parent) in AS_IS else from_mongo_in_place(parent),
+        due_time=due_time({"option": option, "state": {"retry_at": retry_at and from_mongo(retry_at)}}),
+        trace=trace if type(trace) in AS_IS else from_mongo_in_place(trace),
+        needs=needs if type(needs) in AS_IS else from_mongo_in_place(needs),
         generation=int(state.get("generation") or 0),
         lane=option.get("fair_key"),
         claim_priority=int(state.get("claim_priority") or 0),
@@ -413,7 +392,7 @@ class MongoDriver(
             try:
                 return await operation()
             except InvalidDocument as exc:
-                raise _translate(what, exc) from exc
+                raise storage_error(what, exc) from exc
         delay = self.backoff
         tries = (self.retries if retries is None else retries) + 1
         for attempt in range(tries):
@@ -423,7 +402,7 @@ class MongoDriver(
             except DuplicateKeyError:
                 raise
             except (PyMongoError, InvalidDocument) as exc:
-                error = _translate(what, exc)
+                error = storage_error(what, exc)
                 if write_concern_only(exc) and not error.config and not error.transient:
                     # wtimeout and the like (alone, or as a bulk write's only errors: 65): applied
                     # on the primary, not yet on a majority. Not retried (it would wait again);
@@ -456,22 +435,15 @@ class MongoDriver(
         raise AssertionError("unreachable")
 
     async def setup(self) -> None:
-        """Record the store's layout (its partitions), give every task its partition (the tasks
-        an earlier build inserted), create the indexes (idempotent; an index whose spec changed
-        since an earlier build is rebuilt, ``drivers/mongo/indexes.py``), drop the retired ones
-        of earlier builds (``RETIRED_INDEXES``)."""
+        """Record the store's layout (its partitions) and create the indexes (idempotent; an
+        index whose spec changed is rebuilt, ``drivers/mongo/indexes.py``)."""
         await self._layout(record=True)
-        await self._place_unplaced()
         indexes = task_indexes(self.sharded)
-        self.rebuilt = await self._call(
-            "create indexes", lambda: ensure_indexes(self.tasks, indexes, RETIRED_INDEXES)
-        )
+        self.rebuilt = await self._call("create indexes", lambda: ensure_indexes(self.tasks, indexes))
         await self._call("create plan indexes", self._create_plan_indexes)
         await self._call("create limit indexes", self._create_limit_indexes)
         await self._call("create worker indexes", self._create_worker_indexes)
         await self._create_event_indexes()
-        await self._backfill_attempt_counts()
-        await self._backfill_claim_order()
         self._set_up = True
 
     async def prepare(self) -> None:
@@ -519,7 +491,7 @@ class MongoDriver(
                 return
             except OperationFailure as exc:
                 if exc.code != SHARD_KEY_NOT_FOUND:
-                    raise _translate("check claim routing", exc) from exc
+                    raise storage_error("check claim routing", exc) from exc
         raise StorageError(
             f"the mongos ({version or 'version unknown'}) cannot route a claim (a findAndModify "
             "naming a task's partition, a prefix of the shard key) to one shard: upgrade the "
@@ -563,39 +535,6 @@ class MongoDriver(
                 "record the store's layout",
                 lambda: self.meta.update_one({"_id": "layout"}, {"$set": {"sharded": True}}),
             )
-
-    async def _place_unplaced(self) -> int:
-        """Give a partition to the tasks that have none (inserted by a build before partitions):
-        ``part`` 0 in an unpartitioned store (one update), else each by its key, a batch at a
-        time. Returns how many were placed.
-
-        On a sharded store ``part`` is a shard-key field: a document that lacks it is set one at a
-        time, each write a single-document update naming the whole shard key (``_id``, and
-        ``part: null``, as a missing field counts) in a retryable write (a bulk write of single
-        updates is one), as MongoDB requires to set a missing shard-key field."""
-        if self.partitions == 1 and not self.sharded:
-            result = await self._call(
-                "place unplaced tasks",
-                lambda: self.tasks.update_many({"part": None}, {"$set": {"part": 0}}),
-            )
-            return int(result.modified_count)
-        placed = 0
-        while True:
-
-            async def read() -> list[str]:
-                cursor = self.tasks.find({"part": None}, {"_id": 1}).limit(1000)
-                return [doc["_id"] async for doc in cursor]
-
-            keys = await self._call("find unplaced tasks", read)
-            if not keys:
-                return placed
-            ops = [UpdateOne(one_task(k, None), {"$set": {"part": self._part(k)}}) for k in keys]
-
-            async def place(ops: list[UpdateOne] = ops) -> Any:
-                return await self.tasks.bulk_write(ops, ordered=False)
-
-            await self._call("place unplaced tasks", place)
-            placed += len(keys)
 
     async def shard(self, *, zones: bool = True) -> list[dict[str, Any]]:
         """Shard the tasks collection of a store set up with ``sharded=True`` (an administrator's
@@ -680,35 +619,6 @@ class MongoDriver(
 
         return await self._call("check indexes", check)
 
-    async def _backfill_attempt_counts(self) -> int:
-        """Give ``state.attempt_cnt`` (a derived field, the attempts sort) to the tasks an earlier
-        build wrote, which lack it until their next write: one update, its filter a range of the
-        attempts index (missing sorts as null there), so a store without such tasks costs one
-        index probe per status. Returns how many were given it."""
-        filter_ = {"state.status": {"$in": ALL_STATUSES}, "state.attempt_cnt": {"$exists": False}}
-        count = {"$add": ["$state.running_cnt", "$state.success_cnt", "$state.fail_cnt"]}
-
-        async def update() -> Any:
-            return await self.tasks.update_many(
-                filter_, [{"$set": {"state.attempt_cnt": count}}], hint=ATTEMPTS_INDEX
-            )
-
-        result = await self._call("backfill attempt counts", update)
-        return int(result.modified_count)
-
-    async def _backfill_claim_order(self) -> int:
-        """Give ``state.claim_priority`` and ``state.order_at`` (derived: the claim's order) to
-        the tasks an earlier build wrote: one update over the claim index, where they sort as
-        null (one index seek per partition and claimer token, then their keys). Returns how many."""
-
-        async def update() -> Any:
-            return await self.tasks.update_many(
-                {"state.claim_priority": None}, [{"$set": claim_order_fields()}], hint=CLAIM_INDEX
-            )
-
-        result = await self._call("backfill the claim order", update)
-        return int(result.modified_count)
-
     @property
     def namespace(self) -> str:
         """``database.collection`` of the tasks, for reports."""
@@ -724,7 +634,7 @@ class MongoDriver(
         await self._call("drop layout", self.meta.drop)
 
     async def index_names(self) -> list[str]:
-        cursor = await _resolve(self.tasks.list_indexes())
+        cursor = await resolved(self.tasks.list_indexes())
         return [ix["name"] async for ix in cursor]
 
     async def server_time(self) -> datetime | None:
@@ -734,7 +644,7 @@ class MongoDriver(
             except OperationFailure:
                 return None
             local = reply.get("localTime")
-            return _in(local) if isinstance(local, datetime) else None
+            return from_mongo(local) if isinstance(local, datetime) else None
 
         try:
             return await self._call("hello", hello)
@@ -789,7 +699,7 @@ class MongoDriver(
         ]
         if params.session is not None:
             # an update's document, naive UTC as every filter and update the driver sends
-            inserted = await self._upsert_in_transaction([_out(doc) for doc in docs], params.session)
+            inserted = await self._upsert_in_transaction([to_mongo(doc) for doc in docs], params.session)
         else:
             inserted = await self._insert(docs)
         for position, i in enumerate(pending):
@@ -838,7 +748,7 @@ class MongoDriver(
                 existing = {err["index"] for err in errors}
                 applied = set(range(len(docs))) - existing
                 if exc.details.get("writeConcernErrors"):
-                    if _write_concern_codes(exc) & CONFIG_CODES:
+                    if write_concern_codes(exc) & CONFIG_CODES:
                         raise
                     if may_roll_back(exc):
                         earlier.update(applied)
@@ -930,11 +840,11 @@ class MongoDriver(
             # never while an attempt holds a live lease (a succeeded task may still run one whose
             # slot an edit of concurrent_worker_cnt took away): dropping it would let the reset
             # task be claimed beside it
-            live = {"status": "running", "ping_expire_time": {"$gt": _out(params.now)}}
+            live = {"status": "running", "ping_expire_time": {"$gt": to_mongo(params.now)}}
             filter_ = {
                 **one_task(task.key, self._part(task.key)),
                 "state.status": {"$in": list(FINISHED)},
-                "$nor": [{WS: {"$elemMatch": live}}],
+                "$nor": [{WORKER_STATES: {"$elemMatch": live}}],
             }
             ops.append(UpdateOne(filter_, update))
         if not ops:
@@ -994,7 +904,7 @@ class MongoDriver(
                 ):
                     raise
                 if exc.details.get("writeConcernErrors"):
-                    if _write_concern_codes(exc) & CONFIG_CODES:
+                    if write_concern_codes(exc) & CONFIG_CODES:
                         raise
                     if may_roll_back(exc):
                         rolled.append(True)
@@ -1037,7 +947,7 @@ class MongoDriver(
     def _claim_filter(
         self, params: ClaimParams, tokens: Sequence[str] | None = None, part: int = 0
     ) -> dict[str, Any]:
-        now = _out(params.now)
+        now = to_mongo(params.now)
         if tokens is None:
             tokens = claimer_tokens(list(params.names), params.worker_id, params.groups)
         # ``state.claimers`` holds this worker's token (targeted at it) or the name's "anyone"
@@ -1053,13 +963,13 @@ class MongoDriver(
             "state.claim_at": {"$lte": now},
             # not started after its deadline (the deadline pass marks such tasks expired)
             "$or": [{"option.deadline": None}, {"option.deadline": {"$gt": now}}],
-            # not running it already, and (unless it may repeat, SPEC F33) not succeeded on it:
+            # not running it already, and (unless it may repeat) not succeeded on it:
             # residual for "anyone" and group tokens, which do not list who ran the task
             "$nor": [
-                {WS: {"$elemMatch": {"worker_id": params.worker_id, "status": "running"}}},
+                {WORKER_STATES: {"$elemMatch": {"worker_id": params.worker_id, "status": "running"}}},
                 {
                     "option.same_worker_may_repeat": {"$ne": True},
-                    WS: {"$elemMatch": {"worker_id": params.worker_id, "status": "succeeded"}},
+                    WORKER_STATES: {"$elemMatch": {"worker_id": params.worker_id, "status": "succeeded"}},
                 },
             ],
         }
@@ -1071,7 +981,7 @@ class MongoDriver(
         """The new worker entry as a pipeline expression: its lease ends at ``now`` plus the
         task's own stored ``worker_timeout_ms`` (capped by ``max_lease``), computed by the server
         inside the claim."""
-        entry: dict[str, Any] = _out(new_entry(params, attempt, params.now))
+        entry: dict[str, Any] = to_mongo(new_entry(params, attempt, params.now))
         # An object inside an array is an expression too; its strings are ids and constants
         # (validated not to start with '$'), so it is written as is.
         if any(isinstance(v, str) and v.startswith("$") for v in entry.values()):
@@ -1096,7 +1006,7 @@ class MongoDriver(
         shared = (
             self._claim_filter(params, tokens, part=part),
             self._claim_entry(params, ""),
-            [*self._trim_stages(params), *_derive_stages(params.now, raw=True)],
+            [*self._trim_stages(params), *derive_stages(params.now, raw=True)],
         )
         self._claim_memo = (params, (part, lane), shared)
         return shared
@@ -1115,7 +1025,7 @@ class MongoDriver(
         if attempt.startswith("$"):
             raise StorageError(f"refusing a worker entry with a '$'-prefixed attempt: {attempt}")
         entry = template | {"attempt": attempt}  # in the template's place: the same document
-        append = {"$set": {WS: {"$concatArrays": [f"${WS}", [entry]]}}}
+        append = {"$set": {WORKER_STATES: {"$concatArrays": [f"${WORKER_STATES}", [entry]]}}}
         pipeline = [append, *stages]
         sort = CLAIM_SORT
 
@@ -1158,7 +1068,7 @@ class MongoDriver(
         there) but not confirmed by a majority read, even after a few (a primary that may roll
         it back, another worker claiming the task meanwhile): the attempt is released at once
         (not counted) and the claim is given up."""
-        found = {f"{WS}.attempt": attempt, "part": part}  # the claim's one partition (shard)
+        found = {f"{WORKER_STATES}.attempt": attempt, "part": part}  # the claim's one partition (shard)
         docs = [d async for d in self.tasks_recovery.find(found).hint(ATTEMPT_INDEX).limit(1)]
         if not docs:
             return None
@@ -1226,7 +1136,7 @@ class MongoDriver(
         """Fail a task whose document cannot be written as usual; the reason is kept on the task."""
         log.warning("task %s failed for good: %s", key, message, extra={"key": key})
         broken = {"type": error_type, "message": message[:2000], "traceback": None}
-        pipeline = [{"$set": {"state.broken": _lit(broken)}}, *_derive_stages(now)]
+        pipeline = [{"$set": {"state.broken": literal(broken)}}, *derive_stages(now)]
         by_key = one_task(key, self._part(key))
         await self._call("mark task broken", lambda: self.tasks.update_one(by_key, pipeline))
 
@@ -1307,10 +1217,10 @@ class MongoDriver(
         return [results.get(step) for step in steps]
 
     def _finish_op(self, item: FinishParams) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        now = _out(item.now)
+        now = to_mongo(item.now)
         filter_: dict[str, Any] = {
             **one_task(item.key, self._part(item.key)),
-            WS: {
+            WORKER_STATES: {
                 "$elemMatch": {
                     "worker_id": item.worker_id,
                     "attempt": item.attempt,
@@ -1330,8 +1240,8 @@ class MongoDriver(
                 filter_["state.stop.attempts"] = {"$ne": item.attempt}
         match = {
             "$and": [
-                {"$eq": ["$$e.attempt", _lit(item.attempt)]},
-                {"$eq": ["$$e.worker_id", _lit(item.worker_id)]},
+                {"$eq": ["$$e.attempt", literal(item.attempt)]},
+                {"$eq": ["$$e.worker_id", literal(item.worker_id)]},
                 {"$eq": ["$$e.status", "running"]},
             ]
         }
@@ -1343,7 +1253,7 @@ class MongoDriver(
             "retry_at": item.retry_at,
             "final": item.final,
         }
-        return filter_, [_rebuild_entries(match, changes), *_derive_stages(item.now, raw=True)]
+        return filter_, [rebuild_entries(match, changes), *derive_stages(item.now, raw=True)]
 
     async def finish(self, params: Sequence[FinishParams]) -> list[bool]:
         """Write a batch of attempt outcomes in one command per partition (one, unpartitioned);
@@ -1387,7 +1297,7 @@ class MongoDriver(
         keys = list({item.key for item in params})
 
         async def read() -> list[dict[str, Any]]:
-            projection = {"key": 1, WS: 1, "state.cancelled": 1, "state.stop": 1}
+            projection = {"key": 1, WORKER_STATES: 1, "state.cancelled": 1, "state.stop": 1}
             cursor = self.tasks_primary.find(by_keys(keys, self.partitions), projection)
             return [doc async for doc in cursor]
 
@@ -1400,7 +1310,7 @@ class MongoDriver(
             if (
                 entry is not None
                 and entry["status"] == "running"
-                and _in(entry["ping_expire_time"]) > item.now
+                and from_mongo(entry["ping_expire_time"]) > item.now
             ):
                 settled = settlement(state, item.attempt)
                 if settled is not None and settled[0] != item.outcome:
@@ -1427,7 +1337,7 @@ class MongoDriver(
                 outcomes.append(
                     entry is not None
                     and entry["status"] == item.outcome
-                    and _in(entry["end_time"]) == item.now
+                    and from_mongo(entry["end_time"]) == item.now
                     and entry["worker_id"] == item.worker_id
                 )
         return outcomes
@@ -1471,14 +1381,17 @@ class MongoDriver(
         entries whose lease ended are settled (``expired_entries_stage``: lost, or cancelled /
         released when they had been told to stop), then those of earlier generations
         (``_expire_history_leases``)."""
-        now = _out(params.now)
-        filter_ = {"part": part, WS: {"$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}}}
+        now = to_mongo(params.now)
+        filter_ = {
+            "part": part,
+            WORKER_STATES: {"$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}},
+        }
         # the retry policy's delay for this failure (lost_retry_at in drivers/base.py):
         # delays[min(fail_cnt, len - 1)] after now, fail_cnt counted before this pass
         delays = {"$ifNull": ["$option.lost_retry_delays_ms", [0]]}
         index = {"$min": ["$state.fail_cnt", {"$subtract": [{"$size": delays}, 1]}]}
-        retry_at = {"$add": [_lit(params.now), {"$arrayElemAt": [delays, index]}]}
-        pipeline = [expired_entries_stage(params.now, retry_at), *_derive_stages(params.now)]
+        retry_at = {"$add": [literal(params.now), {"$arrayElemAt": [delays, index]}]}
+        pipeline = [expired_entries_stage(params.now, retry_at), *derive_stages(params.now)]
 
         async def expire() -> Any:
             return await self.tasks.update_many(filter_, pipeline, hint=LEASES_INDEX)
@@ -1491,7 +1404,7 @@ class MongoDriver(
         the partial index ``leases_history``, which holds only documents with such an entry: an
         earlier build moved running entries to ``state.history`` at a restart; this one refuses
         the restart while an attempt holds a live lease and settles the others first)."""
-        now = _out(params.now)
+        now = to_mongo(params.now)
         filter_ = {
             "part": part,
             HISTORY_RUNNING: "running",  # implied by the $elemMatch; stated for the partial index
@@ -1499,7 +1412,7 @@ class MongoDriver(
                 "$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}
             },
         }
-        pipeline = [expired_history_stage(params.now), *_derive_stages(params.now)]
+        pipeline = [expired_history_stage(params.now), *derive_stages(params.now)]
 
         async def expire() -> Any:
             return await self.tasks.update_many(filter_, pipeline, hint=LEASES_HISTORY_INDEX)
@@ -1509,9 +1422,9 @@ class MongoDriver(
     async def _expire_deadlines_only(self, params: ExpireParams, part: int = 0) -> int:
         """Tasks of one partition whose deadline passed while they waited become ``expired``
         (never run late)."""
-        now = _out(params.now)
+        now = to_mongo(params.now)
         filter_ = {"part": part, "state.status": "pending", "option.deadline": {"$lte": now}}
-        pipeline = [{"$set": {"state.expired_at": _lit(params.now)}}, *_derive_stages(params.now)]
+        pipeline = [{"$set": {"state.expired_at": literal(params.now)}}, *derive_stages(params.now)]
 
         async def expire() -> Any:
             return await self.tasks.update_many(filter_, pipeline, hint=DEADLINE_INDEX)
@@ -1564,13 +1477,13 @@ class MongoDriver(
         for doc in docs:
             claim_at = doc.get("state", {}).get("claim_at")
             deadline = doc.get("option", {}).get("deadline")
-            deadline = _in(deadline) if isinstance(deadline, datetime) else None
+            deadline = from_mongo(deadline) if isinstance(deadline, datetime) else None
             # a document edited by hand must not stop polling; a task past its deadline is never
             # claimed (the claim's rule): no claim wake-up for it
             if isinstance(claim_at, datetime) and (deadline is None or deadline > params.now):
                 lane = doc.get("option", {}).get("fair_key")
                 wakeups.append(
-                    Wakeup(doc["key"], _in(claim_at), "claim", lane if isinstance(lane, str) else None)
+                    Wakeup(doc["key"], from_mongo(claim_at), "claim", lane if isinstance(lane, str) else None)
                 )
             if deadline is not None:  # when the deadline pass should look at it
                 wakeups.append(Wakeup(doc["key"], deadline, "deadline"))
@@ -1630,11 +1543,11 @@ class MongoDriver(
         if resume_token is not None:
             kwargs["resume_after"] = resume_token
         try:
-            stream = await _resolve(self.tasks.watch(watch_pipeline(), **kwargs))
+            stream = await resolved(self.tasks.watch(watch_pipeline(), **kwargs))
         except OperationFailure as exc:
             raise watch_error(exc, resume_token) from exc
         except PyMongoError as exc:
-            raise StorageError(f"watch failed: {exc}", transient=_is_transient(exc)) from exc
+            raise StorageError(f"watch failed: {exc}", transient=is_transient(exc)) from exc
         log.debug("the tasks' change stream opened (resume token: %s)", resume_token is not None)
         return self._changes(stream, resume_token)
 
@@ -1663,7 +1576,7 @@ class MongoDriver(
         finally:
             close = getattr(stream, "close", None)
             if close is not None:
-                await _resolve(close())
+                await resolved(close())
 
 
 def _token_of_change(source: Any, item: ChangeEvent | StreamPosition) -> Any:

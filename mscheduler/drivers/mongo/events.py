@@ -1,4 +1,4 @@
-"""The Mongo driver's event log (SPEC F34): the ``<prefix>mscheduler_events`` collection, its
+"""The Mongo driver's event log: the ``<prefix>mscheduler_events`` collection, its
 indexes, queries and change stream, and the recording of the events a store write causes.
 
 A mixin placed first among ``MongoDriver``'s bases: with ``record_events`` on, its
@@ -26,11 +26,6 @@ Indexes (every read names its index):
 ``events_task``     ``key, time, step, seq, _id``          one task's history
 ``events_written``  ``written, _id``                       a poller's position (no change stream)
 ================== ===================================== ======================================
-
-``events_order`` and ``events_task`` replaced ``events_time`` and ``events_key`` (the same keys
-without ``seq``) when events got their writers' sequence (issue 17 A3): new names, since a
-changed key pattern under an old name fails ``createIndexes`` on a store an earlier build made;
-``setup()`` drops the old ones once the new ones exist.
 """
 
 from __future__ import annotations
@@ -69,18 +64,18 @@ from mscheduler.drivers.mongo.common import (
     CONFIG_CODES,
     DEADLINE_INDEX,
     LEASES_INDEX,
-    WS,
+    WORKER_STATES,
     T,
     WriteMayRollBack,
-    _in,
-    _is_transient,
-    _out,
-    _resolve,
-    _write_concern_codes,
     admin_read,
+    from_mongo,
+    is_transient,
     log,
     may_roll_back,
+    resolved,
+    to_mongo,
     watch_error,
+    write_concern_codes,
 )
 from mscheduler.drivers.mongo.indexes import ensure_indexes
 
@@ -89,8 +84,6 @@ EVENTS_TTL_INDEX = "events_ttl"
 EVENTS_TIME_INDEX = "events_order"
 EVENTS_KEY_INDEX = "events_task"
 EVENTS_WRITTEN_INDEX = "events_written"
-# event indexes of earlier builds, dropped by setup() once their replacements exist
-RETIRED_EVENT_INDEXES = ("events_time", "events_key")
 _INDEX_NOT_FOUND = 27
 _INDEX_OPTIONS_CONFLICT = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
 UNAUTHORIZED = 13
@@ -110,7 +103,7 @@ def events_collection(database: Any, prefix: str, concern: WriteConcern | None) 
 
 def _stored(doc: Mapping[str, Any]) -> dict[str, Any]:
     """A stored event as the drivers hand it out: ``_id`` as ``id``, aware datetimes."""
-    out = _in(dict(doc))
+    out = from_mongo(dict(doc))
     out["id"] = out.pop("_id")
     out.setdefault("detail", {})
     return dict(out)
@@ -165,7 +158,7 @@ class _MongoEventStream:
     async def aclose(self) -> None:
         close = getattr(self._stream, "close", None)
         if close is not None:
-            await _resolve(close())
+            await resolved(close())
 
 
 class MongoEvents:
@@ -240,7 +233,7 @@ class MongoEvents:
                     log.warning("no collMod right: rebuilding %s with the new retention", EVENTS_TTL_INDEX)
                     await self.events.drop_index(EVENTS_TTL_INDEX)
                     await create_ttl()
-            await ensure_indexes(self.events, EVENT_INDEXES, RETIRED_EVENT_INDEXES)
+            await ensure_indexes(self.events, EVENT_INDEXES)
 
         await self._call("create event indexes", create)
 
@@ -265,10 +258,7 @@ class MongoEvents:
                 result = await self.events.insert_many(docs, ordered=False, **extra)
             except BulkWriteError as exc:
                 errors = exc.details.get("writeErrors", [])
-                if (
-                    any(err.get("code") != 11000 for err in errors)
-                    or _write_concern_codes(exc) & CONFIG_CODES
-                ):
+                if any(err.get("code") != 11000 for err in errors) or write_concern_codes(exc) & CONFIG_CODES:
                     raise
                 existing = {err["index"] for err in errors}
                 applied = set(range(len(docs))) - existing
@@ -312,16 +302,19 @@ class MongoEvents:
     async def _expire_leases_part(self, params: ExpireParams, part: int) -> int:
         if not self.record_events:
             return await self._expire_leases_only(params, part)
-        now = _out(params.now)
-        filter_ = {"part": part, WS: {"$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}}}
+        now = to_mongo(params.now)
+        filter_ = {
+            "part": part,
+            WORKER_STATES: {"$elemMatch": {"status": "running", "ping_expire_time": {"$lte": now}}},
+        }
         projection = {
             "_id": 0,
             "key": 1,
             "name": 1,
-            f"{WS}.worker_id": 1,
-            f"{WS}.attempt": 1,
-            f"{WS}.status": 1,
-            f"{WS}.ping_expire_time": 1,
+            f"{WORKER_STATES}.worker_id": 1,
+            f"{WORKER_STATES}.attempt": 1,
+            f"{WORKER_STATES}.status": 1,
+            f"{WORKER_STATES}.ping_expire_time": 1,
             "state.cancelled": 1,
             "state.stop": 1,
             "state.generation": 1,
@@ -329,7 +322,7 @@ class MongoEvents:
 
         async def read() -> list[dict[str, Any]]:
             cursor = self.tasks_primary.find(filter_, projection).hint(LEASES_INDEX)
-            return [_in(doc) async for doc in cursor]
+            return [from_mongo(doc) async for doc in cursor]
 
         docs = await self._call("expire leases (read for events)", read)
         if not docs:  # nothing expired at this ``now``: the update would change nothing
@@ -366,7 +359,7 @@ class MongoEvents:
     async def _expire_deadlines_part(self, params: ExpireParams, part: int) -> int:
         if not self.record_events:
             return await self._expire_deadlines_only(params, part)
-        filter_ = {"part": part, "state.status": "pending", "option.deadline": {"$lte": _out(params.now)}}
+        filter_ = {"part": part, "state.status": "pending", "option.deadline": {"$lte": to_mongo(params.now)}}
 
         projection = {
             "_id": 0,
@@ -374,12 +367,12 @@ class MongoEvents:
             "name": 1,
             "option.deadline": 1,
             "state.generation": 1,
-            f"{WS}.attempt": 1,
+            f"{WORKER_STATES}.attempt": 1,
         }
 
         async def read() -> list[dict[str, Any]]:
             cursor = self.tasks_primary.find(filter_, projection)
-            return [_in(doc) async for doc in cursor.hint(DEADLINE_INDEX)]
+            return [from_mongo(doc) async for doc in cursor.hint(DEADLINE_INDEX)]
 
         docs = await self._call("expire deadlines (read for events)", read)
         if not docs:
@@ -401,7 +394,7 @@ class MongoEvents:
 
     async def _task_name(self, key: str) -> dict[str, Any] | None:
         """The task's name and where an event about it stands (generation, its attempts)."""
-        projection = {"_id": 0, "name": 1, "state.generation": 1, f"{WS}.attempt": 1}
+        projection = {"_id": 0, "name": 1, "state.generation": 1, f"{WORKER_STATES}.attempt": 1}
         doc: dict[str, Any] | None = await self._call(
             "read task name",
             lambda: self.tasks.find_one({"key": key, "part": part_of(key, self.partitions)}, projection),
@@ -443,15 +436,15 @@ class MongoEvents:
         filter_ = _filter(query)
         time: dict[str, Any] = {}
         if query.time_from is not None:
-            time["$gte"] = _out(query.time_from)
+            time["$gte"] = to_mongo(query.time_from)
         if query.time_to is not None:
-            time["$lt"] = _out(query.time_to)
+            time["$lt"] = to_mongo(query.time_to)
         if time:
             filter_["time"] = time
         if query.written_from is not None:
-            filter_["written"] = {"$gte": _out(query.written_from)}
+            filter_["written"] = {"$gte": to_mongo(query.written_from)}
         if query.after is not None:
-            written, event_id = _out(query.after[0]), query.after[1]
+            written, event_id = to_mongo(query.after[0]), query.after[1]
             filter_["$or"] = [{"written": {"$gt": written}}, {"written": written, "_id": {"$gt": event_id}}]
         if query.by_written:
             order, index = [("written", 1), ("_id", 1)], EVENTS_WRITTEN_INDEX
@@ -472,10 +465,10 @@ class MongoEvents:
         match = {"operationType": "insert", **_filter(query, "fullDocument.")}
         kwargs: dict[str, Any] = {"resume_after": resume_token} if resume_token is not None else {}
         try:
-            stream = await _resolve(self.events.watch([{"$match": match}], **kwargs))
+            stream = await resolved(self.events.watch([{"$match": match}], **kwargs))
         except OperationFailure as exc:
             raise watch_error(exc, resume_token) from exc
         except PyMongoError as exc:
-            raise StorageError(f"watching events failed: {exc}", transient=_is_transient(exc)) from exc
+            raise StorageError(f"watching events failed: {exc}", transient=is_transient(exc)) from exc
         log.debug("event stream opened (resume token: %s)", resume_token is not None)
         return _MongoEventStream(stream, resume_token)

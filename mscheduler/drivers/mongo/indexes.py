@@ -1,15 +1,13 @@
 """Index building and checking for every collection of the Mongo driver.
 
 An index is an ``(keys, options)`` pair with a name (the collections' modules list theirs).
-``ensure_indexes`` makes a collection's indexes match the list: it creates what is missing,
-rebuilds an index whose spec changed since the build that made it, and drops the indexes earlier
-builds made that nothing uses any more. ``index_problems`` says, without changing anything, what
-a collection lacks (a consumer checks at start; ``mscheduler setup`` builds).
+``ensure_indexes`` makes a collection's indexes match the list: it creates what is missing and
+rebuilds an index whose spec changed (a worker retention's TTL, say). ``index_problems`` says,
+without changing anything, what a collection lacks (a consumer checks at start; ``mscheduler setup`` builds).
 
 Why rebuild: ``createIndexes`` refuses an index whose name exists with other keys
 (IndexKeySpecsConflict, 86) or whose name or keys exist with other options (IndexOptionsConflict,
-85). A store made by an earlier build (``claimers_claim`` changed its keys under the same name)
-would otherwise stop ``setup()`` there, before the later indexes exist. The index being rebuilt is
+85): ``setup()`` would otherwise stop there, before the later indexes exist. The index being rebuilt is
 missing for the time of the build: the query it serves reads more meanwhile (its hint fails until
 the index exists again), so upgrade at a quiet time or let ``mscheduler setup`` do it first.
 """
@@ -18,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pymongo.errors import OperationFailure
@@ -90,13 +88,10 @@ async def _drop(collection: Any, name: str) -> None:
             raise
 
 
-async def ensure_indexes(
-    collection: Any, indexes: Sequence[IndexDef], retired: Iterable[str] = ()
-) -> list[str]:
+async def ensure_indexes(collection: Any, indexes: Sequence[IndexDef]) -> list[str]:
     """Create ``indexes`` on ``collection`` (idempotent); rebuild one whose spec changed (85 / 86:
-    the conflicting index, under that name or on those keys with another name of an earlier
-    build, is dropped first); then drop the ``retired`` names (after their replacements exist, so
-    no query is left without an index). Returns the names rebuilt or dropped."""
+    the conflicting index, under that name or on those keys with another name, is dropped
+    first). Returns the names rebuilt."""
     ours = {options["name"] for _, options in indexes}
     changed: list[str] = []
     for keys, options in indexes:
@@ -122,12 +117,6 @@ async def ensure_indexes(
             await _drop(collection, name)
         await collection.create_index(keys, **options)
         changed.append(options["name"])
-    present = await existing_indexes(collection)
-    for name in retired:
-        if name in present and name not in ours:
-            await _drop(collection, name)
-            log.info("dropped the retired index %r of %s", name, collection.name)
-            changed.append(name)
     return changed
 
 

@@ -1,11 +1,11 @@
-"""The Mongo driver's flow limits (SPEC G5): the ``<prefix>mscheduler_limits`` collection.
+"""The Mongo driver's flow limits: the ``<prefix>mscheduler_limits`` collection.
 
 Like ``driver.py`` / ``common.py``, one of the only modules that know the storage layout. A
 limit's ``_id`` is its key; every change of its state is one ``find_one_and_update`` of that one
 document by ``_id``, an update pipeline that reads the document's current state and writes the
 new one atomically (``mscheduler.domain.limits.grant`` and ``settle`` written as stages; the
 conformance suite checks that both drivers agree). The state is kept so that a write's cost does
-not grow with the limit (issue 18.2): ``slots`` is an object keyed by attempt token (a grant adds
+not grow with the limit: ``slots`` is an object keyed by attempt token (a grant adds
 fields, a release removes them, an extension changes one: the oplog delta is the size of the
 change, where an array's removals shifted every later element and the server logged the whole
 document), the rate's starts are counters per time bucket (``starts``: at most 1001 fields
@@ -37,7 +37,6 @@ from pymongo.errors import DuplicateKeyError
 
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.domain.limits import (
-    CONVERTED_BUCKET,
     RATE_BUCKETS,
     acquire_result_fields,
     epoch_ms,
@@ -53,7 +52,7 @@ from mscheduler.drivers.base import (
     PutLimitParams,
     SlotsParams,
 )
-from mscheduler.drivers.mongo.common import ADMIN_READ_MS, _in, _lit, _out, admin_read
+from mscheduler.drivers.mongo.common import ADMIN_READ_MS, admin_read, from_mongo, literal, to_mongo
 from mscheduler.drivers.mongo.indexes import ensure_indexes
 
 T = TypeVar("T")
@@ -82,7 +81,7 @@ def _null(field: str) -> dict[str, Any]:
 
 
 def _not_in(path: str, values: Sequence[str]) -> dict[str, Any]:
-    return {"$not": [{"$in": [path, _lit(list(values))]}]}
+    return {"$not": [{"$in": [path, literal(list(values))]}]}
 
 
 def checked_tokens(tokens: Sequence[str]) -> list[str]:
@@ -93,200 +92,72 @@ def checked_tokens(tokens: Sequence[str]) -> list[str]:
     return list(tokens)
 
 
-# the state as arrays of {k, v} while a pipeline works on it: ``slots`` of the earlier layout (an
-# array of {a, w, e}) is read as the same slots, so a limit keeps its holders across an upgrade
-_SLOTS_IN = {
-    "$cond": [
-        {"$isArray": "$slots"},
-        {
-            "$map": {
-                "input": "$slots",
-                "as": "s",
-                "in": {
-                    "k": "$$s.a",
-                    "v": {
-                        "w": "$$s.w",
-                        "e": "$$s.e",
-                        # counted among the converted starts on a limit with a rate
-                        "b": {
-                            "$cond": [{"$ne": [{"$ifNull": ["$rate_n", None]}, None]}, CONVERTED_BUCKET, None]
-                        },
-                    },
-                },
-            }
-        },
-        {"$objectToArray": {"$ifNull": ["$slots", {}]}},
-    ]
-}
+# the slots as an array of {k, v} while a pipeline works on them
+_SLOTS_IN = {"$objectToArray": {"$ifNull": ["$slots", {}]}}
 _TEMPORARY: tuple[str, ...] = ("_w", "_slots_in", "_starts_in", "_keys", "_vals", "_cur", "_low", "_slots")
-_TEMPORARY += ("_starts", "_skeys", "_recent", "_room", "_g", "_gone", "_pgone", "_plive", "_add")
+_TEMPORARY += (
+    "_starts",
+    "_start_keys",
+    "_recent",
+    "_room",
+    "_granted",
+    "_gone",
+    "_pre_rate_gone",
+    "_pre_rate_live",
+    "_add",
+)
 # a slot granted while the limit had no rate (domain.limits.pre_rate_slot): b is null
-_PRE = {"$eq": [{"$ifNull": ["$$s.v.b", None]}, None]}
+_PRE_RATE_SLOT = {"$eq": [{"$ifNull": ["$$s.v.b", None]}, None]}
 
 
-# The parts of ``acquire_pipeline`` that no acquire changes: built once, shared (PyMongo changes
-# no pipeline it sends).
 _RATED = {"$ne": [{"$ifNull": ["$rate_n", None]}, None]}
 _PERIOD = "$rate_period_ms"
-_AS_LONG = {
-    "$map": {
-        "input": {"$objectToArray": {"$ifNull": ["$starts", {}]}},
-        "as": "e",
-        "in": {"$toLong": "$$e.k"},
-    }
-}
-_VALUES = {"$map": {"input": {"$objectToArray": {"$ifNull": ["$starts", {}]}}, "as": "e", "in": "$$e.v"}}
-_ACQUIRE_STAGE1 = {
-    "$set": {
-        "_w": {
-            "$cond": [
-                _RATED,
-                {"$toLong": {"$max": [1, {"$floor": {"$divide": [_PERIOD, RATE_BUCKETS]}}]}},
-                1,
-            ]
-        },
-        "_slots_in": _SLOTS_IN,
-        # the earlier layout's starts (an array of {a, t}): all at the latest one's time
-        "_keys": {
-            "$cond": [
-                {"$isArray": "$starts"},
-                {"$map": {"input": "$starts", "as": "s", "in": "$$s.t"}},
-                _AS_LONG,
-            ]
-        },
-        "_vals": {
-            "$cond": [{"$isArray": "$starts"}, {"$map": {"input": "$starts", "as": "s", "in": 1}}, _VALUES]
-        },
-    }
-}
-
-# the rate buckets as they were, in the current width (``stage2`` of ``acquire_pipeline``)
-_STARTS_IN = {
-    "$cond": [
-        {
-            "$and": [
-                _RATED,
-                {"$gt": [{"$size": "$_keys"}, 0]},
-                {
-                    "$or": [
-                        {"$isArray": "$starts"},
-                        {"$ne": [{"$ifNull": ["$starts_w", "$_w"]}, "$_w"]},
-                    ]
-                },
-            ]
-        },
-        # another width (a changed period, or the earlier layout's times: width 1):
-        # every start goes to the bucket of the latest (conservative)
-        [
-            {
-                "k": {
-                    "$toString": {
-                        "$toLong": {
-                            "$floor": {
-                                "$divide": [
-                                    {
-                                        "$subtract": [
-                                            {
-                                                "$multiply": [
-                                                    {"$add": [{"$max": "$_keys"}, 1]},
-                                                    {
-                                                        "$cond": [
-                                                            {"$isArray": "$starts"},
-                                                            1,
-                                                            {"$ifNull": ["$starts_w", 1]},
-                                                        ]
-                                                    },
-                                                ]
-                                            },
-                                            1,
-                                        ]
-                                    },
-                                    "$_w",
-                                ]
-                            }
-                        }
-                    }
-                },
-                "v": {"$sum": "$_vals"},
-            }
-        ],
-        {
-            "$cond": [
-                {"$isArray": "$starts"},
-                [],
-                {"$objectToArray": {"$ifNull": ["$starts", {}]}},
-            ]
-        },
-    ]
-}
-
-_ACQUIRE_STAGE4 = {
-    "$set": {
-        "_skeys": {"$map": {"input": "$_starts", "as": "e", "in": {"$toLong": "$$e.k"}}},
-        "_plive": {"$size": {"$filter": {"input": "$_slots", "as": "s", "cond": _PRE}}},
-    }
-}
-# live pre-rate slots count as starts while the limit has a rate
-_COUNTS = {"$sum": {"$map": {"input": "$_starts", "as": "e", "in": "$$e.v"}}}
-_ACQUIRE_STAGE5 = {
-    "$set": {"_recent": {"$add": [_COUNTS, {"$cond": [_RATED, {"$add": ["$_plive", "$_pgone"]}, 0]}]}}
-}
-
-_ACQUIRE_STAGE7 = {"$set": {"_g": {"$max": [0, "$_room"]}}}
-# what the current bucket gains: the grants' starts and those of the pre-rate slots leaving
-_ACQUIRE_STAGE7B = {"$set": {"_add": {"$add": ["$_g", {"$cond": [_RATED, "$_pgone", 0]}]}}}
-_KEYS_NOW = {"$map": {"input": "$_starts", "as": "e", "in": "$$e.k"}}
-_BUMPED = {
-    "$concatArrays": [
-        {
-            "$map": {
-                "input": "$_starts",
-                "as": "e",
-                "in": {
-                    "k": "$$e.k",
-                    "v": {"$cond": [{"$eq": ["$$e.k", "$_cur"]}, {"$add": ["$$e.v", "$_add"]}, "$$e.v"]},
-                },
-            }
-        },
-        {
-            "$cond": [
-                {"$and": [{"$gt": ["$_add", 0]}, {"$eq": [{"$in": ["$_cur", _KEYS_NOW]}, False]}]},
-                [{"k": "$_cur", "v": "$_add"}],
-                [],
-            ]
-        },
-    ]
-}
-_RECENT = {"$add": ["$_recent", "$_g"]}
-# the bumped buckets are not empty (the domain's ``starts``, after the grant)
-_COUNTED = {"$or": [{"$gt": [{"$size": "$_starts"}, 0]}, {"$gt": ["$_add", 0]}]}
-_OLDEST = {"$ifNull": [{"$min": "$_skeys"}, {"$toLong": "$_cur"}]}
-_ACQUIRE_STAGE8 = {  # after "slots", which holds the grants
-    "starts": {"$cond": [_RATED, {"$arrayToObject": _BUMPED}, {}]},
-    "starts_w": {"$cond": [_RATED, "$_w", None]},
-    "live": {"$add": [{"$size": "$_slots"}, "$_g"]},
-    "recent": {"$cond": [_RATED, _RECENT, 0]},
-    "retry_ms": {
-        "$cond": [
-            {"$and": [_RATED, _COUNTED, {"$gte": [_RECENT, "$rate_n"]}]},
-            {"$subtract": [{"$add": [{"$multiply": [{"$add": [_OLDEST, 1]}, "$_w"]}, _PERIOD]}, 1]},
-            None,
-        ]
-    },
-}
-_ACQUIRE_PROJECT = {"$project": dict.fromkeys(_TEMPORARY, 0)}
 
 
 def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
     """``mscheduler.domain.limits.grant`` as update stages, over the slots and the rate buckets as
     ``{k, v}`` arrays (``$objectToArray``), written back as objects: what changed is a few fields
     (the grants, the pruned slots, one bucket), so the write's oplog delta does not grow with the
-    limit. Temporary fields start with ``_`` and are projected away at the end."""
+    limit. Temporary fields start with ``_`` and are projected away at the end. The stages, in
+    the domain's words: the rate window's buckets, the slots and starts that stay, the room and
+    the grants, the limit written back."""
     mine = checked_tokens(params.attempts)
-    ended = checked_tokens(params.release)
-    k = len(mine)
-    now_ms = epoch_ms(params.now)
+    return [
+        *_window_stages(epoch_ms(params.now)),
+        _kept_stage(params, mine),
+        *_grant_stages(len(mine)),
+        _written_stage(params, mine),
+        {"$project": dict.fromkeys(_TEMPORARY, 0)},
+    ]
+
+
+def _window_stages(now_ms: int) -> list[dict[str, Any]]:
+    """The rate's bucket width (``_w``), the current bucket (``_cur``), the first bucket of the
+    window (``_low``) and the starts as ``{k, v}`` (``_starts_in``; counted with another width:
+    all in the bucket of the latest, conservatively)."""
     rated, period = _RATED, _PERIOD
+    as_long = {
+        "$map": {
+            "input": {"$objectToArray": {"$ifNull": ["$starts", {}]}},
+            "as": "e",
+            "in": {"$toLong": "$$e.k"},
+        }
+    }
+    values = {"$map": {"input": {"$objectToArray": {"$ifNull": ["$starts", {}]}}, "as": "e", "in": "$$e.v"}}
+    stage1 = {
+        "$set": {
+            "_w": {
+                "$cond": [
+                    rated,
+                    {"$toLong": {"$max": [1, {"$floor": {"$divide": [period, RATE_BUCKETS]}}]}},
+                    1,
+                ]
+            },
+            "_slots_in": _SLOTS_IN,
+            "_keys": as_long,
+            "_vals": values,
+        }
+    }
     stage2 = {
         "$set": {
             "_cur": {"$toString": {"$toLong": {"$floor": {"$divide": [now_ms, "$_w"]}}}},
@@ -295,35 +166,74 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
                     "$floor": {"$divide": [{"$subtract": [now_ms + 1, {"$ifNull": [period, 0]}]}, "$_w"]}
                 }
             },
-            "_starts_in": _STARTS_IN,
+            "_starts_in": {
+                "$cond": [
+                    {
+                        "$and": [
+                            rated,
+                            {"$gt": [{"$size": "$_keys"}, 0]},
+                            {"$ne": [{"$ifNull": ["$starts_w", "$_w"]}, "$_w"]},
+                        ]
+                    },
+                    # another width (the period changed): every start goes to the bucket of the
+                    # latest (conservative)
+                    [
+                        {
+                            "k": {
+                                "$toString": {
+                                    "$toLong": {
+                                        "$floor": {
+                                            "$divide": [
+                                                {
+                                                    "$subtract": [
+                                                        {
+                                                            "$multiply": [
+                                                                {"$add": [{"$max": "$_keys"}, 1]},
+                                                                {"$ifNull": ["$starts_w", 1]},
+                                                            ]
+                                                        },
+                                                        1,
+                                                    ]
+                                                },
+                                                "$_w",
+                                            ]
+                                        }
+                                    }
+                                }
+                            },
+                            "v": {"$sum": "$_vals"},
+                        }
+                    ],
+                    {"$objectToArray": {"$ifNull": ["$starts", {}]}},
+                ]
+            },
         }
     }
-    given_back = {
-        "$size": {
-            "$filter": {
-                "input": "$_slots_in",
-                "as": "s",
-                "cond": {"$and": [{"$in": ["$$s.k", _lit(mine)]}, {"$eq": ["$$s.v.b", "$$e.k"]}]},
-            }
-        }
-    }
-    ours = {"$eq": ["$$s.v.w", _lit(holder_id(params.worker_id))]}
+    return [stage1, stage2]
+
+
+def _kept_stage(params: AcquireParams, mine: list[str]) -> dict[str, Any]:
+    """What stays: the live slots but this worker's ended ones and the asked attempts' earlier
+    grants (``_slots``), the starts inside the window less the starts of those grants given back
+    (``_starts``), and how many pre-rate slots leave now (``_pre_rate_gone``)."""
+    ended = checked_tokens(params.release)
+    ours = {"$eq": ["$$s.v.w", literal(holder_id(params.worker_id))]}
     stage3 = {
         "$set": {
             # pre-rate slots leaving now (expired, or released by this worker; not re-granted)
-            "_pgone": {
+            "_pre_rate_gone": {
                 "$size": {
                     "$filter": {
                         "input": "$_slots_in",
                         "as": "s",
                         "cond": {
                             "$and": [
-                                _PRE,
+                                _PRE_RATE_SLOT,
                                 _not_in("$$s.k", mine),
                                 {
                                     "$or": [
-                                        {"$lte": ["$$s.v.e", _lit(params.now)]},
-                                        {"$and": [ours, {"$in": ["$$s.k", _lit(ended)]}]},
+                                        {"$lte": ["$$s.v.e", literal(params.now)]},
+                                        {"$and": [ours, {"$in": ["$$s.k", literal(ended)]}]},
                                     ]
                                 },
                             ]
@@ -337,43 +247,81 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
                     "as": "s",
                     "cond": {
                         "$and": [
-                            {"$gt": ["$$s.v.e", _lit(params.now)]},
+                            {"$gt": ["$$s.v.e", literal(params.now)]},
                             _not_in("$$s.k", mine),
                             # this worker's ended attempts (release): their slots go, their
                             # starts stay counted
-                            {"$eq": [{"$and": [ours, {"$in": ["$$s.k", _lit(ended)]}]}, False]},
+                            {"$eq": [{"$and": [ours, {"$in": ["$$s.k", literal(ended)]}]}, False]},
                         ]
                     },
                 }
             },
-            "_starts": {
-                "$cond": [
-                    rated,
-                    {
-                        "$filter": {
+            "_starts": _starts_kept(mine),
+        }
+    }
+    return stage3
+
+
+def _starts_kept(mine: list[str]) -> dict[str, Any]:
+    """The rate's buckets inside the window, less the starts of the asked attempts' earlier
+    grants (given back: they start again now); none without a rate."""
+    given_back = {
+        "$size": {
+            "$filter": {
+                "input": "$_slots_in",
+                "as": "s",
+                "cond": {"$and": [{"$in": ["$$s.k", literal(mine)]}, {"$eq": ["$$s.v.b", "$$e.k"]}]},
+            }
+        }
+    }
+    kept: dict[str, Any] = {
+        "$cond": [
+            _RATED,
+            {
+                "$filter": {
+                    "input": {
+                        "$map": {
                             "input": {
-                                "$map": {
-                                    "input": {
-                                        "$filter": {
-                                            "input": "$_starts_in",
-                                            "as": "e",
-                                            "cond": {"$gte": [{"$toLong": "$$e.k"}, "$_low"]},
-                                        }
-                                    },
+                                "$filter": {
+                                    "input": "$_starts_in",
                                     "as": "e",
-                                    "in": {"k": "$$e.k", "v": {"$subtract": ["$$e.v", given_back]}},
+                                    "cond": {"$gte": [{"$toLong": "$$e.k"}, "$_low"]},
                                 }
                             },
                             "as": "e",
-                            "cond": {"$gt": ["$$e.v", 0]},
+                            "in": {"k": "$$e.k", "v": {"$subtract": ["$$e.v", given_back]}},
                         }
                     },
-                    [],
-                ]
+                    "as": "e",
+                    "cond": {"$gt": ["$$e.v", 0]},
+                }
             },
+            [],
+        ]
+    }
+    return kept
+
+
+def _grant_stages(k: int) -> list[dict[str, Any]]:
+    """The starts in the window (``_recent``: live pre-rate slots count while the limit has a
+    rate), the room left under ``max_running`` and the rate for ``k`` asked attempts, the grants
+    (``_granted``) and what the current bucket gains (``_add``)."""
+    rated = _RATED
+    stage4 = {
+        "$set": {
+            "_start_keys": {"$map": {"input": "$_starts", "as": "e", "in": {"$toLong": "$$e.k"}}},
+            "_pre_rate_live": {"$size": {"$filter": {"input": "$_slots", "as": "s", "cond": _PRE_RATE_SLOT}}},
         }
     }
-    stage4, stage5 = _ACQUIRE_STAGE4, _ACQUIRE_STAGE5
+    # live pre-rate slots count as starts while the limit has a rate
+    counts = {"$sum": {"$map": {"input": "$_starts", "as": "e", "in": "$$e.v"}}}
+    stage5 = {
+        "$set": {
+            "_recent": {
+                "$add": [counts, {"$cond": [rated, {"$add": ["$_pre_rate_live", "$_pre_rate_gone"]}, 0]}]
+            }
+        }
+    }
     room = {
         "$min": [
             k,
@@ -382,9 +330,18 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
         ]
     }
     stage6 = {"$set": {"_room": room}}
-    stage7, stage7b = _ACQUIRE_STAGE7, _ACQUIRE_STAGE7B
+    stage7 = {"$set": {"_granted": {"$max": [0, "$_room"]}}}
+    # what the current bucket gains: the grants' starts and those of the pre-rate slots leaving
+    stage7b = {"$set": {"_add": {"$add": ["$_granted", {"$cond": [rated, "$_pre_rate_gone", 0]}]}}}
+    return [stage4, stage5, stage6, stage7, stage7b]
+
+
+def _written_stage(params: AcquireParams, mine: list[str]) -> dict[str, Any]:
+    """The limit written back as objects: the kept slots and the granted ones, the bumped
+    buckets, and the summary the reply is projected to (``live``, ``recent``, ``retry_ms``)."""
+    rated, period = _RATED, _PERIOD
     asked = [{"a": a, "i": i} for i, a in enumerate(mine)]
-    picked = {"$filter": {"input": _lit(asked), "as": "r", "cond": {"$lt": ["$$r.i", "$_room"]}}}
+    picked = {"$filter": {"input": literal(asked), "as": "r", "cond": {"$lt": ["$$r.i", "$_room"]}}}
     new_slots = {
         "$map": {
             "input": picked,
@@ -392,57 +349,85 @@ def acquire_pipeline(params: AcquireParams) -> list[dict[str, Any]]:
             "in": {
                 "k": "$$r.a",
                 "v": {
-                    "w": _lit(holder_id(params.worker_id)),
-                    "e": _lit(params.expire),
+                    "w": literal(holder_id(params.worker_id)),
+                    "e": literal(params.expire),
                     "b": {"$cond": [rated, "$_cur", None]},
                 },
             },
         }
     }
-    stage8 = {
-        "$set": {"slots": {"$arrayToObject": {"$concatArrays": ["$_slots", new_slots]}}} | _ACQUIRE_STAGE8
+    keys_now = {"$map": {"input": "$_starts", "as": "e", "in": "$$e.k"}}
+    bumped = {
+        "$concatArrays": [
+            {
+                "$map": {
+                    "input": "$_starts",
+                    "as": "e",
+                    "in": {
+                        "k": "$$e.k",
+                        "v": {"$cond": [{"$eq": ["$$e.k", "$_cur"]}, {"$add": ["$$e.v", "$_add"]}, "$$e.v"]},
+                    },
+                }
+            },
+            {
+                "$cond": [
+                    {"$and": [{"$gt": ["$_add", 0]}, {"$eq": [{"$in": ["$_cur", keys_now]}, False]}]},
+                    [{"k": "$_cur", "v": "$_add"}],
+                    [],
+                ]
+            },
+        ]
     }
-    return [
-        _ACQUIRE_STAGE1,
-        stage2,
-        stage3,
-        stage4,
-        stage5,
-        stage6,
-        stage7,
-        stage7b,
-        stage8,
-        _ACQUIRE_PROJECT,
-    ]
+    recent = {"$add": ["$_recent", "$_granted"]}
+    # the bumped buckets are not empty (the domain's ``starts``, after the grant)
+    counted = {"$or": [{"$gt": [{"$size": "$_starts"}, 0]}, {"$gt": ["$_add", 0]}]}
+    oldest = {"$ifNull": [{"$min": "$_start_keys"}, {"$toLong": "$_cur"}]}
+    stage8 = {
+        "$set": {
+            "slots": {"$arrayToObject": {"$concatArrays": ["$_slots", new_slots]}},
+            "starts": {"$cond": [rated, {"$arrayToObject": bumped}, {}]},
+            "starts_w": {"$cond": [rated, "$_w", None]},
+            "live": {"$add": [{"$size": "$_slots"}, "$_granted"]},
+            "recent": {"$cond": [rated, recent, 0]},
+            "retry_ms": {
+                "$cond": [
+                    {"$and": [rated, counted, {"$gte": [recent, "$rate_n"]}]},
+                    {"$subtract": [{"$add": [{"$multiply": [{"$add": [oldest, 1]}, "$_w"]}, period]}, 1]},
+                    None,
+                ]
+            },
+        }
+    }
+    return stage8
 
 
 def slots_pipeline(params: SlotsParams) -> list[dict[str, Any]]:
     """``mscheduler.domain.limits.settle`` as update stages (see ``acquire_pipeline``)."""
-    holder = _lit(holder_id(params.worker_id))
+    holder = literal(holder_id(params.worker_id))
     dropped = checked_tokens([*params.release, *params.unused])
     ext_keys = checked_tokens(list(params.extend))
     ours = {"$eq": ["$$s.v.w", holder]}
-    live = {"$gt": ["$$s.v.e", _lit(params.now)]}
+    live = {"$gt": ["$$s.v.e", literal(params.now)]}
     # on a limit with a rate, a slot granted before it had one stays until the next acquire
     # counts its start (domain.limits.settle): a released one is ended (expiry now at the latest)
-    pre = {"$and": [{"$ne": [{"$ifNull": ["$rate_n", None]}, None]}, _PRE]}
+    pre = {"$and": [{"$ne": [{"$ifNull": ["$rate_n", None]}, None]}, _PRE_RATE_SLOT]}
     keep = {
         "$cond": [
             pre,
-            {"$eq": [{"$and": [ours, {"$in": ["$$s.k", _lit(checked_tokens(params.unused))]}]}, False]},
-            {"$and": [live, {"$eq": [{"$and": [ours, {"$in": ["$$s.k", _lit(dropped)]}]}, False]}]},
+            {"$eq": [{"$and": [ours, {"$in": ["$$s.k", literal(checked_tokens(params.unused))]}]}, False]},
+            {"$and": [live, {"$eq": [{"$and": [ours, {"$in": ["$$s.k", literal(dropped)]}]}, False]}]},
         ]
     }
     # the new expiry of slot ``$$s``: the one given for its attempt token
-    expiries = _lit([params.extend[a] for a in ext_keys])
-    moved = {"$arrayElemAt": [expiries, {"$indexOfArray": [_lit(ext_keys), "$$s.k"]}]}
+    expiries = literal([params.extend[a] for a in ext_keys])
+    moved = {"$arrayElemAt": [expiries, {"$indexOfArray": [literal(ext_keys), "$$s.k"]}]}
     extended = {"w": "$$s.v.w", "e": moved, "b": "$$s.v.b"}
-    ended = {"w": "$$s.v.w", "e": {"$min": ["$$s.v.e", _lit(params.now)]}, "b": None}
+    ended = {"w": "$$s.v.w", "e": {"$min": ["$$s.v.e", literal(params.now)]}, "b": None}
     value = {
         "$switch": {
             "branches": [
-                {"case": {"$and": [pre, ours, {"$in": ["$$s.k", _lit(dropped)]}]}, "then": ended},
-                {"case": {"$and": [ours, live, {"$in": ["$$s.k", _lit(ext_keys)]}]}, "then": extended},
+                {"case": {"$and": [pre, ours, {"$in": ["$$s.k", literal(dropped)]}]}, "then": ended},
+                {"case": {"$and": [ours, live, {"$in": ["$$s.k", literal(ext_keys)]}]}, "then": extended},
             ],
             "default": "$$s.v",
         }
@@ -467,7 +452,7 @@ def slots_pipeline(params: SlotsParams) -> list[dict[str, Any]]:
                     "$filter": {
                         "input": "$_slots_in",
                         "as": "s",
-                        "cond": {"$and": [ours, {"$in": ["$$s.k", _lit(checked_tokens(params.unused))]}]},
+                        "cond": {"$and": [ours, {"$in": ["$$s.k", literal(checked_tokens(params.unused))]}]},
                     }
                 },
                 "as": "s",
@@ -477,25 +462,19 @@ def slots_pipeline(params: SlotsParams) -> list[dict[str, Any]]:
         stages.append({"$set": {"_gone": gone}})
         back = {"$size": {"$filter": {"input": "$_gone", "as": "b", "cond": {"$eq": ["$$b", "$$e.k"]}}}}
         fields["starts"] = {
-            "$cond": [
-                {"$isArray": "$starts"},
-                "$starts",
-                {
-                    "$arrayToObject": {
-                        "$filter": {
-                            "input": {
-                                "$map": {
-                                    "input": {"$objectToArray": {"$ifNull": ["$starts", {}]}},
-                                    "as": "e",
-                                    "in": {"k": "$$e.k", "v": {"$subtract": ["$$e.v", back]}},
-                                }
-                            },
+            "$arrayToObject": {
+                "$filter": {
+                    "input": {
+                        "$map": {
+                            "input": {"$objectToArray": {"$ifNull": ["$starts", {}]}},
                             "as": "e",
-                            "cond": {"$gt": ["$$e.v", 0]},
+                            "in": {"k": "$$e.k", "v": {"$subtract": ["$$e.v", back]}},
                         }
-                    }
-                },
-            ]
+                    },
+                    "as": "e",
+                    "cond": {"$gt": ["$$e.v", 0]},
+                }
+            }
         }
     stages.append({"$set": fields})
     stages.append({"$project": {"_slots_in": 0, "_gone": 0}})
@@ -524,8 +503,8 @@ class MongoLimits:
 
     async def put_limit(self, params: PutLimitParams) -> bool:
         update = {
-            "$set": _out({**params.fields, "update_time": params.now}),
-            "$setOnInsert": _out({"slots": {}, "starts": {}, "create_time": params.now}),
+            "$set": to_mongo({**params.fields, "update_time": params.now}),
+            "$setOnInsert": to_mongo({"slots": {}, "starts": {}, "create_time": params.now}),
         }
 
         async def write() -> bool:
@@ -558,12 +537,12 @@ class MongoLimits:
 
     async def get_limit(self, key: str) -> dict[str, Any] | None:
         doc = await self._call("get limit", lambda: self.limits.find_one({"_id": key}))
-        return _in(doc) if doc is not None else None
+        return from_mongo(doc) if doc is not None else None
 
     async def list_limits(self) -> list[dict[str, Any]]:
         async def read() -> list[dict[str, Any]]:
             cursor = self.limits.find({}).sort("_id", 1).hint(ID_INDEX)
-            return [_in(doc) async for doc in cursor.max_time_ms(ADMIN_READ_MS)]
+            return [from_mongo(doc) async for doc in cursor.max_time_ms(ADMIN_READ_MS)]
 
         return await self._call("list limits", lambda: admin_read("list limits", read))
 
@@ -595,15 +574,10 @@ class MongoLimits:
             # per attempt, each on the wildcard index limits_slots (slots.<attempt>.w); only
             # those slots are fetched back.
             branches: list[dict[str, Any]] = [{f"slots.{a}.w": holder} for a in tokens]
-            # a limit the build before issue 18 wrote (slots as an array), until its next
-            # acquire rewrites it: the same wildcard index serves slots.a
-            branches.append({"slots.a": {"$in": tokens}})
             filter_ = {"$or": branches}
-            projection = {f"slots.{a}": 1 for a in tokens} | dict.fromkeys(
-                ("slots.a", "slots.w", "slots.e"), 1
-            )
+            projection = {f"slots.{a}": 1 for a in tokens}
             cursor = self.limits_primary.find(filter_, projection).hint(LIMITS_SLOTS_INDEX)
-            return held_in([_in(doc) async for doc in cursor], worker_id, tokens, now)
+            return held_in([from_mongo(doc) async for doc in cursor], worker_id, tokens, now)
 
         if not tokens:
             return {}
@@ -629,14 +603,14 @@ class MongoLimits:
             # the reply was lost: applied if one of our attempts holds a slot (a retry of an
             # acquire is harmless anyway: it drops these attempts' grants before granting)
             doc: dict[str, Any] | None = await self.limits_primary.find_one({"_id": params.key}, projection)
-            if doc is None or not granted_of(_in(doc), params.worker_id, params.attempts, params.now):
+            if doc is None or not granted_of(from_mongo(doc), params.worker_id, params.attempts, params.now):
                 return None
             return doc
 
         doc = await self._call("acquire slots", write, recover=recover)
         if doc is None:
             return AcquireResult(granted=list(params.attempts), limited=False)
-        doc = _in(doc)
+        doc = from_mongo(doc)
         return AcquireResult(
             granted=granted_of(doc, params.worker_id, params.attempts, params.now),
             **acquire_result_fields(doc, params.now),
@@ -663,4 +637,4 @@ class MongoLimits:
         doc = await self._call(what, write)
         if doc is None:
             return list(params.extend)
-        return granted_of(_in(doc), params.worker_id, list(params.extend), params.now)
+        return granted_of(from_mongo(doc), params.worker_id, list(params.extend), params.now)

@@ -37,11 +37,11 @@ from mscheduler.drivers.base import (
 from mscheduler.drivers.mongo.common import (
     FINISHED_INDEX,
     KEY_INDEX,
-    WS,
+    WORKER_STATES,
     T,
-    _out,
-    _resolve,
     log,
+    resolved,
+    to_mongo,
 )
 
 RETENTION_INDEX_PREFIX = "retention_"
@@ -82,7 +82,7 @@ class MongoMaintenance:
     def _trim_stages(self, params: ClaimParams) -> list[Any]:
         """After the claim's entry is appended: drop the oldest uncounted entries beyond
         ``max_entries`` (``drivers.base.trim_entries`` as a stage). Built once per
-        ``max_entries``, as BSON already (as ``_derive_stages``)."""
+        ``max_entries``, as BSON already (as ``derive_stages``)."""
         return [_trim_stage(params.max_entries)]
 
     # -- retention --------------------------------------------------------------------------------
@@ -92,7 +92,7 @@ class MongoMaintenance:
         ``params``; False if the server refused them (the retention pass then does the work)."""
 
         async def current() -> dict[str, dict[str, Any]]:
-            cursor = await _resolve(self.tasks.list_indexes())
+            cursor = await resolved(self.tasks.list_indexes())
             return {ix["name"]: dict(ix) async for ix in cursor}
 
         existing = await self._call("list indexes", current)
@@ -169,7 +169,7 @@ class MongoMaintenance:
         # children are never removed alone (they go with their parent, below)
         filter_ = {
             "state.status": params.status,
-            "state.finish_time": {"$lte": _out(params.before)},
+            "state.finish_time": {"$lte": to_mongo(params.before)},
             "parent": {"$exists": False},
         }
 
@@ -217,10 +217,10 @@ class MongoMaintenance:
 @functools.lru_cache(maxsize=64)
 def _trim_stage(max_entries: int) -> Any:
     """The stage of ``_trim_stages`` for ``max_entries`` (shared: never changed once built)."""
-    excess = {"$subtract": [{"$size": f"${WS}"}, max_entries]}
+    excess = {"$subtract": [{"$size": f"${WORKER_STATES}"}, max_entries]}
     uncounted = {
         "$filter": {
-            "input": f"${WS}",
+            "input": f"${WORKER_STATES}",
             "as": "e",
             "cond": {"$in": ["$$e.status", list(UNCOUNTED_STATUSES)]},
         }
@@ -230,10 +230,10 @@ def _trim_stage(max_entries: int) -> Any:
     }
     kept = {
         "$filter": {
-            "input": f"${WS}",
+            "input": f"${WORKER_STATES}",
             "as": "e",
             "cond": {"$eq": [{"$in": ["$$e.attempt", dropped]}, False]},
         }
     }
-    stage = {"$set": {WS: {"$cond": [{"$gt": [excess, 0]}, kept, f"${WS}"]}}}
+    stage = {"$set": {WORKER_STATES: {"$cond": [{"$gt": [excess, 0]}, kept, f"${WORKER_STATES}"]}}}
     return RawBSONDocument(bson.encode(stage))

@@ -1,5 +1,5 @@
 """The ping of ``MongoDriver``: lease renewal for all of a worker's running attempts, with the
-handlers' checkpoints and progress riding along (SPEC G2, F22).
+handlers' checkpoints and progress riding along.
 
 Without reports a ping is one ``update_many`` per lease length (usually one) plus one read from
 the primary. With reports (some handlers called ``ctx.checkpoint`` / ``ctx.progress`` since the
@@ -31,12 +31,12 @@ from mscheduler.drivers.base import (
 )
 from mscheduler.drivers.mongo.common import (
     KEY_INDEX,
-    WS,
+    WORKER_STATES,
     T,
-    _in_place,
-    _lit,
-    _out,
-    _rebuild_entries,
+    from_mongo_in_place,
+    literal,
+    rebuild_entries,
+    to_mongo,
     write_concern_only,
 )
 
@@ -65,7 +65,7 @@ class MongoPing:
     def _ping_filter(
         worker_id: str, now: datetime, attempts: Mapping[str, str], groups: Sequence[str] = (), part: int = 0
     ) -> dict[str, Any]:
-        # still allowed (SPEC F8, F31): no workers or groups named, this worker named, or one of
+        # still allowed: no workers or groups named, this worker named, or one of
         # its groups named
         anyone = {
             "$and": [
@@ -88,7 +88,7 @@ class MongoPing:
             # a single-document update: its _id too (the whole shard key, see one_task)
             **({"_id": keys[0]} if len(keys) == 1 else {}),
             "part": part,
-            WS: {
+            WORKER_STATES: {
                 "$elemMatch": {
                     "worker_id": worker_id,
                     "attempt": {"$in": list(attempts.values())},
@@ -113,13 +113,13 @@ class MongoPing:
             raise StorageError("attempt tokens must not start with '$'")
         match = {
             "$and": [
-                {"$eq": ["$$e.worker_id", _lit(worker_id)]},
+                {"$eq": ["$$e.worker_id", literal(worker_id)]},
                 {"$in": ["$$e.attempt", tokens]},
                 {"$eq": ["$$e.status", "running"]},
-                {"$gt": ["$$e.ping_expire_time", _lit(now)]},
+                {"$gt": ["$$e.ping_expire_time", literal(now)]},
             ]
         }
-        return [_rebuild_entries(match, {"ping_expire_time": expire})]
+        return [rebuild_entries(match, {"ping_expire_time": expire})]
 
     async def ping(self, params: PingParams) -> PingResult:
         """The renewal of every attempt of ``params``: one write per partition its tasks are in
@@ -143,7 +143,7 @@ class MongoPing:
         return result
 
     async def _ping_part(self, params: PingParams, part: int) -> PingResult:
-        now = _out(params.now)
+        now = to_mongo(params.now)
         every_key: dict[str, str] = {}
         writes: list[Callable[[], Awaitable[Any]]] = []
         bulk: list[Any] = []
@@ -174,7 +174,7 @@ class MongoPing:
                 one = {key: attempt}
                 fields = report_fields(report, params.worker_id, attempt, params.now)
                 # user data (the checkpoint) enters the pipeline only inside $literal
-                record = {"$set": {f"state.{name}": _lit(value) for name, value in fields.items()}}
+                record = {"$set": {f"state.{name}": literal(value) for name, value in fields.items()}}
                 update = [*self._ping_update(params.worker_id, now, one, expire), record]
                 bulk.append(
                     UpdateOne(
@@ -198,7 +198,7 @@ class MongoPing:
                 # applied on the primary, not yet on a majority (a plain write's 64, or a bulk
                 # write's 65 holding write-concern errors only): the read below tells
 
-        projection = {"key": 1, "option": 1, WS: 1, "state.cancelled": 1, "state.stop": 1}
+        projection = {"key": 1, "option": 1, WORKER_STATES: 1, "state.cancelled": 1, "state.stop": 1}
         if params.reports:
             for name in ("checkpoint", "progress"):
                 projection |= {f"state.{name}.attempt": 1, f"state.{name}.seq": 1}
@@ -210,7 +210,7 @@ class MongoPing:
                 # (error 31275); the entry is picked below.
                 projection,
             )
-            return [_in_place(doc) async for doc in cursor]
+            return [from_mongo_in_place(doc) async for doc in cursor]
 
         docs = {doc["key"]: doc for doc in await self._call("ping read", read)}
         return _ping_result(params, every_key, docs)

@@ -36,11 +36,11 @@ from mscheduler.drivers.base import (
 from mscheduler.drivers.mongo.common import (
     CONFIG_CODES,
     KEY_INDEX,
-    _in,
-    _out,
-    _write_concern_codes,
     by_keys,
+    from_mongo,
     read_page,
+    to_mongo,
+    write_concern_codes,
 )
 from mscheduler.drivers.mongo.indexes import ensure_indexes
 
@@ -89,7 +89,7 @@ class MongoPlans:
         await ensure_indexes(self.plans, PLAN_INDEXES)
 
     async def insert_plan(self, params: InsertPlanParams) -> bool:
-        doc = _out({"_id": params.plan["plan_id"], **params.plan})
+        doc = to_mongo({"_id": params.plan["plan_id"], **params.plan})
 
         async def insert() -> bool:
             try:
@@ -102,7 +102,9 @@ class MongoPlans:
             # the reply was lost: ours if the stored plan is the one we sent (same create_time)
             found = await self.plans_primary.find_one({"_id": doc["_id"]}, {"create_time": 1, "version": 1})
             # compared as aware UTC: a tz_aware client reads aware datetimes, the sent one is naive
-            same_time = found is not None and _in(found.get("create_time")) == _in(doc["create_time"])
+            same_time = found is not None and from_mongo(found.get("create_time")) == from_mongo(
+                doc["create_time"]
+            )
             if found is not None and same_time and found["version"] == 1:
                 return True
             return None
@@ -111,7 +113,7 @@ class MongoPlans:
 
     async def get_plan(self, plan_id: str) -> dict[str, Any] | None:
         doc = await self._call("get plan", lambda: self.plans.find_one({"_id": plan_id}, {"_id": 0}))
-        return _in(doc) if doc is not None else None
+        return from_mongo(doc) if doc is not None else None
 
     async def list_plans(self, params: PlanListParams) -> list[dict[str, Any]]:
         filter_: dict[str, Any] = {}
@@ -126,7 +128,7 @@ class MongoPlans:
         )
 
     async def update_plan(self, params: UpdatePlanParams) -> bool:
-        update = {"$set": _out({**params.fields, "update_time": params.now})}
+        update = {"$set": to_mongo({**params.fields, "update_time": params.now})}
 
         async def write() -> Any:
             return await self.plans.update_one({"_id": params.plan_id, "version": params.version}, update)
@@ -147,7 +149,7 @@ class MongoPlans:
         # plans_due: equality on the two planner states, then due_time <= now; the two ranges
         # merge in due_time order (no in-memory sort). Suspended, error and ended plans are
         # outside every range read.
-        filter_ = {"state": {"$in": list(PLANNER_STATES)}, "due_time": {"$lte": _out(params.now)}}
+        filter_ = {"state": {"$in": list(PLANNER_STATES)}, "due_time": {"$lte": to_mongo(params.now)}}
 
         async def read() -> list[dict[str, Any]]:
             cursor = (
@@ -156,7 +158,7 @@ class MongoPlans:
                 .limit(params.limit)
                 .hint(PLANS_DUE_INDEX)
             )
-            return [_in(doc) async for doc in cursor]
+            return [from_mongo(doc) async for doc in cursor]
 
         return await self._call("find due plans", read)
 
@@ -164,11 +166,11 @@ class MongoPlans:
         """One unordered bulk write of compare-and-sets, each on ``_id`` + version + next fire time."""
         if not params.advances:
             return 0
-        now = _out(params.now)
+        now = to_mongo(params.now)
         ops = [
             UpdateOne(
-                {"_id": a.plan_id, "version": a.version, "next_fire_time": _out(a.next_fire_time)},
-                {"$set": _out({**a.fields, "update_time": now})},
+                {"_id": a.plan_id, "version": a.version, "next_fire_time": to_mongo(a.next_fire_time)},
+                {"$set": to_mongo({**a.fields, "update_time": now})},
             )
             for a in params.advances
         ]
@@ -177,7 +179,7 @@ class MongoPlans:
             try:
                 result = await self.plans.bulk_write(ops, ordered=False)
             except BulkWriteError as exc:
-                if exc.details.get("writeErrors") or _write_concern_codes(exc) & CONFIG_CODES:
+                if exc.details.get("writeErrors") or write_concern_codes(exc) & CONFIG_CODES:
                     raise
                 # applied on the primary, not yet confirmed by a majority: not a failure
                 return int(exc.details.get("nMatched", 0))
@@ -195,7 +197,7 @@ class MongoPlans:
         async def read() -> list[dict[str, Any]]:
             filter_ = by_keys(list(keys), self.partitions)
             cursor = self.tasks_primary.find(filter_, projection).hint(KEY_INDEX)
-            return [_in(doc) async for doc in cursor]
+            return [from_mongo(doc) async for doc in cursor]
 
         outcomes: dict[str, RunOutcome] = {}
         for doc in await self._call("read run outcomes", read):

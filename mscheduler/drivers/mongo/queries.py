@@ -47,20 +47,20 @@ from mscheduler.drivers.mongo.common import (
     UPDATED_INDEX,
     WAKE,
     WORKER_INDEX,
-    WS,
+    WORKER_STATES,
     T,
-    _derive_stages,
-    _in,
-    _lit,
-    _out,
-    _resolve,
     admin_read,
     by_keys,
+    derive_stages,
     expired_entries_stage,
+    from_mongo,
+    literal,
     live_hash,
     one_task,
     read_page,
+    resolved,
     stop_expression,
+    to_mongo,
     wake_if_stopping,
 )
 
@@ -97,7 +97,7 @@ def list_query(params: ListParams) -> tuple[dict[str, Any], list[tuple[str, int]
             filter_["key"] = key_range
     order = [(path, way) for path in (*fields.rank, *((fields.time,) if fields.time else ()), "key")]
     if params.worker_id is not None:
-        filter_[f"{WS}.worker_id"] = params.worker_id
+        filter_[f"{WORKER_STATES}.worker_id"] = params.worker_id
     if params.group is not None:
         filter_["option.specific_groups"] = params.group
         filter_.update(AIMED_AT_GROUPS)  # implied by the equality; stated for the partial index
@@ -122,7 +122,7 @@ def list_query(params: ListParams) -> tuple[dict[str, Any], list[tuple[str, int]
     position = params.after
     if order_by != BY_KEY and position is not None:
         filter_ = _after(order, position, params.descending, filter_)
-    return _out(filter_), order, index
+    return to_mongo(filter_), order, index
 
 
 _INDEX_OF = {
@@ -232,26 +232,26 @@ class MongoTaskQueries:
     async def get_task(self, key: str) -> dict[str, Any] | None:
         one = {"key": key, "part": self._part(key)}
         doc = await self._call("get task", lambda: self.tasks_primary.find_one(one, TASK_FIELDS))
-        return _in(doc) if doc is not None else None
+        return from_mongo(doc) if doc is not None else None
 
     async def get_tasks(self, keys: Sequence[str]) -> list[dict[str, Any]]:
         async def read() -> list[dict[str, Any]]:
             filter_ = by_keys(list(dict.fromkeys(keys)), self.partitions)
             cursor = self.tasks_primary.find(filter_, TASK_FIELDS).hint(KEY_INDEX)
-            return [_in(doc) async for doc in cursor]
+            return [from_mongo(doc) async for doc in cursor]
 
         return await self._call("get tasks", read)
 
     async def list_tasks(self, params: ListParams) -> list[dict[str, Any]]:
         filter_, order, index = list_query(params)
         return await self._call(
-            "list tasks", lambda: read_page(self.tasks, filter_, order, params.skip, params.limit, index)
+            "list tasks", lambda: read_page(self.tasks, filter_, order, 0, params.limit, index)
         )
 
     async def count_tasks(self, params: ListParams, cap: int) -> int:
         # The listing's filter on its index, without cursor or sort: the keys of the selected
         # range are counted (no document fetched when the index holds every filter), up to cap.
-        unpaged = replace(params, after_key=None, after_time=None, after_rank=None, skip=0)
+        unpaged = replace(params, after_key=None, after_time=None, after_rank=None)
         filter_, _, index = list_query(unpaged)
 
         async def count() -> int:
@@ -269,7 +269,7 @@ class MongoTaskQueries:
         ]
 
         async def read() -> dict[str, int]:
-            cursor = await _resolve(
+            cursor = await resolved(
                 self.tasks.aggregate(pipeline, hint=STATUS_INDEX, maxTimeMS=ADMIN_READ_MS)
             )
             return {doc["_id"]: doc["n"] async for doc in cursor}
@@ -277,7 +277,7 @@ class MongoTaskQueries:
         return await self._call("count by status", lambda: admin_read("count by status", read))
 
     async def update_option(self, params: UpdateOptionParams) -> bool:
-        pipeline = [{"$set": {"option": _lit(params.option)}}, *_derive_stages(params.now)]
+        pipeline = [{"$set": {"option": literal(params.option)}}, *derive_stages(params.now)]
 
         async def update() -> Any:
             return await self.tasks.update_one(one_task(params.key, self._part(params.key)), pipeline)
@@ -296,13 +296,13 @@ class MongoTaskQueries:
         }
         if params.action == "remove":
             return await self._remove_task(params, filter_)
-        now = _lit(params.now)
-        now_out = _out(params.now)
+        now = literal(params.now)
+        now_out = to_mongo(params.now)
         change: dict[str, Any]
         stages: list[dict[str, Any]] = []
         if params.action == "cancel":
             change = {
-                "state.cancelled": _lit(cancelled_record(params)),
+                "state.cancelled": literal(cancelled_record(params)),
                 "state.stop": stop_expression("cancel", params.now),
                 WAKE: wake_if_stopping("cancel", params.now),  # the change stream passes it
             }
@@ -316,17 +316,17 @@ class MongoTaskQueries:
                 WAKE: wake_if_stopping("pause", params.now),
             }
         elif params.action in ("pause", "resume"):
-            change = {"state.paused": _lit(params.action == "pause")}
+            change = {"state.paused": literal(params.action == "pause")}
             if params.action == "resume":
                 change["state.stop"] = None
         elif params.action == "restart":
             # never while an attempt holds a live lease (refused: Operations names it); the
             # running entries whose holders are gone are settled first, as the lease pass would
             live = {"$elemMatch": {"status": "running", "ping_expire_time": {"$gt": now_out}}}
-            filter_["$nor"] = [{WS: live}, {"state.history.worker_states": live}]
-            stages = [expired_entries_stage(params.now, _lit(params.now))]
+            filter_["$nor"] = [{WORKER_STATES: live}, {"state.history.worker_states": live}]
+            stages = [expired_entries_stage(params.now, literal(params.now))]
             generation = {"$ifNull": ["$state.generation", 0]}
-            record = {"generation": generation, "restart_time": now, "worker_states": f"${WS}"}
+            record = {"generation": generation, "restart_time": now, "worker_states": f"${WORKER_STATES}"}
             change = {
                 "state.history": {
                     "$slice": [  # the last MAX_HISTORY generations: a bounded document
@@ -340,7 +340,7 @@ class MongoTaskQueries:
                     ]
                 },
                 "state.generation": {"$add": [generation, 1]},
-                WS: _lit([]),
+                WORKER_STATES: literal([]),
                 "state.cancelled": None,
                 "state.expired_at": None,
                 "state.broken": None,
@@ -352,13 +352,13 @@ class MongoTaskQueries:
                 "state.progress": None,
                 # the deadline the operator gave, else the old one unless already past (it would
                 # expire the new generation at once)
-                "option.deadline": _lit(params.deadline)
+                "option.deadline": literal(params.deadline)
                 if params.deadline is not None
                 else {"$cond": [{"$lte": ["$option.deadline", now]}, None, "$option.deadline"]},
             }
         else:
             raise InvalidInput(f"unknown control action {params.action!r}")
-        pipeline = [*stages, {"$set": change}, *_derive_stages(params.now)]
+        pipeline = [*stages, {"$set": change}, *derive_stages(params.now)]
         return await self._control_write(params, filter_, pipeline)
 
     async def _control_write(
@@ -375,7 +375,7 @@ class MongoTaskQueries:
         async def recover() -> dict[str, Any] | None:
             one = one_task(params.key, filter_["part"])
             doc: dict[str, Any] | None = await self.tasks_primary.find_one(one)
-            return doc if doc is not None and _applied(params, _in(doc)) else None
+            return doc if doc is not None and _applied(params, from_mongo(doc)) else None
 
         try:
             result = await self._call(f"{params.action} task", update, recover=recover)
@@ -436,4 +436,4 @@ def _without_id(doc: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     doc.pop("_id", None)
     doc.pop(WAKE, None)
-    return _in(doc)  # type: ignore[no-any-return]
+    return from_mongo(doc)  # type: ignore[no-any-return]

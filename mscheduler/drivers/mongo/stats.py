@@ -1,4 +1,4 @@
-"""Statistics of ``MongoDriver`` (SPEC F27) as aggregation pipelines; definitions in
+"""Statistics of ``MongoDriver`` as aggregation pipelines; definitions in
 ``mscheduler.domain.stats``, the same numbers in Python in ``memory_stats.py`` (one conformance test).
 
 Two aggregations, each read through a named index of ``mongo_common.INDEXES`` (``hint``), so
@@ -45,13 +45,13 @@ from mscheduler.drivers.mongo.common import (
     FINISHED_INDEX,
     LANES_INDEX,
     STATS_COUNTS_INDEX,
-    WS,
+    WORKER_STATES,
     T,
-    _in,
-    _lit,
-    _out,
-    _resolve,
     admin_read,
+    from_mongo,
+    literal,
+    resolved,
+    to_mongo,
 )
 
 
@@ -66,7 +66,7 @@ def counts_pipeline(params: StatsParams) -> list[dict[str, Any]]:
         "$and": [
             {"$eq": ["$state.status", "pending"]},
             {"$ne": [{"$ifNull": [claim_at, None]}, None]},  # null sorts below every date
-            {"$lte": [claim_at, _lit(params.now)]},
+            {"$lte": [claim_at, literal(params.now)]},
         ]
     }
     return [
@@ -125,15 +125,15 @@ def finished_pipeline(params: StatsParams) -> list[dict[str, Any]]:
     window's and the throughput hour's starts."""
     assert params.window is not None
     low, high = finished_range(params.now, params.window)
-    window_start = _out(params.now - params.window)
-    first_bucket = _out(hour_start(params.now))
-    match: dict[str, Any] = {"state.finish_time": {"$gte": _out(low), "$lte": _out(high)}}
+    window_start = to_mongo(params.now - params.window)
+    first_bucket = to_mongo(hour_start(params.now))
+    match: dict[str, Any] = {"state.finish_time": {"$gte": to_mongo(low), "$lte": to_mongo(high)}}
     if params.names is not None:
         match["name"] = {"$in": list(params.names)}
     match["state.status"] = {"$in": list(FINISHED_STATUSES)}  # one index range per status
 
     succeeded_entries = {
-        "$filter": {"input": f"${WS}", "as": "e", "cond": {"$eq": ["$$e.status", "succeeded"]}}
+        "$filter": {"input": f"${WORKER_STATES}", "as": "e", "cond": {"$eq": ["$$e.status", "succeeded"]}}
     }
     succeeded = {"$eq": ["$status", "succeeded"]}
     others = {"$subtract": ["$entries", {"$size": "$ok"}]}
@@ -151,7 +151,7 @@ def finished_pipeline(params: StatsParams) -> list[dict[str, Any]]:
                 "name": 1,
                 "status": "$state.status",
                 "finish": "$state.finish_time",
-                "entries": {"$size": f"${WS}"},
+                "entries": {"$size": f"${WORKER_STATES}"},
                 "ok": {
                     "$map": {
                         "input": succeeded_entries,
@@ -212,10 +212,10 @@ class MongoStats:
 
     async def _aggregate(self, what: str, pipeline: list[dict[str, Any]], index: str) -> list[dict[str, Any]]:
         async def read() -> list[dict[str, Any]]:
-            cursor = await _resolve(
+            cursor = await resolved(
                 self.tasks.aggregate(pipeline, hint=index, allowDiskUse=True, maxTimeMS=ADMIN_READ_MS)
             )
-            return [_in(doc) async for doc in cursor]
+            return [from_mongo(doc) async for doc in cursor]
 
         return await self._call(what, lambda: admin_read(what, read))
 
@@ -223,7 +223,7 @@ class MongoStats:
         """One aggregation over the partial ``lanes`` index (``option.fair_key, name,
         state.claim_at``): the due tasks' keys grouped by fairness key (covered: index keys only,
         one per due task with a key; tasks without one are not in the index)."""
-        now = _out(params.now)
+        now = to_mongo(params.now)
         match: dict[str, Any] = {
             "option.fair_key": {"$exists": True, "$type": "string"},
             "state.claim_at": {"$lte": now},

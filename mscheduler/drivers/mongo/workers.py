@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pymongo import ReturnDocument
 
 from mscheduler.drivers.base import WorkerInfo, WorkerListParams
-from mscheduler.drivers.mongo.common import ADMIN_READ_MS, T, _in, _lit, _out, admin_read
+from mscheduler.drivers.mongo.common import ADMIN_READ_MS, T, admin_read, from_mongo, literal, to_mongo
 from mscheduler.drivers.mongo.indexes import IndexDef, ensure_indexes
 
 WORKERS_LIST_INDEX = "workers_list"
@@ -67,19 +67,19 @@ class MongoWorkers:
         }
 
         def kept(field: str, fresh: Any) -> dict[str, Any]:
-            return {"$cond": [live, {"$ifNull": [f"${field}", _lit(fresh)]}, _lit(fresh)]}
+            return {"$cond": [live, {"$ifNull": [f"${field}", literal(fresh)]}, literal(fresh)]}
 
         update = [
             {
                 "$set": {
-                    "host": _lit(info.host),
-                    "pid": _lit(info.pid),
-                    "names": _lit(list(info.names)),
-                    "groups": _lit(list(info.groups)),
-                    "concurrency": _lit(info.concurrency),
-                    "schemas": _lit([{"name": name, "schema": text} for name, text in info.schemas]),
-                    "start_time": kept("start_time", _out(info.start_time)),
-                    "last_seen": _lit(_out(info.start_time)),
+                    "host": literal(info.host),
+                    "pid": literal(info.pid),
+                    "names": literal(list(info.names)),
+                    "groups": literal(list(info.groups)),
+                    "concurrency": literal(info.concurrency),
+                    "schemas": literal([{"name": name, "schema": text} for name, text in info.schemas]),
+                    "start_time": kept("start_time", to_mongo(info.start_time)),
+                    "last_seen": literal(to_mongo(info.start_time)),
                     "running_cnt": kept("running_cnt", 0),
                     "stop_requested": kept("stop_requested", False),
                     "stop_time": None,
@@ -103,7 +103,7 @@ class MongoWorkers:
             "worker heartbeat",
             lambda: self.workers.find_one_and_update(
                 {"_id": worker_id},
-                {"$set": {"last_seen": _out(now), "running_cnt": running_cnt}},
+                {"$set": {"last_seen": to_mongo(now), "running_cnt": running_cnt}},
                 projection={"stop_requested": 1},
                 return_document=ReturnDocument.AFTER,
             ),
@@ -115,7 +115,7 @@ class MongoWorkers:
             "request worker stop",
             lambda: self.workers.update_one(
                 {"_id": worker_id, "stop_time": None},
-                {"$set": {"stop_requested": True, "stop_request_time": _out(now)}},
+                {"$set": {"stop_requested": True, "stop_request_time": to_mongo(now)}},
             ),
         )
         return bool(result.matched_count)
@@ -125,7 +125,7 @@ class MongoWorkers:
             "unregister worker",
             lambda: self.workers.update_one(
                 {"_id": worker_id},
-                {"$set": {"stop_time": _out(now), "last_seen": _out(now), "running_cnt": 0}},
+                {"$set": {"stop_time": to_mongo(now), "last_seen": to_mongo(now), "running_cnt": 0}},
             ),
         )
 
@@ -136,13 +136,13 @@ class MongoWorkers:
         params = params or WorkerListParams()
         filter_: dict[str, Any] = {}
         if params.live_since is not None:
-            filter_ = {"stop_time": None, "last_seen": {"$gte": _out(params.live_since)}}
+            filter_ = {"stop_time": None, "last_seen": {"$gte": to_mongo(params.live_since)}}
             sort, index = [("stop_time", 1), ("last_seen", 1)], WORKERS_LIVE_INDEX
         else:
             if params.now is not None:
-                filter_["last_seen"] = {"$gte": _out(params.now - self.worker_retention)}
+                filter_["last_seen"] = {"$gte": to_mongo(params.now - self.worker_retention)}
             if params.after is not None:
-                start, worker_id = _out(params.after[0]), params.after[1]
+                start, worker_id = to_mongo(params.after[0]), params.after[1]
                 filter_["start_time"] = {"$gte": start}
                 filter_["$or"] = [{"start_time": {"$gt": start}}, {"_id": {"$gt": worker_id}}]
             sort, index = [("start_time", 1), ("_id", 1)], WORKERS_LIST_INDEX
@@ -151,7 +151,8 @@ class MongoWorkers:
             projection = None if params.schemas else {"schemas": 0}  # schemas: only when asked
             cursor = self.workers.find(filter_, projection).sort(sort).limit(params.limit).hint(index)
             return [
-                _in({"worker_id": doc.pop("_id"), **doc}) async for doc in cursor.max_time_ms(ADMIN_READ_MS)
+                from_mongo({"worker_id": doc.pop("_id"), **doc})
+                async for doc in cursor.max_time_ms(ADMIN_READ_MS)
             ]
 
         return await self._call("list workers", lambda: admin_read("list workers", read))

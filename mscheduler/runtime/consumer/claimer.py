@@ -22,7 +22,7 @@ from mscheduler.observability.tracing import TaskTracer
 from mscheduler.runtime.consumer.discovery import CLAIM, LEASE, Discovery
 from mscheduler.runtime.consumer.handlers import Registered
 from mscheduler.runtime.consumer.limiter import Limiter, attempt_tokens
-from mscheduler.runtime.consumer.runner import Listener, _Running
+from mscheduler.runtime.consumer.runner import Listener, RunningAttempt
 from mscheduler.services.children import ChildSync
 from mscheduler.services.events import EventKind, EventRecorder
 
@@ -49,7 +49,7 @@ class ConsumerClaimer:
     max_attempt_entries: int
     stats: dict[str, int]
     _handlers: dict[str, Registered]
-    _running: dict[str, _Running]
+    _running: dict[str, RunningAttempt]
     _ran_fanout: OrderedDict[str, None]
     _handlers_active: int
     _slot_freed: asyncio.Event
@@ -60,12 +60,12 @@ class ConsumerClaimer:
 
     if TYPE_CHECKING:
 
-        async def _execute(self, running: _Running) -> None: ...
+        async def _execute(self, running: RunningAttempt) -> None: ...
 
         def _emit(self, event: str, data: dict[str, Any]) -> None: ...
 
         def _record_event(
-            self, running: _Running, kind: EventKind, detail: dict[str, Any] | None = None
+            self, running: RunningAttempt, kind: EventKind, detail: dict[str, Any] | None = None
         ) -> None: ...
 
         async def _storage_trouble(self, what: str, exc: StorageError, *, back_off: bool = True) -> None: ...
@@ -138,7 +138,7 @@ class ConsumerClaimer:
                 max_entries=self.max_attempt_entries,
                 groups=self.groups,
                 # the partitions the queue says have work (all, when it does not know), from a
-                # random one: a hot partition never makes the others wait (issue 18.9)
+                # random one: a hot partition never makes the others wait
                 parts=self._parts_to_visit(known if exact else None),
                 # the lanes (fairness keys) in the rotation's order: the attempts are dealt over
                 # them, so a key with a large backlog does not hold up the others
@@ -204,7 +204,7 @@ class ConsumerClaimer:
                 sleeper.cancel()
 
     def _start(self, claimed: ClaimedTask, claim_time: datetime) -> None:
-        running = _Running(claimed, claimed.option, claimed.ping_expire_time)
+        running = RunningAttempt(claimed, claimed.option, claimed.ping_expire_time)
         running.slot = claimed.slot
         self._running[claimed.key] = running
         self._handlers_active += 1

@@ -1,13 +1,13 @@
 """The Consumer: claims tasks, runs handlers, keeps leases alive, writes outcomes.
 
-Side tasks, each named and supervised (one dying stops the consumer loudly, STYLE 6):
+Side tasks, each named and supervised (one dying stops the consumer loudly):
 
 * ``poller`` and ``watcher`` (``Discovery``, discovery.py): fill the wake-up queue;
 * ``claimer`` (claimer.py): sleeps until a task may be claimable, then claims up to the free slots;
-* ``pinger`` (pinger.py): one write per interval renews the leases of all running attempts (SPEC G2);
+* ``pinger`` (pinger.py): one write per interval renews the leases of all running attempts;
 * ``finisher`` (finisher.py): writes outcomes in batches (whatever piled up while the last write
   was in flight);
-* ``heartbeat``: the worker registry (remote stop, SPEC F9) and the server clock offset.
+* ``heartbeat``: the worker registry (remote stop) and the server clock offset.
 
 This module holds the constructor, registration, the lifecycle and supervision, and the small
 parts (events, child tasks, planner, storage errors, heartbeat). The claimer, the pinger, the
@@ -55,7 +55,7 @@ from mscheduler.drivers.base import (
 from mscheduler.observability.tracing import tracer_for
 from mscheduler.runtime.consumer.claimer import ConsumerClaimer
 from mscheduler.runtime.consumer.discovery import Discovery
-from mscheduler.runtime.consumer.finisher import ConsumerFinisher, _Pending
+from mscheduler.runtime.consumer.finisher import ConsumerFinisher, PendingOutcome
 from mscheduler.runtime.consumer.handlers import (
     Handler,
     HandlerPools,
@@ -72,17 +72,12 @@ from mscheduler.runtime.consumer.reports import DEFAULT_MAX_CHECKPOINT_BYTES
 from mscheduler.runtime.consumer.runner import (
     ConsumerRunner,
     Listener,
-    RunTimedOut,
-    TaskContext,
-    _Running,
+    RunningAttempt,
 )
 from mscheduler.services.children import ChildSync
 from mscheduler.services.events import EventKind, EventRecorder
 from mscheduler.services.planner import Planner
 from mscheduler.services.retention import Retention, RetentionService
-
-# TaskContext and RunTimedOut live in runner.py; they stay importable from here, as before.
-__all__ = ["Consumer", "RunTimedOut", "TaskContext"]
 
 log = logging.getLogger("mscheduler.consumer")
 
@@ -117,7 +112,7 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         oldest entries that do not count (released, revoked, snoozed).
     :param grace_period: on graceful stop, how long running handlers may take to finish before
         they are cancelled and their leases released.
-    :param groups: the groups this consumer belongs to (SPEC F31): it also runs tasks whose
+    :param groups: the groups this consumer belongs to: it also runs tasks whose
         ``specific_groups`` name one of them.
     :param limits_interval: seconds between reads of which flow limits (``Operations.set_limit``)
         cover this consumer's names; a new or removed limit applies from the next read. Limit
@@ -247,12 +242,12 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         self._tracer = tracer_for(tracing)
         if self._tracer is not None:
             self._listeners.append(self._tracer.on_consumer_event)
-        self._running: dict[str, _Running] = {}
+        self._running: dict[str, RunningAttempt] = {}
         # untargeted fan-out tasks this worker succeeded on, newest last (see runner.RAN_FANOUT_KEPT)
         self._ran_fanout: OrderedDict[str, None] = OrderedDict()
         self._handlers_active = 0
         self._slot_freed = asyncio.Event()
-        self._pending: list[_Pending] = []
+        self._pending: list[PendingOutcome] = []
         self._pending_added = asyncio.Event()
         self._ping_wake = asyncio.Event()
         self._ping_now = asyncio.Event()  # a checkpoint waits, or a stop needs the store's word
@@ -268,7 +263,7 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         self.error: BaseException | None = None
         self.stop_reason: str | None = None  # why it stopped (or is stopping): see ``state``
         self.rng = random.Random()  # retry jitter; tests may seed or replace it
-        # flow limits (SPEC G5): slots acquired before claims of limited names, see limiter.py
+        # flow limits: slots acquired before claims of limited names, see limiter.py
         self.limiter = Limiter(
             driver,
             refresh=limits_interval,
@@ -544,7 +539,7 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
                 log.warning("could not release %s: %s", task.key, exc)
 
     async def _wait_grace(self, waited: list[Any], deadline: float) -> None:
-        """Wait until ``waited`` are done, the grace period ends on the consumer's clock (STYLE 9)
+        """Wait until ``waited`` are done, the grace period ends on the consumer's clock
         or a second ``stop(grace=0)`` says to hurry."""
         remaining = deadline - self.clock.monotonic()
         if remaining <= 0 or self._hurry.is_set():
@@ -567,12 +562,14 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
 
     @staticmethod
     def _fails_for_good(
-        running: _Running, stat: str, error: dict[str, Any] | None, final: bool = False
+        running: RunningAttempt, stat: str, error: dict[str, Any] | None, final: bool = False
     ) -> bool:
         """Does this outcome end the task as failed (rejected, Fail, or the budget used)?"""
         return fails_for_good(running.option, running.claimed.fail_cnt, stat, error, final)
 
-    def _record_event(self, running: _Running, kind: EventKind, detail: dict[str, Any] | None = None) -> None:
+    def _record_event(
+        self, running: RunningAttempt, kind: EventKind, detail: dict[str, Any] | None = None
+    ) -> None:
         assert self.events is not None
         claimed = running.claimed
         self.events.attempt_event(

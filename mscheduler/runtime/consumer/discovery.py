@@ -1,4 +1,4 @@
-"""Discovery: a bounded heap of times at which known tasks may become claimable (SPEC F5).
+"""Discovery: a bounded heap of times at which known tasks may become claimable.
 
 Sources: a batch query at start and on every poll tick (the floor), and change-stream events
 (hints that only make things faster). The claimer sleeps until the earliest time or a wake-up.
@@ -34,7 +34,7 @@ log = logging.getLogger("mscheduler.consumer")
 
 CLAIM = "claim"
 LEASE = "lease"
-DEADLINE = "deadline"  # a known task's deadline: the deadline pass runs then (issue 17 B7)
+DEADLINE = "deadline"  # a known task's deadline: the deadline pass runs then
 # Polls in any one poll interval, whatever is due or asked for: a poll that would be one more
 # waits until the oldest of them is an interval old (bounds a loop in which each poll finds
 # something that makes someone ask for the next one at once; a poll asked for after a quiet
@@ -185,7 +185,7 @@ class Discovery:
 
     def due_at(self, key: str, when: datetime) -> None:
         """This consumer wrote a due time itself (a retry or a snooze): queue it, so that a store
-        without change streams does not wait for the next poll (issue 17 B8)."""
+        without change streams does not wait for the next poll."""
         self.queue.push(key, when, CLAIM)
 
     def note_deadline(self, key: str, when: datetime) -> None:

@@ -21,7 +21,7 @@ log = logging.getLogger("mscheduler.consumer")
 
 
 @dataclass(slots=True)
-class _Pending:
+class PendingOutcome:
     """An outcome waiting to be written. Who waits for it is told by ``future`` (``_submit``) or
     by ``then`` (``_submit_then``): ``then(accepted, None)`` once written, ``then(False, error)``
     when it cannot be."""
@@ -60,7 +60,7 @@ class ConsumerFinisher:
     worker_id: str
     poll_interval: float
     _side: dict[str, asyncio.Task[None]]
-    _pending: list[_Pending]
+    _pending: list[PendingOutcome]
     _pending_added: asyncio.Event
     _hold_timer: asyncio.Future[None] | None = None  # wakes the finisher when held releases fall due
     _hold_due: float = 0.0
@@ -75,7 +75,7 @@ class ConsumerFinisher:
         finisher = self._side.get("finisher")
         if finisher is None or finisher.done():
             raise ConsumerStopped("the finisher is not running: the outcome cannot be written")
-        pending = _Pending(params, slot, asyncio.get_running_loop().create_future())
+        pending = PendingOutcome(params, slot, asyncio.get_running_loop().create_future())
         self._pending.append(pending)
         self._pending_added.set()
         assert pending.future is not None
@@ -93,7 +93,7 @@ class ConsumerFinisher:
         finisher = self._side.get("finisher")
         if finisher is None or finisher.done():
             raise ConsumerStopped("the finisher is not running: the outcome cannot be written")
-        self._pending.append(_Pending(params, slot, then=then))
+        self._pending.append(PendingOutcome(params, slot, then=then))
         self._pending_added.set()
 
     async def _run_finisher(self) -> None:

@@ -1,4 +1,4 @@
-"""How a registered handler is called (SPEC G8): an ``async def`` on the event loop, a plain
+"""How a registered handler is called: an ``async def`` on the event loop, a plain
 function in the consumer's thread pool, CPU-bound work in its process pool.
 
 ``inspect_handler`` checks what ``Consumer.register`` was given — a function, a

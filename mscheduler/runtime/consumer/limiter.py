@@ -1,4 +1,4 @@
-"""The consumer's side of flow limits (SPEC G5; the store's side is ``mscheduler.domain.limits``).
+"""The consumer's side of flow limits (the store's side is ``mscheduler.domain.limits``).
 
 Per claim: the names of this consumer that a limit covers are claimed apart, one limit at a time:
 acquire slots (one write on the limit's document), claim at most that many tasks of those names

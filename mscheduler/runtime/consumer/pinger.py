@@ -1,5 +1,5 @@
-"""The pinger of the Consumer: one write per interval renews the leases of all running attempts
-(SPEC G2), with the checkpoints and progress the handlers saved since the last ping.
+"""The pinger of the Consumer: one write per interval renews the leases of all running attempts,
+with the checkpoints and progress the handlers saved since the last ping.
 
 It is also where attempts are given up: an answer that says a lease is lost, revoked, cancelled
 or paused, a stop event from the change stream, or a lease past its trust limit while the store
@@ -18,7 +18,7 @@ from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import AttemptReport, ChangeEvent, Driver, PingParams, PingResult
 from mscheduler.runtime.consumer.limiter import Limiter
 from mscheduler.runtime.consumer.reports import PROGRESS_WRITE_INTERVAL
-from mscheduler.runtime.consumer.runner import _Running
+from mscheduler.runtime.consumer.runner import RunningAttempt
 from mscheduler.services.events import EventKind, EventRecorder
 
 log = logging.getLogger("mscheduler.consumer")
@@ -41,7 +41,7 @@ class ConsumerPinger:
     worker_id: str
     groups: tuple[str, ...]
     claim_lease: timedelta | None
-    _running: dict[str, _Running]
+    _running: dict[str, RunningAttempt]
     _ping_wake: asyncio.Event
     _ping_now: asyncio.Event
     _progress_set: asyncio.Event
@@ -51,10 +51,10 @@ class ConsumerPinger:
 
         def _emit(self, event: str, data: dict[str, Any]) -> None: ...
 
-        def _fields(self, running: _Running, **more: Any) -> dict[str, Any]: ...
+        def _fields(self, running: RunningAttempt, **more: Any) -> dict[str, Any]: ...
 
         def _record_event(
-            self, running: _Running, kind: EventKind, detail: dict[str, Any] | None = None
+            self, running: RunningAttempt, kind: EventKind, detail: dict[str, Any] | None = None
         ) -> None: ...
 
         async def _storage_trouble(self, what: str, exc: StorageError, *, back_off: bool = True) -> None: ...
@@ -109,7 +109,7 @@ class ConsumerPinger:
         return self._ping_now.is_set()
 
     async def ping_once(self) -> None:
-        """Renew every running attempt's lease in one write per lease length (SPEC G2), with the
+        """Renew every running attempt's lease in one write per lease length, with the
         checkpoints and progress the handlers saved since the last ping (same write)."""
         self._ping_now.clear()  # what is asked from here on goes with the next ping
         self._progress_set.clear()
@@ -168,7 +168,7 @@ class ConsumerPinger:
         )
 
     async def _extend_slots(
-        self, now: datetime, snapshot: dict[str, _Running], groups: dict[Any, dict[str, str]]
+        self, now: datetime, snapshot: dict[str, RunningAttempt], groups: dict[Any, dict[str, str]]
     ) -> dict[Any, dict[str, str]]:
         """Before the leases are renewed, extend the flow-limit slots of those attempts to the
         same expiry (so a slot never ends before its lease). An attempt whose slot is gone is
@@ -197,7 +197,7 @@ class ConsumerPinger:
         }
 
     @staticmethod
-    def _report_outcome(running: _Running, *, landed: bool) -> None:
+    def _report_outcome(running: RunningAttempt, *, landed: bool) -> None:
         if running.reports is None:
             return
         if landed:
@@ -218,7 +218,9 @@ class ConsumerPinger:
         if running.claimed.attempt in event.stop_attempts:
             self._lose(running, "cancelled" if event.stop == "cancel" else "paused")
 
-    async def _ping_within_leases(self, params: PingParams, snapshot: dict[str, _Running]) -> PingResult:
+    async def _ping_within_leases(
+        self, params: PingParams, snapshot: dict[str, RunningAttempt]
+    ) -> PingResult:
         """Send the ping, but stop trusting each lease at its known end while the reply is late.
 
         A handler whose lease passed its end is cancelled (and writes nothing) even if the store
@@ -245,14 +247,14 @@ class ConsumerPinger:
             if not ping.done():
                 ping.cancel()
 
-    def _expire_locally(self, snapshot: dict[str, _Running]) -> None:
+    def _expire_locally(self, snapshot: dict[str, RunningAttempt]) -> None:
         """Without a store to ask, a lease past its known end is lost: stop those handlers."""
         now = self.clock.now()
         for running in snapshot.values():
             if running.trust_until <= now:
                 self._lose(running, "lost")
 
-    def _lose(self, running: _Running, reason: str) -> None:
+    def _lose(self, running: RunningAttempt, reason: str) -> None:
         if running.cancel_reason is None and not running.handler_done and reason == "paused":
             log.info(
                 "task %s: stopped by a pause (attempt released, not counted); cancelling its handler",

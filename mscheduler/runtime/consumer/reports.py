@@ -1,4 +1,4 @@
-"""Checkpoints and progress of a running attempt (SPEC F22), riding the pinger's batch.
+"""Checkpoints and progress of a running attempt, riding the pinger's batch.
 
 A handler calls ``await ctx.checkpoint(data)`` / ``ctx.progress(fraction, message)``; both wait
 in the attempt's ``AttemptReports`` for the next ping, which writes every running attempt's

@@ -4,7 +4,7 @@
 handler's pydantic model) and a ``TaskContext``, under the task's ``run_timeout``; turns what the
 handler did (returned, raised ``Retry`` / ``Snooze`` / ``Fail``, failed, was cancelled) into an
 outcome by the shared rules (``mscheduler.domain.outcomes``); hands it to the finisher; and then does the
-attempt's bookkeeping (stats, events, logs, the 'finished' listener event). ``_Running`` is an
+attempt's bookkeeping (stats, events, logs, the 'finished' listener event). ``RunningAttempt`` is an
 attempt's state while it runs, shared by the claimer, the pinger and the finisher.
 """
 
@@ -117,7 +117,7 @@ class TaskContext:
 
 
 @dataclass(slots=True)
-class _Running:
+class RunningAttempt:
     claimed: ClaimedTask
     option: dict[str, Any]
     expire: Any  # lease end as last confirmed by the store
@@ -156,7 +156,7 @@ class ConsumerRunner:
     limiter and bookkeeping, and the finisher's ``_submit_then``)."""
 
     _handlers: dict[str, _Registered]
-    _running: dict[str, _Running]
+    _running: dict[str, RunningAttempt]
     _ran_fanout: OrderedDict[str, None]
     _handlers_active: int
     _slot_freed: asyncio.Event
@@ -192,14 +192,14 @@ class ConsumerRunner:
 
         @staticmethod
         def _fails_for_good(
-            running: _Running, stat: str, error: dict[str, Any] | None, final: bool = False
+            running: RunningAttempt, stat: str, error: dict[str, Any] | None, final: bool = False
         ) -> bool: ...
 
         def _record_event(
-            self, running: _Running, kind: EventKind, detail: dict[str, Any] | None = None
+            self, running: RunningAttempt, kind: EventKind, detail: dict[str, Any] | None = None
         ) -> None: ...
 
-    async def _execute(self, running: _Running) -> None:
+    async def _execute(self, running: RunningAttempt) -> None:
         claimed = running.claimed
         registered = self._handlers[claimed.name]
         done: Outcome | None  # the shared outcome rules (mscheduler.domain.outcomes) build it
@@ -284,7 +284,9 @@ class ConsumerRunner:
         except MSchedulerError as exc:
             self._written(running, done, False, exc)
 
-    def _written(self, running: _Running, done: Outcome, accepted: bool, error: BaseException | None) -> None:
+    def _written(
+        self, running: RunningAttempt, done: Outcome, accepted: bool, error: BaseException | None
+    ) -> None:
         """The finisher wrote ``done`` (``accepted``: the store took it), or could not (``error``)."""
         if error is not None:
             log.error(
@@ -295,7 +297,9 @@ class ConsumerRunner:
             )
         self._settle(running, done, accepted=accepted and error is None, submitted=error is None)
 
-    def _settle(self, running: _Running, done: Outcome | None, *, accepted: bool, submitted: bool) -> None:
+    def _settle(
+        self, running: RunningAttempt, done: Outcome | None, *, accepted: bool, submitted: bool
+    ) -> None:
         """An attempt's bookkeeping once its outcome is written (``submitted``: the finisher
         released its slot with it) or there was none to write: stats, events, logs, listeners."""
         claimed = running.claimed
@@ -333,7 +337,7 @@ class ConsumerRunner:
             and not self._fails_for_good(running, stat, error, final)
         ):
             # this consumer wrote the due time itself (a retry, a snooze): it wakes for it without
-            # waiting for its next poll, where no change stream tells it (issue 17 B8)
+            # waiting for its next poll, where no change stream tells it
             self.discovery.due_at(claimed.key, retry_at)
         if self.events is not None and accepted:
             kind = outcome_kind(stat, self._fails_for_good(running, stat, error, final))
@@ -353,13 +357,13 @@ class ConsumerRunner:
                 },
             )
 
-    def _failed(self, running: _Running, error: dict[str, Any]) -> Outcome:
+    def _failed(self, running: RunningAttempt, error: dict[str, Any]) -> Outcome:
         """A plain failure, retried by the task's retry policy (the rule in mscheduler.domain.outcomes)."""
         return failed_outcome(
             error, running.option, running.claimed.failure_times, self.clock.now(), self.rng
         )
 
-    def _fields(self, running: _Running, **more: Any) -> dict[str, Any]:
+    def _fields(self, running: RunningAttempt, **more: Any) -> dict[str, Any]:
         """Structured fields for log records about an attempt (``extra=``)."""
         claimed = running.claimed
         return {
@@ -371,7 +375,7 @@ class ConsumerRunner:
         } | more
 
     def _log_outcome(
-        self, running: _Running, stat: str, error: dict[str, Any] | None, final: bool = False
+        self, running: RunningAttempt, stat: str, error: dict[str, Any] | None, final: bool = False
     ) -> None:
         """Failures are never silent: a failed attempt at INFO, a task failed for good (its budget
         used, or rejected) at WARNING with the traceback."""
@@ -435,7 +439,7 @@ class ConsumerRunner:
         self,
         registered: _Registered,
         claimed: ClaimedTask,
-        running: _Running,
+        running: RunningAttempt,
         results: dict[str, Any] | None = None,
     ) -> list[Any]:
         args: list[Any] = []

@@ -18,10 +18,10 @@ from fastapi import Path as FastPath
 from mscheduler.operations import BulkOutcome
 from mscheduler.web import bulk as jobs_module
 from mscheduler.web.bulk import BulkJob, BulkJobs
-from mscheduler.web.deps import _ERRORS, Ops, Who, _ApiError, _common, json_answer
+from mscheduler.web.deps import COMMON_DEPENDENCIES, ERROR_ANSWERS, HttpError, Ops, Who, json_answer
 from mscheduler.web.models import BulkIn, BulkJobOut, BulkOutcomeOut, BulkResultOut, ErrorOut
 
-bulk = APIRouter(prefix="/bulk", tags=["bulk"], dependencies=_common, responses=_ERRORS)
+bulk = APIRouter(prefix="/bulk", tags=["bulk"], dependencies=COMMON_DEPENDENCIES, responses=ERROR_ANSWERS)
 
 _NO_JOB: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "description": "no such job here"}}
 
@@ -67,7 +67,7 @@ async def start_bulk(body: BulkIn, operations: Ops, who: Who, request: Request) 
     and the rule; unknown). ``filter``: 202 and the job (``Location``: where to follow it);
     tasks created after it started are left alone. 429 when ``bulk.RUNNING_MAX`` jobs run already."""
     if (body.keys is None) == (body.filter_ is None):
-        raise _ApiError(422, "invalid_input", "give either keys or filter (one of them)")
+        raise HttpError(422, "invalid_input", "give either keys or filter (one of them)")
     options: dict[str, Any] = {"reason": body.reason, "force": body.force, "stop_running": body.stop_running}
     if body.keys is not None:
         outcomes = await operations.control_many(body.action, body.keys, by=who.by, **options)
@@ -77,7 +77,7 @@ async def start_bulk(body: BulkIn, operations: Ops, who: Who, request: Request) 
     if jobs.running() >= jobs_module.RUNNING_MAX:
         retry = str(request.app.state.limits.retry_after_seconds)
         detail = f"{jobs_module.RUNNING_MAX} bulk actions are running here: wait for one to end"
-        raise _ApiError(429, "too_many_jobs", detail, headers={"Retry-After": retry})
+        raise HttpError(429, "too_many_jobs", detail, headers={"Retry-After": retry})
     assert body.filter_ is not None
     filters = body.filter_.model_dump(exclude_none=True)
     job = await jobs.start(operations, body.action, filters, options, by=who.by)
@@ -105,7 +105,7 @@ async def get_bulk(
     """Its state (running, done, stopped, failed), counts, and outcomes from ``results_from``."""
     job = _jobs(request).get(job_id)
     if job is None:
-        raise _ApiError(404, "not_found", "no such bulk action on this server (jobs live in its memory)")
+        raise HttpError(404, "not_found", "no such bulk action on this server (jobs live in its memory)")
     return _job_out(job, results_from, results_limit)
 
 
@@ -115,6 +115,6 @@ async def stop_bulk(job_id: JobId, request: Request) -> BulkJobOut:
     jobs = _jobs(request)
     job = jobs.get(job_id)
     if job is None:
-        raise _ApiError(404, "not_found", "no such bulk action on this server (jobs live in its memory)")
+        raise HttpError(404, "not_found", "no such bulk action on this server (jobs live in its memory)")
     jobs.stop(job)
     return _job_out(job, results_limit=0)

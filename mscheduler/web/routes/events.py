@@ -1,4 +1,4 @@
-"""The event log over HTTP (SPEC F34, F41): ``GET /api/v1/events`` lists recorded events,
+"""The event log over HTTP: ``GET /api/v1/events`` lists recorded events,
 ``GET /api/v1/events/stream`` follows new ones as server-sent events.
 
 Both read ``mscheduler.services.events.Events`` over the app's store and take the same filters (a task
@@ -33,7 +33,7 @@ from starlette.types import Receive, Scope, Send
 from mscheduler.domain.exceptions import InvalidInput
 from mscheduler.services.events import LIST_LIMIT_MAX, Event, Events
 from mscheduler.web.auth import Role
-from mscheduler.web.deps import _ERRORS, IsoTime, Ops, Who, _ApiError, _bearer, known_query
+from mscheduler.web.deps import ERROR_ANSWERS, HttpError, IsoTime, Ops, Who, bearer, known_query
 from mscheduler.web.guards import Slots
 from mscheduler.web.models import ErrorOut
 
@@ -55,15 +55,15 @@ _OFF: dict[int | str, dict[str, Any]] = {
 events = APIRouter(
     prefix="/events",
     tags=["events"],
-    dependencies=[Depends(_bearer), Depends(known_query)],
-    responses=_ERRORS,
+    dependencies=[Depends(bearer), Depends(known_query)],
+    responses=ERROR_ANSWERS,
 )
 
 
 def event_log(request: Request, operations: Ops) -> Events:
     """The app's ``Events`` reader (one per app, made on first use); 409 when the log is off."""
     if not getattr(operations.driver, "record_events", False):
-        raise _ApiError(409, "event_log_off", EVENT_LOG_OFF)
+        raise HttpError(409, "event_log_off", EVENT_LOG_OFF)
     reader: Events | None = getattr(request.app.state, "events", None)
     if reader is None or reader.driver is not operations.driver:
         limits = request.app.state.limits
@@ -291,7 +291,7 @@ async def stream_events(
     refusal = streams.acquire(who.name)
     if refusal is not None:
         retry = str(request.app.state.limits.retry_after_seconds)
-        raise _ApiError(429, "too_many_streams", refusal, headers={"Retry-After": retry})
+        raise HttpError(429, "too_many_streams", refusal, headers={"Retry-After": retry})
     release = _once(lambda: streams.release(who.name))
     try:
         source = log.subscribe(keys=key, names=name, kinds=wanted, plans=plan, since=since)

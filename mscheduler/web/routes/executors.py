@@ -1,4 +1,4 @@
-"""Remote executors over HTTP (SPEC F30): ``POST /api/v1/executors/lease``, ``/ping`` and
+"""Remote executors over HTTP: ``POST /api/v1/executors/lease``, ``/ping`` and
 ``/report``, for workers that do not speak MongoDB.
 
 Each route calls one ``RemoteExecutors`` method (``mscheduler.remote``), which keeps the Python
@@ -30,7 +30,7 @@ from mscheduler.remote.executors import (
     RemoteExecutors,
 )
 from mscheduler.web.auth import Identity
-from mscheduler.web.deps import _ERRORS, Who, _ApiError, _bearer, known_query
+from mscheduler.web.deps import ERROR_ANSWERS, HttpError, Who, bearer, known_query
 from mscheduler.web.guards import Slots
 from mscheduler.web.models import ErrorOut
 
@@ -199,8 +199,8 @@ _LOST: dict[int | str, dict[str, Any]] = {
 executors = APIRouter(
     prefix="/executors",
     tags=["executors"],
-    dependencies=[Depends(_bearer), Depends(known_query)],
-    responses=_ERRORS,
+    dependencies=[Depends(bearer), Depends(known_query)],
+    responses=ERROR_ANSWERS,
 )
 
 
@@ -223,11 +223,11 @@ async def lease(body: LeaseIn, service: Service, request: Request, who: Who) -> 
     _check_binding(who, body.worker_id, body.names, body.groups)
     retry = str(request.app.state.limits.retry_after_seconds)
     if (refusal := request.app.state.executor_workers.admit(who.name, body.worker_id)) is not None:
-        raise _ApiError(429, "too_many_workers", refusal, headers={"Retry-After": retry})
+        raise HttpError(429, "too_many_workers", refusal, headers={"Retry-After": retry})
     waits: Slots = request.app.state.waits
     waiting = body.wait_seconds > 0
     if waiting and (refusal := waits.acquire(who.name)) is not None:
-        raise _ApiError(429, "too_many_waits", refusal, headers={"Retry-After": retry})
+        raise HttpError(429, "too_many_waits", refusal, headers={"Retry-After": retry})
     leasing = asyncio.ensure_future(
         service.lease(
             body.worker_id,
@@ -355,4 +355,4 @@ def _check_binding(
     fenced by its worker id: a token bound to a prefix cannot ping or report others' attempts)."""
     refusal = who.refusal(worker_id, names, groups)
     if refusal is not None:
-        raise _ApiError(403, "forbidden", refusal)
+        raise HttpError(403, "forbidden", refusal)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from mscheduler.web.deps import _ERRORS, Ops, _common
+from mscheduler.web.deps import COMMON_DEPENDENCIES, ERROR_ANSWERS, Ops
 from mscheduler.web.models import HandlerOut
 
-handlers = APIRouter(prefix="/handlers", tags=["handlers"], dependencies=_common, responses=_ERRORS)
+handlers = APIRouter(
+    prefix="/handlers", tags=["handlers"], dependencies=COMMON_DEPENDENCIES, responses=ERROR_ANSWERS
+)
 
 
 @handlers.get("", response_model=list[HandlerOut], summary="Task names live workers handle")

@@ -7,10 +7,12 @@ from typing import Any
 from fastapi import APIRouter, Response
 
 from mscheduler.web.auth import Role
-from mscheduler.web.deps import _ERRORS, Ops, Who, _common
+from mscheduler.web.deps import COMMON_DEPENDENCIES, ERROR_ANSWERS, Ops, Who
 from mscheduler.web.models import ErrorOut, LimitIn, LimitOut
 
-limits = APIRouter(prefix="/limits", tags=["limits"], dependencies=_common, responses=_ERRORS)
+limits = APIRouter(
+    prefix="/limits", tags=["limits"], dependencies=COMMON_DEPENDENCIES, responses=ERROR_ANSWERS
+)
 
 
 _NO_LIMIT: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "description": "no such limit"}}

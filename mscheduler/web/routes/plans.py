@@ -9,10 +9,10 @@ from fastapi import APIRouter, Query, Response
 from mscheduler.domain.listing import LIST_LIMIT_MAX
 from mscheduler.domain.model import TaskInfo
 from mscheduler.domain.plans import Plan, PlanInfo, PlanState
-from mscheduler.web.deps import _ERRORS, _NOT_FOUND, _REFUSED, Ops, _common
+from mscheduler.web.deps import COMMON_DEPENDENCIES, ERROR_ANSWERS, NOT_FOUND_ANSWER, REFUSED_ANSWER, Ops
 from mscheduler.web.models import PlanEdit
 
-plans = APIRouter(prefix="/plans", tags=["plans"], dependencies=_common, responses=_ERRORS)
+plans = APIRouter(prefix="/plans", tags=["plans"], dependencies=COMMON_DEPENDENCIES, responses=ERROR_ANSWERS)
 
 
 @plans.get("", response_model=list[PlanInfo], summary="List plans, oldest first")
@@ -31,7 +31,7 @@ async def add_plan(plan: Plan, operations: Ops) -> PlanInfo:
     return await operations.add_plan(plan)
 
 
-@plans.get("/{plan_id}", response_model=PlanInfo, responses=_NOT_FOUND)
+@plans.get("/{plan_id}", response_model=PlanInfo, responses=NOT_FOUND_ANSWER)
 async def get_plan(plan_id: str, operations: Ops) -> PlanInfo:
     return await operations.get_plan(plan_id)
 
@@ -40,7 +40,7 @@ async def get_plan(plan_id: str, operations: Ops) -> PlanInfo:
     "/{plan_id}/run",
     response_model=TaskInfo,
     status_code=201,
-    responses=_NOT_FOUND | _REFUSED,
+    responses=NOT_FOUND_ANSWER | REFUSED_ANSWER,
     summary="Run the plan's task once, now",
 )
 async def run_plan_now(plan_id: str, operations: Ops) -> TaskInfo:
@@ -49,24 +49,24 @@ async def run_plan_now(plan_id: str, operations: Ops) -> TaskInfo:
     return await operations.run_plan_now(plan_id)
 
 
-@plans.post("/{plan_id}/suspend", response_model=PlanInfo, responses=_NOT_FOUND)
+@plans.post("/{plan_id}/suspend", response_model=PlanInfo, responses=NOT_FOUND_ANSWER)
 async def suspend_plan(plan_id: str, operations: Ops) -> PlanInfo:
     return await operations.suspend_plan(plan_id)
 
 
-@plans.post("/{plan_id}/resume", response_model=PlanInfo, responses=_NOT_FOUND)
+@plans.post("/{plan_id}/resume", response_model=PlanInfo, responses=NOT_FOUND_ANSWER)
 async def resume_plan(plan_id: str, operations: Ops) -> PlanInfo:
     """Resume a suspended plan, or one parked in the error state."""
     return await operations.resume_plan(plan_id)
 
 
-@plans.post("/{plan_id}/skip", response_model=PlanInfo, responses=_NOT_FOUND)
+@plans.post("/{plan_id}/skip", response_model=PlanInfo, responses=NOT_FOUND_ANSWER)
 async def skip_plan(plan_id: str, operations: Ops, n: Annotated[int, Query(ge=0, le=10**9)] = 1) -> PlanInfo:
     """Skip the plan's next ``n`` occurrences (sets the count: 0 cancels earlier skips)."""
     return await operations.skip_plan(plan_id, n)
 
 
-@plans.patch("/{plan_id}", response_model=PlanInfo, responses=_NOT_FOUND)
+@plans.patch("/{plan_id}", response_model=PlanInfo, responses=NOT_FOUND_ANSWER)
 async def edit_plan(plan_id: str, edit: PlanEdit, operations: Ops) -> PlanInfo:
     """Change a plan's definition (fields left out stay; a new timing recomputes the next fire)."""
     return await operations.edit_plan(
@@ -74,7 +74,7 @@ async def edit_plan(plan_id: str, edit: PlanEdit, operations: Ops) -> PlanInfo:
     )
 
 
-@plans.delete("/{plan_id}", status_code=204, responses=_NOT_FOUND)
+@plans.delete("/{plan_id}", status_code=204, responses=NOT_FOUND_ANSWER)
 async def remove_plan(plan_id: str, operations: Ops) -> Response:
     """Delete a plan (the tasks it made stay)."""
     await operations.remove_plan(plan_id)

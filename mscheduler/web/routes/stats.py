@@ -1,4 +1,4 @@
-"""``/api/v1/stats`` (SPEC F27) and ``/api/v1/whoami`` (the presented token's role)."""
+"""``/api/v1/stats`` and ``/api/v1/whoami`` (the presented token's role)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 
 from mscheduler.domain.fairness import KEY_WAITS_MAX
-from mscheduler.web.deps import _ERRORS, Ops, _common
+from mscheduler.web.deps import COMMON_DEPENDENCIES, ERROR_ANSWERS, Ops
 from mscheduler.web.guards import AnswerCache
 from mscheduler.web.models import KeyWaitsOut, StatsOut, WhoAmIOut
 
-misc = APIRouter(tags=["stats"], dependencies=_common, responses=_ERRORS)
+misc = APIRouter(tags=["stats"], dependencies=COMMON_DEPENDENCIES, responses=ERROR_ANSWERS)
 
 
 @misc.get("/stats", response_model=StatsOut, summary="Task statistics (counts, rates, durations)")
@@ -28,7 +28,7 @@ async def stats(
         str | None, Query(max_length=1000, description="only these statuses (comma-separated)")
     ] = None,
 ) -> Response:
-    """Counts by status, plus ``Operations.stats()`` (SPEC F27: success rates, duration
+    """Counts by status, plus ``Operations.stats()`` (success rates, duration
     percentiles, throughput over the window) in ``details``. Computed at most once per
     ``ApiLimits.stats_cache_seconds`` (1 s by default) however many clients ask the same: an
     answer may be that much old."""

@@ -10,15 +10,16 @@ from fastapi.responses import JSONResponse
 
 from mscheduler.domain.listing import CURSOR_MAX_LEN, LIST_LIMIT_MAX, TaskFilters
 from mscheduler.domain.model import OptionChange, TaskInfo, TaskOption, TaskStatus
+from mscheduler.operations import COUNT_CAP, COUNT_MAX
 from mscheduler.web.deps import (
-    _ERRORS,
-    _NOT_FOUND,
-    _REFUSED,
+    COMMON_DEPENDENCIES,
+    ERROR_ANSWERS,
+    NOT_FOUND_ANSWER,
+    REFUSED_ANSWER,
+    HttpError,
     IsoTime,
     Ops,
     Who,
-    _ApiError,
-    _common,
     json_answer,
     shown_task,
 )
@@ -32,7 +33,7 @@ from mscheduler.web.models import (
     TaskPageOut,
 )
 
-tasks = APIRouter(prefix="/tasks", tags=["tasks"], dependencies=_common, responses=_ERRORS)
+tasks = APIRouter(prefix="/tasks", tags=["tasks"], dependencies=COMMON_DEPENDENCIES, responses=ERROR_ANSWERS)
 
 
 @tasks.post(
@@ -69,7 +70,7 @@ async def send_tasks(
     ``reset_finished`` needs an admin token or a publish token given ``may=reset`` (403). The
     ``sent`` events name the token (``by: api:<name>``)."""
     if reset_finished and not who.allows("reset"):
-        raise _ApiError(
+        raise HttpError(
             403,
             "forbidden",
             "reset_finished re-runs and rewrites a finished task: an admin token, or a publish token "
@@ -124,8 +125,11 @@ async def list_tasks(
         ),
     ] = None,
     with_total: Annotated[
-        bool, Query(description="also count the tasks the filters select (up to 100,000)")
+        bool, Query(description="also count the tasks the filters select (up to total_cap)")
     ] = False,
+    total_cap: Annotated[
+        int, Query(ge=1, le=COUNT_MAX, description="with_total: count at most this many")
+    ] = COUNT_CAP,
 ) -> Response:
     """Tasks oldest first (with ``key_prefix``: in key order; with a finished range and no
     prefix: by finish time, finished tasks only), or as ``sort`` says, one page;
@@ -148,24 +152,26 @@ async def list_tasks(
     tasks = [shown_task(info, who) for info in page.tasks]
     out = TaskPageOut(tasks=tasks, next_cursor=page.next_cursor, prev_cursor=page.prev_cursor)
     if with_total:
-        counted = await operations.count_tasks(**filters)  # (cursor and limit do not count)
+        counted = await operations.count_tasks(cap=total_cap, **filters)  # (cursor and limit do not count)
         out.total, out.total_capped = counted.count, counted.capped
     return json_answer(out)
 
 
-@tasks.get("/{key:path}", response_model=TaskInfo, responses=_NOT_FOUND, summary="A task and its attempts")
+@tasks.get(
+    "/{key:path}", response_model=TaskInfo, responses=NOT_FOUND_ANSWER, summary="A task and its attempts"
+)
 async def get_task(key: str, operations: Ops, who: Who) -> Response:
     """The task (a read token sees its attempt tokens blanked)."""
     return json_answer(shown_task(await operations.get_task(key), who))
 
 
-@tasks.post("/{key:path}/cancel", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
+@tasks.post("/{key:path}/cancel", response_model=TaskInfo, responses=NOT_FOUND_ANSWER | REFUSED_ANSWER)
 async def cancel_task(key: str, operations: Ops, who: Who, body: CancelBody | None = None) -> TaskInfo:
     """End a pending or running task as cancelled (a running handler stops at its next ping)."""
     return await operations.cancel(key, body.reason if body is not None else "", by=who.by)
 
 
-@tasks.post("/{key:path}/pause", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
+@tasks.post("/{key:path}/pause", response_model=TaskInfo, responses=NOT_FOUND_ANSWER | REFUSED_ANSWER)
 async def pause_task(key: str, operations: Ops, who: Who, stop_running: bool = False) -> TaskInfo:
     """Stop claims of a pending or running task until it is resumed. ``stop_running=true``: its
     running attempts are also stopped and released (not counted against the retry budget); the
@@ -173,13 +179,13 @@ async def pause_task(key: str, operations: Ops, who: Who, stop_running: bool = F
     return await operations.pause(key, stop_running=stop_running, by=who.by)
 
 
-@tasks.post("/{key:path}/resume", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
+@tasks.post("/{key:path}/resume", response_model=TaskInfo, responses=NOT_FOUND_ANSWER | REFUSED_ANSWER)
 async def resume_task(key: str, operations: Ops, who: Who) -> TaskInfo:
     """Make a paused task claimable again."""
     return await operations.resume(key, by=who.by)
 
 
-@tasks.post("/{key:path}/restart", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
+@tasks.post("/{key:path}/restart", response_model=TaskInfo, responses=NOT_FOUND_ANSWER | REFUSED_ANSWER)
 async def restart_task(
     key: str,
     operations: Ops,
@@ -193,7 +199,7 @@ async def restart_task(
     return await operations.restart(key, force=force, by=who.by, deadline=deadline)
 
 
-@tasks.post("/{key:path}/status", response_model=TaskInfo, responses=_NOT_FOUND | _REFUSED)
+@tasks.post("/{key:path}/status", response_model=TaskInfo, responses=NOT_FOUND_ANSWER | REFUSED_ANSWER)
 async def set_task_status(key: str, body: StatusBody, operations: Ops, who: Who) -> TaskInfo:
     """Set a task's status by hand: ``succeeded`` (not running, not succeeded yet) or ``failed``
     (pending, nothing running). A child's parent follows (a sequential parent's next step
@@ -201,13 +207,13 @@ async def set_task_status(key: str, body: StatusBody, operations: Ops, who: Who)
     return await operations.set_status(key, body.status, reason=body.reason, by=who.by)
 
 
-@tasks.patch("/{key:path}/option", response_model=TaskOption, responses=_NOT_FOUND | _REFUSED)
+@tasks.patch("/{key:path}/option", response_model=TaskOption, responses=NOT_FOUND_ANSWER | REFUSED_ANSWER)
 async def edit_task(key: str, change: OptionChange, operations: Ops, who: Who) -> TaskOption:
     """Change a pending or running task's options (fields left out stay); returns the new option."""
     return await operations.edit(key, change, by=who.by)
 
 
-@tasks.delete("/{key:path}", status_code=204, responses=_NOT_FOUND | _REFUSED)
+@tasks.delete("/{key:path}", status_code=204, responses=NOT_FOUND_ANSWER | REFUSED_ANSWER)
 async def remove_task(key: str, operations: Ops, who: Who, force: bool = False) -> Response:
     """Delete a task that is not running (a running one with ``force=true``: cancelled first)."""
     await operations.remove(key, force=force, by=who.by)
