@@ -12,7 +12,8 @@ recorded success.
 
 Scenarios: ``burn_down``, ``burn_down_rtt`` (every driver request waits 1 ms first),
 ``send_many`` (batches of 1,000), ``send`` (one task per call), and the feature variants
-``burn_down_events``, ``burn_down_limit``, ``burn_down_plans``, ``burn_down_children``.
+``burn_down_events``, ``burn_down_limit``, ``burn_down_plans``, ``burn_down_children``,
+``burn_down_fair`` (every task carries one of 10 fairness keys: the claims rotate across them).
 ``commands_per_task`` is given where it can be counted without slowing the figure: in
 ``burn_down_rtt``, whose wrapper counts the consumer's driver requests (not MongoDB commands).
 """
@@ -319,6 +320,20 @@ async def scenario_burn_down_children(tasks: int, timeout: float) -> dict[str, A
     return {**burn_down_result(run, tasks), "child_runs": runs, "runs_per_s": round(runs / run.seconds)}
 
 
+FAIR_KEYS = 10
+
+
+async def scenario_burn_down_fair(tasks: int, timeout: float) -> dict[str, Any]:
+    if "fair_key" not in getattr(TaskOption, "model_fields", {}):
+        raise Skipped("TaskOption has no fair_key (no fairness in this build)")
+    options = [TaskOption(fair_key=f"tenant-{k}") for k in range(FAIR_KEYS)]
+    keyed = [Task(f"task-{i}", TASK_NAME, option=options[i % FAIR_KEYS]) for i in range(tasks)]
+    run, _ = await burn_down(
+        MemoryDriver(), keyed, expected=tasks, handlers={TASK_NAME: noop_handler}, timeout=timeout
+    )
+    return {**burn_down_result(run, tasks), "fair_keys": FAIR_KEYS}
+
+
 SCENARIOS: dict[str, Callable[[int, float], Awaitable[dict[str, Any]]]] = {
     "burn_down": scenario_burn_down,
     "burn_down_rtt": scenario_burn_down_rtt,
@@ -328,6 +343,7 @@ SCENARIOS: dict[str, Callable[[int, float], Awaitable[dict[str, Any]]]] = {
     "burn_down_limit": scenario_burn_down_limit,
     "burn_down_plans": scenario_burn_down_plans,
     "burn_down_children": scenario_burn_down_children,
+    "burn_down_fair": scenario_burn_down_fair,
 }
 
 

@@ -50,6 +50,7 @@ SCENARIOS = (
     "burn_down_limit",
     "burn_down_plans",
     "burn_down_children",
+    "burn_down_fair",
 )
 HUEY_COUNTERPARTS = {
     "burn_down": "huey_memory_burn_down",

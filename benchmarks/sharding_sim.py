@@ -42,9 +42,11 @@ from mscheduler.drivers.base import (
     ChangeStreamUnsupported,
     ClaimedTask,
     ClaimParams,
+    ClaimStep,
     ExpireParams,
     FinishParams,
     InsertParams,
+    LaneParams,
     PingParams,
     PingResult,
     Wakeup,
@@ -114,10 +116,10 @@ class ShardRouter:
         return created
 
     async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
-        async def claim_round(plan: list[tuple[str, int]]) -> list[ClaimedTask | BaseException | None]:
-            async def one(attempt: str, part: int) -> ClaimedTask | None:
+        async def claim_round(plan: list[ClaimStep]) -> list[ClaimedTask | BaseException | None]:
+            async def one(attempt: str, part: int, lane: str | None) -> ClaimedTask | None:
                 self.claims += 1
-                shard_params = replace(params, attempts=[attempt], parts=[part])
+                shard_params = replace(params, attempts=[attempt], parts=[part], lanes=[lane], exhausted=None)
                 got = await self._on(part, lambda: self.shards[part].claim(shard_params))
                 if got:
                     self._only([got[0].key], part)
@@ -125,7 +127,7 @@ class ShardRouter:
                 self.claims_empty += 1
                 return None
 
-            return list(await asyncio.gather(*(one(a, p) for a, p in plan)))
+            return list(await asyncio.gather(*(one(*step) for step in plan)))
 
         claimed, errors, _ = await claim_over_parts(params, self.partitions, claim_round)
         if errors:
@@ -175,6 +177,12 @@ class ShardRouter:
         leases = sorted((w for w in found if w.kind == "lease"), key=lambda w: w.time)[:1]
         deadlines = sorted((w for w in found if w.kind == "deadline"), key=lambda w: w.time)[: params.limit]
         return claims + leases + deadlines
+
+    async def find_lanes(self, params: LaneParams) -> list[str]:
+        found: set[str] = set()
+        for i, shard in enumerate(self.shards):  # a read of every partition reaches every shard
+            found.update(await self._on(i, lambda shard=shard: shard.find_lanes(params)))
+        return sorted(found)[: params.limit]
 
     def watch(self, names: Sequence[str], resume_token: Any = None) -> Any:
         async def unsupported() -> Any:

@@ -27,6 +27,7 @@ __all__ = [
     "ExpiryService",
     "ExponentialRetry",
     "Fail",
+    "Fairness",
     "FakeClock",
     "FixedRetry",
     "FixedThenExponentialRetry",
@@ -104,6 +105,7 @@ if TYPE_CHECKING:
         UnknownPlan,
         UnknownTask,
     )
+    from mscheduler.domain.fairness import Fairness
     from mscheduler.domain.limits import LimitInfo, Rate
     from mscheduler.domain.listing import ListParams
     from mscheduler.domain.model import (
@@ -186,6 +188,7 @@ _LAZY = {
         ),
         "mscheduler.domain.exceptions",
     ),
+    **dict.fromkeys(("Fairness",), "mscheduler.domain.fairness"),
     **dict.fromkeys(("LimitInfo", "Rate"), "mscheduler.domain.limits"),
     **dict.fromkeys(("ListParams",), "mscheduler.domain.listing"),
     **dict.fromkeys(

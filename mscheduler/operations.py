@@ -35,6 +35,7 @@ from mscheduler.domain.exceptions import (
     UnknownTask,
     error_reason,
 )
+from mscheduler.domain.fairness import KeyWait, checked_key_waits_input
 from mscheduler.domain.family import MAP, dependents, final_steps, map_items, step_graph
 from mscheduler.domain.limits import Limit, LimitInfo, Rate, checked_limit, from_storage
 from mscheduler.domain.listing import (
@@ -81,6 +82,7 @@ from mscheduler.drivers.base import (
     Driver,
     InsertParams,
     InsertPlanParams,
+    KeyWaitParams,
     LimitNameTaken,
     MarkParams,
     NewTask,
@@ -271,6 +273,7 @@ class OperatorApi(Protocol):
         statuses: Sequence[str] | None = None,
         on_step: StatsStep | None = None,
     ) -> TaskStats: ...
+    async def key_waits(self, *, names: Sequence[str] | None = None, limit: int = 100) -> list[KeyWait]: ...
 
     # -- publishing
     async def list_handlers(self) -> list[HandlerInfo]: ...
@@ -526,6 +529,13 @@ class Operations:
         checked_window, checked_names, checked_statuses = checked_stats_input(window, names, statuses)
         params = StatsParams(await self._now(), checked_window, checked_names, checked_statuses)
         return await self.driver.task_stats(params, on_step)
+
+    async def key_waits(self, *, names: Sequence[str] | None = None, limit: int = 100) -> list[KeyWait]:
+        """The fairness keys with due tasks (of ``names``; None: every name), the longest wait
+        first, at most ``limit`` (1 to 1,000): per key, how many tasks are due (claimable now)
+        and how long the one due first has waited, in seconds."""
+        checked_names, checked_limit = checked_key_waits_input(names, limit)
+        return await self.driver.key_waits(KeyWaitParams(await self._now(), checked_names, checked_limit))
 
     # -- publishing -----------------------------------------------------------------------------
 

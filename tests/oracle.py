@@ -15,7 +15,7 @@ Nothing here imports from ``mscheduler``: the statuses are spelled out as string
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 # attempt statuses (an entry of state.worker_states)
@@ -154,10 +154,13 @@ def is_targeted(option: Mapping[str, Any]) -> bool:
 def claimers(doc: Mapping[str, Any]) -> list[str]:
     """Who may claim it now: ``name|worker`` for each named worker holding no running entry and
     (unless ``same_worker_may_repeat``) no succeeded one, ``name|g:group`` for each named group,
-    ``name|*`` for a task that names nobody; nobody while ``claim_at`` is null."""
+    ``name|*`` for a task that names nobody; nobody while ``claim_at`` is null. A task with a
+    fairness key ``k`` (``option.fair_key``) has ``name#k`` in place of ``name`` in each."""
     if claim_at(doc) is None:
         return []
     option, name = doc["option"], doc["name"]
+    if option.get("fair_key") is not None:
+        name = f"{name}#{option['fair_key']}"
     if not is_targeted(option):
         return [f"{name}|*"]
     entries = doc["state"]["worker_states"]
@@ -192,7 +195,25 @@ def expected_derived(doc: Mapping[str, Any]) -> dict[str, Any]:
         "status": task_status(doc),
         "claim_at": claim_at(doc),
         "claimers": claimers(doc),
+        "claim_priority": claim_priority(doc),
+        "order_at": order_at(doc),
     }
+
+
+def claim_priority(doc: Mapping[str, Any]) -> int:
+    """The priority a claim orders by: the task's own, or 0 when it ages (``option.aging_ms``)."""
+    option = doc["option"]
+    return 0 if option.get("aging_ms") else int(option["priority"])
+
+
+def order_at(doc: Mapping[str, Any]) -> datetime | None:
+    """The time a claim orders by within one claim priority: ``claim_at``, moved earlier by
+    ``priority`` steps of ``aging_ms`` for a task that ages; null while ``claim_at`` is."""
+    due = claim_at(doc)
+    option = doc["option"]
+    if due is None or not option.get("aging_ms"):
+        return due
+    return due - timedelta(milliseconds=option["aging_ms"] * option["priority"])
 
 
 def may_claim(doc: Mapping[str, Any], worker_id: str, worker_groups: Sequence[str], now: datetime) -> bool:

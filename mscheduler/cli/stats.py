@@ -124,10 +124,17 @@ def stats(
         int, typer.Option(metavar="MINUTES", help="Window of rates and durations (1-10080).")
     ] = 60,
     name: Annotated[list[str] | None, typer.Option(metavar="NAME", help="Only this task name.")] = None,
+    by_key: Annotated[
+        bool, typer.Option("--by-key", help="Per fairness key instead: due tasks and the oldest's wait.")
+    ] = False,
 ) -> None:
     """Task statistics: counts by status and name, first- and second-attempt success rates,
     duration p50 / p95, the oldest due pending task, throughput over the last hour. While the
-    store computes them, a line on stderr (a terminal only) names the phase and the time spent."""
+    store computes them, a line on stderr (a terminal only) names the phase and the time spent.
+    --by-key: the fairness keys with due tasks instead, the longest wait first (at most 100)."""
+    if by_key:
+        _key_waits(conn, name or None, as_json)
+        return
     show = not as_json and err.is_terminal
     result = run(
         conn, lambda ops: stats_with_progress(ops, timedelta(minutes=window), name or None, err, show)
@@ -137,6 +144,19 @@ def stats(
         return
     for shown in stats_renderables(result):
         out.print(shown)
+
+
+def _key_waits(conn: Connection, names: list[str] | None, as_json: bool) -> None:
+    waits = run(conn, lambda ops: ops.key_waits(names=names))
+    if as_json:
+        print_json([w.model_dump(mode="json") for w in waits])
+        return
+    table = Table(title="due tasks by fairness key (the longest wait first)")
+    for column in ("key", "due", "oldest due"):
+        table.add_column(column, justify="left" if column == "key" else "right")
+    for wait in waits:
+        table.add_row(wait.key, str(wait.due), _seconds(wait.oldest_wait))
+    out.print(table if waits else "no due task has a fairness key")
 
 
 app.command(short_help="Task statistics: counts, success rates, durations.")(stats)

@@ -9,7 +9,7 @@ with the exit codes of ``mscheduler.cli.common``.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 import typer
@@ -332,6 +332,14 @@ def tasks_send(
     max_retries: RetriesOpt = None,
     retry_delay: RetryDelayOpt = None,
     specific_worker: WorkerOpt = None,
+    fair_key: Annotated[
+        str | None,
+        typer.Option(metavar="KEY", help="A fairness key (a tenant): claims rotate across keys."),
+    ] = None,
+    aging: Annotated[
+        float | None,
+        typer.Option(metavar="SECONDS", help="Gain one priority level per SECONDS of wait."),
+    ] = None,
     unique_by_params: Annotated[
         bool, typer.Option("--unique-by-params", help="No second live task with these params.")
     ] = False,
@@ -350,8 +358,14 @@ def tasks_send(
     left alone (exit 0, "exists"); --reset-finished resets a succeeded or failed one. NAME must
     be handled by a live worker (exit 2 naming the handled ones; --allow-unknown sends it
     anyway) and the params must fit the JSON schema its workers publish (exit 2 naming the
-    field). With --api-url it goes through POST /api/v1/tasks (an admin or publish token)."""
+    field). --fair-key puts it in a tenant's lane (among due tasks of one priority, claims
+    rotate across keys); --aging raises its priority by one level per SECONDS it waits. With
+    --api-url it goes through POST /api/v1/tasks (an admin or publish token)."""
     fields = option_fields(priority, run_at, deadline, max_retries, retry_delay, specific_worker)
+    if fair_key is not None:
+        fields["fair_key"] = fair_key
+    if aging is not None:
+        fields["aging"] = timedelta(seconds=aging)
     try:
         task = Task(
             key,

@@ -42,6 +42,12 @@ KEY_MAX_LEN = 512
 # task's document also holds its attempts, and MongoDB's limit is 16 MiB per document
 DEFAULT_MAX_PARAMS_BYTES = 512 * 1024
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,199}$")
+# a fairness key (a tenant, a customer): it becomes part of a claimer token (``name#key|who``),
+# so it holds neither ``|`` nor ``#``
+_FAIR_KEY_RE = re.compile(r"^[A-Za-z0-9_.:@+=\-]{1,200}$")
+# the largest head start aging may give a task (``priority x aging``): its claim order time
+# stays a date a store holds
+MAX_AGING_SPAN = timedelta(days=366)
 PARAMS_MAX_DEPTH = 32
 
 
@@ -182,6 +188,13 @@ class TaskOption(_UserInput):
     run_timeout: timedelta | None = Field(
         None, description="an attempt running longer is cancelled and fails"
     )
+    fair_key: str | None = Field(
+        None,
+        description="a fairness key (a tenant): among due tasks of one priority, claims rotate across keys",
+    )
+    aging: timedelta | None = Field(
+        None, description="a waiting task gains one priority level per this much wait (priority >= 0)"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -237,6 +250,27 @@ class TaskOption(_UserInput):
         if not _READING_STORED.get() and (value < timedelta(0) or value > timedelta(days=366)):
             raise ValueError("must be between 0 and 366 days")
         return value
+
+    @field_validator("fair_key")
+    @classmethod
+    def _check_fair_key(cls, value: str | None) -> str | None:
+        return validate_fair_key(value) if value is not None else None
+
+    @field_validator("aging")
+    @classmethod
+    def _check_aging_step(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and not timedelta(milliseconds=1) <= value <= timedelta(days=1):
+            raise ValueError("aging must be between 1 ms and 1 day")
+        return timedelta(milliseconds=_ms(value)) if value is not None else None
+
+    @model_validator(mode="after")
+    def _check_aging(self) -> TaskOption:
+        if self.aging is not None:
+            if self.priority < 0:
+                raise ValueError("aging needs a priority of at least 0 (a task ages from its priority up)")
+            if self.aging * self.priority > MAX_AGING_SPAN:
+                raise ValueError("priority x aging must be at most 366 days")
+        return self
 
     @field_validator("run_timeout")
     @classmethod
@@ -313,7 +347,17 @@ class TaskOption(_UserInput):
             "lost_retry_delays_ms": lost_delays,
             "deadline": self.deadline,
             "run_timeout_ms": _ms(self.run_timeout) if self.run_timeout is not None else None,
-        }
+        } | self._flow_storage()
+
+    def _flow_storage(self) -> dict[str, Any]:
+        """The fairness key and the aging step, stored only when set: a task without them keeps
+        the document it always had."""
+        out: dict[str, Any] = {}
+        if self.fair_key is not None:
+            out["fair_key"] = self.fair_key
+        if self.aging is not None:
+            out["aging_ms"] = _ms(self.aging)
+        return out
 
     @model_validator(mode="after")
     def _check_run_at_before_deadline(self) -> TaskOption:
@@ -347,6 +391,8 @@ class TaskOption(_UserInput):
             retry=RetryPolicy.from_storage(doc["retry"]) if doc.get("retry") else None,
             deadline=doc.get("deadline"),
             run_timeout=timedelta(milliseconds=doc["run_timeout_ms"]) if doc.get("run_timeout_ms") else None,
+            fair_key=doc.get("fair_key"),
+            aging=timedelta(milliseconds=doc["aging_ms"]) if doc.get("aging_ms") else None,
         )
         # A stored option is read as it is: today's rules for new options (run_at before
         # deadline, say) are not applied to it, and one that breaks any other rule (written by an
@@ -376,10 +422,17 @@ class OptionChange(_UserInput):
     run_at: datetime | None = None
     deadline: datetime | None = None
     run_timeout: timedelta | None = None
+    # "" takes the fairness key away; timedelta(0) stops the aging
+    fair_key: str | None = None
+    aging: timedelta | None = None
 
     def apply(self, current: TaskOption) -> TaskOption:
         """Return the merged option, validated as a whole (raises ``InvalidInput``)."""
         merged = current.model_dump() | self.model_dump(exclude_none=True)
+        if self.fair_key == "":
+            merged["fair_key"] = None
+        if self.aging == timedelta(0):
+            merged["aging"] = None
         if self.retry is not None:
             merged["retry"] = self.retry
             merged.pop("max_unexpected_retries", None)  # the new policy's budget
@@ -454,6 +507,17 @@ def validate_worker_id(worker_id: object) -> str:
             "invalid worker id (1-200 characters, no control characters, not starting with '$' or 'g:')"
         )
     return worker_id
+
+
+def validate_fair_key(value: object) -> str:
+    """A fairness key: 1-200 letters, digits and ``_ . : @ + = -`` (no ``|`` or ``#``: it is
+    part of a claimer token)."""
+    if not isinstance(value, str) or not _FAIR_KEY_RE.fullmatch(value):
+        raise ValueError(
+            f"invalid fair_key {value!r}: 1-200 characters, letters, digits and '_', '.', ':', '@', "
+            "'+', '=', '-'"
+        )
+    return value
 
 
 def validate_group(group: object) -> str:

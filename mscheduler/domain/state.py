@@ -30,12 +30,21 @@ as an update pipeline, and the conformance suite checks that both agree.
   ``claim_at`` is None. The claim and wake-up indexes start with it, so a worker's claim reads
   only tasks it may take (tasks aimed at others are outside its index range), and the change
   stream can tell from it which consumers an update concerns. Names cannot contain ``|``.
+  A task with a fairness key (``option.fair_key``) carries it in its tokens:
+  ``"<name>#<key>|<who>"`` (names hold no ``#``, keys neither ``#`` nor ``|``), so a claim of
+  one key's tasks is an equality on the same index (a *lane*: ``mscheduler.domain.fairness``).
+* ``claim_priority``: the priority the claim orders by: the task's, or 0 for a task that ages
+  (``option.aging_ms``: its priority turns into a head start in time, below).
+* ``order_at``: the time the claim orders by among tasks of one claim priority: ``claim_at``,
+  or for a task that ages ``claim_at - priority x aging`` (a task's effective priority at time
+  t is ``priority + (t - claim_at) / aging``; comparing two tasks' at the same t gives the same
+  order whatever t, so a stored time serves it). ``order_at <= claim_at``; None with ``claim_at``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from mscheduler.domain.model import GROUP_PREFIX, AttemptStatus, TaskStatus
@@ -58,9 +67,12 @@ DERIVED_FIELDS = (
     "status",
     "claim_at",
     "claimers",
+    "claim_priority",
+    "order_at",
 )
 
 ANYONE = "*"
+LANE_MARK = "#"  # between a task's name and its fairness key in a claimer token
 
 # status values as plain strings (derive runs on every write: no enum lookups there)
 _PENDING = TaskStatus.PENDING.value
@@ -71,9 +83,30 @@ _EXPIRED = TaskStatus.EXPIRED.value
 _CANCELLED = TaskStatus.CANCELLED.value
 
 
-def claimer_token(name: str, worker_id: str) -> str:
-    """One value of ``state.claimers``: ``name|worker_id`` (``name|*`` for any worker)."""
-    return f"{name}|{worker_id}"
+def claimer_token(name: str, worker_id: str, lane: str | None = None) -> str:
+    """One value of ``state.claimers``: ``name|worker_id`` (``name|*`` for any worker); of a task
+    with a fairness key ``lane``: ``name#lane|worker_id``."""
+    if lane is None:
+        return f"{name}|{worker_id}"
+    return f"{name}{LANE_MARK}{lane}|{worker_id}"
+
+
+def token_name(token: str) -> str:
+    """The task name of a claimer token."""
+    head = token.split("|", 1)[0]
+    return head.split(LANE_MARK, 1)[0]
+
+
+def token_lane(token: str) -> str | None:
+    """The fairness key of a claimer token (None: a task without one)."""
+    head = token.split("|", 1)[0]
+    return head.split(LANE_MARK, 1)[1] if LANE_MARK in head else None
+
+
+def laneless(token: str) -> str:
+    """A claimer token without its fairness key: ``name|who``."""
+    head, _, who = token.partition("|")
+    return f"{head.split(LANE_MARK, 1)[0]}|{who}"
 
 
 def group_token(group: str) -> str:
@@ -82,11 +115,25 @@ def group_token(group: str) -> str:
 
 
 def claimer_tokens(
-    names: list[str] | tuple[str, ...], worker_id: str, groups: Sequence[str] = ()
+    names: list[str] | tuple[str, ...],
+    worker_id: str,
+    groups: Sequence[str] = (),
+    lanes: Sequence[str | None] = (None,),
 ) -> list[str]:
-    """The ``state.claimers`` values a worker handling ``names`` (member of ``groups``) may claim."""
+    """The ``state.claimers`` values a worker handling ``names`` (member of ``groups``) may claim,
+    of the tasks in ``lanes`` (fairness keys; None: tasks without one)."""
     who = (worker_id, *(group_token(g) for g in groups), ANYONE)
-    return [claimer_token(n, w) for n in names for w in who]
+    return [claimer_token(n, w, lane) for lane in lanes for n in names for w in who]
+
+
+def claim_order(option: Mapping[str, Any], claim_at: datetime | None) -> tuple[int, datetime | None]:
+    """``claim_priority`` and ``order_at`` (see the module's docstring)."""
+    aging = option.get("aging_ms")
+    if not aging:
+        return option["priority"], claim_at
+    if claim_at is None:
+        return 0, None
+    return 0, claim_at - timedelta(milliseconds=aging * option["priority"])
 
 
 def derive(
@@ -158,6 +205,7 @@ def derive(
     claimers: list[str]
     groups = option.get("specific_groups") or []
     targeted = bool(option["specific_worker_ids"]) or bool(groups)
+    lane = option.get("fair_key")
     if claim_at is None:
         claimers = []
     elif targeted:
@@ -166,10 +214,13 @@ def derive(
         barred = (RUNNING,) if option.get("same_worker_may_repeat") is True else (RUNNING, SUCCEEDED)
         busy_workers = {e["worker_id"] for e in worker_states if e["status"] in barred}
         # a group's members are checked by the claim's filter (they are not listed here)
-        claimers = [claimer_token(name, w) for w in option["specific_worker_ids"] if w not in busy_workers]
-        claimers += [claimer_token(name, group_token(g)) for g in groups]
+        claimers = [
+            claimer_token(name, w, lane) for w in option["specific_worker_ids"] if w not in busy_workers
+        ]
+        claimers += [claimer_token(name, group_token(g), lane) for g in groups]
     else:
-        claimers = [claimer_token(name, ANYONE)]
+        claimers = [claimer_token(name, ANYONE, lane)]
+    claim_priority, order_at = claim_order(option, claim_at)
     return {
         "running_cnt": running,
         "success_cnt": success,
@@ -182,6 +233,8 @@ def derive(
         "status": status_value,
         "claim_at": claim_at,
         "claimers": claimers,
+        "claim_priority": claim_priority,
+        "order_at": order_at,
     }
 
 

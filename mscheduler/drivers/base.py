@@ -32,10 +32,11 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from mscheduler.domain.exceptions import InvalidInput
+from mscheduler.domain.fairness import KeyWait
 from mscheduler.domain.family import MapExpansion
 from mscheduler.domain.listing import ListParams
 from mscheduler.domain.model import GROUP_PREFIX
-from mscheduler.domain.partitions import part_of, spread, visit_order
+from mscheduler.domain.partitions import part_of, visit_order
 from mscheduler.domain.state import derive, family_inputs, lifecycle, stopped_by_pause
 from mscheduler.domain.stats import StatsStep, TaskStats
 
@@ -113,6 +114,13 @@ class ClaimParams:
     # the partitions to visit, in order (those the claimer knows to have work, from a random
     # one: ``mscheduler.domain.partitions.visit_order``); None: every partition, the driver's order
     parts: Sequence[int] | None = None
+    # the lanes (fairness keys; None: tasks without one) to claim from, in the order of the
+    # claimer's rotation (``mscheduler.domain.fairness``): the attempts are dealt over them in
+    # turn, a lane listed twice takes two turns (its weight); a claim reads one lane's tokens
+    lanes: Sequence[str | None] = (None,)
+    # filled by the driver with the lanes where a claim found nothing (in every partition it
+    # visited): the rotation leaves them until they are found again
+    exhausted: list[str | None] | None = None
 
     def __post_init__(self) -> None:
         _check_claimer(self.worker_id)
@@ -139,6 +147,8 @@ class ClaimedTask:
     generation: int = 0  # the task's generation (``state.generation``: restarts and resets count)
     # a workflow step's needs [{name, key}]: their results are read before its handler runs
     needs: Sequence[Mapping[str, str]] | None = None
+    lane: str | None = None  # its fairness key (``option.fair_key``): the lane it was claimed from
+    claim_priority: int = 0  # the priority the claim ordered it by (``state.claim_priority``)
 
 
 @dataclass(slots=True, frozen=True)
@@ -204,9 +214,31 @@ class WakeupParams:
     now: datetime
     limit: int = 100
     groups: Sequence[str] = ()
+    lanes: Sequence[str | None] = (None,)  # the lanes (fairness keys) whose tasks to read
 
     def __post_init__(self) -> None:
         _check_claimer(self.worker_id)
+
+
+@dataclass(slots=True, frozen=True)
+class KeyWaitParams:
+    """The fairness keys with due tasks (claimable at ``now``) of ``names`` (None: every name),
+    the longest wait first, at most ``limit`` of them."""
+
+    now: datetime
+    names: Sequence[str] | None = None
+    limit: int = 100
+
+
+@dataclass(slots=True, frozen=True)
+class LaneParams:
+    """Which lanes (fairness keys) hold tasks of ``names`` that are claimable (now or later):
+    at most ``limit`` keys, in key order, after ``after`` (a page). The lane of the tasks without
+    a key is not listed (a claimer always visits it)."""
+
+    names: Sequence[str]
+    limit: int = 1000
+    after: str | None = None
 
 
 def _check_claimer(worker_id: str) -> None:
@@ -224,6 +256,7 @@ class Wakeup:
     key: str
     time: datetime
     kind: str
+    lane: str | None = None  # the task's fairness key (a claim wake-up's lane)
 
 
 @dataclass(slots=True)
@@ -254,6 +287,9 @@ class ChangeEvent:
     # the task's deadline, where the store delivered its option (inserts, the memory driver):
     # the consumer runs the deadline pass then (None: none, or not known from this event)
     deadline: datetime | None = None
+    # the claim priority (``state.claim_priority``), where the store delivered it (inserts, the
+    # memory driver): the fairness rotation learns a lane's head priority from it
+    priority: int | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -701,6 +737,10 @@ class Driver(Protocol):
 
     async def find_wakeups(self, params: WakeupParams) -> list[Wakeup]: ...
 
+    async def find_lanes(self, params: LaneParams) -> list[str]:
+        """The fairness keys of claimable tasks of these names (see ``LaneParams``)."""
+        ...
+
     def watch(
         self, names: Sequence[str], resume_token: Any = None
     ) -> AsyncIterator[ChangeEvent | StreamPosition]:
@@ -732,6 +772,10 @@ class Driver(Protocol):
         ...
 
     async def count_by_status(self) -> dict[str, int]: ...
+
+    async def key_waits(self, params: KeyWaitParams) -> list[KeyWait]:
+        """Per fairness key, its due tasks and the oldest one's wait (see ``KeyWaitParams``)."""
+        ...
 
     async def task_stats(self, params: StatsParams, on_step: StatsStep | None = None) -> TaskStats:
         """Statistics (see StatsParams); ``on_step`` is called before each read of the store."""
@@ -892,38 +936,62 @@ _DRIVER_OPERATIONS = tuple(
 )
 
 
+# one claim of a claim round: (attempt token, partition, lane)
+ClaimStep = tuple[str, int, str | None]
+
+
 async def claim_over_parts(
     params: ClaimParams,
     partitions: int,
-    claim_round: Callable[[list[tuple[str, int]]], Awaitable[Sequence[ClaimedTask | BaseException | None]]],
+    claim_round: Callable[[list[ClaimStep]], Awaitable[Sequence[ClaimedTask | BaseException | None]]],
 ) -> tuple[list[ClaimedTask], list[BaseException], list[str]]:
-    """A claim over partitions, the one rule of every driver (and the sharding benchmark's
-    router): the attempts are dealt round-robin over the partitions to visit (``params.parts``,
-    or all from a random one); each claim names one partition (a sharded cluster's one shard).
-    A partition where a claim found nothing is dropped and its attempt dealt again over the
-    rest, until the attempts are used or no partition has work. ``claim_round(plan)`` claims
-    each ``(attempt, partition)`` and answers, in order, the task, None (nothing there) or the
-    error. Returns the tasks, the errors and the attempts that met them."""
+    """A claim over lanes and partitions, the one rule of every driver (and the sharding
+    benchmark's router). Each attempt takes a lane of ``params.lanes`` in turn (the fairness
+    rotation; a lane listed twice takes two turns), then a partition of that lane in turn (the
+    partitions to visit: ``params.parts``, or all from a random one); each claim names one
+    partition (a sharded cluster's one shard) and one lane. A (lane, partition) where a claim
+    found nothing is dropped and its attempt tried again in the lane's other partitions, or, once
+    the lane has none left, in the other lanes in turn, until the attempts are used or no place
+    has work. ``claim_round(plan)`` claims each ``(attempt, partition, lane)`` and answers, in
+    order, the task, None (nothing there) or the error. Returns the tasks, the errors and the
+    attempts that met them; the lanes found empty in every partition go to
+    ``params.exhausted`` when it is a list."""
     parts = list(params.parts) if params.parts else visit_order(partitions)
-    attempts = list(params.attempts)
+    turns = list(params.lanes) or [None]
+    lanes = list(dict.fromkeys(turns))
+    open_parts = {lane: list(parts) for lane in lanes}
+    pending = [(attempt, turns[i % len(turns)]) for i, attempt in enumerate(params.attempts)]
     claimed: list[ClaimedTask] = []
     errors: list[BaseException] = []
     failed: list[str] = []
-    while attempts and parts:
-        plan = spread(attempts, parts)
+    dealt: set[str | None] = set()
+    while pending:
+        live = [lane for lane in lanes if open_parts[lane]]
+        if not live:
+            break
+        plan: list[ClaimStep] = []
+        turn_of = dict.fromkeys(lanes, 0)
+        for i, (attempt, lane) in enumerate(pending):
+            if not open_parts[lane]:  # the lane is empty everywhere: the attempt goes to another
+                lane = live[i % len(live)]
+            of_lane = open_parts[lane]
+            plan.append((attempt, of_lane[turn_of[lane] % len(of_lane)], lane))
+            turn_of[lane] += 1
+        dealt.update(lane for _, _, lane in plan)
         results = await claim_round(plan)
-        empty: set[int] = set()
-        attempts = []
-        for (attempt, part), result in zip(plan, results, strict=True):
+        pending = []
+        for (attempt, part, lane), result in zip(plan, results, strict=True):
             if isinstance(result, ClaimedTask):
                 claimed.append(result)
             elif isinstance(result, BaseException):
                 errors.append(result)
                 failed.append(attempt)
             else:
-                empty.add(part)
-                attempts.append(attempt)
-        parts = [p for p in parts if p not in empty]
+                if part in open_parts[lane]:
+                    open_parts[lane].remove(part)
+                pending.append((attempt, lane))
+    if params.exhausted is not None:
+        params.exhausted.extend(lane for lane in lanes if lane in dealt and not open_parts[lane])
     return claimed, errors, failed
 
 
@@ -1211,4 +1279,5 @@ def event_for(doc: Mapping[str, Any], token: Any = None) -> ChangeEvent:
         stop_attempts=tuple(stop["attempts"]) if stop else None,
         # only while it may still expire (an insert's projected document has no status: pending)
         deadline=doc["option"].get("deadline") if state.get("status", "pending") == "pending" else None,
+        priority=state.get("claim_priority"),
     )

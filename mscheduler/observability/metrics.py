@@ -6,9 +6,11 @@ Needs the ``metrics`` extra (``pip install 'mscheduler[metrics]'``, prometheus-c
   (``claimed``, ``finished``) and a publisher's ``sent`` events. They count what *this process*
   did; sum them over your processes in PromQL.
 * Gauges of the store (tasks pending / running per name, the oldest due pending task's age per
-  name, live workers), computed when scraped from ``Operations`` — one aggregation of the tasks
-  (``Operations.stats(window=None)``, a covered index scan of the pending and running tasks) and
-  one read of the workers — at most once per ``cache_seconds``, whoever scrapes.
+  name, live workers; per fairness key its due tasks and the oldest one's wait), computed when
+  scraped from ``Operations`` — one aggregation of the tasks (``Operations.stats(window=None)``,
+  a covered index scan of the pending and running tasks), one of the due tasks with a fairness
+  key (``Operations.key_waits``, covered too) and one read of the workers — at most once per
+  ``cache_seconds``, whoever scrapes.
 
 Label sets are bounded: at most ``MAX_NAMES`` task names get series of their own; events and
 store gauges of further names are counted under the name ``OTHER_NAME`` (a process whose
@@ -36,6 +38,7 @@ from prometheus_client.registry import Collector
 
 from mscheduler.domain.clock import Clock
 from mscheduler.domain.exceptions import MSchedulerError
+from mscheduler.domain.fairness import KeyWait
 from mscheduler.domain.stats import TaskStats
 from mscheduler.drivers.base import Driver
 from mscheduler.operations import Operations
@@ -47,6 +50,7 @@ DEFAULT_CACHE_SECONDS = 5.0
 DEFAULT_REFRESH_TIMEOUT = 10.0
 GAUGE_STATUSES = ("pending", "running")
 MAX_NAMES = 1000  # task names with series of their own
+MAX_KEYS = 100  # fairness keys with series of their own: those whose oldest due task waits longest
 OTHER_NAME = "_other"  # the label of every name past MAX_NAMES (a task name never starts with "_")
 # seconds: handlers from a few milliseconds to an hour
 DURATION_BUCKETS = (
@@ -95,6 +99,7 @@ class _Snapshot:
     stats: TaskStats
     live_workers: int
     taken: float  # the clock's monotonic time
+    key_waits: list[KeyWait]
 
 
 class Metrics:
@@ -236,12 +241,13 @@ class Metrics:
             try:
                 stats = await self.operations.stats(window=None, statuses=GAUGE_STATUSES)
                 workers = await self.operations.list_workers(live=True)
+                key_waits = await self.operations.key_waits(limit=MAX_KEYS)
             except MSchedulerError as exc:
                 log.warning("metrics: could not read the store: %s", exc)
                 self._snapshot, self._store_up = None, 0
                 return
             live = sum(1 for w in workers if w.live)
-            self._snapshot = _Snapshot(stats, live, self._monotonic())
+            self._snapshot = _Snapshot(stats, live, self._monotonic(), key_waits)
             self._store_up = 1
 
     def _fresh(self) -> bool:
@@ -299,7 +305,26 @@ class Metrics:
             oldest.add_metric([name], ages.get(name, 0.0))
         workers = GaugeMetricFamily("mscheduler_workers_live", "Registered workers with a recent heartbeat.")
         workers.add_metric([], snapshot.live_workers)
-        return [*families, tasks, oldest, workers]
+        return [*families, tasks, oldest, workers, *self._key_metrics(snapshot.key_waits)]
+
+    @staticmethod
+    def _key_metrics(waits: list[KeyWait]) -> list[Metric]:
+        """Per fairness key with due tasks (the ``MAX_KEYS`` whose oldest due task waits longest):
+        how many are due, and that task's wait."""
+        due = GaugeMetricFamily(
+            "mscheduler_fair_key_due_tasks",
+            f"Due tasks per fairness key (the {MAX_KEYS} keys waiting longest).",
+            labels=["fair_key"],
+        )
+        oldest = GaugeMetricFamily(
+            "mscheduler_fair_key_oldest_due_age_seconds",
+            "Seconds since the oldest due task of a fairness key became due.",
+            labels=["fair_key"],
+        )
+        for wait in waits:
+            due.add_metric([wait.key], wait.due)
+            oldest.add_metric([wait.key], wait.oldest_wait)
+        return [due, oldest]
 
     # -- exposing ---------------------------------------------------------------------------------
 

@@ -58,6 +58,7 @@ from mscheduler.domain.exceptions import (
     UnknownPlan,
     UnknownTask,
 )
+from mscheduler.domain.fairness import KeyWait, checked_key_waits_input
 from mscheduler.domain.limits import Limit, LimitInfo, Rate
 from mscheduler.domain.listing import TaskFilters, TaskPage, list_params
 from mscheduler.domain.model import OptionChange, Task, TaskInfo, TaskOption, TaskStatus, WorkflowInfo
@@ -909,6 +910,15 @@ class RemoteOperations:
         if on_step is not None:
             on_step("statistics (the API computes them)")
         return TaskStats.model_validate((await self._call("GET", "/stats", params=query))["details"])
+
+    async def key_waits(self, *, names: Sequence[str] | None = None, limit: int = 100) -> list[KeyWait]:
+        """``Operations.key_waits`` computed by the API."""
+        checked_names, checked_limit = checked_key_waits_input(names, limit)
+        query: dict[str, Any] = {"limit": checked_limit}
+        if checked_names:
+            query["names"] = ",".join(checked_names)
+        answer = await self._call("GET", "/stats/keys", params=query)
+        return [KeyWait.model_validate(row) for row in answer["keys"]]
 
     # The task controls take ``by`` as ``Operations``' do, checked alike; the API records the
     # token's name as the author of every change it makes, whatever ``by`` says.

@@ -54,6 +54,7 @@ from mscheduler.domain.exceptions import (
     MSchedulerError,
     StorageError,
 )
+from mscheduler.domain.fairness import Fairness, FairRotation
 from mscheduler.domain.limits import DEFAULT_SLOT_LEASE
 from mscheduler.domain.model import (
     GROUP_PREFIX,
@@ -73,7 +74,7 @@ from mscheduler.domain.outcomes import (
     snoozed,
     succeeded,
 )
-from mscheduler.domain.state import claimer_tokens
+from mscheduler.domain.state import claimer_tokens, laneless, token_lane
 from mscheduler.drivers.base import (
     FAILURE_STATUSES,
     AttemptReport,
@@ -84,6 +85,7 @@ from mscheduler.drivers.base import (
     Driver,
     ExpireParams,
     FinishParams,
+    LaneParams,
     PingParams,
     ResumeTokenLost,
     WakeupParams,
@@ -111,6 +113,7 @@ OPTIONS_KEPT = 100_000  # (key, attempt) -> option and slot of leased attempts, 
 WORKERS_KEPT = 10_000  # executors whose registration this service remembers
 REPORT_OUTCOMES = ("succeeded", "failed", "snoozed", "released")
 WAKEUPS_READ = 16  # wake-ups a waiting lease reads (those already due say nothing new)
+ROTATIONS_KEPT = 1000  # name sets whose fairness rotation this service remembers
 _POLL_FIRST = 0.05  # the first pause of a polling wait; it doubles up to poll_interval
 # ping answers whose attempts the service settles at once (the executor stops, reports nothing)
 _SETTLED_AT_THE_ANSWER: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
@@ -224,7 +227,8 @@ class Reported:
 @dataclass(slots=True)
 class _Waiter:
     worker_id: str
-    tokens: frozenset[str]
+    tokens: frozenset[str]  # its claimer tokens without a lane (``laneless``)
+    rotation: FairRotation  # the lanes its next claim visits: an event's lane joins them
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     next_at: datetime | None = None  # the earliest future time the stream told of
     limits: frozenset[str] = frozenset()  # the flow limits covering its names
@@ -274,9 +278,11 @@ class _Doorbell:
         for waiter in self.waiters:
             when: datetime | None = None
             if event.claimers is not None:
-                mine = waiter.tokens.intersection(event.claimers)
+                mine = waiter.tokens.intersection(laneless(t) for t in event.claimers)
                 if mine or not event.claimers_complete:
                     when = event.claim_at or now
+                    if event.claimers:
+                        waiter.rotation.seen(token_lane(event.claimers[0]), event.priority)
             elif not event.specific_worker_ids or waiter.worker_id in event.specific_worker_ids:
                 when = event.claim_at
             if event.lease_expiry is not None and (when is None or event.lease_expiry < when):
@@ -422,6 +428,7 @@ class RemoteExecutors:
         limits_interval: float = 2.0,
         limit_backoff: float = 0.2,
         slot_lease: float | None = None,
+        fairness: Fairness | None = None,
     ) -> None:
         if not 0 <= max_wait <= 300:
             raise InvalidInput("max_wait must be from 0 to 300 seconds")
@@ -465,6 +472,10 @@ class RemoteExecutors:
         self._groups: OrderedDict[str, tuple[str, ...]] = OrderedDict()
         self._held: OrderedDict[tuple[str, str], _Held] = OrderedDict()
         self._bells: dict[frozenset[str], _Doorbell] = {}
+        # per set of names leased: the lanes (fairness keys) its claims rotate over, as a
+        # consumer's (mscheduler.domain.fairness), refreshed before each wait
+        self.fairness = fairness or Fairness()
+        self._rotations: OrderedDict[frozenset[str], FairRotation] = OrderedDict()
         self._finisher: _Finisher | None = None
         # report numbers of checkpoints / progress (read back to tell whether one landed)
         self._seq = time.time_ns() // 1000
@@ -635,6 +646,9 @@ class RemoteExecutors:
         pid: int,
         now: datetime,
     ) -> list[ClaimedTask]:
+        rotation = self._rotation(names)
+        await self._read_lanes(names, rotation)
+        exhausted: list[str | None] = []
         params = ClaimParams(
             worker_id=worker_id,
             names=names,
@@ -643,9 +657,13 @@ class RemoteExecutors:
             host=host,
             pid=int(pid) or None,
             groups=groups,
+            lanes=rotation.turns(max_tasks),
+            exhausted=exhausted,
         )
         # limited names: slots first, then the claim with the grants (mscheduler.runtime.consumer.limiter)
         claimed = await self.limiter.claim(params, self.driver.claim)
+        rotation.claimed((task.lane, task.claim_priority) for task in claimed)
+        rotation.exhausted(exhausted)
         for task in claimed:
             self._remember(task.key, task.attempt, task.option, task.slot)
             if self.events is not None:
@@ -662,6 +680,28 @@ class RemoteExecutors:
         await self._flush_events()
         return claimed
 
+    def _rotation(self, names: Sequence[str]) -> FairRotation:
+        """The fairness rotation of the leases of ``names`` (kept for the last ``ROTATIONS_KEPT``
+        name sets)."""
+        key = frozenset(names)
+        rotation = self._rotations.get(key)
+        if rotation is None:
+            rotation = self._rotations[key] = FairRotation(self.fairness)
+            while len(self._rotations) > ROTATIONS_KEPT:
+                self._rotations.popitem(last=False)
+        self._rotations.move_to_end(key)
+        return rotation
+
+    async def _read_lanes(self, names: list[str], rotation: FairRotation, *, force: bool = False) -> None:
+        """Read the lanes (fairness keys) with claimable tasks of ``names`` into their rotation,
+        unless read less than ``poll_interval`` ago (``force``: read now): leases that never
+        wait learn of the keys too, at one ``distinct`` a poll interval per set of names."""
+        now = self.clock.monotonic()
+        if not force and rotation.read_at is not None and now - rotation.read_at < self.poll_interval:
+            return
+        rotation.refresh(await self.driver.find_lanes(LaneParams(names, limit=self.fairness.max_lanes)))
+        rotation.read_at = now
+
     async def _wait_for_work(
         self, worker_id: str, names: list[str], groups: tuple[str, ...], deadline: float, pause: float
     ) -> bool:
@@ -670,8 +710,10 @@ class RemoteExecutors:
         of it freed here, a poll pause, or the deadline. True when woken by a hint rather than by
         the pause."""
         now = self.clock.now()
+        rotation = self._rotation(names)
+        await self._read_lanes(names, rotation, force=True)
         wakeups = await self.driver.find_wakeups(
-            WakeupParams(worker_id, names, now, limit=WAKEUPS_READ, groups=groups)
+            WakeupParams(worker_id, names, now, limit=WAKEUPS_READ, groups=groups, lanes=rotation.lanes)
         )
         # Times already past say nothing new (the claim just found nothing it may take; for a
         # limited name, perhaps because its limit is full: the limit's retry time covers that).
@@ -683,7 +725,7 @@ class RemoteExecutors:
         # past one is a limit the claim did not reach this time (its attempts were used up).
         retry = self.limiter.next_retry(set(limits)) if limits else None
         retry = retry if retry is not None and retry > now else None
-        waiter = _Waiter(worker_id, tokens, next_at=min(times) if times else None, limits=limits)
+        waiter = _Waiter(worker_id, tokens, rotation, next_at=min(times) if times else None, limits=limits)
         bell.add(waiter)
         try:
             while True:

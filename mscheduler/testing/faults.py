@@ -54,6 +54,7 @@ from mscheduler.drivers.base import (
     InsertEventsParams,
     InsertParams,
     InsertPlanParams,
+    LaneParams,
     LimitOfName,
     PingParams,
     PingResult,
@@ -388,6 +389,9 @@ class FaultyDriver:
 
     async def find_wakeups(self, params: WakeupParams) -> list[Wakeup]:
         return await self._invoke("find_wakeups", lambda: self.inner.find_wakeups(params), params)
+
+    async def find_lanes(self, params: LaneParams) -> list[str]:
+        return await self._invoke("find_lanes", lambda: self.inner.find_lanes(params), params)
 
     async def watch(
         self, names: Sequence[str], resume_token: Any = None

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
+from mscheduler.domain.fairness import KeyWait
 from mscheduler.domain.limits import MAX_NAMES, MAX_RUNNING_MAX, LimitInfo
 from mscheduler.domain.model import Params, Task, TaskInfo, TaskName, TaskOption
 from mscheduler.domain.schedule import PlanTiming
@@ -209,6 +210,12 @@ class StatsOut(BaseModel):
     counts: dict[str, int] = Field(description="tasks per status (statuses with none are 0)")
     total: int
     details: TaskStats
+
+
+class KeyWaitsOut(BaseModel):
+    """``Operations.key_waits()``: the fairness keys with due tasks, the longest wait first."""
+
+    keys: list[KeyWait]
 
 
 class WhoAmIOut(BaseModel):

@@ -40,6 +40,7 @@ async def _seed(driver: MemoryDriver) -> None:
     for key in ("a-1", "a-2", "a-3"):
         await ops.send(Task(key, "job.a", {"n": key}, option=TaskOption(priority=1)))
         clock.advance(0.001)
+    await ops.send(Task("k-1", "job.x", {}, option=TaskOption(fair_key="acme")))
     await ops.send(Task("fam", "job.family", {}, children=["step.one", "step.two"]))
     steps = [Child("step.one"), Child("step.two", needs=["step.one"])]
     await ops.send(Task("flow", "job.flow", {}, children=steps))
@@ -124,6 +125,7 @@ COMMANDS = [
     ["tasks", "send", "job.new", "--key", "new-1", "--params", '{"a": 1}', "--priority", "3"],
     ["tasks", "send", "job.a", "--key", "a-1", "--json"],
     ["tasks", "send", "job.new", "--key", "new-2", "--allow-unknown"],
+    ["tasks", "send", "job.a", "--key", "f-1", "--fair-key", "acme", "--aging", "30"],
     ["tasks", "send", "job.typed", "--key", "t-1", "--params", '{"n": "x"}'],
     ["tasks", "send", "job.typed", "--key", "t-2", "--params", '{"n": 2}'],
     ["tasks", "send", "job.a", "--key", "big", "--params", '{"x": "' + "y" * 600_000 + '"}'],
@@ -176,6 +178,9 @@ COMMANDS = [
     ["stats"],
     ["stats", "--json", "--window", "30", "--name", "job.a"],
     ["stats", "--window", "0"],
+    ["stats", "--by-key"],
+    ["stats", "--by-key", "--json", "--name", "job.x"],
+    ["stats", "--by-key", "--name", "$bad"],
     # limits
     ["limits", "ls"],
     ["limits", "ls", "--json"],

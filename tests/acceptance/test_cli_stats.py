@@ -30,7 +30,10 @@ async def _seed(driver: MemoryDriver, clock: FakeClock) -> None:
         clock.advance(2)
         assert await store.done(claimed, "w")
     await store.add("wait-1", "job.wait")
-    clock.advance(90)  # wait-1 has been due for 90 s
+    clock.advance(30)
+    await store.add("acme-1", "job.wait", fair_key="acme")
+    await store.add("acme-2", "job.wait", fair_key="acme")
+    clock.advance(60)  # wait-1 has been due for 90 s, acme's tasks for 60 s
 
 
 @pytest.fixture
@@ -54,8 +57,27 @@ def test_stats_tables_and_json(store: MemoryDriver) -> None:
     data = json.loads(out)
     assert code == 0 and data["window_seconds"] == 300
     assert [n["name"] for n in data["names"]] == ["job.wait"]
-    assert data["counts"]["pending"] == 1 and data["oldest_pending_age"] == 90.0
+    assert data["counts"]["pending"] == 3 and data["oldest_pending_age"] == 90.0
     assert len(data["throughput"]) == 60
+
+
+def test_stats_by_fairness_key(store: MemoryDriver) -> None:
+    code, out, _ = cli("stats", "--by-key")
+    assert code == 0, out
+    assert "due tasks by fairness key" in out and "acme" in out and "1m00s" in out
+    code, out, _ = cli("stats", "--by-key", "--json", "--name", "job.wait")
+    assert code == 0 and json.loads(out) == [{"key": "acme", "due": 2, "oldest_wait": 60.0}]
+    code, out, _ = cli("stats", "--by-key", "--name", "job.ok")
+    assert code == 0 and "no due task has a fairness key" in out
+
+
+async def test_operations_key_waits_validates_its_input() -> None:
+    ops = Operations(MemoryDriver())
+    bad: dict[str, Any]
+    for bad in ({"names": "job"}, {"names": []}, {"limit": 0}, {"limit": 1001}, {"limit": True}):
+        with pytest.raises(InvalidInput):
+            await ops.key_waits(**bad)
+    assert await ops.key_waits(limit=1000) == []
 
 
 @pytest.mark.parametrize("args", [["--window", "0"], ["--window", "20000"], ["--name", "$bad"]])
@@ -93,7 +115,7 @@ def test_stats_progress_names_the_phase_on_a_terminal_and_is_gone_after() -> Non
     shown = io.StringIO()
     console = Console(file=shown, force_terminal=True, width=120)
     stats = asyncio.run(stats_with_progress(ops, timedelta(minutes=5), None, console, True))
-    assert stats.total == 4
+    assert stats.total == 6
     text = shown.getvalue()
     assert COUNT_STEP in text and "0:00:00" in text  # the phase and the elapsed time
     assert text.endswith("\x1b[2K"), "the line is erased at the end (transient)"

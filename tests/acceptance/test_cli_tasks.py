@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,10 @@ def test_tasks_send_through_the_publisher(store: MemoryDriver) -> None:
     assert cli("tasks", "send", "job.a", "--key", "s-1")[:2] == (0, "task 's-1' exists (left as it is)\n")
     code, out, _ = cli("tasks", "send", "job.a", "--key", "s-2", "--json")
     assert code == 0 and json.loads(out) == {"key": "s-2", "created": True}
+    code, _, err = cli("tasks", "send", "job.a", "--key", "s-3", "--fair-key", "acme", "--aging", "60")
+    assert code == 0, err
+    assert info(store, "s-3").option.fair_key == "acme"
+    assert info(store, "s-3").option.aging == timedelta(minutes=1)
 
 
 @pytest.mark.parametrize(
@@ -86,6 +90,8 @@ def test_tasks_send_through_the_publisher(store: MemoryDriver) -> None:
         (["--key", "x", "--run-at", "tomorrow"], "error: --run-at: an ISO-8601 time"),
         (["--key", "", "--params", "{}"], "error: invalid task: key must be"),
         (["--key", "x", "--bogus", "1"], "No such option: --bogus"),
+        (["--key", "x", "--fair-key", "a|b"], "error: invalid TaskOption: invalid fair_key 'a|b'"),
+        (["--key", "x", "--priority", "-1", "--aging", "5"], "error: invalid TaskOption"),
     ],
 )
 def test_tasks_send_refuses_bad_input_in_one_line(store: MemoryDriver, args: list[str], message: str) -> None:

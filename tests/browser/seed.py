@@ -56,7 +56,15 @@ async def seed(driver: MemoryDriver) -> Seeded:
 
     # pending: names no consumer here handles, one paused, one the admin test cancels
     await sender.send_many(
-        [Task(f"invoice-{n}", "send_invoice", {"customer": n, "amount": 10 * n}) for n in (1001, 1002)]
+        [
+            Task(
+                f"invoice-{n}",
+                "send_invoice",
+                {"customer": n, "amount": 10 * n},
+                option=TaskOption(fair_key="acme"),
+            )
+            for n in (1001, 1002)
+        ]
         + [
             Task(CANCEL_ME, "send_invoice", {"customer": 1003, "amount": 99}),
             Task("report-weekly", "report", {"week": 47}, option=TaskOption(priority=5)),

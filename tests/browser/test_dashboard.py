@@ -47,6 +47,8 @@ def test_login_and_every_page(page: Any, dashboard: DashboardServer) -> None:
     assert page.locator("#failure-chart circle.dot").count() >= 1
     assert re.match(r"[\d.]+ (ms|s) · (send_invoice|report)\n", page.locator("#oldest-pending").inner_text())
     assert page.locator("#overview").get_by_text("worker-live-1").count() == 1
+    acme = page.locator('#by-key tr[data-key="acme"]')
+    assert re.match(r"acme\s+2\s+[\d.]+ (ms|s)", acme.inner_text()), acme.inner_text()
     shot(page, "overview")
     page.emulate_media(color_scheme="dark")
     shot(page, "overview-dark")

@@ -128,6 +128,8 @@ class Store:
         pid: int | None = None,
         exclude_keys: Iterable[str] = (),
         groups: Iterable[str] = (),
+        lanes: Iterable[str | None] = (None,),
+        exhausted: list[str | None] | None = None,
     ) -> list[ClaimedTask]:
         params = ClaimParams(
             worker_id=worker,
@@ -139,6 +141,8 @@ class Store:
             pid=pid,
             exclude_keys=list(exclude_keys),
             groups=list(groups),
+            lanes=list(lanes),
+            exhausted=exhausted,
         )
         claimed = await self.driver.claim(params)
         assert len(claimed) <= n

@@ -98,7 +98,7 @@ async def test_gauges_show_the_store_and_are_cached(harness: Harness) -> None:
     consumer = harness.consumer("w1", {"other": other})
     await harness.start(consumer)
     for key in ("i1", "i2"):
-        await harness.publisher.send(Task(key, "idle", {}))
+        await harness.publisher.send(Task(key, "idle", {}, option=TaskOption(fair_key="acme")))
     later = TaskOption(run_at=harness.clock.now() + timedelta(minutes=10))  # pending, not due
     await harness.publisher.send(Task("later", "idle", {}, option=later))
     await harness.advance(10)
@@ -109,6 +109,8 @@ async def test_gauges_show_the_store_and_are_cached(harness: Harness) -> None:
     assert value(found, "mscheduler_tasks", name="idle", status="running") == 0
     assert value(found, "mscheduler_oldest_pending_age_seconds", name="idle") == 10.0
     assert value(found, "mscheduler_workers_live") == 1
+    assert value(found, "mscheduler_fair_key_due_tasks", fair_key="acme") == 2
+    assert value(found, "mscheduler_fair_key_oldest_due_age_seconds", fair_key="acme") == 10.0
     assert driver.stats_reads == 1
 
     await harness.publisher.send(Task("i3", "idle", {}))

@@ -37,6 +37,8 @@ from mscheduler.drivers.base import (
     ExpireParams,
     FinishParams,
     InsertParams,
+    KeyWaitParams,
+    LaneParams,
     NewTask,
     PingParams,
     PurgeParams,
@@ -52,6 +54,7 @@ from mscheduler.drivers.mongo.common import (
     FINISHED_INDEX,
     GROUP_INDEX,
     KEY_INDEX,
+    LANES_INDEX,
     LEASES_HISTORY_INDEX,
     LEASES_INDEX,
     NAME_INDEX,
@@ -1145,3 +1148,101 @@ async def test_reads_by_key_and_the_plain_transactional_upsert_read_one_task(bac
     assert_indexes_only(
         await backlog.explain(command), {ID_INDEX}, max_keys=1, max_docs=1, what="plain upsert"
     )
+
+
+# -- fairness lanes and priority aging -----------------------------------------------------------
+
+LANE_NAME = "delta"  # tasks with fairness keys: one key with a backlog, ten small ones
+AGING_NAME = "epsilon"  # tasks that age
+
+
+async def test_a_claim_of_one_lane_and_the_lane_list_read_bounded_ranges(backlog: Backlog) -> None:
+    """A claim of one fairness key is an equality on that key's claimer tokens: the 5,000 tasks
+    of another key are outside its ranges. The keys with claimable tasks are one DISTINCT_SCAN
+    of the partial ``lanes`` index (a seek per key, not a key per task); the wake-ups of several
+    lanes are merged ranges of the wake-up index."""
+    publisher = Publisher(backlog.driver, clock=FakeClock(T0))
+    await publisher.send_many(
+        [Task(f"lane-big-{i:05}", LANE_NAME, option=TaskOption(fair_key="big")) for i in range(5000)]
+        + [
+            Task(f"lane-small-{i:03}", LANE_NAME, option=TaskOption(fair_key=f"k{i % 10}"))
+            for i in range(100)
+        ]
+    )
+    lanes: list[str | None] = ["k3"]
+    params = ClaimParams(WORKER, [LANE_NAME], NOW, attempts(1), host="h", pid=1, lanes=lanes)
+    command = await backlog.command_of("findAndModify", lambda d: d.claim(params))
+    assert command.get("hint") == CLAIM_INDEX
+    tokens = claimer_tokens([LANE_NAME], WORKER, lanes=lanes)
+    plan = await backlog.explain(command)
+    assert_plan(plan, CLAIM_INDEX, max_keys=4 * len(tokens) + 4, max_docs=3, what="claim of one lane")
+
+    command = await backlog.command_of("distinct", lambda d: d.find_lanes(LaneParams([LANE_NAME])))
+    plan = await backlog.explain(command)
+    assert "DISTINCT_SCAN" in plan.stages, plan.summary()
+    assert_plan(plan, LANES_INDEX, max_keys=2 * 11 + 2, max_docs=0, what="find_lanes")
+
+    # the waits per key: covered (index keys only), a key per due task with a key of the names;
+    # the sort is of the groups (one per key), after them
+    waits = KeyWaitParams(NOW, names=[LANE_NAME])
+    command = await backlog.command_of("aggregate", lambda d: d.key_waits(waits))
+    assert command.get("hint") == LANES_INDEX
+    plan = await backlog.explain(command)
+    assert "COLLSCAN" not in plan.stages and "FETCH" not in plan.stages, plan.summary()
+    assert plan.indexes == {LANES_INDEX}, plan.summary()
+    assert plan.keys <= 5100 + 12 and plan.docs == 0, plan.summary()
+
+    many: list[str | None] = [None, "big", *(f"k{i}" for i in range(10))]
+    limit = 20
+    wakeups = WakeupParams(WORKER, [LANE_NAME], NOW, limit, lanes=many)
+    command = await backlog.command_of("find", lambda d: d.find_wakeups(wakeups))
+    assert command.get("hint") == WAKEUP_INDEX
+    tokens = claimer_tokens([LANE_NAME], WORKER, lanes=many)
+    plan = await backlog.explain(command)
+    assert_plan(
+        plan,
+        WAKEUP_INDEX,
+        max_keys=limit + 2 * len(tokens) + 2,
+        max_docs=limit + len(tokens),
+        what="lane wake-ups",
+    )
+
+
+async def test_the_claim_of_tasks_that_age_reads_a_range_bounded_by_the_aging_span(backlog: Backlog) -> None:
+    """A task that ages is in the claim order by ``claim_at - priority x aging``: the claim's
+    range ends at now on that time, so tasks due tomorrow are outside it; tasks not yet due but
+    whose order time has passed (due within ``priority x aging``) are read as index keys and
+    skipped there (their due time is in the key), never fetched."""
+    publisher = Publisher(backlog.driver, clock=FakeClock(T0))
+    aging = timedelta(seconds=1)
+    tomorrow = T0 + timedelta(days=1)
+    soon = NOW + timedelta(seconds=5)  # order time NOW - 5 s at priority 10: in the range, not due
+    await publisher.send_many(
+        [
+            Task(
+                f"age-tomorrow-{i:05}",
+                AGING_NAME,
+                option=TaskOption(priority=10, aging=aging, run_at=tomorrow),
+            )
+            for i in range(5000)
+        ]
+        + [
+            Task(f"age-soon-{i:03}", AGING_NAME, option=TaskOption(priority=10, aging=aging, run_at=soon))
+            for i in range(50)
+        ]
+        + [
+            Task(f"age-due-{i:03}", AGING_NAME, option=TaskOption(priority=i % 3, aging=aging))
+            for i in range(300)
+        ]
+    )
+    params = ClaimParams(WORKER, [AGING_NAME], NOW, attempts(1), host="h", pid=1)
+    command = await backlog.command_of("findAndModify", lambda d: d.claim(params))
+    assert command.get("hint") == CLAIM_INDEX
+    assert list(command["sort"].items()) == [
+        ("state.claim_priority", -1),
+        ("state.targeted", -1),
+        ("state.order_at", 1),
+    ]
+    tokens = claimer_tokens([AGING_NAME], WORKER)
+    plan = await backlog.explain(command)
+    assert_plan(plan, CLAIM_INDEX, max_keys=50 + 4 * len(tokens) + 4, max_docs=3, what="claim of aging tasks")

@@ -97,6 +97,13 @@ async def reads_every_partition(world: World, ops: Operations) -> None:
     assert (await ops.stats(window=timedelta(hours=1))).counts.get("pending") == 8
 
 
+@covers("key_waits")
+async def reads_the_fairness_keys_of_every_partition(world: World, ops: Operations) -> None:
+    await world.pending(fair_key="acme")
+    [acme] = await ops.key_waits()
+    assert (acme.key, acme.due) == ("acme", 8)
+
+
 @covers("cancel")
 async def cancels_each_task(world: World, ops: Operations) -> None:
     await world.pending()

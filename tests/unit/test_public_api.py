@@ -38,6 +38,7 @@ EXPECTED = [
     "ExpiryService",
     "ExponentialRetry",
     "Fail",
+    "Fairness",
     "FakeClock",
     "FixedRetry",
     "FixedThenExponentialRetry",

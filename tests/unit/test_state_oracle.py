@@ -47,14 +47,18 @@ worker_states = st.one_of(
 )
 options = st.fixed_dictionaries(
     {
-        "priority": st.integers(-1, 1),
+        "priority": st.integers(-1, 3),
         "concurrent_worker_cnt": st.integers(1, 4),
         "specific_worker_ids": st.lists(st.sampled_from(WORKERS), max_size=3) | st.just(list(WORKERS)),
         "max_unexpected_retries": st.none() | st.integers(0, 3),
         "run_at": times,
         "same_worker_may_repeat": st.booleans(),
     },
-    optional={"specific_groups": st.lists(st.sampled_from(GROUPS), max_size=2, unique=True)},
+    optional={
+        "specific_groups": st.lists(st.sampled_from(GROUPS), max_size=2, unique=True),
+        "fair_key": st.sampled_from(["acme", "globex"]),
+        "aging_ms": st.sampled_from([1, 1000, 60_000]),
+    },
 )
 MARKS: dict[str, st.SearchStrategy[Any]] = {
     "broken": st.just({"type": "DocumentTooLarge", "message": "too large"}),
@@ -106,7 +110,7 @@ def test_derive_agrees_with_the_design_table(doc: dict[str, Any]) -> None:
 
 def test_the_oracle_reads_the_table_as_written() -> None:
     """A few rows worked by hand, so that the oracle itself is pinned (not only its agreement)."""
-    option = {"concurrent_worker_cnt": 2, "specific_worker_ids": ["w0", "w1"], "run_at": T0}
+    option = {"priority": 3, "concurrent_worker_cnt": 2, "specific_worker_ids": ["w0", "w1"], "run_at": T0}
     option |= {"max_unexpected_retries": 1, "specific_groups": ["a"]}
     later = T0 + timedelta(seconds=30)
     entry = {"worker_id": "w0", "status": "succeeded", "retry_at": None}
@@ -124,7 +128,15 @@ def test_the_oracle_reads_the_table_as_written() -> None:
         "status": "pending",
         "claim_at": later,
         "claimers": ["job|g:a", "job|w1"],
+        "claim_priority": 3,
+        "order_at": later,
     }
+    # a fairness key in every token; aging: priority 0 for the claim, 3 x 10 s earlier in order
+    doc["option"] = option | {"fair_key": "acme", "aging_ms": 10_000}
+    assert sorted(expected_derived(doc)["claimers"]) == ["job#acme|g:a", "job#acme|w1"]
+    assert expected_derived(doc)["claim_priority"] == 0
+    assert expected_derived(doc)["order_at"] == later - timedelta(seconds=30)
+    doc["option"] = option
     doc["state"]["worker_states"].append({"worker_id": "w1", "status": "failed", "retry_at": None})
     assert expected_derived(doc)["status"] == "failed"  # 2 failures > a budget of 1
     assert expected_derived(doc)["claim_at"] is None and expected_derived(doc)["claimers"] == []

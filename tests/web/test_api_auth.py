@@ -37,9 +37,9 @@ READS = [(m, p) for m, p in ROUTES if m in ("GET", "HEAD")]
 
 def test_the_route_list_covers_the_api() -> None:
     assert (len(READS), len(CHANGES)) == (
-        15,
+        16,
         24,
-    )  # + executors; limits; status; send; bulk; plan run; workflows; handlers
+    )  # + executors; limits; status; send; bulk; plan run; workflows; handlers; waits per key
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from mscheduler import Operations, Task
+from mscheduler import Operations, Task, TaskOption
 from mscheduler.domain.exceptions import StorageError
 from mscheduler.drivers.base import WorkerInfo
 from tests.web.support import ADMIN, READ, CountingDriver, client_for, publisher
@@ -135,6 +135,21 @@ async def test_stats_counts_by_status(client: httpx.AsyncClient, driver: Countin
     hour = await client.get("/api/v1/stats", params={"window": 600}, headers=READ)
     assert hour.status_code == 200 and hour.json()["details"]["window_seconds"] == 600
     assert (await client.get("/api/v1/stats", params={"window": 1}, headers=READ)).status_code == 422
+
+
+async def test_stats_by_fairness_key(client: httpx.AsyncClient, driver: CountingDriver) -> None:
+    await publisher(driver).send_many(
+        [Task(f"a{i}", "job", option=TaskOption(fair_key="acme")) for i in range(3)]
+        + [Task("b0", "other", option=TaskOption(fair_key="beta")), Task("plain", "job")]
+    )
+    response = await client.get("/api/v1/stats/keys", headers=READ)
+    assert response.status_code == 200, response.text
+    assert [(k["key"], k["due"]) for k in response.json()["keys"]] == [("acme", 3), ("beta", 1)]
+    named = await client.get("/api/v1/stats/keys", params={"names": "other", "limit": 5}, headers=READ)
+    assert [k["key"] for k in named.json()["keys"]] == ["beta"]
+    for bad in ({"limit": 0}, {"limit": 1001}, {"names": "a|b"}):
+        assert (await client.get("/api/v1/stats/keys", params=bad, headers=READ)).status_code == 422
+    assert (await client.get("/api/v1/stats/keys")).status_code == 401
 
 
 async def test_health_needs_no_token_and_says_when_storage_fails(client: httpx.AsyncClient) -> None:

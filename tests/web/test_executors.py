@@ -552,3 +552,17 @@ async def test_a_lease_cancelled_mid_claim_gives_back_what_the_claim_took(
         await leasing
     info = await operations.get_task("t1")
     assert [w.status.value for w in info.worker_states] == ["released"] and info.fail_cnt == 0
+
+
+async def test_leases_rotate_across_fairness_keys(http: httpx.AsyncClient, driver: CountingDriver) -> None:
+    """A key with a backlog does not hold up another: one-task leases alternate between keys."""
+    big, small = TaskOption(fair_key="big"), TaskOption(fair_key="small")
+    await publisher(driver).send_many([Task(f"big-{i}", "job", option=big) for i in range(20)])
+    await publisher(driver).send_many([Task(f"small-{i}", "job", option=small) for i in range(2)])
+    leased = []
+    for _ in range(5):
+        [task] = (await lease(http, max_tasks=1))["tasks"]
+        leased.append(task["key"].split("-")[0])
+        assert (await report(http, task, outcome="succeeded")).status_code == 200
+    assert leased.count("small") == 2, leased
+    assert leased.index("small") <= 1 and leased[:4].count("small") == 2, leased

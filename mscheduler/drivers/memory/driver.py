@@ -43,6 +43,8 @@ from mscheduler.domain.state import (
     family_inputs,
     live_attempts,
     stopped_by_pause,
+    token_lane,
+    token_name,
 )
 from mscheduler.drivers.base import (
     DEFAULT_WORKER_RETENTION,
@@ -50,11 +52,13 @@ from mscheduler.drivers.base import (
     ChangeEvent,
     ClaimedTask,
     ClaimParams,
+    ClaimStep,
     ControlParams,
     DerivedByOption,
     ExpireParams,
     FinishParams,
     InsertParams,
+    LaneParams,
     PingParams,
     PingResult,
     UpdateOptionParams,
@@ -332,14 +336,16 @@ class MemoryDriver(
         for token in tokens:
             future = self._future.get(token)
             while future and future[0][0] <= now:
-                claim_at, seq, key, version = heapq.heappop(future)
+                _, seq, key, version = heapq.heappop(future)
                 if self._version.get(key) != version:
                     continue
-                doc = self._tasks[key]
+                state = self._tasks[key]["state"]
+                # the claim order (priority desc, aimed at workers first, order time asc: a task
+                # that ages is ordered by its aged time, mscheduler.domain.state)
                 entry = (
-                    -doc["option"]["priority"],
-                    -int(doc["state"]["targeted"]),
-                    claim_at,
+                    -state["claim_priority"],
+                    -int(state["targeted"]),
+                    state["order_at"],
                     seq,
                     key,
                     version,
@@ -446,21 +452,27 @@ class MemoryDriver(
         return True
 
     async def claim(self, params: ClaimParams) -> list[ClaimedTask]:
-        """The Mongo driver's claim rules, without a scan: per partition (``claim_over_parts``,
-        the rule of every driver), the best head among the claimer tokens' ready heaps."""
-        tokens = claimer_tokens(list(params.names), params.worker_id, params.groups)
+        """The Mongo driver's claim rules, without a scan: per partition and lane
+        (``claim_over_parts``, the rule of every driver), the best head among the claimer
+        tokens' ready heaps."""
         excluded = set(params.exclude_keys)
         skipped: list[tuple[tuple[int, str], tuple[int, int, datetime, int, str, int]]] = []
+        tokens_of: dict[str | None, list[str]] = {}
 
-        async def claim_round(plan: list[tuple[str, int]]) -> list[ClaimedTask | BaseException | None]:
+        async def claim_round(plan: list[ClaimStep]) -> list[ClaimedTask | BaseException | None]:
             results: list[ClaimedTask | BaseException | None] = []
-            # each partition's heaps, promoted once per round: a claim in the round can only make
-            # due the task it took, which this worker may not take again while it runs
-            heaps_of: dict[int, list[tuple[int, str]]] = {}
-            for attempt, part in plan:  # no await inside: atomic on the event loop
-                heaps = heaps_of.get(part)
+            # each partition's and lane's heaps, promoted once per round: a claim in the round
+            # can only make due the task it took, which this worker may not take again
+            heaps_of: dict[tuple[int, str | None], list[tuple[int, str]]] = {}
+            for attempt, part, lane in plan:  # no await inside: atomic on the event loop
+                heaps = heaps_of.get((part, lane))
                 if heaps is None:
-                    heaps = heaps_of[part] = [(part, token) for token in tokens]
+                    tokens = tokens_of.get(lane)
+                    if tokens is None:
+                        tokens = tokens_of[lane] = claimer_tokens(
+                            list(params.names), params.worker_id, params.groups, (lane,)
+                        )
+                    heaps = heaps_of[(part, lane)] = [(part, token) for token in tokens]
                     self._promote(params.now, heaps)
                 results.append(self._claim_from(params, attempt, heaps, excluded, skipped))
             return results
@@ -524,6 +536,8 @@ class MemoryDriver(
                 trace=doc.get("trace"),
                 needs=doc.get("needs"),
                 generation=doc["state"].get("generation", 0),
+                lane=doc["option"].get("fair_key"),
+                claim_priority=doc["state"]["claim_priority"],
             )
 
     def _running_entry(
@@ -673,18 +687,47 @@ class MemoryDriver(
                 )
         return expired
 
+    async def find_lanes(self, params: LaneParams) -> list[str]:
+        """The fairness keys of the names' tokens with a live heap entry: one look at each
+        token's heaps (stale heads dropped), not at the tasks."""
+        names = set(params.names)
+        lanes: set[str] = set()
+        for heaps in (self._ready, self._future):
+            for part_token in list(heaps):
+                token = part_token[1]
+                lane = token_lane(token)
+                if lane is None or lane in lanes or token_name(token) not in names:
+                    continue
+                if params.after is not None and lane <= params.after:
+                    continue
+                if self._live_head(heaps, part_token):
+                    lanes.add(lane)
+        return sorted(lanes)[: params.limit]
+
+    def _live_head(self, heaps: dict[tuple[int, str], list[Any]], token: tuple[int, str]) -> bool:
+        """Whether the heap of ``token`` holds a live entry (stale heads are dropped; an empty
+        heap is forgotten: a lane's tokens do not outlive its tasks)."""
+        heap = heaps[token]
+        while heap:
+            key, version = heap[0][-2], heap[0][-1]
+            if self._version.get(key) == version:
+                return True
+            heapq.heappop(heap)
+        del heaps[token]
+        return False
+
     async def find_wakeups(self, params: WakeupParams) -> list[Wakeup]:
-        names = claimer_tokens(list(params.names), params.worker_id, params.groups)
+        names = claimer_tokens(list(params.names), params.worker_id, params.groups, params.lanes)
         tokens = [(part, token) for part in range(self.partitions) for token in names]
         self._promote(params.now, tokens)
         found: dict[str, datetime] = {}
         for token in tokens:
-            for _, _, claim_at, _, key, version in self._ready.get(token, ()):
+            for _, _, _, _, key, version in self._ready.get(token, ()):
                 if len(found) >= params.limit:
                     break
                 if self._version.get(key) == version:
                     self.examined += 1
-                    found[key] = claim_at
+                    found[key] = self._tasks[key]["state"]["claim_at"]
         # the earliest of every heap (partition and token), merged: the Mongo read's order
         later: dict[str, datetime] = {}
         room = params.limit - len(found)
@@ -696,7 +739,7 @@ class MemoryDriver(
             found[key] = claim_at
         # a task past its deadline is never claimed (the claim's rule): no claim wake-up for it
         wakeups = [
-            Wakeup(key, when, "claim")
+            Wakeup(key, when, "claim", self._tasks[key]["option"].get("fair_key"))
             for key, when in found.items()
             if not _past_deadline(self._tasks[key], params.now)
         ]

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from mscheduler.domain.clock import truncate_ms
+from mscheduler.domain.fairness import KeyWait
 from mscheduler.domain.stats import (
     COUNT_STEP,
     FINISHED_STATUSES,
@@ -29,7 +30,7 @@ from mscheduler.domain.stats import (
     hour_start,
     rank_index,
 )
-from mscheduler.drivers.base import StatsParams
+from mscheduler.drivers.base import KeyWaitParams, StatsParams
 
 _MS = timedelta(milliseconds=1)
 _MINUTE = timedelta(minutes=1)
@@ -40,6 +41,24 @@ class MemoryStats:
     """``task_stats`` of ``MemoryDriver`` (a mixin: it uses the driver's ``_tasks``)."""
 
     _tasks: dict[str, dict[str, Any]]
+
+    async def key_waits(self, params: KeyWaitParams) -> list[KeyWait]:
+        """The Mongo driver's aggregation over the ``lanes`` index, in one pass over the tasks."""
+        now = truncate_ms(params.now)
+        names = set(params.names) if params.names is not None else None
+        found: dict[str, tuple[int, datetime]] = {}
+        for i, doc in enumerate(list(self._tasks.values())):
+            if i and not i % STATS_CHUNK:
+                await asyncio.sleep(0)
+            key, claim_at = doc["option"].get("fair_key"), doc["state"]["claim_at"]
+            if key is None or claim_at is None or claim_at > now:
+                continue
+            if names is not None and doc["name"] not in names:
+                continue
+            due, oldest = found.get(key, (0, claim_at))
+            found[key] = (due + 1, min(oldest, claim_at))
+        ranked = sorted(found.items(), key=lambda item: (item[1][1], item[0]))[: params.limit]
+        return [KeyWait(key=k, due=due, oldest_wait=(now - at) / _MS / 1000) for k, (due, at) in ranked]
 
     async def task_stats(self, params: StatsParams, on_step: StatsStep | None = None) -> TaskStats:
         # one pass over every task does both parts: one step, named after the first

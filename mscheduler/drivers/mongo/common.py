@@ -31,7 +31,7 @@ from pymongo.errors import (
 from mscheduler.domain.exceptions import StorageError
 from mscheduler.domain.model import GROUP_PREFIX, TaskStatus
 from mscheduler.domain.partitions import part_of
-from mscheduler.domain.state import ANYONE, CHILD_ENDED_BADLY, LIVE, TERMINAL
+from mscheduler.domain.state import ANYONE, CHILD_ENDED_BADLY, LANE_MARK, LIVE, TERMINAL, token_name
 from mscheduler.drivers.base import (
     ENTRY_FIELDS,
     MAX_HISTORY,
@@ -88,8 +88,9 @@ CHANGE_STREAM_UNSUPPORTED_CODES = frozenset({40573, 40415, 115, 376})
 CHANGE_STREAM_TOKEN_LOST_CODES = frozenset({286, 280, 260, 9})
 MAJORITY_WTIMEOUT_MS = 10_000
 
-# The claim order: priority desc, tasks aimed at the worker first, due time asc.
-CLAIM_SORT = [("option.priority", -1), ("state.targeted", -1), ("state.claim_at", 1)]
+# The claim order: priority desc, tasks aimed at the worker first, due time asc (a task that
+# ages: priority 0 and its due time moved back by its priority, mscheduler.domain.state).
+CLAIM_SORT = [("state.claim_priority", -1), ("state.targeted", -1), ("state.order_at", 1)]
 # Index ranges one query may merge in sort order: above the server's internalQueryMaxScansToExplode
 # (200) the planner sorts in memory instead (every due task of every range, each claim and poll).
 # A claim or wake-up read over more claimer tokens is split into chunks of at most this many.
@@ -118,6 +119,7 @@ PARENTS_INDEX = "parents"
 FAMILY_INDEX = "family"
 STATS_COUNTS_INDEX = "stats_counts"
 FINISHED_INDEX = "finished_key"
+LANES_INDEX = "lanes"
 # An index whose keys or options change keeps its name only if ``setup`` may rebuild it
 # (drivers/mongo/indexes.py).
 
@@ -141,11 +143,14 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
         # key last: the claim's ``key $nin exclude_keys`` is checked on the index keys, so tasks
         # this worker holds or already ran (fan-out) are skipped without fetching them
         # the partition first: a claim names one (a sharded cluster's one shard)
+        # claim_at after order_at: a task that ages may be in the order's range before it is due
+        # (order_at <= claim_at); its due time is then checked on the index key, not fetched
         [
             ("part", 1),
             ("state.claimers", 1),
-            ("option.priority", -1),
+            ("state.claim_priority", -1),
             ("state.targeted", -1),
+            ("state.order_at", 1),
             ("state.claim_at", 1),
             ("key", 1),
         ],
@@ -220,6 +225,12 @@ INDEXES: list[tuple[Any, dict[str, Any]]] = [
     # fetched: one range per finished status) and the retention pass's oldest finished tasks of
     # one status. Both of the latter fetch the documents (they filter on name / parent there).
     ([("state.status", 1), ("state.finish_time", 1), ("key", 1)], {"name": FINISHED_INDEX}),
+    # fairness: the keys (lanes) of claimable tasks, a DISTINCT_SCAN (``find_lanes``); the
+    # listings by key and the statistics' oldest due task per key. Partial: tasks with a key only
+    (
+        [("option.fair_key", 1), ("name", 1), ("state.claim_at", 1)],
+        {"name": LANES_INDEX, "partialFilterExpression": {"option.fair_key": {"$exists": True}}},
+    ),
 ]
 INDEX_NAMES = tuple(options["name"] for _, options in INDEXES)
 SHARD_KEY = [("part", 1), ("_id", 1)]
@@ -573,7 +584,7 @@ def _build_derive_stages(now: datetime) -> list[dict[str, Any]]:
         # task claimable by someone new (claimers changed to a non-empty list); it is top-level
         # so that a stream's leading $match on it is pushed down to the oplog scan (see
         # watch_pipeline), where pings and other writes that wake nobody are dropped
-        {"$set": {"_claimers": claimers_expression()}},
+        {"$set": {"_claimers": claimers_expression(), **claim_order_fields()}},
         {"$set": {"wake": _wake(), "state.claimers": "$_claimers"}},
         {"$project": {"_claimers": 0}},
         _lifecycle_stage(now),
@@ -654,6 +665,26 @@ def _family_status() -> dict[str, Any]:
     }
 
 
+def claim_order_fields() -> dict[str, Any]:
+    """``state.claim_priority`` and ``state.order_at`` (``mscheduler.domain.state.claim_order``):
+    the task's priority and claim time, or for a task that ages (``option.aging_ms``) priority 0
+    and its claim time moved back by ``priority x aging`` (``$add`` of a negative duration)."""
+    aging = {"$ifNull": ["$option.aging_ms", 0]}
+    ages = {"$gt": [aging, 0]}
+    claim_at = {"$ifNull": ["$state.claim_at", None]}
+    head_start = {"$multiply": [aging, "$option.priority", -1]}
+    return {
+        "state.claim_priority": {"$cond": [ages, 0, "$option.priority"]},
+        "state.order_at": {
+            "$cond": [
+                {"$or": [{"$eq": [claim_at, None]}, {"$not": [ages]}]},
+                claim_at,
+                {"$add": ["$state.claim_at", head_start]},
+            ]
+        },
+    }
+
+
 def claimers_expression() -> dict[str, Any]:
     """``state.claimers`` (see mscheduler.domain.state): ``name|worker`` per allowed worker that holds no
     running or succeeded entry, ``name|*`` for untargeted tasks, [] when not claimable. A $filter
@@ -696,11 +727,21 @@ def claimers_expression() -> dict[str, Any]:
         }
     }
     who = {"$cond": ["$state.targeted", {"$concatArrays": [allowed_now, groups]}, [ANYONE]]}
+    # a task with a fairness key: "<name>#<key>|<who>" (its lane)
+    fair_key = {"$ifNull": ["$option.fair_key", None]}
+    head = {
+        "$cond": [{"$eq": [fair_key, None]}, "$name", {"$concat": ["$name", LANE_MARK, "$option.fair_key"]}]
+    }
     return {
         "$cond": [
             {"$eq": [{"$ifNull": ["$state.claim_at", None]}, None]},
             [],
-            {"$map": {"input": who, "as": "w", "in": {"$concat": ["$name", "|", "$$w"]}}},
+            {
+                "$let": {
+                    "vars": {"head": head},
+                    "in": {"$map": {"input": who, "as": "w", "in": {"$concat": ["$$head", "|", "$$w"]}}},
+                }
+            },
         ]
     }
 
@@ -1001,6 +1042,7 @@ def watch_pipeline() -> list[dict[str, Any]]:
                 "fullDocument.option.deadline": 1,
                 "fullDocument.state.claim_at": 1,
                 "fullDocument.state.claimers": 1,
+                "fullDocument.state.claim_priority": 1,
                 "fullDocument.state.worker_states.status": 1,
                 "fullDocument.state.worker_states.ping_expire_time": 1,
             }
@@ -1021,7 +1063,7 @@ def change_event(change: dict[str, Any], token: Any) -> ChangeEvent | None:
             return ChangeEvent(
                 key=key,
                 # a stop alone does not name the task's name (the consumer looks it up by key)
-                name=claimers[0].split("|", 1)[0] if claimers else "",
+                name=token_name(claimers[0]) if claimers else "",
                 claim_at=from_mongo(claim_at) if isinstance(claim_at, datetime) else None,
                 lease_expiry=None,
                 specific_worker_ids=(),

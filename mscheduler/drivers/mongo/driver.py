@@ -53,11 +53,13 @@ from mscheduler.drivers.base import (
     ChangeEvent,
     ClaimedTask,
     ClaimParams,
+    ClaimStep,
     DerivedByOption,
     Driver,
     ExpireParams,
     FinishParams,
     InsertParams,
+    LaneParams,
     StreamPosition,
     Wakeup,
     WakeupParams,
@@ -211,6 +213,8 @@ def _claimed_task(doc: dict[str, Any], attempt: str) -> ClaimedTask:
         trace=trace if type(trace) in AS_IS else from_mongo_in_place(trace),
         needs=needs if type(needs) in AS_IS else from_mongo_in_place(needs),
         generation=int(state.get("generation") or 0),
+        lane=option.get("fair_key"),
+        claim_priority=int(state.get("claim_priority") or 0),
     )
 
 
@@ -310,9 +314,10 @@ class MongoDriver(
         self.claims_empty = 0  # claims that found nothing (a lost race, or no task due)
         self.max_parallel_claims = max_parallel_claims
         # the parts of the claims of the latest ``claim`` call (``_claim_shared``)
-        self._claim_memo: tuple[ClaimParams, int, tuple[dict[str, Any], dict[str, Any], list[Any]]] | None = (
-            None
-        )
+        self._claim_memo: (
+            tuple[ClaimParams, tuple[int, str | None], tuple[dict[str, Any], dict[str, Any], list[Any]]]
+            | None
+        ) = None
         self._set_up = False
         self.rebuilt: list[str] = []  # indexes the last setup() rebuilt or dropped (spec changes)
         self.create_indexes = create_indexes
@@ -952,6 +957,9 @@ class MongoDriver(
         filter_: dict[str, Any] = {
             "part": part,  # one partition: a sharded cluster's one shard
             "state.claimers": {"$in": list(tokens)},
+            # the order's time bounds the range (order_at <= claim_at); claim_at, after it in the
+            # index, is checked on the keys (a task that ages may be in the range before it is due)
+            "state.order_at": {"$lte": now},
             "state.claim_at": {"$lte": now},
             # not started after its deadline (the deadline pass marks such tasks expired)
             "$or": [{"option.deadline": None}, {"option.deadline": {"$gt": now}}],
@@ -985,28 +993,35 @@ class MongoDriver(
         return entry
 
     def _claim_shared(
-        self, params: ClaimParams, part: int
+        self, params: ClaimParams, part: int, lane: str | None
     ) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
-        """What the claims of one ``claim`` call in partition ``part`` share: the filter, the
-        new entry but its attempt token, the stages after the append. Built by the first of
-        them, not once per attempt (neither PyMongo nor a claim changes them)."""
+        """What the claims of one ``claim`` call in partition ``part`` and lane ``lane`` share:
+        the filter (the lane's claimer tokens), the new entry but its attempt token, the stages
+        after the append. Built by the first of them, not once per attempt (neither PyMongo nor
+        a claim changes them)."""
         memo = self._claim_memo
-        if memo is not None and memo[0] is params and memo[1] == part:
+        if memo is not None and memo[0] is params and memo[1] == (part, lane):
             return memo[2]
+        tokens = claimer_tokens(list(params.names), params.worker_id, params.groups, (lane,))
         shared = (
-            self._claim_filter(params, part=part),
+            self._claim_filter(params, tokens, part=part),
             self._claim_entry(params, ""),
             [*self._trim_stages(params), *derive_stages(params.now, raw=True)],
         )
-        self._claim_memo = (params, part, shared)
+        self._claim_memo = (params, (part, lane), shared)
         return shared
 
     async def _claim_one(
-        self, params: ClaimParams, attempt: str, key: str | None = None, part: int = 0
+        self,
+        params: ClaimParams,
+        attempt: str,
+        key: str | None = None,
+        part: int = 0,
+        lane: str | None = None,
     ) -> ClaimedTask | None:
-        """One claim: the first task in the claim order (or the task ``key``, a head the chunked
-        claim chose: see ``_claim_chunked``)."""
-        filter_, template, stages = self._claim_shared(params, part)
+        """One claim in one lane: the first task in the claim order (or the task ``key``, a head
+        the chunked claim chose: see ``_claim_chunked``)."""
+        filter_, template, stages = self._claim_shared(params, part, lane)
         if attempt.startswith("$"):
             raise StorageError(f"refusing a worker entry with a '$'-prefixed attempt: {attempt}")
         entry = template | {"attempt": attempt}  # in the template's place: the same document
@@ -1130,12 +1145,12 @@ class MongoDriver(
         ``max_parallel_claims`` in flight: more only pile onto the same head document, where the
         losers conflict and the server runs them again). Each claim names one partition
         (``claim_over_parts``: the attempts dealt over the partitions to visit)."""
-        tokens = claimer_tokens(list(params.names), params.worker_id, params.groups)
+        tokens_per_lane = len(claimer_tokens(list(params.names), params.worker_id, params.groups))
 
-        async def claim_round(plan: list[tuple[str, int]]) -> list[ClaimedTask | BaseException | None]:
-            if len(tokens) > MAX_SCANS:
-                return await self._claim_chunked(params, tokens, plan)
-            return await self._claim_each(params, [(a, None, part) for a, part in plan])
+        async def claim_round(plan: list[ClaimStep]) -> list[ClaimedTask | BaseException | None]:
+            if tokens_per_lane > MAX_SCANS:
+                return await self._claim_chunked(params, plan)
+            return await self._claim_each(params, [(a, None, part, lane) for a, part, lane in plan])
 
         claimed, errors, failed = await claim_over_parts(params, self.partitions, claim_round)
         if params.uncertain is not None:
@@ -1149,26 +1164,27 @@ class MongoDriver(
         return claimed
 
     async def _claim_each(
-        self, params: ClaimParams, plan: Sequence[tuple[str, str | None, int]]
+        self, params: ClaimParams, plan: Sequence[tuple[str, str | None, int, str | None]]
     ) -> list[ClaimedTask | BaseException | None]:
-        """The claims of ``plan`` ((attempt, key or None, partition)), concurrently within the cap."""
+        """The claims of ``plan`` ((attempt, key or None, partition, lane)), concurrently within
+        the cap."""
         if len(plan) <= self.max_parallel_claims:  # within the cap: no gate to pass
-            claims = [self._claim_one(params, attempt, key, part) for attempt, key, part in plan]
+            claims = [self._claim_one(params, *step) for step in plan]
             done = await asyncio.gather(*claims, return_exceptions=True)
             self.claims_empty += sum(r is None for r in done)
             return list(done)
         gate = asyncio.Semaphore(self.max_parallel_claims)
 
-        async def one(attempt: str, key: str | None, part: int) -> ClaimedTask | None:
+        async def one(attempt: str, key: str | None, part: int, lane: str | None) -> ClaimedTask | None:
             async with gate:
-                return await self._claim_one(params, attempt, key, part)
+                return await self._claim_one(params, attempt, key, part, lane)
 
         results = await asyncio.gather(*(one(*step) for step in plan), return_exceptions=True)
         self.claims_empty += sum(r is None for r in results)
         return list(results)
 
     async def _claim_chunked(
-        self, params: ClaimParams, tokens: list[str], plan: list[tuple[str, int]]
+        self, params: ClaimParams, plan: list[ClaimStep]
     ) -> list[ClaimedTask | BaseException | None]:
         """A claim over more claimer tokens than the planner merges (``MAX_SCANS``: one index
         range per token; above ``internalQueryMaxScansToExplode``, 200, the server falls back to
@@ -1176,10 +1192,11 @@ class MongoDriver(
         are split into chunks of at most ``MAX_SCANS``; per partition, each chunk's heads are read
         in the claim order (one bounded read per chunk), merged here, and the first ones claimed
         by key (each claim repeats every condition: a head taken meanwhile is not claimed)."""
-        projection = {"key": 1, "option.priority": 1, "state.targeted": 1, "state.claim_at": 1}
-        steps: list[tuple[str, str | None, int]] = []
-        for part in dict.fromkeys(p for _, p in plan):
-            attempts = [a for a, p in plan if p == part]
+        projection = {"key": 1, "state.claim_priority": 1, "state.targeted": 1, "state.order_at": 1}
+        steps: list[tuple[str, str | None, int, str | None]] = []
+        for part, lane in dict.fromkeys((p, lane) for _, p, lane in plan):
+            attempts = [a for a, p, a_lane in plan if p == part and a_lane == lane]
+            tokens = claimer_tokens(list(params.names), params.worker_id, params.groups, (lane,))
             heads: list[dict[str, Any]] = []
             for start in range(0, len(tokens), MAX_SCANS):
                 filter_ = self._claim_filter(params, tokens[start : start + MAX_SCANS], part)
@@ -1194,7 +1211,7 @@ class MongoDriver(
             heads.sort(key=_claim_order)
             keys: list[str | None] = list(dict.fromkeys(doc["key"] for doc in heads))
             keys = (keys + [None] * len(attempts))[: len(attempts)]
-            steps += [(a, k, part) for a, k in zip(attempts, keys, strict=True)]
+            steps += [(a, k, part, lane) for a, k in zip(attempts, keys, strict=True)]
         claimable = [step for step in steps if step[1] is not None]
         results = dict(zip(claimable, await self._claim_each(params, claimable), strict=True))
         return [results.get(step) for step in steps]
@@ -1421,7 +1438,7 @@ class MongoDriver(
         # The wake-up index: equality on this worker's claimer tokens, then claim_at (the
         # ranges are merged in claim_at order, no in-memory sort). Tasks aimed at others are
         # not read. More tokens than a query merges (MAX_SCANS): one read per chunk, merged here.
-        tokens = claimer_tokens(list(params.names), params.worker_id, params.groups)
+        tokens = claimer_tokens(list(params.names), params.worker_id, params.groups, params.lanes)
         # every partition (a read may reach every shard): one index range per partition and
         # token, so a read covers at most MAX_SCANS of those (more tokens, or more partitions,
         # than that: several reads, merged here)
@@ -1437,7 +1454,13 @@ class MongoDriver(
             filter_ = {"part": {"$in": parts}, "state.claimers": {"$in": some}}
 
             async def read(filter_: dict[str, Any] = filter_) -> list[dict[str, Any]]:
-                projection = {"_id": 0, "key": 1, "state.claim_at": 1, "option.deadline": 1}
+                projection = {
+                    "_id": 0,
+                    "key": 1,
+                    "state.claim_at": 1,
+                    "option.deadline": 1,
+                    "option.fair_key": 1,
+                }
                 cursor = (
                     self.tasks.find(filter_, projection)
                     .sort("state.claim_at", 1)
@@ -1458,10 +1481,34 @@ class MongoDriver(
             # a document edited by hand must not stop polling; a task past its deadline is never
             # claimed (the claim's rule): no claim wake-up for it
             if isinstance(claim_at, datetime) and (deadline is None or deadline > params.now):
-                wakeups.append(Wakeup(doc["key"], from_mongo(claim_at), "claim"))
+                lane = doc.get("option", {}).get("fair_key")
+                wakeups.append(
+                    Wakeup(doc["key"], from_mongo(claim_at), "claim", lane if isinstance(lane, str) else None)
+                )
             if deadline is not None:  # when the deadline pass should look at it
                 wakeups.append(Wakeup(doc["key"], deadline, "deadline"))
         return wakeups
+
+    async def find_lanes(self, params: LaneParams) -> list[str]:
+        """The fairness keys of claimable tasks of these names: one ``distinct`` on the partial
+        index ``lanes`` (only tasks with a key are in it), a DISTINCT_SCAN: one index seek per
+        key, whatever the number of its tasks. ``distinct`` takes no hint before MongoDB 7.1: the
+        query states the index's partial filter (``option.fair_key`` exists), which no other
+        index can serve."""
+        key_range: dict[str, Any] = {"$exists": True, "$type": "string"}
+        if params.after is not None:
+            key_range["$gt"] = params.after
+        filter_ = {
+            "option.fair_key": key_range,
+            "name": {"$in": list(params.names)},
+            "state.claim_at": {"$type": "date"},
+        }
+
+        async def read() -> list[str]:
+            found = await self.tasks.distinct("option.fair_key", filter_)
+            return sorted(k for k in found if isinstance(k, str))[: params.limit]
+
+        return await self._call("find lanes", read)
 
     def _watch_pipeline(self) -> list[dict[str, Any]]:
         return watch_pipeline()
@@ -1543,11 +1590,11 @@ def _wakeup_order(doc: dict[str, Any]) -> tuple[bool, Any, str]:
 
 
 def _claim_order(doc: dict[str, Any]) -> tuple[Any, ...]:
-    """The claim sort (priority desc, targeted desc, claim_at asc), then key, as a sort key."""
+    """The claim sort (claim priority desc, targeted desc, order time asc), then key, as a sort key."""
     state = doc.get("state", {})
     return (
-        -doc.get("option", {}).get("priority", 0),
+        -int(state.get("claim_priority") or 0),
         -int(bool(state.get("targeted"))),
-        state.get("claim_at"),
+        state.get("order_at"),
         doc["key"],
     )

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from mscheduler.domain.fairness import KeyWait
 from mscheduler.domain.stats import (
     COUNT_STEP,
     FINISHED_STATUSES,
@@ -37,11 +38,12 @@ from mscheduler.domain.stats import (
     finished_range,
     hour_start,
 )
-from mscheduler.drivers.base import StatsParams
+from mscheduler.drivers.base import KeyWaitParams, StatsParams
 from mscheduler.drivers.mongo.common import (
     ADMIN_READ_MS,
     ALL_STATUSES,
     FINISHED_INDEX,
+    LANES_INDEX,
     STATS_COUNTS_INDEX,
     WORKER_STATES,
     T,
@@ -216,6 +218,39 @@ class MongoStats:
             return [from_mongo(doc) async for doc in cursor]
 
         return await self._call(what, lambda: admin_read(what, read))
+
+    async def key_waits(self, params: KeyWaitParams) -> list[KeyWait]:
+        """One aggregation over the partial ``lanes`` index (``option.fair_key, name,
+        state.claim_at``): the due tasks' keys grouped by fairness key (covered: index keys only,
+        one per due task with a key; tasks without one are not in the index)."""
+        now = to_mongo(params.now)
+        match: dict[str, Any] = {
+            "option.fair_key": {"$exists": True, "$type": "string"},
+            "state.claim_at": {"$lte": now},
+        }
+        if params.names is not None:
+            match["name"] = {"$in": list(params.names)}
+        pipeline: list[dict[str, Any]] = [
+            {"$match": match},
+            {
+                "$group": {
+                    "_id": "$option.fair_key",
+                    "due": {"$sum": 1},
+                    "oldest": {"$min": "$state.claim_at"},
+                }
+            },
+            {"$sort": {"oldest": 1, "_id": 1}},
+            {"$limit": params.limit},
+        ]
+        rows = await self._aggregate("fairness keys' waits", pipeline, LANES_INDEX)
+        return [
+            KeyWait(
+                key=row["_id"],
+                due=row["due"],
+                oldest_wait=max((params.now - row["oldest"]).total_seconds(), 0.0),
+            )
+            for row in rows
+        ]
 
     async def task_stats(self, params: StatsParams, on_step: StatsStep | None = None) -> TaskStats:
         raw = RawStats()

@@ -102,6 +102,10 @@ class ConsumerClaimer:
                 await self._wait_for_work(queue)
                 continue
             due = queue.pop_due(now)
+            rotation = self.discovery.rotation
+            for lane in queue.due_lanes:  # a lane whose task fell due: visited again
+                rotation.seen(lane)
+            queue.due_lanes.clear()
             if exact:
                 known |= due.get(CLAIM, set())
                 if len(known) > queue.max_size:  # too many to follow: claim as if none were known
@@ -118,6 +122,7 @@ class ConsumerClaimer:
             # A doubling batch, but no more than the queue says are due while it knows them all:
             # asking for more would come back partly empty, each empty slot a wasted command.
             n = min(free, batch, len(known)) if exact and known else min(free, batch)
+            exhausted: list[str | None] = []
             params = ClaimParams(
                 worker_id=self.worker_id,
                 names=names,
@@ -135,6 +140,10 @@ class ConsumerClaimer:
                 # the partitions the queue says have work (all, when it does not know), from a
                 # random one: a hot partition never makes the others wait
                 parts=self._parts_to_visit(known if exact else None),
+                # the lanes (fairness keys) in the rotation's order: the attempts are dealt over
+                # them, so a key with a large backlog does not hold up the others
+                lanes=rotation.turns(n),
+                exhausted=exhausted,
             )
             # Shielded: a stop that cancels the claimer mid-claim must not orphan tasks the
             # store has already given us; stop() waits for the call and releases them.
@@ -152,6 +161,8 @@ class ConsumerClaimer:
             for task in claimed:
                 self._start(task, now)
             self._claim_call = None
+            rotation.claimed((task.lane, task.claim_priority) for task in claimed)
+            rotation.exhausted(exhausted)
             if claimed:
                 # Let the handlers just started take their first step: those that finish at once
                 # free their slots now, so the next claim fills them in one round trip, not two.

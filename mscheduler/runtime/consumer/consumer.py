@@ -35,6 +35,7 @@ from mscheduler.domain.exceptions import (
     MSchedulerError,
     StorageError,
 )
+from mscheduler.domain.fairness import Fairness
 from mscheduler.domain.model import (
     AttemptStatus,
     validate_group,
@@ -158,6 +159,7 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         limits_interval: float = 2.0,
         limit_backoff: float = 0.2,
         limit_reserve: bool = True,
+        fairness: Fairness | None = None,
         clock: Clock | None = None,
         host: str | None = None,
         tracing: bool | None = None,
@@ -224,6 +226,9 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
         self.max_attempt_entries = max_attempt_entries
         if not 0 < limits_interval <= 3600 or not 0 < limit_backoff <= 60:
             raise InvalidInput("limits_interval must be in (0, 3600] and limit_backoff in (0, 60] seconds")
+        if fairness is not None and not isinstance(fairness, Fairness):
+            raise InvalidInput(f"fairness: a Fairness or None, got {type(fairness).__name__}")
+        self.fairness = fairness
         check_same_time(driver, clock, "this Consumer")
         self.clock = ServerClock(clock) if not isinstance(clock, ServerClock) else clock
         self._handlers: dict[str, Registered] = {}
@@ -383,6 +388,7 @@ class Consumer(ConsumerClaimer, ConsumerRunner, ConsumerFinisher, ConsumerPinger
             on_stop=self._stop_requested,
             groups=self.groups,
             excluded=self._excluded_from_claims,
+            fairness=self.fairness,
         )
         try:
             await self.discovery.poll_once()

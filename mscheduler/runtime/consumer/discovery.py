@@ -16,12 +16,14 @@ from typing import Any
 
 from mscheduler.domain.clock import Clock, sleep_unless
 from mscheduler.domain.exceptions import StorageError
-from mscheduler.domain.state import claimer_tokens
+from mscheduler.domain.fairness import Fairness, FairRotation
+from mscheduler.domain.state import LANE_MARK, claimer_tokens, laneless, token_lane
 from mscheduler.drivers.base import (
     ChangeEvent,
     ChangeStreamUnsupported,
     Driver,
     ExpireParams,
+    LaneParams,
     ResumeTokenLost,
     StreamPosition,
     Wakeup,
@@ -47,27 +49,42 @@ class WakeupQueue:
         self.max_size = max_size
         self._heap: list[tuple[datetime, str, str]] = []
         self._times: dict[tuple[str, str], datetime] = {}
+        self._lanes: dict[str, str] = {}  # key -> the fairness key of a claim wake-up (if it has one)
         self.overflowed = False
         self.changed = asyncio.Event()
+        # the lanes of the claim wake-ups ``pop_due`` took (the claimer's rotation visits them)
+        self.due_lanes: set[str | None] = set()
 
     def __len__(self) -> int:
         return len(self._times)
 
-    def push(self, key: str, when: datetime, kind: str) -> None:
+    def push(self, key: str, when: datetime, kind: str, lane: str | None = None) -> None:
         ident = (key, kind)
+        if kind == CLAIM and ident in self._times:
+            self._set_lane(key, lane)
         if self._times.get(ident) == when:
             return
         if ident not in self._times and len(self._times) >= self.max_size:
             self.overflowed = True  # forget it: the next poll finds it again
             return
+        if kind == CLAIM:
+            self._set_lane(key, lane)
         self._times[ident] = when
         heapq.heappush(self._heap, (when, key, kind))
         if len(self._heap) > 4 * self.max_size:
             self._compact()
         self.changed.set()
 
+    def _set_lane(self, key: str, lane: str | None) -> None:
+        if lane is None:
+            self._lanes.pop(key, None)
+        else:
+            self._lanes[key] = lane
+
     def discard(self, key: str, kind: str) -> None:
         self._times.pop((key, kind), None)
+        if kind == CLAIM:
+            self._lanes.pop(key, None)
 
     @property
     def heap_size(self) -> int:
@@ -98,6 +115,8 @@ class WakeupQueue:
             heapq.heappop(self._heap)
             del self._times[(top[1], top[2])]
             kinds.setdefault(top[2], set()).add(top[1])
+            if top[2] == CLAIM:
+                self.due_lanes.add(self._lanes.pop(top[1], None))
         return kinds
 
     def due(self, now: datetime) -> bool:
@@ -123,6 +142,7 @@ class Discovery:
         on_stop: Callable[[ChangeEvent], None] | None = None,
         groups: Sequence[str] = (),
         excluded: Callable[[str], bool] | None = None,
+        fairness: Fairness | None = None,
     ) -> None:
         self.driver = driver
         self.clock = clock
@@ -146,6 +166,8 @@ class Discovery:
         self._deadline_of: dict[str, datetime] = {}
         self._rearm = asyncio.Event()
         self._mine: dict[str, frozenset[str]] = {}  # per task name: the claimer tokens that are ours
+        # the lanes (fairness keys) with claimable tasks, in the claimer's visiting order
+        self.rotation = FairRotation(fairness or Fairness())
         # keys the claimer leaves out of its claims (running here, fan-outs it ran): a poll that
         # queued them would wake it for a claim that takes nothing, poll after poll
         self._excluded = excluded
@@ -159,7 +181,7 @@ class Discovery:
             if w.kind == DEADLINE:
                 self.note_deadline(w.key, w.time)
             elif excluded is None or not excluded(w.key):
-                self.queue.push(w.key, w.time, w.kind)
+                self.queue.push(w.key, w.time, w.kind, w.lane)
 
     def due_at(self, key: str, when: datetime) -> None:
         """This consumer wrote a due time itself (a retry or a snooze): queue it, so that a store
@@ -206,13 +228,20 @@ class Discovery:
                 mine = self._mine[event.name] = frozenset(
                     claimer_tokens([event.name], self.worker_id, self.groups)
                 )
-            if mine.isdisjoint(event.claimers):
+            claimers = event.claimers
+            # a task with a fairness key: its tokens carry it (name#key|who); most carry none
+            keyed = any(LANE_MARK in token for token in claimers)
+            if mine.isdisjoint([laneless(t) for t in claimers] if keyed else claimers):
                 if event.claimers_complete:  # else others than those listed may claim: no news
                     self.queue.discard(event.key, CLAIM)
             else:
                 # claimable by us; no claim_at in the event: its time did not change (due now
                 # or known already), so try now
-                self.queue.push(event.key, event.claim_at or self.clock.now(), CLAIM)
+                now = self.clock.now()
+                lane = token_lane(claimers[0]) if keyed else None
+                if event.claim_at is None or event.claim_at <= now:
+                    self.rotation.seen(lane, event.priority)
+                self.queue.push(event.key, event.claim_at or now, CLAIM, lane)
         elif (
             event.specific_worker_ids and self.worker_id not in event.specific_worker_ids and not self.groups
         ):
@@ -257,9 +286,15 @@ class Discovery:
             self._emit("deadlines_expired", {"count": past_deadline})
         while (when := self._next_deadline()) is not None and when <= now:  # this pass saw to them
             del self._deadline_of[heapq.heappop(self.deadlines)[1]]
+        # the lanes (fairness keys) with claimable tasks: the claimer's rotation visits them, and
+        # their wake-ups are read with the others'
+        lanes = await self.driver.find_lanes(LaneParams(self.names, limit=self.rotation.fairness.max_lanes))
+        self.rotation.refresh(lanes)
         limit = self.batch_size
         wakeups = await self.driver.find_wakeups(
-            WakeupParams(self.worker_id, self.names, now, limit, groups=self.groups)
+            WakeupParams(
+                self.worker_id, self.names, now, limit, groups=self.groups, lanes=self.rotation.lanes
+            )
         )
         self.queue.overflowed = False
         # A full page: more may be due than the queue knows of, so the claimer keeps claiming

@@ -36,6 +36,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from mscheduler.domain.exceptions import StorageError
 from mscheduler.domain.limits import DEFAULT_SLOT_LEASE
@@ -190,6 +191,16 @@ class Limiter:
                 groups.setdefault(key, []).append(name)
         attempts = list(params.attempts)
         claimed: list[ClaimedTask] = []
+        # a lane is found empty only if every claim that visited it found it empty (the claims
+        # of a limit's names and of the unlimited ones read different tasks)
+        exhausted: list[list[str | None]] = []
+
+        def part_of_claim(**changes: Any) -> ClaimParams:
+            found: list[str | None] | None = [] if params.exhausted is not None else None
+            if found is not None:
+                exhausted.append(found)
+            return replace(params, **changes, exhausted=found)
+
         for key, names in groups.items():
             if not attempts:
                 break
@@ -197,7 +208,9 @@ class Limiter:
             if when is not None and when > now:
                 continue  # refused lately: ask again after the backoff
             self.wait_until.pop(key, None)
-            got, attempts, unlimited = await self._claim_limited(params, key, names, attempts, claim)
+            got, attempts, unlimited = await self._claim_limited(
+                params, key, names, attempts, claim, part_of_claim
+            )
             claimed += got
             if unlimited:  # the limit was removed meanwhile
                 free_names += names
@@ -209,7 +222,10 @@ class Limiter:
             if shortfall > 0:
                 attempts = [*attempts, *attempt_tokens(shortfall)]
             if attempts:
-                claimed += await claim(replace(params, names=free_names, attempts=attempts))
+                claimed += await claim(part_of_claim(names=free_names, attempts=attempts))
+        if params.exhausted is not None and exhausted:
+            empty = set.intersection(*(set(e) for e in exhausted))
+            params.exhausted.extend(lane for lane in dict.fromkeys(params.lanes) if lane in empty)
         return claimed
 
     def _from_reserve(
@@ -234,6 +250,7 @@ class Limiter:
         names: list[str],
         attempts: list[str],
         claim: Callable[[ClaimParams], Awaitable[list[ClaimedTask]]],
+        part_of_claim: Callable[..., ClaimParams],
     ) -> tuple[list[ClaimedTask], list[str], bool]:
         now, worker_id = params.now, params.worker_id
         n = len(attempts)
@@ -291,9 +308,7 @@ class Limiter:
         # earlier than any lease that claim can have made. Likewise the attempts the driver
         # reports uncertain.
         uncertain: list[str] = []
-        got = await claim(
-            replace(params, names=names, attempts=granted, max_lease=lease, uncertain=uncertain)
-        )
+        got = await claim(part_of_claim(names=names, attempts=granted, max_lease=lease, uncertain=uncertain))
         if len(granted) < len(attempts) and len(got) == len(granted):
             self._refused(key, now, retry_at)  # the limit binds and there is more work
         used = {task.attempt: task.ping_expire_time for task in got}

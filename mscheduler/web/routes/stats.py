@@ -6,9 +6,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
+from mscheduler.domain.fairness import KEY_WAITS_MAX
 from mscheduler.web.deps import COMMON_DEPENDENCIES, ERROR_ANSWERS, Ops
 from mscheduler.web.guards import AnswerCache
-from mscheduler.web.models import StatsOut, WhoAmIOut
+from mscheduler.web.models import KeyWaitsOut, StatsOut, WhoAmIOut
 
 misc = APIRouter(tags=["stats"], dependencies=COMMON_DEPENDENCIES, responses=ERROR_ANSWERS)
 
@@ -42,6 +43,28 @@ async def stats(
 
     cache: AnswerCache = request.app.state.stats_cache
     body = await cache.get(repr(sorted(filters.items())), compute)
+    return Response(body, media_type="application/json")
+
+
+@misc.get("/stats/keys", response_model=KeyWaitsOut, summary="Due tasks and waits per fairness key")
+async def key_waits(
+    operations: Ops,
+    request: Request,
+    names: Annotated[
+        str | None, Query(max_length=10_000, description="only these task names (comma-separated)")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=KEY_WAITS_MAX, description="at most this many keys")] = 100,
+) -> Response:
+    """``Operations.key_waits()``: per fairness key, its due tasks and how long the one due
+    first has waited, the longest wait first. Cached like ``/stats``."""
+    listed = _listed(names)
+
+    async def compute() -> bytes:
+        waits = await operations.key_waits(names=listed, limit=limit)
+        return KeyWaitsOut(keys=waits).model_dump_json().encode()
+
+    cache: AnswerCache = request.app.state.stats_cache
+    body = await cache.get(repr(("keys", listed, limit)), compute)
     return Response(body, media_type="application/json")
 
 

@@ -73,7 +73,7 @@ export function table(headers, rows, emptyText = "Nothing here.") {
 }
 
 function numeric(header) {
-  return /^(#|count|runs|running|attempts|finished|succeeded|failed|pending|p50|p95|skip next|failures|failure rate|oldest pending)$/i.test(
+  return /^(#|count|runs|running|attempts|finished|succeeded|failed|pending|p50|p95|skip next|failures|failure rate|oldest pending|due|oldest due)$/i.test(
     header,
   );
 }

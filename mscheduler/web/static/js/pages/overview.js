@@ -1,5 +1,6 @@
 // Overview: counts by status, the last hour's throughput and failure rate, the oldest pending
-// task, per-name figures and the workers. Data: GET /stats and GET /workers.
+// task, per-name figures, the waits per fairness key and the workers. Data: GET /stats,
+// GET /stats/keys and GET /workers.
 
 import { api } from "../api.js";
 import { failureRateChart, throughputChart } from "../charts.js";
@@ -13,7 +14,7 @@ function figure(label, value, id) {
 }
 
 export async function overviewPage() {
-  const [stats, workers] = await Promise.all([api("stats"), api("workers")]);
+  const [stats, workers, keyWaits] = await Promise.all([api("stats"), api("workers"), api("stats/keys")]);
   const d = stats.details;
   const failureRate = d.finished ? d.failed / d.finished : null;
   const oldest = d.names
@@ -76,6 +77,28 @@ export async function overviewPage() {
     ),
   );
 
+  const byKey = h(
+    "div",
+    { id: "by-key" },
+    panel(
+      "By fairness key",
+      "due tasks per key (a tenant), the longest wait first",
+      table(
+        ["Key", "Due", "Oldest due"],
+        keyWaits.keys.map((k) =>
+          h(
+            "tr",
+            { dataset: { key: k.key } },
+            h("td", { class: "key ident" }, k.key),
+            h("td", { class: "num" }, String(k.due)),
+            h("td", { class: "num" }, duration(k.oldest_wait)),
+          ),
+        ),
+        "No due task has a fairness key.",
+      ),
+    ),
+  );
+
   const workerPanel = panel(
     "Workers",
     h("a", { href: "#/workers" }, "all workers →"),
@@ -96,5 +119,5 @@ export async function overviewPage() {
     ),
   );
 
-  return h("div", { id: "overview" }, cards, hour, byName, workerPanel);
+  return h("div", { id: "overview" }, cards, hour, byName, byKey, workerPanel);
 }

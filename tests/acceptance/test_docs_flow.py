@@ -1,0 +1,43 @@
+"""The fairness and aging examples of docs/features.md run as written and print what their
+comments say."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance.support import environment
+
+REPO = Path(__file__).resolve().parents[2]
+FEATURES = (REPO / "docs" / "features.md").read_text(encoding="utf-8")
+
+
+def _block(heading: str) -> str:
+    section = FEATURES.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    return block
+
+
+@pytest.mark.parametrize(
+    ("heading", "needle"),
+    [("Fairness between keys", "fair_key=tenant"), ("Priorities that age", "aging=step")],
+)
+def test_the_example_prints_what_it_says(heading: str, needle: str) -> None:
+    block = _block(heading)
+    assert needle in block
+    expected = [c.strip() for c in re.findall(r"print\(.*\)\s+# (.*)$", block, flags=re.MULTILINE)]
+    assert expected
+    done = subprocess.run(
+        [sys.executable, "-c", block],
+        cwd=REPO,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == expected
