@@ -35,6 +35,26 @@ def environment(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_python(code: str, timeout: float = 60) -> list[str]:
+    """``python -c CODE`` from the repository (a documentation example): its printed lines, once
+    it exited 0 (else the test fails with its stderr)."""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def printed_comments(code: str) -> list[str]:
+    """What an example says it prints: the comment after each ``print(...)`` line."""
+    return [c.strip() for c in re.findall(r"print\(.*\)\s+# (.*)$", code, flags=re.MULTILINE)]
+
+
 def run(args: list[str], *, timeout: float = 30, **env: str) -> tuple[int, str, str, float]:
     """Run to completion; returns (exit code, stdout, stderr, seconds)."""
     started = time.monotonic()

@@ -4,10 +4,8 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
-from tests.acceptance.support import REPO, environment
+from tests.acceptance.support import REPO, run_python
 
 
 def block_under(page: str, heading: str) -> str:
@@ -15,19 +13,6 @@ def block_under(page: str, heading: str) -> str:
     text = (REPO / "docs" / page).read_text(encoding="utf-8")
     section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)[0]
-
-
-def run_python(code: str, timeout: float = 60) -> list[str]:
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout.splitlines()
 
 
 def test_an_apps_plans_in_a_plain_script() -> None:

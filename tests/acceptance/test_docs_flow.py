@@ -4,13 +4,11 @@ comments say."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.acceptance.support import environment
+from tests.acceptance.support import printed_comments, run_python
 
 REPO = Path(__file__).resolve().parents[2]
 FEATURES = (REPO / "docs" / "features.md").read_text(encoding="utf-8")
@@ -29,15 +27,6 @@ def _block(heading: str) -> str:
 def test_the_example_prints_what_it_says(heading: str, needle: str) -> None:
     block = _block(heading)
     assert needle in block
-    expected = [c.strip() for c in re.findall(r"print\(.*\)\s+# (.*)$", block, flags=re.MULTILINE)]
+    expected = printed_comments(block)
     assert expected
-    done = subprocess.run(
-        [sys.executable, "-c", block],
-        cwd=REPO,
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == expected
+    assert run_python(block, timeout=120) == expected

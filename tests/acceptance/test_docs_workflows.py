@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.acceptance.support import environment
+from tests.acceptance.support import printed_comments, run_python
 
 REPO = Path(__file__).resolve().parents[2]
 FEATURES = (REPO / "docs" / "features.md").read_text(encoding="utf-8")
@@ -27,14 +25,4 @@ def test_the_section_has_a_chain_a_dag_and_a_map_with_a_join() -> None:
 @pytest.mark.parametrize("index", range(3), ids=["chain", "dag", "map-join"])
 def test_each_workflow_example_prints_what_it_says(index: int) -> None:
     block = BLOCKS[index]
-    expected = [c.strip() for c in re.findall(r"print\(.*\)\s+# (.*)$", block, flags=re.MULTILINE)]
-    done = subprocess.run(
-        [sys.executable, "-c", block],
-        cwd=REPO,
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == expected
+    assert run_python(block, timeout=120) == printed_comments(block)
