@@ -799,14 +799,8 @@ def expired_entries_stage(now: datetime, retry_at: Any) -> dict[str, Any]:
 
 def with_history_record(record: dict[str, Any]) -> dict[str, Any]:
     """``state.history`` with ``record`` (an expression of the generation that ends) appended,
-    the last ``MAX_HISTORY`` kept: a bounded document. ``[record]`` is a ``$map`` over one
-    element: an array literal's field paths are not evaluated by mongomock."""
-    appended = {
-        "$concatArrays": [
-            {"$ifNull": ["$state.history", []]},
-            {"$map": {"input": literal([0]), "as": "x", "in": record}},
-        ]
-    }
+    the last ``MAX_HISTORY`` kept: a bounded document."""
+    appended = {"$concatArrays": [{"$ifNull": ["$state.history", []]}, [record]]}
     return {"$slice": [appended, -MAX_HISTORY]}
 
 
